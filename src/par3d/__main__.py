@@ -1,0 +1,3 @@
+from par3d.cli import main
+
+raise SystemExit(main())

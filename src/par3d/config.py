@@ -1,0 +1,336 @@
+"""Configuration as dataclasses, validated once, before any process starts.
+
+No torch import here: `par3d plan` and the CLI's validation must answer in milliseconds.
+
+The three dataclasses mirror the three questions a run answers: what model (`ModelConfig`),
+laid out how (`ParallelConfig`), trained how (`TrainConfig`).  `RunConfig` holds all three plus
+the run-level switches (output paths, reports).  `validate()` collects *every* violated rule into
+one `ConfigError` so a user fixes a config in one round trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("fp32", "bf16")
+ON_NONFINITE = ("skip", "stop")
+
+
+class ConfigError(ValueError):
+    """Every violated rule of a configuration, each with field, value, rule and a fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        msg = "invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(msg)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+def _fmt_choices(xs: list[int]) -> str:
+    xs = [str(x) for x in xs]
+    if len(xs) <= 1:
+        return "".join(xs)
+    return ", ".join(xs[:-1]) + " or " + xs[-1]
+
+
+@dataclass
+class ModelConfig:
+    vocab: int = 256  # byte-level tokenizer
+    seq_len: int = 64
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    ffn_hidden: int | None = None  # None -> 4 * hidden
+    dropout: float = 0.0
+    tied_embeddings: bool = False
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    schedule: str = "1f1b"
+    microbatches: int | None = None  # m; derived from global_batch when None
+    virtual_stages: int = 1  # v, only for the interleaved schedule
+    zero_stage: int = 0  # 0 (plain DP) or 1 (sharded optimizer state)
+    recompute: str = "none"
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+
+@dataclass
+class TrainConfig:
+    global_batch: int = 16  # sequences per optimizer step, over all DP ranks
+    micro_batch: int | None = None  # sequences per micro-batch per DP rank; derived when None
+    steps: int = 40
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 5
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    seed: int = 0
+    dtype: str = "fp32"
+    data: str | None = None  # text file or folder; None -> the Python standard library's source
+    out: str = "runs/latest"
+    on_nonfinite: str = "skip"
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # run-level switches (not part of the math of training)
+    metrics_out: str | None = None
+    trace_out: str | None = None
+    comm_report: bool = False
+    synthetic_stage_ms: tuple[float, float] | None = None
+    nproc: int | None = None
+    timeout_s: float = 60.0
+    threads_per_rank: int = 1
+    save_every: int = 0
+    keep_last: int = 2
+    resume: str | None = None
+    progress: bool = True
+    json: bool = False
+    hardware: str | None = None  # calibrated hardware file for the end-of-run prediction
+
+    # ---- derived quantities -------------------------------------------------------------
+    def resolve(self) -> RunConfig:
+        """Fill micro_batch / microbatches from global_batch = micro_batch * m * dp."""
+        p, t = self.parallel, self.train
+        dp = max(p.dp, 1)
+        if p.microbatches is None and t.micro_batch is None:
+            m = 2 * p.pp * p.virtual_stages if p.pp > 1 else 1
+            # shrink m until it divides the per-DP-rank batch (keeps `--dp 2` working)
+            per_rank = t.global_batch // dp if t.global_batch % dp == 0 else 0
+            while m > 1 and per_rank % m != 0:
+                m -= 1
+            p.microbatches = max(m, 1)
+            t.micro_batch = max(per_rank // p.microbatches, 1) if per_rank else 1
+        elif p.microbatches is None:
+            denom = t.micro_batch * dp
+            p.microbatches = t.global_batch // denom if denom and t.global_batch % denom == 0 else 1
+        elif t.micro_batch is None:
+            denom = p.microbatches * dp
+            t.micro_batch = t.global_batch // denom if denom and t.global_batch % denom == 0 else 1
+        return self
+
+    def validate(self) -> RunConfig:
+        """Raise one ConfigError listing every violated rule; return self when valid."""
+        self.resolve()
+        m, p, t = self.model, self.parallel, self.train
+        errs: list[str] = []
+
+        def pos(obj: str, name: str, value: Any, minimum: int = 1) -> bool:
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                errs.append(f"{obj}.{name}={value!r} must be an integer >= {minimum}; "
+                            f"set --{name.replace('_', '-')} to a value >= {minimum}")
+                return False
+            return True
+
+        ok_model = all([pos("model", "vocab", m.vocab, 2), pos("model", "seq_len", m.seq_len),
+                        pos("model", "layers", m.layers), pos("model", "hidden", m.hidden),
+                        pos("model", "heads", m.heads)])
+        if m.ffn_hidden is not None:
+            ok_model &= pos("model", "ffn_hidden", m.ffn_hidden)
+        if not (isinstance(m.dropout, (int, float)) and 0.0 <= m.dropout < 1.0):
+            errs.append(f"model.dropout={m.dropout!r} must be in [0, 1); use --dropout 0")
+        ok_par = all([pos("parallel", "dp", p.dp), pos("parallel", "pp", p.pp), pos("parallel", "tp", p.tp),
+                      pos("parallel", "virtual_stages", p.virtual_stages)])
+        if ok_model and m.hidden % m.heads != 0:
+            errs.append(f"model.hidden={m.hidden} is not divisible by heads={m.heads}; "
+                        f"heads may be {_fmt_choices(divisors(m.hidden)[:12])}")
+        if ok_model and ok_par:
+            if m.heads % p.tp != 0:
+                errs.append(f"parallel.tp={p.tp}: heads={m.heads} is not divisible by tp={p.tp} "
+                            f"(each TP rank must own whole attention heads); "
+                            f"tp may be {_fmt_choices(divisors(m.heads))}")
+            if m.ffn % p.tp != 0:
+                errs.append(f"parallel.tp={p.tp}: ffn_hidden={m.ffn} is not divisible by tp={p.tp}; "
+                            f"choose tp from {_fmt_choices(divisors(m.ffn)[:12])} or change --ffn-hidden")
+            if p.sequence_parallel and m.seq_len % p.tp != 0:
+                errs.append(f"parallel.sequence_parallel: seq_len={m.seq_len} is not divisible by tp={p.tp}; "
+                            f"use a seq_len that is a multiple of {p.tp} or drop --sequence-parallel")
+            n_chunks = p.pp * p.virtual_stages
+            if m.layers < n_chunks:
+                errs.append(f"parallel.pp={p.pp} x virtual_stages={p.virtual_stages} = {n_chunks} pipeline "
+                            f"chunks but model.layers={m.layers}; every chunk needs at least one layer: "
+                            f"use --layers >= {n_chunks} or a smaller --pp/--virtual-stages")
+        if p.schedule not in SCHEDULES:
+            errs.append(f"parallel.schedule={p.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        elif ok_par:
+            if p.schedule == "interleaved":
+                if p.virtual_stages < 2:
+                    errs.append("parallel.schedule='interleaved' needs virtual_stages >= 2; "
+                                "add --virtual-stages 2")
+                if p.pp < 2:
+                    errs.append("parallel.schedule='interleaved' needs pp >= 2; add --pp 2")
+                if p.microbatches is not None and p.microbatches % p.pp != 0:
+                    errs.append(f"parallel.microbatches={p.microbatches}: the interleaved schedule needs "
+                                f"m to be a multiple of pp={p.pp}; use --microbatches "
+                                f"{max(p.pp, (p.microbatches // p.pp) * p.pp)}")
+            elif p.virtual_stages != 1:
+                errs.append(f"parallel.virtual_stages={p.virtual_stages} only applies to the interleaved "
+                            f"schedule (schedule={p.schedule!r}); use --schedule interleaved or "
+                            f"--virtual-stages 1")
+        if p.zero_stage not in (0, 1):
+            errs.append(f"parallel.zero_stage={p.zero_stage!r} is not supported by the runtime; use 0 or 1")
+        if p.recompute not in RECOMPUTE:
+            errs.append(f"parallel.recompute={p.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+        if ok_par and p.microbatches is not None:
+            pos("parallel", "microbatches", p.microbatches)
+        pos("train", "global_batch", t.global_batch)
+        if t.micro_batch is not None:
+            pos("train", "micro_batch", t.micro_batch)
+        pos("train", "steps", t.steps, 0)
+        if (ok_par and isinstance(t.global_batch, int) and isinstance(t.micro_batch, int)
+                and isinstance(p.microbatches, int) and t.micro_batch > 0 and p.microbatches > 0):
+            if t.micro_batch * p.microbatches * p.dp != t.global_batch:
+                errs.append(f"train.global_batch={t.global_batch} != micro_batch={t.micro_batch} x "
+                            f"microbatches={p.microbatches} x dp={p.dp} = "
+                            f"{t.micro_batch * p.microbatches * p.dp}; give a global batch that is a "
+                            f"multiple of dp={p.dp} and leave --micro-batch/--microbatches to be derived")
+        for name in ("lr", "eps"):
+            v = getattr(t, name)
+            if not (isinstance(v, (int, float)) and v > 0):
+                errs.append(f"train.{name}={v!r} must be a positive number")
+        if not (isinstance(t.min_lr, (int, float)) and t.min_lr >= 0):
+            errs.append(f"train.min_lr={t.min_lr!r} must be >= 0")
+        if not (isinstance(t.warmup, int) and t.warmup >= 0):
+            errs.append(f"train.warmup={t.warmup!r} must be an integer >= 0")
+        if not (isinstance(t.weight_decay, (int, float)) and t.weight_decay >= 0):
+            errs.append(f"train.weight_decay={t.weight_decay!r} must be >= 0")
+        if not (isinstance(t.grad_clip, (int, float)) and t.grad_clip >= 0):
+            errs.append(f"train.grad_clip={t.grad_clip!r} must be >= 0 (0 disables clipping)")
+        for name in ("beta1", "beta2"):
+            v = getattr(t, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < 1):
+                errs.append(f"train.{name}={v!r} must be in [0, 1)")
+        if t.dtype not in DTYPES:
+            errs.append(f"train.dtype={t.dtype!r} is unknown; choose fp32 or bf16")
+        if t.on_nonfinite not in ON_NONFINITE:
+            errs.append(f"train.on_nonfinite={t.on_nonfinite!r} is unknown; choose skip or stop")
+        if t.data is not None:
+            errs.extend(_check_data_path(t.data))
+        if self.nproc is not None and ok_par and self.nproc != p.world_size:
+            errs.append(f"nproc={self.nproc} != dp x pp x tp = {p.world_size}; drop --nproc or make them equal")
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            errs.append(f"timeout_s={self.timeout_s!r} must be > 0 seconds")
+        if self.synthetic_stage_ms is not None:
+            sm = self.synthetic_stage_ms
+            if len(sm) != 2 or any((not isinstance(x, (int, float))) or x < 0 for x in sm):
+                errs.append(f"synthetic_stage_ms={sm!r} must be two non-negative numbers F,B (ms)")
+        if not (isinstance(self.save_every, int) and self.save_every >= 0):
+            errs.append(f"save_every={self.save_every!r} must be an integer >= 0")
+        if not (isinstance(self.keep_last, int) and self.keep_last >= 1):
+            errs.append(f"keep_last={self.keep_last!r} must be an integer >= 1")
+        if errs:
+            raise ConfigError(errs)
+        return self
+
+    # ---- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> RunConfig:
+        errs: list[str] = []
+        sections = {"model": ModelConfig, "parallel": ParallelConfig, "train": TrainConfig}
+        kwargs: dict[str, Any] = {}
+        run_fields = {f.name for f in dataclasses.fields(RunConfig)} - set(sections)
+        for key, value in d.items():
+            if key in sections:
+                cls = sections[key]
+                names = {f.name for f in dataclasses.fields(cls)}
+                if not isinstance(value, dict):
+                    errs.append(f"[{key}] must be a table")
+                    continue
+                bad = sorted(set(value) - names)
+                for b in bad:
+                    errs.append(f"{key}.{b} is not a known field; known: {', '.join(sorted(names))}")
+                kwargs[key] = cls(**{k: v for k, v in value.items() if k in names})
+            elif key in run_fields:
+                kwargs[key] = tuple(value) if key == "synthetic_stage_ms" and value is not None else value
+            else:
+                errs.append(f"{key} is not a known section or field; sections: model, parallel, train")
+        if errs:
+            raise ConfigError(errs)
+        return RunConfig(**kwargs)
+
+    @staticmethod
+    def load_toml(path: str) -> RunConfig:
+        if not os.path.isfile(path):
+            raise ConfigError([f"config={path!r} does not exist; give the path of a TOML file"])
+        try:
+            with open(path, "rb") as fh:
+                d = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError([f"config={path!r} is not valid TOML: {e}"]) from e
+        return RunConfig.from_dict(d)
+
+    def to_toml(self) -> str:
+        return dict_to_toml(self.to_dict())
+
+
+def dict_to_toml(d: dict[str, Any]) -> str:
+    """A tiny TOML writer for our flat sections (tomllib only reads)."""
+
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        raise TypeError(type(v))
+
+    top = [f"{k} = {val(v)}" for k, v in d.items() if not isinstance(v, dict) and v is not None]
+    out = top + [""] if top else []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.append(f"[{k}]")
+            out += [f"{kk} = {val(vv)}" for kk, vv in v.items() if vv is not None]
+            out.append("")
+    return "\n".join(out)
+
+
+def _check_data_path(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return [f"train.data={path!r} does not exist; give a text file or a folder of text files, "
+                f"or omit --data to use the built-in corpus"]
+    if os.path.isfile(path):
+        if os.path.getsize(path) == 0:
+            return [f"train.data={path!r} is empty; give a file with text in it"]
+        return []
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            if os.path.getsize(os.path.join(root, f)) > 0:
+                return []
+    return [f"train.data={path!r} is a folder with no non-empty files; put text files in it"]

@@ -1,0 +1,2 @@
+"""Pipeline parallelism.  schedules, partition and simulate are pure (no torch);
+`runtime` imports torch and is therefore not imported here."""

@@ -1,0 +1,1 @@
+"""The planner: pure arithmetic, no torch."""
