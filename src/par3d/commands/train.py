@@ -1,0 +1,143 @@
+"""`par3d train`: the main job.  Every config field has a flag; `--config FILE` (TOML) sets
+defaults that flags override.  Validation happens here, before any process starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+# (flag, section, field, type, help)
+FIELDS: list[tuple[str, str, str, Any, str]] = [
+    ("--dp", "parallel", "dp", int, "data-parallel degree (replicas). Default: 2 when none of --dp/--pp/--tp "
+                                    "is given (the 2x2x2 demo), else 1"),
+    ("--pp", "parallel", "pp", int, "pipeline-parallel degree (stages). Default as for --dp"),
+    ("--tp", "parallel", "tp", int, "tensor-parallel degree; must divide --heads. Default as for --dp"),
+    ("--schedule", "parallel", "schedule", str, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 (default 1f1b)"),
+    ("--microbatches", "parallel", "microbatches", int, "micro-batches per step per DP rank (m); derived "
+                                                       "from the global batch when omitted"),
+    ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
+                                                           "interleaved schedule (default 1)"),
+    ("--zero-stage", "parallel", "zero_stage", int, "0: plain DP; 1: ZeRO-1 sharded optimizer state"),
+    ("--recompute", "parallel", "recompute", str, "activation recomputation: none | selective (attention "
+                                                  "core) | full (whole block)"),
+    ("--layers", "model", "layers", int, "transformer blocks"),
+    ("--hidden", "model", "hidden", int, "hidden size h"),
+    ("--heads", "model", "heads", int, "attention heads (must divide --hidden)"),
+    ("--ffn-hidden", "model", "ffn_hidden", int, "MLP inner size (default 4 x hidden)"),
+    ("--seq-len", "model", "seq_len", int, "tokens per sequence"),
+    ("--vocab", "model", "vocab", int, "vocabulary size (byte tokenizer: 256; larger pads, smaller "
+                                       "is invalid for byte data)"),
+    ("--dropout", "model", "dropout", float, "dropout probability (default 0; >0 is not layout-invariant)"),
+    ("--global-batch", "train", "global_batch", int, "sequences per optimizer step over all DP ranks"),
+    ("--micro-batch", "train", "micro_batch", int, "sequences per micro-batch per DP rank; derived when omitted"),
+    ("--steps", "train", "steps", int, "optimizer steps"),
+    ("--lr", "train", "lr", float, "peak learning rate (AdamW)"),
+    ("--min-lr", "train", "min_lr", float, "final learning rate of the cosine decay"),
+    ("--warmup", "train", "warmup", int, "linear warm-up steps"),
+    ("--weight-decay", "train", "weight_decay", float, "AdamW decoupled weight decay (2-D weights only)"),
+    ("--grad-clip", "train", "grad_clip", float, "clip the global gradient norm to this (0: off)"),
+    ("--seed", "train", "seed", int, "seed of initialisation and data sampling"),
+    ("--dtype", "train", "dtype", str, "fp32 | bf16 (bf16 weights/activations, fp32 master weights, grads "
+                                       "reduced and optimizer state in fp32)"),
+    ("--data", "train", "data", str, "text file or folder to train on (default: the Python standard "
+                                     "library's source)"),
+    ("--out", "train", "out", str, "output directory (checkpoints, traces, reports)"),
+    ("--on-nonfinite", "train", "on_nonfinite", str, "skip | stop: what a NaN/Inf loss or gradient does"),
+]
+
+
+def register(sub: Any) -> None:
+    ap = sub.add_parser("train", help="train a GPT on dp x pp x tp processes",
+                        description="Train a GPT with data, pipeline and tensor parallelism. Starts "
+                                    "dp*pp*tp local processes on gloo (CPU) / nccl (GPU), or joins a "
+                                    "torchrun world when launched by torchrun.")
+    ap.add_argument("--config", help="TOML file with [model], [parallel], [train] tables; flags override it")
+    for flag, _sec, _field, typ, hlp in FIELDS:
+        ap.add_argument(flag, type=typ, default=None, help=hlp)
+    ap.add_argument("--sequence-parallel", action="store_true", default=None,
+                    help="shard LayerNorm/dropout regions along the sequence (needs tp>1 to matter)")
+    ap.add_argument("--tied-embeddings", action="store_true", default=None,
+                    help="share the token embedding with the LM head")
+    ap.add_argument("--nproc", type=int, default=None, help="local processes to start (default dp*pp*tp)")
+    ap.add_argument("--metrics-out", default=None,
+                    help="write one JSON line per step (step, loss, lr, tokens, step_time_s) from rank 0")
+    ap.add_argument("--trace-out", default=None,
+                    help="folder for a Chrome/Perfetto trace, a Gantt PNG (measured vs simulated) and "
+                         "the measured bubble")
+    ap.add_argument("--comm-report", action="store_true", default=None,
+                    help="print calls and bytes per group and kind for each step (also in the metrics)")
+    ap.add_argument("--synthetic-stage-ms", default=None,
+                    help="F,B: stages wait F and B milliseconds instead of computing (measures the "
+                         "runtime's own overhead)")
+    ap.add_argument("--timeout", dest="timeout_s", type=float, default=None,
+                    help="seconds after which a stuck collective or a dead peer ends the run (default 60)")
+    ap.add_argument("--threads", dest="threads_per_rank", type=int, default=None,
+                    help="CPU threads per rank (default 1)")
+    ap.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: never)")
+    ap.add_argument("--keep-last", type=int, default=None, help="checkpoints to keep (default 2)")
+    ap.add_argument("--resume", nargs="?", const="latest", default=None,
+                    help="resume from a checkpoint folder (or the latest in --out)")
+    ap.add_argument("--hardware", default=None, help="calibrated hardware file for the predicted step time")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                    help="no progress bar")
+    ap.add_argument("--json", action="store_true", default=None, help="print the end-of-run report as JSON")
+    ap.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from par3d.config import ConfigError, RunConfig
+
+    cfg = RunConfig.load_toml(args.config) if args.config else RunConfig()
+    layout_given = any(getattr(args, k) is not None for k in ("dp", "pp", "tp"))
+    if not args.config and not layout_given:
+        # the demo: all three dimensions on 8 local processes
+        cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp = 2, 2, 2
+    for flag, sec, field, _typ, _h in FIELDS:
+        val = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if val is not None:
+            setattr(getattr(cfg, sec), field, val)
+    if args.sequence_parallel:
+        cfg.parallel.sequence_parallel = True
+    if args.tied_embeddings:
+        cfg.model.tied_embeddings = True
+    for name in ("nproc", "metrics_out", "trace_out", "comm_report", "timeout_s", "threads_per_rank",
+                 "save_every", "keep_last", "resume", "hardware", "progress", "json"):
+        val = getattr(args, name)
+        if val is not None:
+            setattr(cfg, name, val)
+    if args.synthetic_stage_ms is not None:
+        try:
+            f, b = (float(x) for x in str(args.synthetic_stage_ms).split(","))
+        except ValueError:
+            raise ConfigError([f"synthetic_stage_ms={args.synthetic_stage_ms!r} must be two numbers F,B "
+                               f"in milliseconds, e.g. --synthetic-stage-ms 2,2"]) from None
+        cfg.synthetic_stage_ms = (f, b)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from par3d.config import ConfigError
+
+    try:
+        cfg = config_from_args(args)
+        cfg.validate()
+    except ConfigError as e:
+        print(f"par3d train: {e}", file=sys.stderr)
+        return 2
+    from par3d.distributed import RankFailure
+    from par3d.report import finish_run
+
+    try:
+        from par3d.train import run as train_run
+
+        results = train_run(cfg)
+    except RankFailure as e:
+        print(f"par3d train: {e}", file=sys.stderr)
+        return 1
+    report = finish_run(cfg, results)
+    if report is not None:
+        if cfg.json:
+            print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,272 @@
+"""Data parallelism: bucketed gradient reduction during backward, ZeRO-1, and the optimizer.
+
+Gradients are accumulated, over micro-batches, into one flat fp32 buffer per model chunk
+(`main_grad`, as Megatron-LM does) by a hook that fires when a parameter's gradient is ready.
+On the last micro-batch the hook also counts down its bucket; when a bucket is complete its DP
+reduction starts at once (asynchronously), overlapping the rest of backward (seed 4.5 point 2:
+the DP all-reduce happens once per step and can hide behind backward).
+
+  zero_stage 0: all-reduce each bucket; every DP rank updates every parameter.
+  zero_stage 1: reduce-scatter each bucket; DP rank d owns slice d of every bucket, keeps Adam
+                state (and fp32 master weights) for that slice only, updates it, and all-gathers
+                the new parameters (Rajbhandari et al. 2020, "ZeRO", stage 1).
+
+The loss of every micro-batch is pre-divided by the number of tokens in the *global* batch, so
+the DP reduction is a plain sum and the result is the gradient of the global mean loss.
+
+Two kinds of parameter need a reduction over another group first:
+  * sequence-parallel replicated parameters (LayerNorms, row biases, position embedding): each
+    TP rank saw part of the sequence -> sum over TP (done in the hook: TP ranks run in lockstep);
+  * the tied embedding held by the first and last pipeline stage -> sum over the embedding
+    group; this waits for the pipeline flush (`finish`) because the stages reach it at
+    different times, so those parameters live in a bucket of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from par3d import comm
+from par3d.config import TrainConfig
+from par3d.mesh import Groups
+
+
+@dataclass
+class Bucket:
+    chunk: int
+    params: list[nn.Parameter]
+    start: int  # offset into the chunk's flat buffers
+    numel: int  # padded to a multiple of dp
+    deferred: bool = False  # the tied-embedding bucket: reduced in finish()
+    pending: int = 0
+    work: Any = None
+    launched: bool = False
+
+
+@dataclass
+class ChunkBuffers:
+    params: list[nn.Parameter]
+    grad: torch.Tensor  # fp32 main_grad, flat
+    master: torch.Tensor  # fp32 master weights, flat (only the owned slices are updated under ZeRO-1)
+    decay_mask: torch.Tensor  # 1 where weight decay applies
+    norm_mask: torch.Tensor  # 1 where this rank counts the element in the global gradient norm
+    buckets: list[Bucket] = field(default_factory=list)
+
+
+class DataParallel:
+    """Owns gradient buffers, the DP reduction and the (ZeRO-1 capable) AdamW step for the model
+    chunks held by this rank.  With dp == 1 it communicates nothing and is just the optimizer."""
+
+    def __init__(self, chunks: list[nn.Module], groups: Groups, train: TrainConfig, zero_stage: int = 0,
+                 bucket_numel: int = 1 << 20):
+        self.groups, self.train, self.zero = groups, train, zero_stage
+        self.dp = groups.dp
+        self.sync = [False] * len(chunks)
+        self.bufs: list[ChunkBuffers] = []
+        self.step_count = 0
+        for ci, module in enumerate(chunks):
+            self.bufs.append(self._build_chunk(ci, module, bucket_numel))
+        for buf in self.bufs:
+            for b in buf.buckets:
+                n = b.numel // self.dp.size
+                b.shard = (b.start + self.dp.rank * n, b.start + (self.dp.rank + 1) * n)  # type: ignore[attr-defined]
+        # Adam state for the owned slices only
+        self.exp_avg = [torch.zeros_like(buf.master) for buf in self.bufs]
+        self.exp_avg_sq = [torch.zeros_like(buf.master) for buf in self.bufs]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(ci, p))
+                       for ci, buf in enumerate(self.bufs) for p in buf.params]
+
+    # ---- layout ------------------------------------------------------------------------------
+    def _build_chunk(self, ci: int, module: nn.Module, bucket_numel: int) -> ChunkBuffers:
+        params = [p for p in module.parameters() if p.requires_grad]
+        tied = [p for p in params if getattr(p, "tied_embedding", False)]
+        if self.groups.embed.size == 1:
+            tied = []
+        regular = [p for p in params if not any(p is t for t in tied)]
+        # backward visits parameters roughly in reverse creation order: bucket them that way so
+        # the first buckets fill first
+        groups_of: list[tuple[list[nn.Parameter], bool]] = []
+        cur: list[nn.Parameter] = []
+        cur_n = 0
+        for p in reversed(regular):
+            cur.append(p)
+            cur_n += p.numel()
+            if cur_n >= bucket_numel:
+                groups_of.append((cur, False))
+                cur, cur_n = [], 0
+        if cur:
+            groups_of.append((cur, False))
+        if tied:
+            groups_of.append((tied, True))
+        dp = self.dp.size
+        total = sum(int(math.ceil(sum(p.numel() for p in ps) / dp) * dp) for ps, _ in groups_of)
+        dev = params[0].device if params else torch.device("cpu")
+        grad = torch.zeros(total, dtype=torch.float32, device=dev)
+        master = torch.zeros(total, dtype=torch.float32, device=dev)
+        decay = torch.zeros(total, dtype=torch.float32, device=dev)
+        norm = torch.zeros(total, dtype=torch.float32, device=dev)
+        buckets: list[Bucket] = []
+        off = 0
+        tp_rank0 = self.groups.tp.rank == 0
+        for ps, deferred in groups_of:
+            start = off
+            for p in ps:
+                n = p.numel()
+                p.main_grad = grad[off:off + n].view_as(p)  # type: ignore[attr-defined]
+                master[off:off + n] = p.detach().reshape(-1).float()
+                decay[off:off + n] = 1.0 if p.dim() >= 2 else 0.0
+                # count a replicated parameter once per TP group; the tied embedding once (on the
+                # first stage) per pipeline
+                counted = (getattr(p, "tp_sharded", False) or tp_rank0)
+                if getattr(p, "tied_embedding", False) and self.groups.coord.pp != 0:
+                    counted = False
+                norm[off:off + n] = 1.0 if counted else 0.0
+                off += n
+            padded = int(math.ceil((off - start) / dp) * dp)
+            off = start + padded
+            buckets.append(Bucket(ci, ps, start, padded, deferred))
+        return ChunkBuffers(params, grad, master, decay, norm, buckets)
+
+    # ---- backward-time hooks -------------------------------------------------------------------
+    def _make_hook(self, ci: int, p: nn.Parameter) -> Any:
+        bucket = next(b for b in self.bufs[ci].buckets if any(q is p for q in b.params))
+
+        def hook(param: torch.Tensor) -> None:
+            param.main_grad.add_(param.grad.float())  # type: ignore[attr-defined]
+            param.grad = None
+            if self.sync[ci] and not bucket.deferred:
+                bucket.pending -= 1
+                if bucket.pending == 0:
+                    self._launch(bucket)
+
+        return hook
+
+    def set_sync(self, chunk: int, enabled: bool) -> None:
+        """Call with True before the LAST backward of `chunk` in this step."""
+        self.sync[chunk] = enabled
+
+    def _launch(self, b: Bucket) -> None:
+        if b.launched:
+            return
+        b.launched = True
+        buf = self.bufs[b.chunk]
+        # sequence-parallel replicas: sum the partial gradients over TP before the DP reduction
+        for p in b.params:
+            if getattr(p, "sequence_parallel", False) and self.groups.tp.size > 1:
+                comm.all_reduce(p.main_grad, self.groups.tp)  # type: ignore[attr-defined]
+        view = buf.grad[b.start:b.start + b.numel]
+        if self.dp.size == 1:
+            b.work = None
+        elif self.zero == 0:
+            b.work = comm.all_reduce(view, self.dp, async_op=True)
+        else:
+            lo, hi = b.shard  # type: ignore[attr-defined]
+            out = buf.grad[lo:hi]
+            # reduce-scatter into a scratch tensor, copied into the owned slice on completion
+            b.scratch = torch.empty_like(out)  # type: ignore[attr-defined]
+            _, b.work = comm.reduce_scatter(view, self.dp, async_op=True, out=b.scratch)  # type: ignore[attr-defined]
+
+    def start_step(self) -> None:
+        for buf in self.bufs:
+            buf.grad.zero_()
+            for b in buf.buckets:
+                b.pending, b.work, b.launched = len(b.params), None, False
+        self.sync = [False] * len(self.bufs)
+
+    def finish(self) -> None:
+        """After the last backward: reduce what the hooks did not, then wait for everything."""
+        for buf in self.bufs:
+            for b in buf.buckets:
+                if b.deferred:
+                    for p in b.params:
+                        comm.all_reduce(p.main_grad, self.groups.embed)  # type: ignore[attr-defined]
+                if not b.launched:
+                    self._launch(b)
+        for buf in self.bufs:
+            for b in buf.buckets:
+                if b.work is not None:
+                    b.work.wait()
+                    b.work = None
+                if self.zero == 1 and self.dp.size > 1:
+                    lo, hi = b.shard  # type: ignore[attr-defined]
+                    buf.grad[lo:hi].copy_(b.scratch)  # type: ignore[attr-defined]
+
+    # ---- optimizer -----------------------------------------------------------------------------
+    def _owned(self, buf: ChunkBuffers) -> list[tuple[int, int]]:
+        if self.zero == 1 and self.dp.size > 1:
+            return [b.shard for b in buf.buckets]  # type: ignore[attr-defined]
+        return [(0, buf.grad.numel())]
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of the gradient of the whole model, each element counted once."""
+        sq = torch.zeros(1, dtype=torch.float64, device=self.bufs[0].grad.device if self.bufs else "cpu")
+        for buf in self.bufs:
+            for lo, hi in self._owned(buf):
+                g = buf.grad[lo:hi] * buf.norm_mask[lo:hi]
+                sq += (g.double() ** 2).sum()
+        comm.all_reduce(sq, self.groups.tp)
+        comm.all_reduce(sq, self.groups.pp)
+        if self.zero == 1:
+            comm.all_reduce(sq, self.dp)
+        return float(sq.sqrt())
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up then cosine decay to min_lr over `steps`."""
+        t = self.train
+        if t.warmup and step < t.warmup:
+            return t.lr * (step + 1) / t.warmup
+        span = max(t.steps - t.warmup, 1)
+        frac = min(max(step - t.warmup, 0) / span, 1.0)
+        return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * frac))
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Clip, AdamW on the owned slices, write parameters back (all-gather under ZeRO-1).
+        Returns {"grad_norm", "lr", "skipped"}; a non-finite norm skips the update."""
+        t = self.train
+        norm = self.grad_norm()
+        lr = self.lr_at(step)
+        if not math.isfinite(norm):
+            return {"grad_norm": norm, "lr": lr, "skipped": True}
+        coef = min(1.0, t.grad_clip / (norm + 1e-6)) if t.grad_clip > 0 else 1.0
+        self.step_count += 1
+        k = self.step_count
+        bc1, bc2 = 1 - t.beta1 ** k, 1 - t.beta2 ** k
+        for ci, buf in enumerate(self.bufs):
+            m_all, v_all = self.exp_avg[ci], self.exp_avg_sq[ci]
+            for lo, hi in self._owned(buf):
+                g = buf.grad[lo:hi] * coef
+                w, m, v = buf.master[lo:hi], m_all[lo:hi], v_all[lo:hi]
+                m.mul_(t.beta1).add_(g, alpha=1 - t.beta1)
+                v.mul_(t.beta2).addcmul_(g, g, value=1 - t.beta2)
+                denom = (v / bc2).sqrt_().add_(t.eps)
+                w.mul_(1 - lr * t.weight_decay * buf.decay_mask[lo:hi])  # decoupled decay (AdamW)
+                w.addcdiv_(m, denom, value=-lr / bc1)
+            if self.zero == 1 and self.dp.size > 1:
+                for b in buf.buckets:
+                    lo, hi = b.shard  # type: ignore[attr-defined]
+                    full = comm.all_gather(buf.master[lo:hi].clone(), self.dp)
+                    buf.master[b.start:b.start + b.numel].copy_(full)
+            self._write_params(buf)
+        return {"grad_norm": norm, "lr": lr, "skipped": False}
+
+    def _write_params(self, buf: ChunkBuffers) -> None:
+        off_of = {}
+        for b in buf.buckets:
+            off = b.start
+            for p in b.params:
+                off_of[id(p)] = off
+                off += p.numel()
+        with torch.no_grad():
+            for p in buf.params:
+                o = off_of[id(p)]
+                p.copy_(buf.master[o:o + p.numel()].view_as(p))
+
+    # ---- state for checkpoints -------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"step_count": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
+                "master": [b.master for b in self.bufs]}

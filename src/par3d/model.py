@@ -1,0 +1,234 @@
+"""A GPT built from tensor-parallel layers, cut into pipeline units.
+
+Read top to bottom: Embedding -> Block x L -> Head.  The model is a list of *units*
+
+    unit 0          Embedding   token (vocab-parallel) + learned position embedding
+    units 1..L      Block       pre-LayerNorm causal self-attention and GeLU MLP
+    unit L+1        Head        final LayerNorm, LM head (vocab-parallel), cross-entropy
+
+and a pipeline stage (`GPTStage`) is a contiguous range of units.  With a TP group of size one
+and one stage holding every unit, this *is* the single-device reference model.
+
+Tensor parallelism inside a block follows the seed's figure 2 (section 2.3):
+  attention: Q, K, V column-parallel (each rank owns heads/E whole heads), W_o row-parallel
+  MLP:       fc1 column-parallel -> GeLU (elementwise, no communication) -> fc2 row-parallel
+so a block does exactly 2 all-reduces of b·s·h forward (after W_o and fc2, the g operators)
+and 2 backward (before QKV and fc1, the f operators).  With sequence parallelism (Korthikanti
+et al. 2022) the LayerNorms run on sequence shards and each all-reduce becomes a
+reduce-scatter + all-gather pair.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from par3d import comm
+from par3d.config import ModelConfig
+from par3d.mesh import Group
+from par3d.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    full_init,
+    mark_tp_sharded,
+    mark_sequence_parallel,
+    padded_vocab,
+    vocab_parallel_cross_entropy,
+)
+
+
+@dataclass
+class ModelContext:
+    """How this copy of the model is parallelised (everything but the shapes)."""
+
+    tp: Group
+    seed: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"  # none | selective (attention core) | full (whole block)
+    dtype: torch.dtype = torch.float32
+
+
+def _layer_norm(hidden: int, ctx: ModelContext) -> nn.LayerNorm:
+    ln = nn.LayerNorm(hidden, dtype=ctx.dtype)
+    if ctx.sequence_parallel and ctx.tp.size > 1:
+        mark_sequence_parallel(ln.weight)
+        mark_sequence_parallel(ln.bias)
+    return ln
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext):
+        super().__init__()
+        self.ctx = ctx
+        self.sp = ctx.sequence_parallel and ctx.tp.size > 1
+        self.tok = VocabParallelEmbedding(cfg.vocab, cfg.hidden, ctx.tp, seed=ctx.seed, name="embed.tok",
+                                          sequence_parallel=self.sp, dtype=ctx.dtype)
+        pos = full_init((cfg.seq_len, cfg.hidden), 0.01, ctx.seed, "embed.pos").to(ctx.dtype)
+        self.pos = nn.Parameter(pos)
+        if self.sp:
+            mark_sequence_parallel(self.pos)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens)  # [b, s, h], or [b, s/E, h] with sequence parallelism
+        s = tokens.shape[1]
+        if self.sp:
+            n = s // self.ctx.tp.size
+            x = x + self.pos[self.ctx.tp.rank * n:(self.ctx.tp.rank + 1) * n]
+        else:
+            x = x + self.pos[:s]
+        return self.drop(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext, name: str, n_layers: int):
+        super().__init__()
+        self.ctx, self.sp = ctx, ctx.sequence_parallel and ctx.tp.size > 1
+        self.local_heads = cfg.heads // ctx.tp.size
+        self.head_dim = cfg.hidden // cfg.heads
+        resid_std = 0.02 / math.sqrt(2 * n_layers)  # GPT-2's scaling of residual projections
+        self.qkv = ColumnParallelLinear(cfg.hidden, 3 * cfg.hidden, ctx.tp, seed=ctx.seed, name=name + ".qkv",
+                                        stride=3, sequence_parallel=self.sp, dtype=ctx.dtype)
+        self.proj = RowParallelLinear(cfg.hidden, cfg.hidden, ctx.tp, seed=ctx.seed, name=name + ".proj",
+                                      std=resid_std, sequence_parallel=self.sp, dtype=ctx.dtype)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.p_drop = cfg.dropout
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QKᵀ/√d)V per head — the part selective recomputation drops and redoes."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              dropout_p=self.p_drop if self.training else 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.qkv(x)  # [b, s, 3·h/E]: this rank's heads' Q, K and V
+        b, s, _ = y.shape
+        q, k, v = (t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2) for t in y.chunk(3, dim=-1))
+        if self.ctx.recompute == "selective":
+            out = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            out = self.core(q, k, v)
+        out = out.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
+        return self.drop(self.proj(out))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext, name: str, n_layers: int):
+        super().__init__()
+        sp = ctx.sequence_parallel and ctx.tp.size > 1
+        self.fc1 = ColumnParallelLinear(cfg.hidden, cfg.ffn, ctx.tp, seed=ctx.seed, name=name + ".fc1",
+                                        sequence_parallel=sp, dtype=ctx.dtype)
+        self.fc2 = RowParallelLinear(cfg.ffn, cfg.hidden, ctx.tp, seed=ctx.seed, name=name + ".fc2",
+                                     std=0.02 / math.sqrt(2 * n_layers), sequence_parallel=sp, dtype=ctx.dtype)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # GeLU acts on this rank's columns only: GeLU(XA₁) ‖ GeLU(XA₂) = GeLU(X[A₁ A₂]) (seed Q2)
+        return self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext, index: int):
+        super().__init__()
+        self.ctx = ctx
+        name = f"blocks.{index}"
+        self.ln1 = _layer_norm(cfg.hidden, ctx)
+        self.attn = Attention(cfg, ctx, name + ".attn", cfg.layers)
+        self.ln2 = _layer_norm(cfg.hidden, ctx)
+        self.mlp = MLP(cfg, ctx, name + ".mlp", cfg.layers)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ctx.recompute == "full" and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class Head(nn.Module):
+    """Final LayerNorm, vocabulary-parallel LM head and loss.  Returns per-token losses [b, s]."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext, tied_weight: nn.Parameter | None = None):
+        super().__init__()
+        self.ctx, self.vocab = ctx, cfg.vocab
+        self.sp = ctx.sequence_parallel and ctx.tp.size > 1
+        self.ln_f = _layer_norm(cfg.hidden, ctx)
+        per = padded_vocab(cfg.vocab, ctx.tp.size) // ctx.tp.size
+        self.vocab_start = ctx.tp.rank * per
+        if tied_weight is not None:
+            self.weight = tied_weight  # the embedding table itself (same stage)
+        else:
+            # a separate copy: either untied, or tied across pipeline stages (same init key as the
+            # embedding; the two copies' gradients are summed over the embedding group)
+            key = "embed.tok" if cfg.tied_embeddings else "head"
+            full = torch.zeros(per * ctx.tp.size, cfg.hidden)
+            full[:cfg.vocab] = full_init((cfg.vocab, cfg.hidden), 0.02, ctx.seed, key + ".weight")
+            w = full[self.vocab_start:self.vocab_start + per].contiguous().to(ctx.dtype)
+            self.weight = mark_tp_sharded(nn.Parameter(w))
+            if cfg.tied_embeddings:
+                self.weight.tied_embedding = True  # type: ignore[attr-defined]
+
+    def logits_local(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln_f(x)
+        x = comm.gather_from_seq(x, self.ctx.tp) if self.sp else comm.copy_to_tp(x, self.ctx.tp)
+        return F.linear(x, self.weight)  # [b, s, V_pad/E]
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(self.logits_local(x), targets, self.ctx.tp,
+                                            self.vocab_start, self.vocab)
+
+    def full_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Gathered logits [b, s, V] — for tests and inspection only (training never gathers)."""
+        return comm.gather_last(self.logits_local(x), self.ctx.tp)[..., :self.vocab]
+
+
+def n_units(cfg: ModelConfig) -> int:
+    return cfg.layers + 2
+
+
+class GPTStage(nn.Module):
+    """Units [start, end) of the GPT.  The first stage takes tokens; the last returns per-token
+    losses; the others map activations to activations."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ModelContext, start: int = 0, end: int | None = None):
+        super().__init__()
+        end = n_units(cfg) if end is None else end
+        if not 0 <= start < end <= n_units(cfg):
+            raise ValueError(f"unit range [{start}, {end}) outside 0..{n_units(cfg)}")
+        self.cfg, self.ctx, self.start, self.end = cfg, ctx, start, end
+        self.is_first, self.is_last = start == 0, end == n_units(cfg)
+        self.embedding = Embedding(cfg, ctx) if self.is_first else None
+        self.blocks = nn.ModuleList(Block(cfg, ctx, i) for i in range(max(start, 1) - 1, min(end, cfg.layers + 1) - 1))
+        tied = self.embedding.tok.weight if (self.is_first and cfg.tied_embeddings) else None
+        self.head = Head(cfg, ctx, tied) if self.is_last else None
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        for block in self.blocks:
+            x = block(x)
+        if self.head is not None:
+            if targets is None:
+                raise ValueError("the last stage needs targets")
+            return self.head(x, targets)
+        return x
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of a whole model (single stage) — for tests."""
+        assert self.embedding is not None and self.head is not None
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head.full_logits(x)
+
+
+def gpt(cfg: ModelConfig, ctx: ModelContext) -> GPTStage:
+    """The whole model as one stage."""
+    return GPTStage(cfg, ctx)

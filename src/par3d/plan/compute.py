@@ -1,0 +1,155 @@
+"""FLOPs and time of a transformer layer on one GPU.
+
+FLOPs (forward, one micro-batch of b sequences of length s, T = b·s tokens, TP degree t):
+- QKV projection 2·T·h·(h + 2·kv_dim)/t, output projection 2·T·h²/t,
+- MLP 2·T·h·f·(2 or 3)/t (3 matrices when gated),
+- attention core (QKᵀ and ·V) 4·T·s·h/t  (not halved for causal masks, as Megatron counts),
+so for f = 4h, MHA: 24·T·h² + 4·T·s·h = 24·T·h²·(1 + s/(6h))  (Narayanan et al. 2021, eq. 3;
+the seed's §4.2 counts the GEMM part 24·B·S·H²).  Backward = 2 × forward; the output head adds
+2·T·h·V/t forward.
+
+Time of one GEMM (M×K by K×N) is a roofline (seed §4.4, Williams et al. 2009):
+    t = max( FLOPs / (peak · efficiency · wave_eff),  bytes / HBM bandwidth )
+with bytes = (M·K + K·N + M·N)·dtype bytes (each operand read once, output written once — the
+seed's "forced DRAM traffic") and wave_eff the wave quantization of seed §3.2: the output is cut
+into 128×128 tiles, one per SM at a time; ceil(tiles/SMs) waves run, the last one partly empty.
+When there are fewer tiles than SMs we assume split-K (as cuBLAS does) up to K/512 ways.
+`efficiency` (hardware.py) is the calibratable achievable fraction of peak; it also stands in for
+the elementwise kernels (layer norm, GeLU, softmax, dropout) that are not modelled one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .hardware import Device
+from .models import ModelSpec
+
+TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
+SPLIT_K_MIN = 512  # smallest K slice per split-K CTA
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def bytes(self, dtype_bytes: int) -> float:
+        return float(dtype_bytes) * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    flops: float
+    bytes: float
+    intensity: float  # FLOP/byte
+    balance: float  # device ridge point, FLOP/byte
+    bound: str  # "memory" or "compute"
+    attainable: float  # FLOP/s = min(peak, intensity · bandwidth)
+    fraction_of_peak: float
+    wave_eff: float
+    time: float  # seconds, with efficiency and wave quantization
+
+
+def wave_efficiency(g: Gemm, sms: int) -> float:
+    """Useful share of the SM-slots that the waves occupy (seed §3.2: 512 blocks on 216 slots
+    → 3 waves, the last 40% full)."""
+    tiles = -(-g.m // TILE) * -(-g.n // TILE) * g.batch
+    if tiles < sms:  # split-K fills idle SMs
+        tiles *= max(1, min(sms // tiles, g.k // SPLIT_K_MIN))
+    waves = -(-tiles // sms)
+    return tiles / (waves * sms)
+
+
+def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
+    peak = dev.peak(dtype)
+    nbytes = g.bytes(DTYPE_BYTES[dtype])
+    ai = g.flops / nbytes
+    attainable = min(peak, ai * dev.mem_bw)
+    we = wave_efficiency(g, dev.sms)
+    t = max(g.flops / (peak * dev.efficiency * we), nbytes / dev.mem_bw)
+    return Roofline(g.flops, nbytes, ai, dev.balance(dtype), "memory" if ai < dev.balance(dtype) else "compute",
+                    attainable, attainable / peak, we, t)
+
+
+def gemm_time(g: Gemm, dev: Device, dtype: str) -> float:
+    return roofline(g, dev, dtype).time
+
+
+def layer_gemms(model: ModelSpec, b: int, tp: int) -> list[Gemm]:
+    """The forward GEMMs of one decoder layer on one TP rank (Megatron column/row split)."""
+    s, h, t = model.seq_len, model.hidden, tp
+    tok = b * s
+    f_out = (2 if model.gated else 1) * model.ffn // t
+    return [
+        Gemm("qkv", tok, (h + 2 * model.kv_dim) // t, h),
+        Gemm("attn_scores", s, s, model.head_dim, b * model.heads // t),
+        Gemm("attn_values", s, model.head_dim, s, b * model.heads // t),
+        Gemm("attn_out", tok, h, h // t),
+        Gemm("mlp_in", tok, f_out, h),
+        Gemm("mlp_out", tok, h, model.ffn // t),
+    ]
+
+
+def head_gemm(model: ModelSpec, b: int, tp: int) -> Gemm:
+    return Gemm("head", b * model.seq_len, -(-model.vocab // tp), model.hidden)
+
+
+def layer_flops(model: ModelSpec, b: int, tp: int) -> tuple[float, float]:
+    """(GEMM FLOPs of the projections and MLP, attention-core FLOPs), forward, per TP rank."""
+    gs = layer_gemms(model, b, tp)
+    core = sum(g.flops for g in gs if g.name.startswith("attn_") and g.name != "attn_out")
+    return sum(g.flops for g in gs) - core, core
+
+
+def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
+    """Seed §4.2: 24·B·S·H²/E (four projections + the MLP, f = 4H)."""
+    return 24.0 * tokens * model.hidden**2 / tp
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    fwd: float  # one layer forward, one micro-batch, seconds (roofline + waves)
+    core: float  # the attention-core part of fwd (what selective recompute redoes)
+    head_fwd: float  # the output head's forward GEMM (last stage only)
+    fwd_flops: float
+    core_flops: float
+    head_flops: float
+
+
+@lru_cache(maxsize=4096)
+def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int) -> LayerTimes:
+    gs = layer_gemms(model, b, tp)
+    times = {g.name: gemm_time(g, dev, dtype) for g in gs}
+    core = times["attn_scores"] + times["attn_values"]
+    hg = head_gemm(model, b, tp)
+    gemm, core_f = layer_flops(model, b, tp)
+    return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops)
+
+
+def model_flops_per_sequence(model: ModelSpec) -> float:
+    """Model FLOPs of one sequence, forward + backward, no recomputation (MFU's numerator,
+    Chowdhery et al. 2022 App. B): 3 × (layers' forward + head forward).  For GPT this is
+    72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention."""
+    lt = layer_flops(model, 1, 1)
+    return 3.0 * (model.layers * (lt[0] + lt[1]) + head_gemm(model, 1, 1).flops)
+
+
+def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
+    """Extra forward FLOPs spent recomputing (hardware FLOPs − model FLOPs)."""
+    gemm, core = layer_flops(model, 1, 1)
+    if recompute == "full":
+        return model.layers * (gemm + core)
+    if recompute == "selective":
+        return model.layers * core
+    return 0.0

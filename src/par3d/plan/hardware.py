@@ -1,0 +1,251 @@
+"""Devices, links and clusters: the numbers the planner's arithmetic runs on.
+
+Units: FLOP/s, bytes/s, bytes, seconds (SI: 1 GB/s = 1e9 B/s).  Memory capacities are the
+marketed sizes read as GiB (an "80 GB" A100 has 80 GiB = 85.9e9 B; an H200 has 141e9 B).
+
+Sources
+- A100: NVIDIA A100 Tensor Core GPU datasheet (312 TFLOP/s dense BF16/FP16, 19.5 FP32,
+  1555 GB/s (40 GB) / 2039 GB/s (80 GB) HBM2e, 108 SMs), NVLink 3 = 600 GB/s bidirectional,
+  i.e. 300 GB/s per direction per GPU (the seed's §2.5/§4.2 figure).
+- H100 SXM: NVIDIA H100 datasheet (989 TFLOP/s dense BF16, 67 FP32, 3.35 TB/s HBM3, 132 SMs),
+  NVLink 4 = 900 GB/s bidirectional = 450 GB/s per direction.
+- H200: NVIDIA H200 datasheet (same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s).
+- Links: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, NDR 400 Gb/s = 50 GB/s per NIC, one NIC per
+  GPU as in a DGX; PCIe Gen4 x16 ≈ 32 GB/s (the seed's §1 list), Gen5 ≈ 64 GB/s.
+  Latencies α: NVLink ~3 µs and IB ~2 µs per collective step are the seed's §4.2 / §3.1 values.
+
+`efficiency` is the achievable fraction of dense peak for large, compute-bound GEMMs in a real
+training step (kernels, launch gaps, elementwise ops folded in).  The A100 default is the seed's
+§4.2 assumption, 150 TFLOP/s = 48% of 312; the others are the same fraction.  `par3d calibrate`
+measures it and writes a hardware file that replaces these defaults (`--hardware FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+GB = 1e9
+GiB = 2**30
+TFLOPS = 1e12
+US = 1e-6
+
+SEED_EFFICIENCY = 150.0 / 312.0  # seed §4.2: 150 TFLOP/s effective on a 312 TFLOP/s A100
+
+
+class HardwareError(ValueError):
+    """A hardware description that cannot be used; the message names the field and a fix."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
+class Device:
+    name: str
+    peak_flops: dict[str, float]  # dtype -> dense FLOP/s
+    mem_bw: float  # HBM bytes/s
+    mem_bytes: float  # capacity in bytes
+    sms: int  # streaming multiprocessors (for wave quantization, seed §3.2)
+    efficiency: float = SEED_EFFICIENCY  # achievable fraction of peak for big GEMMs
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise HardwareError(f"device {self.name!r} has no peak for dtype {dtype!r}; "
+                                f"known: {', '.join(sorted(self.peak_flops))}")
+        return self.peak_flops[dtype]
+
+    def balance(self, dtype: str) -> float:
+        """Roofline ridge point in FLOP/byte (seed §4.4: 312e12 / 2039e9 = 153)."""
+        return self.peak(dtype) / self.mem_bw
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    alpha: float  # seconds per message step (latency)
+    beta: float  # bytes/s per GPU, one direction
+
+    def p2p(self, nbytes: float) -> float:
+        """T = α + n/β (seed §4.5)."""
+        return self.alpha + nbytes / self.beta
+
+
+def _peaks(bf16: float, fp32: float) -> dict[str, float]:
+    return {"bf16": bf16 * TFLOPS, "fp16": bf16 * TFLOPS, "fp32": fp32 * TFLOPS}
+
+
+DEVICES: dict[str, Device] = {
+    "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108),
+    "a100-80gb": Device("a100-80gb", _peaks(312, 19.5), 2039 * GB, 80 * GiB, 108),
+    "h100-sxm": Device("h100-sxm", _peaks(989, 67), 3350 * GB, 80 * GiB, 132),
+    "h200": Device("h200", _peaks(989, 67), 4800 * GB, 141 * GB, 132),
+}
+ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
+
+LINKS: dict[str, Link] = {
+    "nvlink3": Link("nvlink3", 3 * US, 300 * GB),  # A100 NVLink/NVSwitch, per direction per GPU
+    "nvlink4": Link("nvlink4", 3 * US, 450 * GB),  # H100/H200 NVLink/NVSwitch
+    "ib-hdr": Link("ib-hdr", 2 * US, 25 * GB),  # 200 Gb/s per GPU
+    "ib-ndr": Link("ib-ndr", 2 * US, 50 * GB),  # 400 Gb/s per GPU
+    "pcie4": Link("pcie4", 5 * US, 32 * GB),
+    "pcie5": Link("pcie5", 5 * US, 64 * GB),
+}
+DEFAULT_LINKS = {  # (intra-node, inter-node) for a DGX/HGX-style node
+    "a100-40gb": ("nvlink3", "ib-hdr"),
+    "a100-80gb": ("nvlink3", "ib-hdr"),
+    "h100-sxm": ("nvlink4", "ib-ndr"),
+    "h200": ("nvlink4", "ib-ndr"),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    device: Device
+    gpus: int
+    gpus_per_node: int
+    intra: Link
+    inter: Link
+    dtype: str = "bf16"
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    def link_for_span(self, span: int) -> Link:
+        """A group whose consecutive-rank span fits inside a node talks over the intra-node link."""
+        return self.intra if span <= self.gpus_per_node else self.inter
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.device
+        return {
+            "device": {"name": d.name, "peak_tflops": {k: v / TFLOPS for k, v in d.peak_flops.items()},
+                       "mem_bw_gbps": d.mem_bw / GB, "mem_gib": d.mem_bytes / GiB, "sms": d.sms,
+                       "efficiency": d.efficiency},
+            "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
+            "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
+            "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
+        }
+
+
+def device_names() -> list[str]:
+    return sorted(DEVICES)
+
+
+def get_device(name: str) -> Device:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in DEVICES:
+        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(device_names())} "
+                            f"or describe it in a --hardware file")
+    return DEVICES[key]
+
+
+def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
+                 intra_bw_gbps: float | None = None, inter_bw_gbps: float | None = None,
+                 dtype: str = "bf16", efficiency: float | None = None) -> Cluster:
+    dev = get_device(gpu)
+    if efficiency is not None:
+        dev = replace(dev, efficiency=efficiency)
+    li, le = DEFAULT_LINKS[dev.name]
+    intra, inter = LINKS[li], LINKS[le]
+    if intra_bw_gbps is not None:
+        intra = replace(intra, name=f"{intra.name}@{intra_bw_gbps:g}GBps", beta=intra_bw_gbps * GB)
+    if inter_bw_gbps is not None:
+        inter = replace(inter, name=f"{inter.name}@{inter_bw_gbps:g}GBps", beta=inter_bw_gbps * GB)
+    dev.peak(dtype)
+    return Cluster(dev, gpus, gpus_per_node, intra, inter, dtype)
+
+
+# ---- hardware files (written by `par3d calibrate`, read by `--hardware FILE`) ---------------------
+
+@dataclass
+class HardwareFile:
+    """The parsed content of a hardware file: a device, the links, and optionally gpus_per_node."""
+
+    device: Device
+    intra: Link
+    inter: Link
+    gpus_per_node: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _num(d: dict[str, Any], key: str, where: str, path: str) -> float:
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise HardwareError(f"--hardware {path}: {where}.{key}={v!r} must be a positive number")
+    return float(v)
+
+
+def _link(d: Any, where: str, path: str) -> Link:
+    if not isinstance(d, dict):
+        raise HardwareError(f"--hardware {path}: [{where}] must be a table with alpha_us and bw_gbps")
+    return Link(str(d.get("name", where)), _num(d, "alpha_us", where, path) * US,
+                _num(d, "bw_gbps", where, path) * GB)
+
+
+def load_hardware_file(path: str) -> HardwareFile:
+    """JSON or TOML; the schema is `Cluster.to_dict()`'s (see docs/planner.md, "Hardware files").
+
+    A `device` may instead name a catalogue GPU (`base = "a100-80gb"`) and override some fields.
+    """
+    if not os.path.isfile(path):
+        raise HardwareError(f"--hardware {path}: no such file; give a JSON or TOML hardware file "
+                            f"(see docs/planner.md) or drop --hardware to use --gpu")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        d = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HardwareError(f"--hardware {path}: cannot parse ({e}); write JSON, or TOML with a .toml name") from e
+    if not isinstance(d, dict) or not isinstance(d.get("device"), dict):
+        raise HardwareError(f"--hardware {path}: needs a [device] table with peak_tflops, mem_bw_gbps, "
+                            f"mem_gib and sms")
+    dv = d["device"]
+    base = get_device(dv["base"]) if "base" in dv else None
+    peaks = dv.get("peak_tflops")
+    if peaks is None and base is None:
+        raise HardwareError(f"--hardware {path}: device.peak_tflops is missing; e.g. {{\"bf16\": 312}}")
+    if peaks is not None:
+        if not isinstance(peaks, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in peaks.values()):
+            raise HardwareError(f"--hardware {path}: device.peak_tflops must map dtype -> positive TFLOP/s")
+        peak_flops = {k: float(v) * TFLOPS for k, v in peaks.items()}
+    else:
+        peak_flops = dict(base.peak_flops)  # type: ignore[union-attr]
+
+    def get(key: str, scale: float, fallback: float | None) -> float:
+        if key in dv:
+            return _num(dv, key, "device", path) * scale
+        if fallback is None:
+            raise HardwareError(f"--hardware {path}: device.{key} is missing")
+        return fallback
+
+    dev = Device(
+        name=str(dv.get("name", base.name if base else os.path.basename(path))),
+        peak_flops=peak_flops,
+        mem_bw=get("mem_bw_gbps", GB, base.mem_bw if base else None),
+        mem_bytes=get("mem_gib", GiB, base.mem_bytes if base else None),
+        sms=int(get("sms", 1, base.sms if base else None)),
+        efficiency=get("efficiency", 1, base.efficiency if base else SEED_EFFICIENCY),
+    )
+    if not 0 < dev.efficiency <= 1:
+        raise HardwareError(f"--hardware {path}: device.efficiency={dev.efficiency} must be in (0, 1]")
+    li, le = DEFAULT_LINKS.get(base.name if base else "", ("nvlink3", "ib-hdr"))
+    intra = _link(d["intra"], "intra", path) if "intra" in d else LINKS[li]
+    inter = _link(d["inter"], "inter", path) if "inter" in d else LINKS[le]
+    gpn = d.get("gpus_per_node")
+    if gpn is not None and (not isinstance(gpn, int) or gpn < 1):
+        raise HardwareError(f"--hardware {path}: gpus_per_node={gpn!r} must be an integer >= 1")
+    return HardwareFile(dev, intra, inter, gpn, {k: v for k, v in d.items()
+                                                 if k not in ("device", "intra", "inter", "gpus_per_node")})
+
+
+def describe(c: Cluster) -> str:
+    d = c.device
+    return (f"{c.gpus} x {d.name} ({d.peak(c.dtype) / TFLOPS:.0f} TFLOP/s {c.dtype} peak, "
+            f"{d.efficiency:.0%} achievable, {d.mem_bw / GB:.0f} GB/s HBM, {d.mem_bytes / GiB:.0f} GiB), "
+            f"{c.gpus_per_node}/node; intra {c.intra.beta / GB:g} GB/s α={c.intra.alpha / US:g} µs, "
+            f"inter {c.inter.beta / GB:g} GB/s α={c.inter.alpha / US:g} µs")
+
+
+__all__ = ["Cluster", "Device", "Link", "DEVICES", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
+           "get_device", "make_cluster", "load_hardware_file", "describe"]

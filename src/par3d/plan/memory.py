@@ -1,0 +1,120 @@
+"""Memory per GPU: model states + activations + an allowance for buffers.  All results in bytes.
+
+Model states (mixed-precision Adam; Rajbhandari et al. 2020 "ZeRO", §3.1; seed "常见陷阱" and Q3):
+    weights 2 B/param (bf16) + gradients 2 B/param + optimizer 12 B/param (fp32 master, m, v)
+    = 16 B/param — the seed's count (Megatron keeps fp32 main gradients, 4 B; we follow the seed).
+    fp32 training: weights 4 + gradients 4 + optimizer 8 (m, v; no separate master copy).
+ZeRO over the DP group of size d: stage 1 shards the optimizer state (12/d), stage 2 also the
+gradients (2/d), stage 3 also the weights (2/d).
+
+Activations per layer per micro-batch in bytes (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", §4, Table 2; 16-bit activations, dropout present):
+    no parallelism:              s·b·h·(34 + 5·a·s/h)
+    tensor parallel t:           s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    + sequence parallel:         s·b·h·(34/t + 5·a·s/(h·t))
+    selective recompute:         drops the 5·a·s²·b/t attention-score term
+    full recompute:              2·s·b·h per layer (the layer input; /t with SP) plus, once, the
+                                 full activations of the one layer being back-propagated.
+The 34 splits as 10 replicated under TP (layer-norm inputs 4, QKV and MLP inputs 2+2, two dropout
+masks 1+1) and 24 sharded (Q, K, V, projection input 8, MLP 16 = 4·s·b·f for f = 4h).  We keep the
+split but use the real f, GQA's narrower K/V, and 8·s·b·f for a gated MLP (gate, up, act, product).
+× the schedule's peak in-flight micro-batches on the rank (from the schedule checker: GPipe m,
+1F1B min(p − rank, m), ...).  The last stage also holds the logits of one micro-batch for the
+loss: 2 B (bf16 logits) + 4 B (fp32 softmax) per token per vocab entry, /t with vocab-parallel CE.
+
+"other" = a documented allowance for what the formulas above do not count:
+    1 GiB fixed (CUDA context ~0.5 GiB, cuBLAS workspaces, NCCL buffers)
+    + 10% of the activations (allocator fragmentation; PyTorch's caching allocator)
+    + ZeRO-3: the gathered bf16 weights of two layers (the one computing and the one prefetched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import GiB
+from .models import ModelSpec
+
+OTHER_FIXED = 1.0 * GiB
+FRAGMENTATION = 0.10
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def states(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations + self.other
+
+    def gib(self) -> dict[str, float]:
+        return {k: round(v / GiB, 3) for k, v in (
+            ("weights", self.weights), ("grads", self.grads), ("optimizer", self.optimizer),
+            ("activations", self.activations), ("other", self.other), ("total", self.total))}
+
+
+def state_bytes_per_param(dtype: str, zero: int, dp: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per parameter held by this rank's model shard."""
+    w, g, o = (4.0, 4.0, 8.0) if dtype == "fp32" else (2.0, 2.0, 12.0)
+    if zero >= 1:
+        o /= dp
+    if zero >= 2:
+        g /= dp
+    if zero >= 3:
+        w /= dp
+    return w, g, o
+
+
+def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str,
+                           dtype: str = "bf16") -> float:
+    """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022)."""
+    s, h, a, t = model.seq_len, model.hidden, model.heads, tp
+    scale = 2.0 if dtype == "fp32" else 1.0  # the formulas assume 2-byte activations
+    sbh = s * b * h
+    if recompute == "full":
+        return scale * 2.0 * sbh / (t if sp else 1)
+    replicated = 10.0 * sbh
+    mlp = (8.0 if model.gated else 4.0) * s * b * model.ffn
+    sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim + mlp
+    scores = 0.0 if recompute == "selective" else 5.0 * a * s * s * b
+    return scale * (replicated / (t if sp else 1) + (sharded + scores) / t)
+
+
+def logits_bytes(model: ModelSpec, b: int, tp: int) -> float:
+    return 6.0 * b * model.seq_len * model.vocab / tp
+
+
+@dataclass(frozen=True)
+class RankShape:
+    """What one pipeline rank holds: parameters of its chunks and per-chunk layer counts."""
+
+    params: float  # parameters on this rank after TP sharding
+    layers: tuple[int, ...]  # layers of each chunk on this rank
+    head: bool  # holds the output head (last stage)
+
+
+def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
+                recompute: str, zero: int, dtype: str, v: int = 1) -> MemoryBreakdown:
+    """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
+    has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
+    one chunk's layers, so we use the rank's mean layers per chunk."""
+    wb, gb, ob = state_bytes_per_param(dtype, zero, dp)
+    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype)
+    layers_per_unit = sum(shape.layers) / max(len(shape.layers), 1)
+    act = inflight * layers_per_unit * per_layer
+    if recompute == "full":  # the working set of the layer being recomputed and back-propagated
+        act += layer_activation_bytes(model, b, tp, sp, "none", dtype)
+    if shape.head:
+        act += logits_bytes(model, b, tp)
+    other = OTHER_FIXED + FRAGMENTATION * act
+    if zero >= 3:
+        other += 2 * 2.0 * model.layer_params() / tp
+    return MemoryBreakdown(wb * shape.params, gb * shape.params, ob * shape.params, act, other)

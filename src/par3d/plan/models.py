@@ -1,0 +1,190 @@
+"""Model shapes: a catalogue by name, a Hugging Face `config.json`, or explicit dimensions.
+
+Parameter counts follow the standard decoder layer (Narayanan et al. 2021, §5.1; seed §4.5:
+≈ 12·h² per layer for h→4h MLPs):
+- attention: Q and output projections h·h each, K and V h·(h·kv_heads/heads) each (GQA), + biases;
+- MLP: 2·h·f (GeLU) or 3·h·f (gated SwiGLU, Llama);
+- two layer norms: 4·h (GPT; RMSNorm has 2·h, the difference is negligible).
+Embedding V·h (+ learned positions s·h for GPT); the output head V·h unless tied (and even when
+tied it is a second copy when embedding and head live on different pipeline stages, as Megatron
+does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+
+
+class ModelError(ValueError):
+    """A model description that cannot be used; the message names the flag and a fix."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int | None = None  # None -> 4·hidden
+    kv_heads: int | None = None  # None -> heads (multi-head attention)
+    gated: bool = False  # SwiGLU MLP (3 matrices)
+    tied: bool = True  # input and output embeddings share weights
+    learned_pos: bool = True  # GPT-style learned position embeddings
+    bias: bool = True
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv * self.head_dim
+
+    def layer_params(self) -> int:
+        h, f = self.hidden, self.ffn
+        attn = 2 * h * h + 2 * h * self.kv_dim
+        mlp = (3 if self.gated else 2) * h * f
+        bias = (h + 2 * self.kv_dim + h + f * (2 if self.gated else 1) + h) if self.bias else 0
+        return attn + mlp + bias + 4 * h
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_pos else 0)
+
+    def head_params(self) -> int:
+        """Output projection (+ final norm); counted on the last stage."""
+        return self.vocab * self.hidden + 2 * self.hidden
+
+    def params(self) -> int:
+        """Total trainable parameters (a tied head is counted once)."""
+        head = 2 * self.hidden if self.tied else self.head_params()
+        return self.layers * self.layer_params() + self.embedding_params() + head
+
+    def summary(self) -> str:
+        extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
+        return (f"{self.name}: {self.params() / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
+                f"{self.heads} heads{extra}, ffn {self.ffn}{' (gated)' if self.gated else ''}, "
+                f"seq {self.seq_len}, vocab {self.vocab}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "params": self.params(), "layers": self.layers, "hidden": self.hidden,
+                "heads": self.heads, "kv_heads": self.kv, "seq_len": self.seq_len, "vocab": self.vocab,
+                "ffn_hidden": self.ffn, "gated": self.gated}
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    # GPT-3 paper (Brown et al. 2020) Table 2.1; seq 2048; vocab padded to 51200 as in Megatron-LM.
+    return ModelSpec(name, layers, hidden, heads, 2048, 51200)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, seq, vocab, ffn, kv, gated=True, tied=False,
+                     learned_pos=False, bias=False)
+
+
+CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
+    _gpt3("gpt3-125m", 12, 768, 12),
+    _gpt3("gpt3-350m", 24, 1024, 16),
+    _gpt3("gpt3-760m", 24, 1536, 16),
+    _gpt3("gpt3-1.3b", 24, 2048, 16),
+    _gpt3("gpt3-2.7b", 32, 2560, 32),
+    _gpt3("gpt3-6.7b", 32, 4096, 32),
+    _gpt3("gpt3-13b", 40, 5120, 40),
+    _gpt3("gpt3-175b", 96, 12288, 96),
+    # Llama 2 (Touvron et al. 2023) and Llama 3 (Meta 2024) model cards / config.json
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # the seed's §4.2/§4.5 model: 96 layers, H=4096 (≈19B in its layers), micro-batch 8 x seq 1024
+    ModelSpec("seed-96l", 96, 4096, 32, 1024, 51200),
+]}
+
+
+def model_names() -> list[str]:
+    return sorted(CATALOGUE)
+
+
+def from_hf_config(path: str) -> ModelSpec:
+    """Read a Hugging Face `config.json` (GPT-2/GPT-NeoX/OPT/Llama/Mistral/Qwen2 key names)."""
+    try:
+        with open(path) as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--model {path}: cannot read a JSON config ({e}); give a Hugging Face "
+                         f"config.json or a catalogue name ({', '.join(model_names())})") from e
+
+    def pick(*keys: str, default: int | None = None) -> int | None:
+        for k in keys:
+            if isinstance(cfg.get(k), int):
+                return cfg[k]
+        return default
+
+    layers = pick("num_hidden_layers", "n_layer", "num_layers")
+    hidden = pick("hidden_size", "n_embd", "d_model")
+    heads = pick("num_attention_heads", "n_head")
+    vocab = pick("vocab_size")
+    seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=2048)
+    missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab))
+               if v is None]
+    if missing:
+        raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
+                         f"{' '.join('--' + m for m in missing)}")
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
+    gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
+    ffn = pick("intermediate_size", "n_inner", "ffn_dim")
+    name = str(cfg.get("_name_or_path") or cfg.get("model_type") or os.path.basename(os.path.dirname(path)) or path)
+    return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
+                     pick("num_key_value_heads"), gated=gated,
+                     tied=bool(cfg.get("tie_word_embeddings", not gated)),
+                     learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated)
+
+
+def resolve_model(name: str | None, layers: int | None = None, hidden: int | None = None,
+                  heads: int | None = None, seq_len: int | None = None, vocab: int | None = None,
+                  ffn_hidden: int | None = None) -> ModelSpec:
+    """`--model NAME|config.json` and/or explicit dimensions (explicit flags override)."""
+    if name:
+        key = name.lower()
+        if key in CATALOGUE:
+            base = CATALOGUE[key]
+        elif os.path.exists(name):
+            base = from_hf_config(os.path.join(name, "config.json") if os.path.isdir(name) else name)
+        else:
+            raise ModelError(f"--model {name!r} is neither a catalogue name nor a file; choose one of "
+                             f"{', '.join(model_names())}, give a config.json path, or use --layers "
+                             f"--hidden --heads --seq-len --vocab")
+        over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
+                                      vocab=vocab, ffn_hidden=ffn_hidden).items() if v is not None}
+        spec = replace(base, **over) if over else base
+    else:
+        missing = [f"--{n.replace('_', '-')}" for n, v in (("layers", layers), ("hidden", hidden),
+                                                            ("heads", heads)) if v is None]
+        if missing:
+            raise ModelError(f"no model given: pass --model NAME (one of {', '.join(model_names())}) or "
+                             f"a config.json, or all of --layers --hidden --heads (missing {' '.join(missing)})")
+        spec = ModelSpec("custom", layers, hidden, heads, seq_len or 2048, vocab or 51200,  # type: ignore[arg-type]
+                         ffn_hidden)
+    for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
+                    ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn)):
+        if v < 1:
+            raise ModelError(f"{flag} {v}: must be an integer >= 1")
+    if spec.hidden % spec.heads:
+        raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
+                         f"needs hidden/heads channels: pick heads dividing {spec.hidden}")
+    if spec.heads % spec.kv:
+        raise ModelError(f"kv_heads={spec.kv} must divide heads={spec.heads}")
+    return spec

@@ -1,0 +1,143 @@
+"""The end-of-run report of `par3d train`: losses and speed, the measured pipeline timeline next
+to the simulated one (same schedule, measured per-action durations), the bubble both ways,
+communication per group and kind, and peak activation memory per rank.
+
+The simulated timeline uses the *median measured* duration of each (stage, kind) and zero
+transfer time, so the gap between the two bubbles is what the runtime adds on top of the
+schedule (transfers, waits, Python overhead) — the seed's section 3.3 comparison, on real ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+from par3d.config import RunConfig
+
+
+def _measured_timeline(world: list[dict[str, Any]], p: int, m: int, v: int) -> Any:
+    from par3d.pipeline.simulate import Event, timeline_from_events
+
+    events = [Event.from_dict(e) for r in world for e in r.get("events", [])]
+    if not events:
+        return None
+    return timeline_from_events(events, p, m, v)
+
+
+def _simulated_from(measured: Any, schedule_name: str, p: int, m: int, v: int) -> Any:
+    from par3d.pipeline.schedules import build
+    from par3d.pipeline.simulate import simulate
+
+    by: dict[tuple[int, str], list[float]] = {}
+    for e in measured.events:
+        by.setdefault((e.stage, e.kind), []).append(e.end - e.start)
+    durations = {k: statistics.median(v_) for k, v_ in by.items()}
+    return simulate(build(schedule_name, p, m, v), p, m, v, durations=durations, transfer=0.0)
+
+
+def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
+    pc = cfg.parallel
+    hist = r0["history"]
+    times = [h["step_time_s"] for h in hist[1:]] or [h["step_time_s"] for h in hist]
+    med = statistics.median(times) if times else float("nan")
+    tokens = cfg.train.global_batch * cfg.model.seq_len
+    world = r0.get("world", [])
+    rep: dict[str, Any] = {
+        "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "schedule": pc.schedule, "microbatches": pc.microbatches,
+                   "virtual_stages": pc.virtual_stages, "zero_stage": pc.zero_stage, "recompute": pc.recompute,
+                   "sequence_parallel": pc.sequence_parallel, "dtype": cfg.train.dtype},
+        "steps": len(hist),
+        "first_loss": hist[0]["loss"] if hist else None,
+        "last_loss": hist[-1]["loss"] if hist else None,
+        "median_step_time_s": med,
+        "tokens_per_s": tokens / med if med and med == med else None,
+        "comm_last_step": r0["comm_per_step"][-1]["comm"] if r0.get("comm_per_step") else {},
+        "peak_activation_mib": {
+            f"dp{w['coord'][0]}/pp{w['coord'][1]}/tp{w['coord'][2]}": round(w["peak_activation_bytes"] / 2**20, 3)
+            for w in world},
+        "peak_inflight_predicted": {f"pp{w['coord'][1]}": w["peak_inflight_predicted"] for w in world},
+    }
+    measured = _measured_timeline(world, pc.pp, pc.microbatches, pc.virtual_stages)
+    if measured is not None:
+        sim = _simulated_from(measured, pc.schedule, pc.pp, pc.microbatches, pc.virtual_stages)
+        rep["pipeline"] = {
+            "measured": {"makespan_s": measured.makespan, "bubble_wall": measured.bubble_wall,
+                         "bubble_ideal": measured.bubble_ideal},
+            "simulated": {"makespan_s": sim.makespan, "bubble_wall": sim.bubble_wall,
+                          "bubble_ideal": sim.bubble_ideal},
+            "formula_wall": (pc.pp - 1) / (pc.microbatches + pc.pp - 1),
+        }
+        rep["_timelines"] = (measured, sim)
+    if cfg.hardware:
+        try:
+            from par3d.predict import predict_step_time
+
+            rep["predicted_step_time_s"] = predict_step_time(cfg, cfg.hardware)
+        except Exception as e:  # a prediction problem must not lose the run's report
+            rep["predicted_step_time_s"] = None
+            rep["prediction_error"] = f"{type(e).__name__}: {e}"
+    return rep
+
+
+def write_trace(cfg: RunConfig, rep: dict[str, Any], out_dir: str) -> dict[str, str]:
+    from par3d.trace import gantt_png, write_chrome_trace
+
+    os.makedirs(out_dir, exist_ok=True)
+    measured, sim = rep["_timelines"]
+    files = {"trace": os.path.join(out_dir, "trace.json"), "gantt": os.path.join(out_dir, "gantt.png"),
+             "report": os.path.join(out_dir, "report.json")}
+    write_chrome_trace({"measured": measured.events, "simulated": sim.events}, files["trace"])
+    pc = cfg.parallel
+    gantt_png({"measured": measured.events, "simulated": sim.events}, files["gantt"],
+              title=f"{pc.schedule} p={pc.pp} m={pc.microbatches} v={pc.virtual_stages} "
+                    f"(dp={pc.dp}, tp={pc.tp}) — last step")
+    return files
+
+
+def finish_run(cfg: RunConfig, results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Print the summary table; write the trace folder when asked.  Only rank 0 reports."""
+    r0 = next((r for r in results if r.get("rank") == 0), None)
+    if r0 is None:
+        return None
+    rep = build_report(cfg, r0)
+    if cfg.trace_out and "_timelines" in rep:
+        rep["files"] = write_trace(cfg, rep, cfg.trace_out)
+    rep.pop("_timelines", None)
+    if cfg.trace_out:
+        os.makedirs(cfg.trace_out, exist_ok=True)
+        with open(os.path.join(cfg.trace_out, "report.json"), "w") as fh:
+            json.dump(rep, fh, indent=2)
+    if not cfg.json:
+        print(format_report(rep), file=sys.stdout)
+    return rep
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lay = rep["layout"]
+    lines = [
+        f"par3d train: dp={lay['dp']} pp={lay['pp']} tp={lay['tp']} schedule={lay['schedule']} "
+        f"m={lay['microbatches']} v={lay['virtual_stages']} zero={lay['zero_stage']} "
+        f"recompute={lay['recompute']} sp={lay['sequence_parallel']} dtype={lay['dtype']}",
+        f"  loss            {rep['first_loss']:.4f} -> {rep['last_loss']:.4f} over {rep['steps']} steps"
+        if rep["first_loss"] is not None else "  loss            (no steps)",
+        f"  step time       {rep['median_step_time_s'] * 1e3:.1f} ms (median)   "
+        f"{(rep['tokens_per_s'] or 0):,.0f} tokens/s",
+    ]
+    if "predicted_step_time_s" in rep and rep["predicted_step_time_s"]:
+        lines.append(f"  predicted step  {rep['predicted_step_time_s'] * 1e3:.1f} ms (calibrated planner)")
+    if "pipeline" in rep:
+        pl = rep["pipeline"]
+        lines.append(f"  bubble (wall)   measured {pl['measured']['bubble_wall']:.1%}   simulated "
+                     f"{pl['simulated']['bubble_wall']:.1%}   (p-1)/(m+p-1) = {pl['formula_wall']:.1%}")
+    for g, kinds in rep["comm_last_step"].items():
+        parts = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 2**20:.2f} MiB" for k, v in kinds.items())
+        lines.append(f"  comm[{g:5s}]     {parts}")
+    acts = rep["peak_activation_mib"]
+    if acts:
+        lines.append("  peak activations " + ", ".join(f"{k}: {v:.2f} MiB" for k, v in acts.items()))
+    if "files" in rep:
+        lines.append("  wrote " + ", ".join(rep["files"].values()))
+    return "\n".join(lines)

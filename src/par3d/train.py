@@ -1,0 +1,224 @@
+"""The training loop — the main job.  Trace it top to bottom:
+
+    run(cfg)                      parent: validate, then start the world (or join torchrun's)
+      └ worker(cfg)               every rank:
+          groups = build_groups(mesh, rank)                 mesh.py: who talks to whom
+          chunks = GPTStage(units of this rank's stages)    model.py + pipeline/partition.py
+          dp     = DataParallel(chunks, ...)                data_parallel.py: grads + optimizer
+          rt     = PipelineRuntime(schedule[pp_rank], ...)  pipeline/runtime.py
+          for step:
+              micro-batches = this DP rank's slice of the step's global batch     data.py
+              rt.run_step(...)    forwards/backwards in schedule order, DP buckets launched
+              dp.finish(); dp.step(step)
+              loss = Σ over micro-batches and DP ranks (already divided by global tokens)
+
+Every layout runs this same code; with dp = pp = tp = 1 it is the single-device reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from par3d.config import RunConfig
+
+
+def global_named_parameters(stage: Any) -> list[tuple[str, Any]]:
+    """(name, parameter) with block indices made global, so names do not depend on the split."""
+    first_block = max(stage.start, 1) - 1
+    out = []
+    for name, p in stage.named_parameters():
+        if name.startswith("blocks."):
+            _, idx, rest = name.split(".", 2)
+            name = f"blocks.{int(idx) + first_block}.{rest}"
+        out.append((name, p))
+    return out
+
+
+def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs on every rank.  Returns what the parent (or a test) needs: losses, timings, and on
+    request full parameters/gradients by global name (from dp=0, tp=0 ranks)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from par3d import comm
+    from par3d.data import Corpus, rank_microbatches
+    from par3d.data_parallel import DataParallel
+    from par3d.mesh import Mesh, build_groups
+    from par3d.model import GPTStage, ModelContext
+    from par3d.pipeline.partition import gpt_partition
+    from par3d.pipeline.runtime import PipelineRuntime
+    from par3d.pipeline.schedules import build, check
+
+    options = options or {}
+    cfg = RunConfig.from_dict(cfg_dict).resolve()
+    mc, pc, tc = cfg.model, cfg.parallel, cfg.train
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
+
+    mesh = Mesh(pc.dp, pc.pp, pc.tp)
+    groups = build_groups(mesh, rank)
+    c = groups.coord
+    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
+    # dropout streams: identical across TP ranks (they hold replicated activations)
+    torch.manual_seed(tc.seed + 1000 * c.dp + c.pp)
+
+    part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
+    ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
+                       recompute=pc.recompute, dtype=dtype)
+    chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]).to(device) for k in range(v)]
+    dpar = DataParallel(chunks, groups, tc, pc.zero_stage,
+                        bucket_numel=int(options.get("bucket_numel", 1 << 20)))
+    schedule = build(pc.schedule, p, m, v)
+    report = check(schedule, p, m, v)
+    s_local = mc.seq_len // pc.tp if ctx.sequence_parallel else mc.seq_len
+    runtime = PipelineRuntime(chunks, schedule[c.pp], groups, p, m, v, (tc.micro_batch, s_local, mc.hidden),
+                              dtype, device, set_sync=dpar.set_sync, synthetic_ms=cfg.synthetic_stage_ms)
+    corpus = Corpus.load(tc.data)
+    loss_scale = 1.0 / (tc.global_batch * mc.seq_len)
+    tokens_per_step = tc.global_batch * mc.seq_len
+
+    is_rank0 = rank == 0
+    metrics_fh = open(cfg.metrics_out, "w") if (is_rank0 and cfg.metrics_out) else None  # noqa: SIM115
+    bar = None
+    if is_rank0 and cfg.progress and not options.get("quiet"):
+        from tqdm import tqdm
+
+        bar = tqdm(total=tc.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    history: list[dict[str, Any]] = []
+    captured: dict[str, Any] = {}
+    events_last: list[Any] = []
+    peak_act = 0
+    comm.COUNTER.reset()
+    comm.COUNTER.keep_sizes = bool(options.get("keep_sizes"))
+    comm_per_step: list[dict[str, Any]] = []
+    start_step = int(options.get("start_step", 0))
+    for step in range(start_step, tc.steps):
+        t0 = time.perf_counter()
+        mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(device), torch.from_numpy(np.ascontiguousarray(y)).to(device))
+               for x, y in rank_microbatches(corpus, tc.seed, step, tc.global_batch, mc.seq_len,
+                                             pc.dp, c.dp, m)]
+        dpar.start_step()
+        res = runtime.run_step(mbs, loss_scale)
+        dpar.finish()
+        if options.get("capture_grads") and step == start_step:
+            captured["grads"] = _gather_named(chunks, groups, mc, lambda q: q.main_grad)
+        info = dpar.step(step)
+        loss_t = torch.tensor([res.loss_sum], dtype=torch.float64)
+        comm.all_reduce(loss_t, groups.pp)
+        comm.all_reduce(loss_t, groups.dp)
+        loss = float(loss_t)
+        dt = time.perf_counter() - t0
+        if not math.isfinite(loss) or info["skipped"]:
+            if tc.on_nonfinite == "stop":
+                raise FloatingPointError(f"non-finite loss ({loss}) or gradient norm ({info['grad_norm']}) at "
+                                         f"step {step}; stopping (train.on_nonfinite='stop')")
+        snap = comm.COUNTER.snapshot()
+        sizes = {f"{g}/{k}": list(v) for (g, k), v in comm.COUNTER.elements.items()} if comm.COUNTER.keep_sizes else None
+        comm_per_step.append({"step": step, "comm": snap, **({"sizes": sizes} if sizes else {})})
+        comm.COUNTER.reset()
+        row = {"step": step, "loss": loss, "lr": info["lr"], "tokens": tokens_per_step * (step + 1),
+               "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
+        if cfg.comm_report:
+            row["comm"] = snap
+        history.append(row)
+        events_last = res.events
+        peak_act = max(peak_act, res.peak_activation_bytes)
+        if metrics_fh:
+            metrics_fh.write(json.dumps(row) + "\n")
+            metrics_fh.flush()
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if metrics_fh:
+        metrics_fh.close()
+    if options.get("capture_params"):
+        captured["params"] = _gather_named(chunks, groups, mc, lambda q: q.detach())
+    out: dict[str, Any] = {
+        "rank": rank, "coord": [c.dp, c.pp, c.tp], "history": history, "comm_per_step": comm_per_step,
+        "peak_activation_bytes": peak_act, "peak_inflight_predicted": report.peak_inflight[c.pp],
+        "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
+        "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
+    }
+    out.update(captured)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # rank 0 gets every rank's timeline and memory (also under torchrun, where the parent
+        # process does not see the other ranks' return values)
+        mine = {k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
+                                     "peak_inflight_predicted", "bounds")}
+        world: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(world, mine)
+        out["world"] = world
+    else:
+        out["world"] = [{k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
+                                             "peak_inflight_predicted", "bounds")}]
+    return out
+
+
+def _gather_named(chunks: list[Any], groups: Any, mc: Any, get: Any) -> dict[str, Any]:
+    """Full tensors by global name (TP slices gathered), returned from dp=0, tp=0 ranks only."""
+    from par3d import comm
+    from par3d.tensor_parallel import unshard
+
+    comm.COUNTER.enabled = False
+    try:
+        out = {}
+        for chunk in chunks:
+            for name, q in global_named_parameters(chunk):
+                if name == "head.weight" and mc.tied_embeddings:
+                    continue  # the tied copy on the last stage; the reference holds one table
+                full = unshard(get(q).float(), q, groups.tp)
+                if name in ("embedding.tok.weight", "head.weight"):
+                    full = full[:mc.vocab]
+                out[name] = full.detach().cpu().clone()
+    finally:
+        comm.COUNTER.enabled = True
+    return out if (groups.coord.dp == 0 and groups.coord.tp == 0) else {}
+
+
+def merge_named(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for r in results:
+        merged.update(r.get(key, {}))
+    return merged
+
+
+# ---- the parent side ------------------------------------------------------------------------------
+
+def run(cfg: RunConfig, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Validate, start the world (locally or under torchrun), write reports; per-rank results."""
+    from par3d.distributed import run_main
+
+    cfg.validate()
+    nproc = cfg.parallel.world_size
+    res = run_main(worker, nproc, (cfg.to_dict(), options or {}), timeout_s=cfg.timeout_s,
+                   threads=cfg.threads_per_rank)
+    results = res if isinstance(res, list) else [res]
+    return results
+
+
+def summarize(cfg: RunConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    r0 = next(r for r in results if r["rank"] == 0)
+    hist = r0["history"]
+    times = [h["step_time_s"] for h in hist[1:]] or [h["step_time_s"] for h in hist]
+    tokens = cfg.train.global_batch * cfg.model.seq_len
+    med = statistics.median(times) if times else float("nan")
+    return {
+        "first_loss": hist[0]["loss"] if hist else None,
+        "last_loss": hist[-1]["loss"] if hist else None,
+        "steps": len(hist),
+        "median_step_time_s": med,
+        "tokens_per_s": tokens / med if med and med == med else None,
+        "peak_activation_bytes": {str(r["coord"]): r["peak_activation_bytes"] for r in results},
+    }

@@ -1,0 +1,88 @@
+"""Partitioning layers into pipeline chunks: optimal, complete, contiguous."""
+
+import itertools
+import random
+
+import pytest
+
+from par3d.pipeline.partition import gpt_partition, gpt_unit_costs, partition
+
+
+def _brute_force_best(costs, k):
+    n = len(costs)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cuts, n)
+        best = min(best, max(sum(costs[a:b]) for a, b in zip(edges, edges[1:])))
+    return best
+
+
+def _assert_valid(part, n, k):
+    assert len(part.bounds) == len(part.costs) == k
+    assert part.bounds[0][0] == 0 and part.bounds[-1][1] == n
+    for (_, b), (c, _) in zip(part.bounds, part.bounds[1:]):
+        assert b == c  # contiguous: no unit dropped or repeated
+    assert all(b > a for a, b in part.bounds)
+
+
+def test_partition_is_optimal_against_brute_force():
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 9)
+        k = rng.randint(1, n)
+        costs = [rng.choice([0.0, 1.0, 2.0, rng.uniform(0, 10)]) for _ in range(n)]
+        part = partition(costs, k)
+        _assert_valid(part, n, k)
+        assert part.max_cost == pytest.approx(_brute_force_best(costs, k), rel=1e-9, abs=1e-12)
+        assert sum(part.costs) == pytest.approx(sum(costs))
+        assert max(part.costs) == pytest.approx(part.max_cost)
+
+
+def test_ties_leave_earlier_chunks_lighter():
+    part = partition([1.0] * 5, 2)
+    assert part.bounds == [(0, 2), (2, 5)]
+    assert part.costs == [2.0, 3.0]
+    assert part.imbalance == pytest.approx(3.0 / 2.5 - 1)
+    even = partition([1.0] * 8, 4)
+    assert even.bounds == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert even.imbalance == 0.0
+
+
+def test_partition_errors():
+    with pytest.raises(ValueError, match="at most 3 chunks"):
+        partition([1.0, 2.0, 3.0], 4)
+    with pytest.raises(ValueError, match="at least one chunk"):
+        partition([1.0], 0)
+
+
+def test_gpt_unit_costs():
+    layers, h, s, vocab = 4, 64, 32, 1000
+    costs = gpt_unit_costs(layers, h, s, vocab)
+    assert len(costs) == layers + 2
+    assert costs[1:-1] == [float(s * (24 * h * h + 4 * s * h))] * layers
+    assert costs[-1] == float(s * 2 * h * vocab)
+    assert 0 < costs[0] < costs[1]
+    # A narrower MLP is cheaper.
+    assert gpt_unit_costs(layers, h, s, vocab, ffn_hidden=2 * h)[1] < costs[1]
+
+
+@pytest.mark.parametrize("layers,n_chunks", [(1, 1), (4, 4), (12, 4), (24, 8), (7, 3)])
+def test_gpt_partition_keeps_a_block_in_every_chunk(layers, n_chunks):
+    part = gpt_partition(layers, n_chunks, hidden=256, seq_len=128, vocab=50000)
+    _assert_valid(part, layers + 2, n_chunks)
+    for a, b in part.bounds:
+        assert any(1 <= u <= layers for u in range(a, b))
+    total = sum(gpt_unit_costs(layers, 256, 128, 50000))
+    assert sum(part.costs) == pytest.approx(total)
+
+
+def test_gpt_partition_gives_the_heavy_head_fewer_blocks():
+    # Here the head costs about three blocks, so the last chunk gets fewer blocks than the others.
+    part = gpt_partition(16, 4, hidden=128, seq_len=64, vocab=5_000)
+    blocks = [b - a for a, b in part.bounds]
+    blocks[0] -= 1  # embedding
+    blocks[-1] -= 1  # head
+    assert blocks[-1] < blocks[0]
+    assert sum(blocks) == 16
+    with pytest.raises(ValueError, match="at least one block"):
+        gpt_partition(3, 4, hidden=64, seq_len=16, vocab=100)

@@ -1,0 +1,193 @@
+"""Pipeline schedules: built correctly, checked strictly, pure Python."""
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from par3d.pipeline.schedules import (
+    KINDS,
+    SCHEDULES,
+    Action,
+    ScheduleError,
+    build,
+    check,
+    dependencies,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    stage_chunk,
+    stage_rank,
+    zero_bubble_h1,
+)
+
+CASES = [(name, p, m) for name in SCHEDULES for p in (1, 2, 4) for m in (p, 2 * p)]
+
+
+def _v(name: str) -> int:
+    return 2 if name == "interleaved" else 1
+
+
+@pytest.mark.parametrize("name,p,m", CASES)
+def test_every_schedule_passes_the_checker(name, p, m):
+    v = _v(name)
+    sched = build(name, p, m, v)
+    report = check(sched, p, m, v)
+    assert len(report.peak_inflight) == p
+    for r, acts in enumerate(sched):
+        assert all(stage_rank(a.stage, p) == r for a in acts)
+        assert all(a.kind in KINDS for a in acts)
+    # Each (stage, micro-batch) does one forward and one full backward's worth of work.
+    forwards = sum(a.kind == "F" for acts in sched for a in acts)
+    backwards = sum(a.kind in ("B", "BI") for acts in sched for a in acts)
+    assert forwards == backwards == p * v * m
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 4), (4, 8), (4, 2), (3, 7)])
+def test_peak_inflight_gpipe_and_1f1b(p, m):
+    assert check(gpipe(p, m), p, m).peak_inflight == [m] * p
+    assert check(one_f_one_b(p, m), p, m).peak_inflight == [min(p - r, m) for r in range(p)]
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 4), (4, 4), (4, 8), (4, 2), (8, 16)])
+def test_zero_bubble_h1_memory_matches_1f1b_peak(p, m):
+    zb = check(zero_bubble_h1(p, m), p, m).peak_inflight
+    ofob = check(one_f_one_b(p, m), p, m).peak_inflight
+    # The device that needs most memory (rank 0) needs no more than under 1F1B; no rank exceeds it.
+    assert max(zb) <= max(ofob)
+    assert zb[0] <= ofob[0]
+    assert all(x <= min(p, m) for x in zb)
+
+
+def test_zero_bubble_h1_splits_every_backward():
+    sched = zero_bubble_h1(4, 8)
+    kinds = {a.kind for acts in sched for a in acts}
+    assert kinds == {"F", "BI", "BW"}
+    # BW of a micro-batch comes after its BI on the same rank.
+    for acts in sched:
+        pos = {(a.kind, a.stage, a.microbatch): j for j, a in enumerate(acts)}
+        for a in acts:
+            if a.kind == "BW":
+                assert pos[("BI", a.stage, a.microbatch)] < pos[("BW", a.stage, a.microbatch)]
+
+
+def test_interleaved_layout():
+    p, m, v = 4, 8, 2
+    sched = interleaved(p, m, v)
+    for acts in sched:
+        assert {stage_chunk(a.stage, p) for a in acts} == {0, 1}
+        assert len(acts) == 2 * m * v
+    # Rank 0 starts with chunk 0 for micro-batches 0..p-1, then chunk 1 for the same ones.
+    assert [(a.stage, a.microbatch) for a in sched[0][:8]] == [(0, 0), (0, 1), (0, 2), (0, 3),
+                                                              (4, 0), (4, 1), (4, 2), (4, 3)]
+    assert check(sched, p, m, v).peak_inflight[0] > check(one_f_one_b(p, m), p, m).peak_inflight[0]
+
+
+def test_build_rejects_bad_requests():
+    with pytest.raises(ScheduleError, match="stage") as e:
+        build("1f1b", 0, 4)
+    assert e.value.param == "p"
+    with pytest.raises(ScheduleError, match="micro-batch") as e:
+        build("gpipe", 2, 0)
+    assert e.value.param == "m"
+    with pytest.raises(ScheduleError, match="interleaved") as e:
+        build("1f1b", 2, 4, v=2)
+    assert e.value.param == "v"
+    with pytest.raises(ScheduleError, match="v >= 2"):
+        build("interleaved", 2, 4, v=1)
+    with pytest.raises(ScheduleError, match=r"use m=4 or 8") as e:
+        build("interleaved", 4, 6, v=2)
+    assert e.value.param == "m"
+    with pytest.raises(ScheduleError, match="gpipe, 1f1b, interleaved, zb-h1"):
+        build("pipedream", 2, 4)
+    assert isinstance(ScheduleError("x"), ValueError)
+
+
+def test_checker_catches_swapped_dependency():
+    sched = one_f_one_b(2, 2)
+    # Rank 1 (the last stage) runs F0 B0 F1 B1; put B0 before F0.
+    assert sched[1][:2] == [Action("F", 1, 0), Action("B", 1, 0)]
+    sched[1][0], sched[1][1] = sched[1][1], sched[1][0]
+    with pytest.raises(ScheduleError, match=r"dependency violated on rank 1: B\(stage=1, mb=0\)"):
+        check(sched, 2, 2)
+
+
+def test_checker_catches_weight_grad_before_input_grad():
+    sched = zero_bubble_h1(2, 2)
+    acts = sched[0]
+    i_bi, i_bw = acts.index(Action("BI", 0, 0)), acts.index(Action("BW", 0, 0))
+    acts[i_bi], acts[i_bw] = acts[i_bw], acts[i_bi]
+    with pytest.raises(ScheduleError, match=r"BW\(stage=0, mb=0\)"):
+        check(sched, 2, 2)
+
+
+def test_checker_catches_deadlock():
+    # Rank 0 waits in B0 for rank 1's B0, which rank 1 only runs after F1, which needs rank 0's F1,
+    # which rank 0 only runs after B0.  Every single dependency is satisfiable; the order is not.
+    sched = [
+        [Action("F", 0, 0), Action("B", 0, 0), Action("F", 0, 1), Action("B", 0, 1)],
+        [Action("F", 1, 0), Action("F", 1, 1), Action("B", 1, 0), Action("B", 1, 1)],
+    ]
+    with pytest.raises(ScheduleError, match="deadlock") as e:
+        check(sched, 2, 2)
+    assert "rank 0 blocked at B(stage=0, mb=0)" in str(e.value)
+    assert "rank 1 blocked at F(stage=1, mb=1)" in str(e.value)
+
+
+def test_checker_catches_missing_duplicate_and_misplaced_actions():
+    sched = one_f_one_b(2, 2)
+    sched[0].remove(Action("B", 0, 1))
+    with pytest.raises(ScheduleError, match=r"missing B for stage 0 \(rank 0\), micro-batch 1"):
+        check(sched, 2, 2)
+    sched = one_f_one_b(2, 2)
+    sched[0].append(Action("F", 0, 1))
+    with pytest.raises(ScheduleError, match="duplicated"):
+        check(sched, 2, 2)
+    sched = one_f_one_b(2, 2)
+    sched[0].append(sched[1].pop())
+    with pytest.raises(ScheduleError, match="belongs on rank 1"):
+        check(sched, 2, 2)
+    with pytest.raises(ScheduleError, match="micro-batch outside"):
+        check([[Action("F", 0, 5)]], 1, 1)
+    with pytest.raises(ScheduleError, match="rank lists"):
+        check(one_f_one_b(2, 2), 3, 2)
+
+
+def _random_linear_extension(p: int, m: int, v: int, split: bool, rng: random.Random) -> list[list[Action]]:
+    """Run the dependency graph in a random order and deal the actions to their ranks: every such
+    schedule is valid, so the checker must accept it."""
+    n = p * v
+    bwd = ("BI", "BW") if split else ("B",)
+    todo = {(k, s, i) for s in range(n) for i in range(m) for k in ("F", *bwd)}
+    done: set = set()
+    out: list[list[Action]] = [[] for _ in range(p)]
+    while todo:
+        ready = sorted(k for k in todo if all(d in done for d in dependencies(Action(*k), n, todo | done)))
+        k = rng.choice(ready)
+        todo.remove(k)
+        done.add(k)
+        out[stage_rank(k[1], p)].append(Action(*k))
+    return out
+
+
+def test_checker_accepts_any_valid_order():
+    rng = random.Random(0)
+    for _ in range(40):
+        p, m, v = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 2)
+        split = rng.random() < 0.5
+        sched = _random_linear_extension(p, m, v, split, rng)
+        peaks = check(sched, p, m, v).peak_inflight
+        assert all(1 <= x <= m * v for x in peaks)
+
+
+def test_pure_modules_do_not_import_torch_or_matplotlib():
+    code = (
+        "import sys\n"
+        "import par3d.pipeline.schedules, par3d.pipeline.simulate, par3d.pipeline.partition\n"
+        "import par3d.trace, par3d.commands.simulate\n"
+        "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
