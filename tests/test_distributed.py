@@ -133,13 +133,13 @@ def test_healthy_world_leaves_no_process(world4):
 
 
 def test_raising_rank_fails_the_world(tmp_path):
-    failure, elapsed = _fail(_raises, 3, str(tmp_path), 2)
-    assert failure.rank == 2
-    assert str(failure) == "rank 2 failed: ValueError: rank 2 is bad"
-    assert failure.error == "ValueError: rank 2 is bad"
+    failure, elapsed = _fail(_raises, 2, str(tmp_path), 1)
+    assert failure.rank == 1
+    assert str(failure) == "rank 1 failed: ValueError: rank 1 is bad"
+    assert failure.error == "ValueError: rank 1 is bad"
     assert "Traceback" in failure.traceback and "_raises" in failure.traceback
-    assert elapsed < 30
-    _assert_all_gone(tmp_path, 3)
+    assert elapsed < 30  # the peer's collective timeout is 120 s: it was stopped, not timed out
+    _assert_all_gone(tmp_path, 2)
 
 
 def test_sigkilled_rank_stops_peers_blocked_in_a_collective(tmp_path):
@@ -158,6 +158,20 @@ def test_wall_timeout_stops_a_hung_world():
     assert info.value.rank == -1
     assert info.value.error.startswith("timed out after 3 s")
     assert time.monotonic() - start < 30
+    assert multiprocessing.active_children() == []
+
+
+def test_port_taken_before_rank0_binds_it_is_retried(monkeypatch):
+    import par3d.distributed as distributed
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        ports = iter([busy.getsockname()[1]])
+        real_free_port = distributed.free_port
+        monkeypatch.setattr(distributed, "free_port", lambda: next(ports, None) or real_free_port())
+        results = launch(_healthy, 2, (1,), timeout_s=60, wall_timeout_s=120)
+    assert [r["sum"] for r in results] == [1.0, 1.0]
     assert multiprocessing.active_children() == []
 
 

@@ -204,6 +204,8 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
     Messages to the parent: ("ok", value) or ("error", error_text, traceback_text, monotonic time).
     """
     _die_with_parent(spec.parent_pid)
+    # torch is imported by now; OMP_NUM_THREADS is for what starts later (libraries, subprocesses),
+    # torch's own pool is sized by init_process_group.
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(spec.master_port),
@@ -220,9 +222,14 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
         fn, args = pickle.loads(payload)
         result = fn(*args)
         _finish()
-        conn.send(("ok", result))
+        # plain pickle: tensors travel by value (torch's multiprocessing pickler would pass
+        # shared-memory handles that die with this process)
+        conn.send_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:  # SystemExit and KeyboardInterrupt in a rank are failures too
-        conn.send(("error", _error_text(exc), tb.format_exc(), time.monotonic()))
+        try:
+            conn.send_bytes(pickle.dumps(("error", _error_text(exc), tb.format_exc(), time.monotonic())))
+        except OSError:  # the parent is gone; nobody is left to tell
+            pass
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter tear-down: destructors of a broken process group can block, and the
@@ -276,7 +283,7 @@ def _wait(procs: list[Any], conns: list[mp_connection.Connection], wall_timeout_
         for rank, conn in list(open_conns.items()):
             while rank in open_conns and conn.poll():
                 try:
-                    msg = conn.recv()
+                    msg = pickle.loads(conn.recv_bytes())
                 except EOFError:
                     del open_conns[rank]
                     break

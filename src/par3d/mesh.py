@@ -123,18 +123,28 @@ class Groups:
     world: Group
 
 
-def build_groups(mesh: Mesh, global_rank: int) -> Groups:
-    """Create every torch process group (collectively: every rank must call this)."""
+def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
+    """Create every torch process group (collectively: every rank of the torch world must call
+    this).  The mesh may use only the first `mesh.world_size` ranks of a larger world (tests run
+    many layouts in one world); ranks outside it get None."""
     import torch.distributed as dist
 
     made: dict[str, Group] = {}
+    initialized = dist.is_initialized()
     for kind in ("tp", "pp", "dp", "embed"):
         for ranks in mesh.all_groups(kind):
-            pg = dist.new_group(ranks) if len(ranks) > 1 and dist.is_initialized() else None
+            pg = dist.new_group(ranks) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
                 made[kind] = Group(kind, ranks, ranks.index(global_rank), pg)
     world_ranks = list(range(mesh.world_size))
-    world_pg = dist.group.WORLD if dist.is_initialized() and mesh.world_size > 1 else None
+    world_pg = None
+    if initialized and mesh.world_size > 1:
+        whole = mesh.world_size == dist.get_world_size()
+        world_pg = dist.group.WORLD if whole else dist.new_group(world_ranks)
+    if global_rank >= mesh.world_size:
+        return None
+    # middle pipeline stages hold no embedding copy: a group of their own
+    made.setdefault("embed", Group("embed", [global_rank], 0, None))
     made["world"] = Group("world", world_ranks, global_rank, world_pg)
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
                   made["embed"], made["world"])

@@ -69,6 +69,8 @@ class Embedding(nn.Module):
         self.sp = ctx.sequence_parallel and ctx.tp.size > 1
         self.tok = VocabParallelEmbedding(cfg.vocab, cfg.hidden, ctx.tp, seed=ctx.seed, name="embed.tok",
                                           sequence_parallel=self.sp, dtype=ctx.dtype)
+        if cfg.tied_embeddings:
+            self.tok.weight.tied_embedding = True  # type: ignore[attr-defined]
         pos = full_init((cfg.seq_len, cfg.hidden), 0.01, ctx.seed, "embed.pos").to(ctx.dtype)
         self.pos = nn.Parameter(pos)
         if self.sp:

@@ -66,6 +66,8 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
 
     mesh = Mesh(pc.dp, pc.pp, pc.tp)
     groups = build_groups(mesh, rank)
+    if groups is None:  # this rank is not part of the layout (tests run small layouts in big worlds)
+        return {"rank": rank, "idle": True}
     c = groups.coord
     p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
     # dropout streams: identical across TP ranks (they hold replicated activations)
@@ -96,8 +98,19 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
 
     history: list[dict[str, Any]] = []
     captured: dict[str, Any] = {}
+    if options.get("capture_logits") and p == 1:
+        from par3d.data import global_batch
+
+        x0, _ = global_batch(corpus, tc.seed, 0, tc.global_batch, mc.seq_len)
+        with torch.no_grad():
+            comm.COUNTER.enabled = False
+            logits = chunks[0].logits(torch.from_numpy(np.ascontiguousarray(x0[:2])).to(device))
+            comm.COUNTER.enabled = True
+        if c.dp == 0 and c.tp == 0:
+            captured["logits"] = logits.float().cpu()
     events_last: list[Any] = []
     peak_act = 0
+    act_per_mb = 0
     comm.COUNTER.reset()
     comm.COUNTER.keep_sizes = bool(options.get("keep_sizes"))
     comm_per_step: list[dict[str, Any]] = []
@@ -133,6 +146,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         history.append(row)
         events_last = res.events
         peak_act = max(peak_act, res.peak_activation_bytes)
+        act_per_mb = max(act_per_mb, res.activation_bytes_per_microbatch)
         if metrics_fh:
             metrics_fh.write(json.dumps(row) + "\n")
             metrics_fh.flush()
@@ -147,18 +161,19 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         captured["params"] = _gather_named(chunks, groups, mc, lambda q: q.detach())
     out: dict[str, Any] = {
         "rank": rank, "coord": [c.dp, c.pp, c.tp], "history": history, "comm_per_step": comm_per_step,
-        "peak_activation_bytes": peak_act, "peak_inflight_predicted": report.peak_inflight[c.pp],
+        "peak_activation_bytes": peak_act, "activation_bytes_per_microbatch": act_per_mb,
+        "peak_inflight_predicted": report.peak_inflight[c.pp],
         "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
         "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
     }
     out.update(captured)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if groups.world.size > 1:
         # rank 0 gets every rank's timeline and memory (also under torchrun, where the parent
         # process does not see the other ranks' return values)
         mine = {k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
                                      "peak_inflight_predicted", "bounds")}
-        world: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(world, mine)
+        world: list[Any] = [None] * groups.world.size
+        dist.all_gather_object(world, mine, group=groups.world.pg)
         out["world"] = world
     else:
         out["world"] = [{k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",

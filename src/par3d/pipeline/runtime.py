@@ -87,6 +87,7 @@ class StepResult:
     loss_sum: float  # sum over this rank's micro-batches of the scaled loss (last stage only)
     events: list[Event] = field(default_factory=list)
     peak_activation_bytes: int = 0
+    activation_bytes_per_microbatch: int = 0  # the largest single forward's saved bytes
 
 
 class PipelineRuntime:
@@ -130,6 +131,7 @@ class PipelineRuntime:
         loss_sum = torch.zeros((), dtype=torch.float64)
         self.meter.live = 0
         self.meter.peak = 0
+        per_mb = 0
         last = self.n_stages - 1
         for idx, a in enumerate(self.actions):
             chunk = self.chunks[stage_chunk(a.stage, self.p)]
@@ -147,6 +149,7 @@ class PipelineRuntime:
                 with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t):
                     out = self._forward(chunk, x, targets)
                 saved = self.meter.end()
+                per_mb = max(per_mb, saved)
                 if a.stage == last:
                     out = out.sum() * loss_scale if self.synthetic_ms is None else out
                     loss_sum += out.detach().double()
@@ -181,7 +184,7 @@ class PipelineRuntime:
         for w in self._pending:
             w.wait()
         self._pending = []
-        return StepResult(float(loss_sum), events, self.meter.peak)
+        return StepResult(float(loss_sum), events, self.meter.peak, per_mb)
 
     def _forward(self, chunk: nn.Module, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         if self.synthetic_ms is not None:

@@ -1,0 +1,393 @@
+"""`par3d plan`: predict memory and step time of every DP×PP×TP configuration and pick the best.
+
+Pure Python (no torch): the planner answers in about a second for a thousand GPUs.
+Units in the output: memory in GiB (2^30 B), times in seconds, TFLOP/s = 1e12 FLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+
+
+class UsageError(Exception):
+    """Bad input: the message names the flag, the value, the rule and a fix."""
+
+
+def _int_at_least(lo: int):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give an integer >= {lo}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be an integer >= {lo}")
+        return v
+
+    return conv
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a positive number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v} must be > 0")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = _positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"{v} must be a fraction in (0, 1], e.g. 0.15 for 15%")
+    return v
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict per-GPU memory and step time of every DP x PP x TP configuration; pick the best",
+        description="Given a model, a cluster and a global batch, predict the per-GPU memory and the step "
+                    "time of every feasible (tp, pp, dp, micro-batch, schedule, virtual stages, recompute, "
+                    "ZeRO stage, sequence parallelism) and rank them, fastest first. Bubbles come from the "
+                    "pipeline simulator. Any of --tp --pp --dp --micro-batch --schedule --virtual-stages "
+                    "--recompute --zero-stage --sequence-parallel fixes that choice; the rest is searched. "
+                    "Memory is reported in GiB, times in seconds. See docs/planner.md for every formula.",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None,
+                   help="catalogue name (gpt3-175b, llama2-70b, llama3-8b, seed-96l, ...) or a Hugging Face "
+                        "config.json path; explicit dimension flags override it")
+    g.add_argument("--layers", type=_int_at_least(1), help="transformer layers (overrides --model)")
+    g.add_argument("--hidden", type=_int_at_least(1), help="hidden size h (overrides --model)")
+    g.add_argument("--heads", type=_int_at_least(1), help="attention heads (overrides --model)")
+    g.add_argument("--seq-len", type=_int_at_least(1), help="sequence length in tokens (overrides --model)")
+    g.add_argument("--vocab", type=_int_at_least(2), help="vocabulary size (overrides --model)")
+    g.add_argument("--ffn-hidden", type=_int_at_least(1), help="MLP inner size (default 4 x hidden)")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--gpu", default="a100-80gb",
+                   help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200 (default: %(default)s)")
+    g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
+    g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
+                   help="GPUs per node sharing the fast intra-node link (default: 8, or the hardware file's)")
+    g.add_argument("--intra-node-bw", type=_positive_float, default=None,
+                   help="intra-node bandwidth per GPU, one direction, GB/s (default: NVLink of the GPU, "
+                        "300 for A100)")
+    g.add_argument("--inter-node-bw", type=_positive_float, default=None,
+                   help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
+                        "A100, 50 NDR for H100/H200)")
+    g.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="training precision: bf16 mixed precision or fp32 (default: %(default)s)")
+    g.add_argument("--hardware", metavar="FILE", default=None,
+                   help="JSON/TOML hardware description (written by `par3d calibrate`); replaces --gpu")
+    g.add_argument("--efficiency", type=_fraction, default=None,
+                   help="achievable fraction of peak FLOP/s for large GEMMs (default 0.48 = the seed's "
+                        "150 of 312 TFLOP/s, or the hardware file's calibrated value)")
+    g = p.add_argument_group("batch")
+    g.add_argument("--global-batch", type=_int_at_least(1), default=512,
+                   help="sequences per optimizer step over all DP ranks (default: %(default)s)")
+    g.add_argument("--train-tokens", type=_positive_float, default=300e9,
+                   help="token budget for the time-to-train estimate (default: 3e11, GPT-3's)")
+    g = p.add_argument_group("fixed choices (searched when omitted)")
+    g.add_argument("--tp", type=_int_at_least(1), help="tensor-parallel size (must divide heads)")
+    g.add_argument("--pp", type=_int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
+    g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
+    g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    g.add_argument("--virtual-stages", type=_int_at_least(1),
+                   help="model chunks per pipeline rank v (> 1 implies --schedule interleaved)")
+    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation")
+    g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron sequence parallelism on (--sequence-parallel) or off "
+                        "(--no-sequence-parallel); default: on whenever tp > 1")
+    g = p.add_argument_group("limits and output")
+    g.add_argument("--max-bubble", type=_fraction, default=None,
+                   help="reject plans whose simulated bubble (idle share of wall time) exceeds this fraction")
+    g.add_argument("--allow-inter-node-tp", action="store_true",
+                   help="let tensor parallelism span nodes (default: TP stays inside a node)")
+    g.add_argument("--max-virtual-stages", type=_int_at_least(2), default=8,
+                   help="largest v searched for the interleaved schedule (default: %(default)s)")
+    g.add_argument("--top", type=_int_at_least(1), default=5, help="plans to show (default: %(default)s)")
+    g.add_argument("--explain", action="store_true",
+                   help="print the winner's breakdown, the seed-style per-layer accounting and why it wins")
+    g.add_argument("--json", action="store_true", help="print {model, hardware, plans: [...]} as JSON")
+    g.add_argument("--emit-config", metavar="FILE", default=None,
+                   help="write a `par3d train` TOML config of the best plan (restricts ZeRO to 0/1, what "
+                        "the runtime supports)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"par3d plan: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _cluster(args: argparse.Namespace):
+    from par3d.plan.hardware import Cluster, HardwareError, load_hardware_file, make_cluster
+
+    try:
+        if args.hardware:
+            hw = load_hardware_file(args.hardware)
+            dev = hw.device
+            if args.efficiency is not None:
+                from dataclasses import replace
+
+                dev = replace(dev, efficiency=args.efficiency)
+            gpn = args.gpus_per_node or hw.gpus_per_node or 8
+            intra, inter = hw.intra, hw.inter
+            from dataclasses import replace as rep
+
+            from par3d.plan.hardware import GB
+            if args.intra_node_bw:
+                intra = rep(intra, beta=args.intra_node_bw * GB)
+            if args.inter_node_bw:
+                inter = rep(inter, beta=args.inter_node_bw * GB)
+            if args.dtype not in dev.peak_flops:
+                raise UsageError(f"--dtype {args.dtype}: the hardware file {args.hardware} has no peak for it; "
+                                 f"add device.peak_tflops.{args.dtype} or use --dtype "
+                                 f"{next(iter(dev.peak_flops))}")
+            cl = Cluster(dev, args.gpus, min(gpn, args.gpus), intra, inter, args.dtype)
+        else:
+            gpn = args.gpus_per_node or 8
+            cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
+                              args.dtype, args.efficiency)
+    except HardwareError as e:
+        flag = "--hardware" if args.hardware else "--gpu"
+        msg = str(e)
+        raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
+    if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
+        raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
+                         f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"
+                         f" or {(cl.gpus // cl.gpus_per_node + 1) * cl.gpus_per_node}")
+    return cl
+
+
+def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
+    n = cluster.gpus
+    for flag, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp)):
+        if v is not None and n % v:
+            raise UsageError(f"{flag} {v}: tp x pp x dp must equal --gpus {n}, so {flag} must divide {n}")
+    fixed = [v for v in (args.tp, args.pp, args.dp) if v is not None]
+    prod = 1
+    for v in fixed:
+        prod *= v
+    if len(fixed) == 3 and prod != n:
+        raise UsageError(f"--tp {args.tp} --pp {args.pp} --dp {args.dp}: the product {prod} must equal "
+                         f"--gpus {n}; drop one of them to let the planner derive it")
+    if prod > n or n % prod:
+        raise UsageError(f"--tp/--pp/--dp: their product {prod} must divide --gpus {n}")
+    if args.pp is not None and args.pp > model.layers:
+        raise UsageError(f"--pp {args.pp}: every pipeline stage needs a layer and the model has "
+                         f"{model.layers}; use --pp <= {model.layers}")
+    if args.dp is not None and args.global_batch % args.dp:
+        raise UsageError(f"--global-batch {args.global_batch}: must be divisible by --dp {args.dp}; use "
+                         f"--global-batch {max(args.dp, args.global_batch // args.dp * args.dp)}")
+    if args.micro_batch is not None and args.global_batch % args.micro_batch:
+        raise UsageError(f"--micro-batch {args.micro_batch}: must divide --global-batch {args.global_batch} "
+                         f"(global = micro-batch x micro-batches x dp)")
+    if args.virtual_stages is not None and args.virtual_stages > 1:
+        if args.schedule not in (None, "interleaved"):
+            raise UsageError(f"--virtual-stages {args.virtual_stages}: only the interleaved schedule has "
+                             f"virtual stages; use --schedule interleaved or --virtual-stages 1")
+        args.schedule = "interleaved"
+    if args.schedule == "interleaved" and args.virtual_stages == 1:
+        raise UsageError("--schedule interleaved needs --virtual-stages >= 2 (or omit it to search v)")
+    if args.emit_config and args.zero_stage is not None and args.zero_stage > 1:
+        raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
+                         f"stages 0 and 1; use --zero-stage 1 or drop --emit-config")
+    if args.sequence_parallel and args.tp is not None and model.seq_len % args.tp:
+        raise UsageError(f"--sequence-parallel: seq_len {model.seq_len} is not divisible by --tp {args.tp}; "
+                         f"use --no-sequence-parallel or a --seq-len multiple of {args.tp}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from par3d.plan.models import ModelError, resolve_model
+    from par3d.plan.search import Fixed, Limits, PlanError, search
+
+    try:
+        model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
+                              args.ffn_hidden)
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+    cluster = _cluster(args)
+    _check_fixed(args, model, cluster)
+    fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
+                  args.recompute, args.zero_stage, args.sequence_parallel)
+    limits = Limits(args.max_bubble, args.allow_inter_node_tp, 1 if args.emit_config else 3,
+                    args.max_virtual_stages)
+    try:
+        res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
+                     report_unfit=args.explain)
+        if not res.plans and not args.explain:  # again, to name the closest configuration
+            res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
+                         report_unfit=True)
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+    if not res.plans:
+        print(_no_plan_message(args, model, cluster, res), file=sys.stderr)
+        return 1
+    if args.json:
+        out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
+               "plans": [p.to_dict() for p in res.plans],
+               "search": {"considered": res.considered, "simulated": res.simulated,
+                          "rejected": dict(res.rejected)}}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(model, cluster, args, res, explain=args.explain))
+    if args.emit_config:
+        _emit(args, model, res.plans[0])
+    return 0
+
+
+def _no_plan_message(args, model, cluster, res) -> str:
+    from par3d.plan.hardware import GiB
+
+    cap = cluster.device.mem_bytes / GiB
+    why = ", ".join(f"{k}: {v}" for k, v in res.rejected.most_common()) or "no candidate passed the rules"
+    lines = [f"par3d plan: no configuration of {model.name} on {cluster.gpus} x {cluster.device.name} satisfies "
+             f"the constraints ({why})."]
+    if res.fastest_unfit is not None:
+        u = res.fastest_unfit
+        lines.append(f"  closest: {u.choice.label()} needs {u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
+    lines.append("  fix: more GPUs (--gpus), a bigger GPU (--gpu h200), drop fixed choices (e.g. --zero-stage, "
+                 "--recompute) so the search can use ZeRO and recomputation, or relax --max-bubble")
+    return "\n".join(lines)
+
+
+def _emit(args, model, plan) -> None:
+    from par3d.config import ConfigError, ModelConfig, ParallelConfig, RunConfig, TrainConfig
+
+    c = plan.choice
+    rc = RunConfig(
+        model=ModelConfig(vocab=model.vocab, seq_len=model.seq_len, layers=model.layers, hidden=model.hidden,
+                          heads=model.heads, ffn_hidden=model.ffn, tied_embeddings=model.tied),
+        parallel=ParallelConfig(dp=c.dp, pp=c.pp, tp=c.tp, schedule=c.schedule, microbatches=c.microbatches,
+                                virtual_stages=c.virtual_stages, zero_stage=c.zero_stage,
+                                recompute=c.recompute, sequence_parallel=c.sequence_parallel),
+        train=TrainConfig(global_batch=c.micro_batch * c.microbatches * c.dp, micro_batch=c.micro_batch,
+                          dtype=args.dtype),
+        hardware=args.hardware,
+    )
+    try:
+        rc.validate()
+    except ConfigError as e:  # pragma: no cover - the search only proposes valid plans
+        raise UsageError(f"--emit-config {args.emit_config}: the chosen plan is not a valid config: {e}") from None
+    try:
+        with open(args.emit_config, "w") as fh:
+            fh.write(f"# par3d plan: {plan.choice.label()}\n# predicted step {plan.step_time:.3f} s, "
+                     f"{plan.memory.total / 2**30:.1f} GiB/GPU, MFU {plan.mfu:.1%}\n")
+            if model.gated or model.kv != model.heads:
+                fh.write("# note: par3d's GPT has no gated MLP / grouped-query attention; shapes are approximate\n")
+            fh.write(rc.to_toml())
+    except OSError as e:
+        raise UsageError(f"--emit-config {args.emit_config}: cannot write ({e.strerror}); give a writable path") \
+            from None
+    print(f"wrote {args.emit_config}", file=sys.stderr)
+
+
+# ---- text output ---------------------------------------------------------------------------------
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f} ms"
+
+
+def render(model, cluster, args, res, explain: bool = False) -> str:
+    from par3d.plan.hardware import GB, TFLOPS, GiB, describe
+
+    out = [f"model:    {model.summary()}",
+           f"cluster:  {describe(cluster)}",
+           f"batch:    {args.global_batch} sequences x {model.seq_len} tokens per step",
+           f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
+           + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
+           "",
+           f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'m':>5} {'schedule':>11} {'v':>2} {'recomp':>9} "
+           f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
+    for i, p in enumerate(res.plans, 1):
+        c = p.choice
+        out.append(f"{i:>2} {c.tp:>3} {c.pp:>3} {c.dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
+                   f"{c.virtual_stages:>2} {c.recompute:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
+                   f"{p.memory.total / GiB:>6.1f} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
+                   f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
+    best = res.plans[0]
+    out.append("")
+    out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
+               f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
+    if not explain:
+        return "\n".join(out)
+    # -- the breakdown --
+    b = best.breakdown
+    out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
+    for k in ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
+        out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
+    mem = best.memory.gib()
+    cap = cluster.device.mem_bytes / GiB
+    out += ["", f"memory on the heaviest GPU (pipeline rank {best.memory_rank}), GiB of {cap:.0f}:"]
+    out += [f"  {k:<12} {mem[k]:>8.2f}" for k in ("weights", "grads", "optimizer", "activations", "other", "total")]
+    states = best.memory.states
+    out.append(f"  model states {states / GiB:.2f} GiB = {states / 1e9:.2f} GB (decimal, the seed's unit)")
+    out.append(f"  throughput: model {best.model_tflops_per_gpu:.1f} TFLOP/s/GPU, hardware (with recompute) "
+               f"{best.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {best.mfu:.1%}, simulated bubble "
+               f"{best.bubble_fraction:.1%} of wall time")
+    # -- the seed's accounting at this plan's micro-batch and tp --
+    from par3d.plan.compute import Gemm, roofline
+    from par3d.plan.cost import layer_accounting
+
+    c = best.choice
+    la = layer_accounting(model, cluster, c.micro_batch, c.tp)
+    dev = cluster.device
+    eff = dev.peak(cluster.dtype) * dev.efficiency
+    out += ["", f"per-layer accounting, forward, one micro-batch of T = {la.tokens} tokens, tp = {c.tp} "
+                f"(seed §4.2):",
+            f"  GEMM FLOPs 24·T·h²/tp = {la.gemm_flops / 1e9:.0f} GFLOP/GPU -> {_ms(la.flat_time)} at "
+            f"{eff / TFLOPS:.0f} TFLOP/s; with the attention core, roofline and waves: {_ms(la.model_time)}",
+            f"  TP: 2 all-reduces of T·h·2 B = {la.message_bytes / 1e6:.1f} MB; ring traffic "
+            f"{la.ring_bytes / 1e6:.0f} MB/GPU -> {_ms(la.tp_beta)} + α {_ms(la.tp_alpha)} = {_ms(la.tp_time)}"
+            f" ({la.ratio:.0%} of the GEMM time; {la.tp_time / (la.tp_time + la.flat_time):.0%} of the layer)",
+            f"  the same TP over the inter-node link ({cluster.inter.beta / GB:g} GB/s): {_ms(la.tp_slow)} per "
+            f"layer; layer {_ms(la.flat_time + la.tp_time)} -> {_ms(la.flat_time + la.tp_slow)} "
+            f"({la.slowdown:.1f}x slower)",
+            f"  per micro-batch over {la.layers} layers (seed §4.5): compute {la.layers * la.flat_time * 1e3:.0f} ms,"
+            f" TP bandwidth term {la.layers * la.tp_beta * 1e3:.0f} ms "
+            f"({la.tp_beta / (la.tp_beta + la.flat_time):.0%}), with α {la.layers * la.tp_time * 1e3:.0f} ms "
+            f"({la.tp_time / (la.tp_time + la.flat_time):.0%})"]
+    g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
+    r = roofline(g, dev, cluster.dtype)
+    out.append(f"  roofline of the MLP's first GEMM M={g.m} K={g.k} N={g.n} (seed §4.4): intensity "
+               f"{r.intensity:.0f} FLOP/B vs balance {r.balance:.0f} -> {r.bound}-bound, attainable "
+               f"{r.attainable / TFLOPS:.0f} TFLOP/s ({r.fraction_of_peak:.0%} of peak), wave efficiency "
+               f"{r.wave_eff:.0%}")
+    # -- why it wins --
+    from par3d.plan.search import best_per_layout
+
+    out += ["", "why this plan wins:"]
+    for i, p in enumerate(res.plans[1:4], 2):
+        out.append(f"  vs #{i} {p.choice.label()}: +{p.step_time - best.step_time:.3f} s"
+                   + _diff(best, p))
+    layouts = best_per_layout(model, cluster, res, train_tokens=args.train_tokens)
+    if layouts:
+        out.append("  best plan of each (tp, pp, dp) layout (lowest bound, simulated):")
+        for p in layouts:
+            mark = "  <- winner's layout" if (p.choice.tp, p.choice.pp, p.choice.dp) == (c.tp, c.pp, c.dp) else ""
+            out.append(f"    {p.choice.label()}: {p.step_time:.3f} s, {p.memory.total / GiB:.1f} GiB, "
+                       f"bubble {p.bubble_fraction:.1%}" + (_diff(best, p) if not mark else "") + mark)
+    u = res.fastest_unfit
+    if u is not None:
+        out.append(f"  faster but does not fit: {u.choice.label()}: {u.step_time:.3f} s needs "
+                   f"{u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
+    return "\n".join(out)
+
+
+def _diff(best, other) -> str:
+    keys = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+    d = sorted(((other.breakdown[k] - best.breakdown[k], k) for k in keys), key=lambda t: -abs(t[0]))
+    parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
+    return (" (" + ", ".join(parts) + ")") if parts else ""

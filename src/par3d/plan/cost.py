@@ -1,0 +1,457 @@
+"""One configuration → memory per GPU, step time and its breakdown.
+
+Step time (seed §4.5's decomposition, made exact by the simulator):
+    step = makespan( schedule; per-stage F/B = compute + recompute + exposed TP communication,
+                     transfer = PP point-to-point time )                  ← pipeline/simulate.py
+         + DP tail (the part of the gradient reduction that backward cannot hide; ZeRO's gathers)
+         + optimizer step (Adam is memory-bound: 28 B of HBM traffic per updated parameter).
+
+Per stage and micro-batch (n layers, T = b·s tokens, t = TP degree):
+    F = n·(t_layer + 2 TP all-reduces of T·h·2 B) [+ head GEMM on the last stage, + the embedding's
+        all-reduce on the first]           (TP collectives are on the critical path: seed §4.2/§4.5)
+    B = n·(2·t_layer + recompute + 2 all-reduces [+2 more when the forward is recomputed])
+    with sequence parallelism the all-reduce becomes all-gather + reduce-scatter: same α-β cost.
+    zb-h1 splits B into BI (input gradients, the TP collectives and the recompute) and BW (weights).
+PP transfer = α + b·s·h·2 B/β per boundary (/t with SP: the activation is already sharded).
+DP: a ring all-reduce of this rank's gradients (ZeRO-1/2: reduce-scatter, then an all-gather of the
+updated bf16 weights after the optimizer).  The reduction overlaps the last micro-batch's backward
+on the rank (gradients are final only then); at least one bucket (one layer's share) stays exposed.
+ZeRO-3 gathers the weights of each chunk before its F and B and reduce-scatters the gradients after
+B, every micro-batch; the part longer than that compute is exposed.
+
+Link choice follows the rank layout of mesh.py (TP fastest, then PP, then DP): a group whose ranks
+span ≤ gpus_per_node consecutive ranks uses the intra-node link, otherwise the inter-node one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from par3d.pipeline.partition import gpt_partition
+from par3d.pipeline.schedules import build, check
+from par3d.pipeline.simulate import Timeline, simulate
+
+try:  # the checker's counting step alone (cheap); check() also proves the order deadlock-free
+    from par3d.pipeline.schedules import peak_inflight as _count_peaks
+except ImportError:  # pragma: no cover
+    _count_peaks = None
+
+from . import comm
+from .compute import (
+    DTYPE_BYTES,
+    LayerTimes,
+    layer_times,
+    model_flops_per_sequence,
+    recompute_flops_per_sequence,
+)
+from .hardware import TFLOPS, Cluster
+from .memory import (
+    MemoryBreakdown,
+    RankShape,
+    layer_activation_bytes,
+    logits_bytes,
+    rank_memory,
+    state_bytes_per_param,
+)
+from .models import ModelSpec
+
+ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write master, m, v + bf16 weight (14 B)
+
+
+@dataclass(frozen=True)
+class Choice:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    microbatches: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    recompute: str = "none"
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+
+    def label(self) -> str:
+        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} mb={self.micro_batch} m={self.microbatches} "
+                f"{self.schedule}{v} recompute={self.recompute} zero={self.zero_stage} "
+                f"sp={'on' if self.sequence_parallel else 'off'}")
+
+
+# ---- pipeline layout -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """Per global virtual stage: layers, whether it has the embedding / the head."""
+
+    layers: tuple[int, ...]
+    embed: tuple[bool, ...]
+    head: tuple[bool, ...]
+
+
+@lru_cache(maxsize=1024)
+def layout(model: ModelSpec, chunks: int) -> Layout:
+    part = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden)
+    last = model.layers + 1
+    layers, embed, head = [], [], []
+    for a, b in part.bounds:
+        layers.append(sum(1 for u in range(a, b) if 1 <= u <= model.layers))
+        embed.append(a == 0)
+        head.append(b > last)
+    return Layout(tuple(layers), tuple(embed), tuple(head))
+
+
+@lru_cache(maxsize=1024)
+def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int) -> tuple[RankShape, ...]:
+    """Parameters held by each pipeline rank (stage s lives on rank s % pp)."""
+    lay = layout(model, pp * v)
+    out = []
+    for r in range(pp):
+        stages = range(r, pp * v, pp)
+        params = 0.0
+        for s in stages:
+            params += lay.layers[s] * model.layer_params() / tp
+            if lay.embed[s]:
+                params += model.embedding_params() / tp
+            if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
+                params += (model.head_params() if (not model.tied or pp > 1) else 2 * model.hidden) / tp
+        out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages)))
+    return tuple(out)
+
+
+# ---- peak in-flight activations, from the schedule checker --------------------------------------
+
+def peak_inflight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """The checker's per-rank peak of live (stage, micro-batch) activations.
+
+    The peaks of 1F1B, interleaved and ZB-H1 stop growing once m >= 2p (their warm-up is at most
+    2(p-1) + (v-1)p units); GPipe's peak is m.  So the schedule is checked with m' = min(m, 2p)
+    (a multiple of p for interleaved whenever m is) and GPipe's peak is m; a test compares this
+    with the check at the full m.
+    """
+    if p == 1:
+        return (1 if schedule != "gpipe" else m,)
+    mm = min(m, 2 * p)
+    peaks = _checked_peaks(schedule, p, mm, v)
+    if schedule == "gpipe" and mm < m:
+        return (m,) * p
+    return peaks
+
+
+@lru_cache(maxsize=4096)
+def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """The checker's peak counts.  During the search only the counting part runs (the schedule
+    builders are validated by their own tests); `validate_schedule` runs the full check on the
+    plans that are reported."""
+    sched = build(schedule, p, m, v)
+    if _count_peaks is not None:
+        return tuple(_count_peaks(sched))
+    return tuple(check(sched, p, m, v).peak_inflight)
+
+
+@lru_cache(maxsize=256)
+def validate_schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Full check (dependencies, deadlock freedom) of a reported plan's schedule, at min(m, 2p)."""
+    mm = min(m, 2 * p) if p > 1 else m
+    return tuple(check(build(schedule, p, mm, v), p, mm, v).peak_inflight)
+
+
+# ---- per-stage durations -------------------------------------------------------------------------
+
+@dataclass
+class StageTimes:
+    """Per global virtual stage, one micro-batch; every list has p·v entries (seconds)."""
+
+    f: list[float]
+    b: list[float]
+    bi: list[float]
+    bw: list[float]
+    f_compute: list[float]  # parts, for the breakdown
+    b_compute: list[float]
+    b_recompute: list[float]
+    tp_comm: list[float]  # F + B
+    zero3: list[float]  # exposed ZeRO-3 gathers/scatters, F + B
+    transfer: float
+
+
+@dataclass
+class Links:
+    tp: object
+    pp: object
+    dp: object
+
+
+def links(cluster: Cluster, c: Choice) -> Links:
+    return Links(cluster.link_for_span(c.tp), cluster.link_for_span(c.tp * c.pp),
+                 cluster.link_for_span(c.tp * c.pp * c.dp) if c.dp > 1 else cluster.intra)
+
+
+def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
+    dev, dtype = cluster.device, cluster.dtype
+    lk = links(cluster, c)
+    lt: LayerTimes = layer_times(model, dev, dtype, c.micro_batch, c.tp)
+    db = DTYPE_BYTES[dtype]
+    act = c.micro_batch * model.seq_len * model.hidden * db  # one T×h activation, bytes
+    # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
+    ar = comm.all_reduce(act, c.tp, lk.tp).total  # type: ignore[arg-type]
+    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
+    rec_comm = 2 * ar if c.recompute == "full" else 0.0
+    ce = 3 * comm.all_reduce(4.0 * c.micro_batch * model.seq_len, c.tp, lk.tp).total  # type: ignore[arg-type]
+    lay = layout(model, c.pp * c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
+    for s, n in enumerate(lay.layers):
+        fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
+        bc = 2 * fc
+        br = n * rec
+        f_tp = n * 2 * ar + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
+        b_tp = n * 2 * ar + n * rec_comm
+        z3f = z3b = 0.0
+        if c.zero_stage >= 3 and c.dp > 1:
+            chunk_params = shapes[s % c.pp].params / len(shapes[s % c.pp].layers)
+            ag = comm.all_gather(2.0 * chunk_params, c.dp, lk.dp).total  # type: ignore[arg-type]
+            rs = comm.reduce_scatter(2.0 * chunk_params, c.dp, lk.dp).total  # type: ignore[arg-type]
+            z3f = max(0.0, ag - fc)
+            z3b = max(0.0, ag + rs - bc - br)
+        f = fc + f_tp + z3f
+        b = bc + br + b_tp + z3b
+        out.f.append(f)
+        out.b.append(b)
+        # zb-h1: BI = input-gradient GEMMs + recompute + TP collectives; BW = weight-gradient GEMMs
+        out.bi.append(fc + br + b_tp + z3b)
+        out.bw.append(fc)
+        out.f_compute.append(fc)
+        out.b_compute.append(bc)
+        out.b_recompute.append(br)
+        out.tp_comm.append(f_tp + b_tp)
+        out.zero3.append(z3f + z3b)
+    boundary = act / (c.tp if c.sequence_parallel else 1)
+    out.transfer = comm.p2p(boundary, lk.pp).total if c.pp > 1 else 0.0  # type: ignore[arg-type]
+    return out
+
+
+def durations_of(st: StageTimes, schedule: str) -> dict[tuple[int, str], float]:
+    d: dict[tuple[int, str], float] = {}
+    for s in range(len(st.f)):
+        d[(s, "F")] = st.f[s]
+        d[(s, "B")] = st.b[s]
+        if schedule == "zb-h1":
+            d[(s, "BI")] = st.bi[s]
+            d[(s, "BW")] = st.bw[s]
+    return d
+
+
+def rank_busy(st: StageTimes, c: Choice) -> list[float]:
+    p, m = c.pp, c.microbatches
+    return [m * sum(st.f[s] + st.b[s] for s in range(r, len(st.f), p)) for r in range(p)]
+
+
+def makespan_lower_bound(st: StageTimes, c: Choice) -> float:
+    """A valid lower bound on the simulated makespan (used to prune before simulating).
+
+    Rank r cannot start before micro-batch 0 has gone forward through stages 0..r-1, must then do
+    its own work, and (except for zb-h1, whose last actions may be weight gradients) its last
+    backward must still flow back through stages r-1..0.  Tight for GPipe/1F1B with equal stages.
+    """
+    busy = rank_busy(st, c)
+    best = 0.0
+    pre_f = pre_b = 0.0
+    for r in range(c.pp):
+        tail = 0.0 if c.schedule == "zb-h1" else pre_b
+        best = max(best, pre_f + busy[r] + tail)
+        pre_f += st.f[r] + st.transfer
+        pre_b += st.b[r] + st.transfer
+    return best
+
+
+# ---- the simulation, cached ----------------------------------------------------------------------
+
+_SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...]]] = {}
+
+
+def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float]]:
+    """(makespan, bubble_wall, busy per rank) from pipeline/simulate.py.
+
+    Cached on (schedule, p, m, v, durations normalised by their maximum and rounded to 6 significant
+    digits): a makespan scales linearly when all durations and the transfer time do.
+    """
+    dur = durations_of(st, c.schedule)
+    scale = max(dur.values()) or 1.0
+    key = (c.schedule, c.pp, c.microbatches, c.virtual_stages,
+           tuple(sorted((k, float(f"{val / scale:.6g}")) for k, val in dur.items())),
+           float(f"{st.transfer / scale:.6g}"))
+    hit = _SIM_CACHE.get(key)
+    if hit is None:
+        tl: Timeline = simulate(build(c.schedule, c.pp, c.microbatches, c.virtual_stages), c.pp,
+                                c.microbatches, c.virtual_stages, durations=dur, transfer=st.transfer)
+        hit = (tl.makespan / scale, tl.bubble_wall, tuple(b / scale for b in tl.busy))
+        _SIM_CACHE[key] = hit
+    return hit[0] * scale, hit[1], [b * scale for b in hit[2]]
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+def memory(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[MemoryBreakdown, int]:
+    """The heaviest rank's memory and that rank."""
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
+    # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
+    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp)
+    per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
+                                       cluster.dtype)
+    arg, top = 0, -1.0
+    for r, shape in enumerate(shapes):
+        est = (w + g + o) * shape.params + peaks[r] * per_layer * sum(shape.layers) / len(shape.layers) \
+            + (logits_bytes(model, c.micro_batch, c.tp) if shape.head else 0.0)
+        if est > top:
+            arg, top = r, est
+    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
+                     sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
+                     v=c.virtual_stages)
+    return mb, arg
+
+
+# ---- DP tail and optimizer -----------------------------------------------------------------------
+
+def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+    if c.dp <= 1:
+        return 0.0
+    lk = links(cluster, c)
+    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    worst = 0.0
+    for r, shape in enumerate(shapes):
+        g = gbytes * shape.params
+        if c.zero_stage >= 3:
+            break  # reduced per micro-batch inside the stage durations
+        if c.zero_stage == 0:
+            red, gather = comm.all_reduce(g, c.dp, lk.dp).total, 0.0  # type: ignore[arg-type]
+        else:
+            red = comm.reduce_scatter(g, c.dp, lk.dp).total  # type: ignore[arg-type]
+            gather = comm.all_gather(g, c.dp, lk.dp).total  # type: ignore[arg-type]  # updated bf16 weights
+        window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
+        n_layers = max(sum(shape.layers), 1)
+        exposed = max(red / n_layers, red - window) + gather
+        worst = max(worst, exposed)
+    return worst
+
+
+def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    params = max(s.params for s in shapes) / (c.dp if c.zero_stage >= 1 else 1)
+    return ADAM_BYTES_PER_PARAM * params / cluster.device.mem_bw
+
+
+# ---- the full evaluation -------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    choice: Choice
+    memory: MemoryBreakdown
+    memory_rank: int
+    fits: bool
+    step_time: float
+    breakdown: dict[str, float]
+    bubble_fraction: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    days_to_train: float
+    simulated: bool = True
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        c = self.choice
+        return {
+            "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
+            "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
+            "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel, "fits": self.fits,
+            "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
+            "step_time_s": self.step_time,
+            "breakdown_s": {k: self.breakdown[k] for k in
+                            ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")},
+            "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
+        }
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
+             st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None) -> Plan:
+    """Memory and simulated step time of one configuration."""
+    st = st or stage_times(model, cluster, c)
+    mem_b, mem_r = mem or memory(model, cluster, c)
+    makespan, bubble_wall, busy = simulate_stages(st, c)
+    if c.pp > 1:
+        validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
+    tail = dp_tail(model, cluster, c, st)
+    opt = optimizer_time(model, cluster, c)
+    step = makespan + tail + opt
+    # breakdown on the busiest rank: its work, then the idle time split into PP transfers and bubble
+    crit = max(range(c.pp), key=lambda r: busy[r])
+    stages = range(crit, len(st.f), c.pp)
+    m = c.microbatches
+    compute = m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
+    recompute = m * sum(st.b_recompute[s] for s in stages)
+    tp_comm = m * sum(st.tp_comm[s] for s in stages)
+    zero3 = m * sum(st.zero3[s] for s in stages)
+    idle = max(0.0, makespan - busy[crit])
+    pp_comm = min(idle, 2 * (c.pp * c.virtual_stages - 1) * st.transfer)
+    breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "pp_comm": pp_comm,
+                 "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}
+    global_batch = c.micro_batch * m * c.dp
+    tokens = global_batch * model.seq_len
+    n = c.tp * c.pp * c.dp
+    model_fl = global_batch * model_flops_per_sequence(model)
+    hw_fl = model_fl + global_batch * recompute_flops_per_sequence(model, c.recompute)
+    peak = cluster.device.peak(cluster.dtype)
+    mtf = model_fl / step / n
+    return Plan(c, mem_b, mem_r, mem_b.total <= cluster.device.mem_bytes, step, breakdown, bubble_wall,
+                tokens / step, mtf / TFLOPS, hw_fl / step / n / TFLOPS, mtf / peak,
+                train_tokens / (tokens / step) / 86400.0)
+
+
+# ---- the seed's per-layer accounting (§4.2, §4.4, §4.5), for `--explain` and the docs ------------
+
+@dataclass
+class LayerAccounting:
+    tokens: int  # T = micro-batch × seq_len
+    gemm_flops: float  # 24·T·h²/t (seed §4.2), per GPU, forward
+    flat_time: float  # gemm_flops / (peak · efficiency): the seed's "2.75 ms"
+    model_time: float  # roofline + waves + attention core: what the planner uses
+    message_bytes: float  # one all-reduce's tensor, T·h·2 B
+    ring_bytes: float  # per GPU, both all-reduces: 2 · 2(E-1)/E · n
+    tp_beta: float  # bandwidth term of the two all-reduces
+    tp_alpha: float  # latency term, 2 · 2(E-1) steps
+    tp_slow: float  # the same two all-reduces over the inter-node link
+    layers: int
+
+    @property
+    def tp_time(self) -> float:
+        return self.tp_alpha + self.tp_beta
+
+    @property
+    def ratio(self) -> float:  # seed: 0.87 / 2.75 = 32%
+        return self.tp_time / self.flat_time
+
+    @property
+    def slowdown(self) -> float:  # seed: 12.2 / 3.6 = 3.4x
+        return (self.flat_time + self.tp_slow) / (self.flat_time + self.tp_time)
+
+
+def layer_accounting(model: ModelSpec, cluster: Cluster, micro_batch: int, tp: int) -> LayerAccounting:
+    from .compute import seed_gemm_flops
+
+    tokens = micro_batch * model.seq_len
+    fl = seed_gemm_flops(model, tokens, tp)
+    dev = cluster.device
+    n = tokens * model.hidden * DTYPE_BYTES[cluster.dtype]
+    link = cluster.link_for_span(tp)
+    ar = comm.all_reduce(n, tp, link) * 2
+    slow = comm.all_reduce(n, tp, cluster.inter) * 2
+    lt = layer_times(model, dev, cluster.dtype, micro_batch, tp)
+    return LayerAccounting(tokens, fl, fl / (dev.peak(cluster.dtype) * dev.efficiency), lt.fwd, n,
+                           2 * 2 * (tp - 1) / tp * n if tp > 1 else 0.0, ar.beta, ar.alpha, slow.total,
+                           model.layers)

@@ -1,0 +1,279 @@
+"""Search every feasible (tp, pp, dp, micro-batch, schedule, v, recompute, ZeRO, SP) and rank them.
+
+How it stays fast (`par3d plan` for 1024 GPUs answers in well under 2 s on two cores):
+1. Cheap rejections first: tp must divide heads, ffn and the GPU count (and stay inside a node
+   unless allowed); dp must divide the global batch; every pipeline chunk needs a layer;
+   interleaved needs m % pp == 0.
+2. Dominance: time grows and memory shrinks with the ZeRO stage, so for each other choice only
+   the smallest ZeRO stage that fits is kept.  Sequence parallelism costs no time in this model
+   (AG + RS = AR) and saves memory, so with tp > 1 it is on unless `--no-sequence-parallel`.
+3. Memory uses the checker's peak in-flight counts (cached per schedule, p, m, v).
+4. For every survivor a closed-form lower bound of the makespan (`cost.makespan_lower_bound`, exact
+   for GPipe/1F1B with equal stages) plus the DP tail and optimizer gives a lower bound of its step
+   time; candidates are simulated in increasing bound order, and the search stops when the next
+   bound exceeds the K-th best simulated step time.  So every reported number comes from
+   `pipeline/simulate.py`, yet only a handful of configurations are simulated.
+5. Simulations are cached on (schedule, p, m, v, normalised durations).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .cost import (
+    Choice,
+    Plan,
+    dp_tail,
+    evaluate,
+    makespan_lower_bound,
+    memory,
+    optimizer_time,
+    rank_busy,
+    stage_times,
+)
+from .hardware import Cluster
+from .models import ModelSpec
+
+SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe")
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+class PlanError(ValueError):
+    """A request the planner cannot satisfy; the message names the flag, the rule and a fix."""
+
+    def __init__(self, message: str, flag: str | None = None):
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass
+class Fixed:
+    """Choices fixed by flags; None means searched."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str | None = None
+    zero_stage: int | None = None
+    sequence_parallel: bool | None = None
+
+
+@dataclass
+class Limits:
+    max_bubble: float | None = None  # on the simulator's bubble_wall
+    allow_inter_node_tp: bool = False
+    max_zero_stage: int = 3  # 1 when the plan must run on par3d's runtime (--emit-config)
+    max_virtual_stages: int = 8
+
+
+@dataclass
+class Result:
+    plans: list[Plan]  # fitting, fastest first
+    considered: int = 0
+    simulated: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    fastest_unfit: Plan | None = None  # the fastest candidate ruled out by memory alone, if faster
+    per_layout: dict = field(default_factory=dict)  # (tp, pp, dp) -> the fitting candidate of least bound
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _fmt(xs: list[int]) -> str:
+    xs = xs[:16]
+    return ", ".join(map(str, xs)) if xs else "none"
+
+
+def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
+    ok = [t for t in divisors(cluster.gpus)
+          if model.heads % t == 0 and model.ffn % t == 0
+          and (limits.allow_inter_node_tp or (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0))]
+    if fixed.tp is not None:
+        if fixed.tp not in ok:
+            raise PlanError(f"--tp {fixed.tp}: tp must divide heads={model.heads}, ffn={model.ffn} and "
+                            f"--gpus {cluster.gpus}" + ("" if limits.allow_inter_node_tp else
+                                                        f", and fit in a node of {cluster.gpus_per_node}")
+                            + f"; use one of {_fmt(ok)}"
+                            + ("" if limits.allow_inter_node_tp else " (or add --allow-inter-node-tp)"), "--tp")
+        return [fixed.tp]
+    return ok
+
+
+def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed, limits: Limits,
+                      rejected: Counter):
+    """Yield (tp, pp, dp, mb, m, schedule, v) tuples that pass the cheap structural rules."""
+    n = cluster.gpus
+    for tp in tp_choices(model, cluster, fixed, limits):
+        for pp in divisors(n // tp):
+            if fixed.pp is not None and pp != fixed.pp:
+                continue
+            if pp > model.layers:
+                rejected["pp > layers"] += 1
+                continue
+            dp = n // (tp * pp)
+            if fixed.dp is not None and dp != fixed.dp:
+                continue
+            if global_batch % dp:
+                rejected["global batch not divisible by dp"] += 1
+                continue
+            per_rank = global_batch // dp
+            for mb in divisors(per_rank):
+                if fixed.micro_batch is not None and mb != fixed.micro_batch:
+                    continue
+                m = per_rank // mb
+                for sched in SCHEDULE_ORDER:
+                    if fixed.schedule is not None and sched != fixed.schedule:
+                        continue
+                    if pp == 1 and sched != "1f1b" and fixed.schedule is None:
+                        continue  # all schedules coincide without a pipeline
+                    if sched == "interleaved":
+                        if pp == 1 or m % pp:
+                            rejected["interleaved needs pp > 1 and m % pp == 0"] += 1
+                            continue
+                        hi = min(model.layers // pp, limits.max_virtual_stages)
+                        vs = [fixed.virtual_stages] if fixed.virtual_stages else list(range(2, hi + 1))
+                        vs = [v for v in vs if v >= 2 and pp * v <= model.layers]
+                        if not vs:
+                            rejected["interleaved needs pp·v <= layers"] += 1
+                    else:
+                        if fixed.virtual_stages not in (None, 1):
+                            continue
+                        vs = [1]
+                    for v in vs:
+                        yield tp, pp, dp, mb, m, sched, v
+
+
+def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed | None = None,
+           limits: Limits | None = None, top: int = 5, train_tokens: float = 300e9,
+           report_unfit: bool = False) -> Result:
+    """Rank the feasible configurations; `report_unfit` also finds the fastest one that does not fit
+    (for `--explain`; it costs a bound per rejected configuration)."""
+    fixed = fixed or Fixed()
+    limits = limits or Limits()
+    res = Result([])
+    cap = cluster.device.mem_bytes
+    zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
+    recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
+    # (lower bound of step time, tie-breaker, choice, stage times, memory)
+    queue: list[tuple[float, int, Choice, object, object]] = []
+    unfit: list[tuple[float, int, Choice, object, object]] = []
+    for tp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
+                                                         res.rejected):
+        if fixed.sequence_parallel is not None:
+            sps = [fixed.sequence_parallel] if (tp > 1 or not fixed.sequence_parallel) else []
+            if fixed.sequence_parallel and model.seq_len % tp:
+                sps = []
+        else:
+            sps = [tp > 1 and model.seq_len % tp == 0]
+        for sp in sps:
+            for rec in recs:
+                smallest = None
+                for z in zeros:
+                    if z > 0 and dp == 1 and fixed.zero_stage is None:
+                        continue  # ZeRO over one rank changes nothing
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp)
+                    res.considered += 1
+                    mem = memory(model, cluster, c)
+                    if smallest is None:
+                        smallest = (c, mem)
+                    if mem[0].total <= cap:
+                        smallest = None
+                        _push(queue, model, cluster, c, mem, limits, res, top)
+                        break
+                else:
+                    res.rejected["does not fit in memory"] += 1
+                if smallest is not None and report_unfit:  # remember the fastest-looking configurations that do not fit
+                    unfit.append(_bound(model, cluster, smallest[0], smallest[1]))
+    res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens)
+    if unfit:
+        unfit.sort(key=lambda t: t[0])
+        best_unfit = evaluate(model, cluster, unfit[0][2], train_tokens, unfit[0][3], unfit[0][4])  # type: ignore
+        res.simulated += 1
+        if not res.plans or best_unfit.step_time < res.plans[0].step_time:
+            res.fastest_unfit = best_unfit
+    return res
+
+
+_counter = [0]
+
+
+def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object) -> tuple[float, int, Choice, object, object]:
+    st = stage_times(model, cluster, c)
+    lb = makespan_lower_bound(st, c) + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
+    _counter[0] += 1
+    return (lb, _counter[0], c, st, mem)
+
+
+def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: object, limits: Limits,
+          res: Result, top: int) -> None:
+    item = _bound(model, cluster, c, mem)
+    if limits.max_bubble is not None:
+        # bubble_wall >= 1 - max busy / makespan >= 1 - max busy / bound: a safe early rejection
+        st = item[3]
+        busy = max(rank_busy(st, c))  # type: ignore[arg-type]
+        lb_ms = makespan_lower_bound(st, c)  # type: ignore[arg-type]
+        if lb_ms > 0 and 1 - busy / lb_ms > limits.max_bubble:
+            res.rejected["bubble above --max-bubble"] += 1
+            return
+    heapq.heappush(queue, item)
+    key = (c.tp, c.pp, c.dp)
+    if key not in res.per_layout or item[0] < res.per_layout[key][0]:
+        res.per_layout[key] = item
+
+
+def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limits, res: Result, top: int,
+                   train_tokens: float) -> list[Plan]:
+    best: list[Plan] = []
+    while queue:
+        lb, _, c, st, mem = heapq.heappop(queue)
+        if len(best) >= top and lb >= best[-1].step_time:
+            break
+        plan = evaluate(model, cluster, c, train_tokens, st, mem)
+        res.simulated += 1
+        if limits.max_bubble is not None and plan.bubble_fraction > limits.max_bubble:
+            res.rejected["bubble above --max-bubble"] += 1
+            continue
+        best.append(plan)
+        best.sort(key=lambda p: (p.step_time, p.memory.total))
+        del best[top:]
+    return best
+
+
+def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int = 8,
+                    train_tokens: float = 300e9) -> list[Plan]:
+    """For `--explain`: the simulated best-bound plan of each (tp, pp, dp) layout, fastest first."""
+    items = sorted(res.per_layout.values(), key=lambda t: t[0])[:limit]
+    plans = [evaluate(model, cluster, c, train_tokens, st, mem) for _, _, c, st, mem in items]
+    return sorted(plans, key=lambda p: p.step_time)
+
+
+def min_microbatches(p: int, max_bubble: float, schedule: str = "1f1b", v: int = 1, m_max: int = 4096) -> int:
+    """Smallest m whose simulated bubble (idle share of wall time, equal stages, tb = 2 tf) is
+    strictly below `max_bubble` — seed Q1 (c)/(d): p=4 → 28, p=8 → 64 for 10%.  Bisection on m (the bubble falls
+    as m grows); interleaved m must be a multiple of p."""
+    from par3d.pipeline.schedules import build as _build
+    from par3d.pipeline.simulate import simulate as _simulate
+
+    step = p if schedule == "interleaved" else 1
+
+    def bubble(m: int) -> float:
+        return _simulate(_build(schedule, p, m, v), p, m, v).bubble_wall
+
+    lo, hi = 1, m_max // step
+    if bubble(hi * step) >= max_bubble - 1e-12:
+        raise PlanError(f"--max-bubble {max_bubble}: even m={hi * step} micro-batches leave a larger bubble "
+                        f"at pp={p}; raise --max-bubble or lower --pp", "--max-bubble")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bubble(mid * step) < max_bubble - 1e-12:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo * step

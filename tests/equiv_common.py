@@ -1,0 +1,77 @@
+"""Shared pieces of the equivalence tests: one tiny GPT, layouts as config dicts, and a worker
+that runs many layouts inside ONE spawned world (ranks outside a layout sit it out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TOL = 1e-5  # fp32: losses, gradients and parameters must agree to floating-point reordering
+
+
+def case(dp: int = 1, pp: int = 1, tp: int = 1, schedule: str = "1f1b", m: int | None = None, v: int = 1,
+         zero: int = 0, sp: bool = False, vocab: int = 256, layers: int = 8, steps: int = 3,
+         recompute: str = "none", tied: bool = False, global_batch: int = 16, seq_len: int = 16,
+         heads: int = 4, hidden: int = 32, dtype: str = "fp32") -> dict[str, Any]:
+    m = m if m is not None else (1 if pp == 1 else 2 * pp)
+    return {
+        "model": {"vocab": vocab, "seq_len": seq_len, "layers": layers, "hidden": hidden, "heads": heads,
+                  "tied_embeddings": tied},
+        "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": schedule, "microbatches": m,
+                     "virtual_stages": v, "zero_stage": zero, "recompute": recompute, "sequence_parallel": sp},
+        "train": {"global_batch": global_batch, "micro_batch": global_batch // (m * dp), "steps": steps,
+                  "lr": 2e-3, "min_lr": 2e-4, "warmup": 0, "seed": 0, "grad_clip": 1.0, "dtype": dtype,
+                  "eps": 1e-6},  # Adam divides by sqrt(v): eps bounds how far it amplifies rounding,
+        "progress": False,
+    }
+
+
+def reference_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The same model, data and seed on one process (one micro-batch)."""
+    import copy
+
+    ref = copy.deepcopy(cfg)
+    ref["parallel"].update(dp=1, pp=1, tp=1, schedule="1f1b", microbatches=1, virtual_stages=1, zero_stage=0,
+                           sequence_parallel=False, recompute="none")
+    ref["train"]["micro_batch"] = ref["train"]["global_batch"]
+    return ref
+
+
+def run_cases(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any]) -> dict[str, Any]:
+    """Worker: run every case in this world; return what this rank holds of each."""
+    from par3d.config import RunConfig
+    from par3d.train import worker
+
+    out: dict[str, Any] = {}
+    for name, cfg in cases:
+        RunConfig.from_dict(cfg).validate()
+        r = worker(cfg, dict(options, quiet=True))
+        if r.get("idle"):
+            continue
+        out[name] = {k: r.get(k) for k in ("rank", "history", "grads", "params", "comm_per_step", "logits",
+                                            "peak_activation_bytes", "activation_bytes_per_microbatch",
+                                            "peak_inflight_predicted", "coord")}
+    return out
+
+
+def merged(results: list[dict[str, Any]], name: str, key: str) -> dict[str, Any]:
+    m: dict[str, Any] = {}
+    for r in results:
+        if name in r and r[name].get(key):
+            m.update(r[name][key])
+    return m
+
+
+def losses(results: list[dict[str, Any]], name: str) -> list[float]:
+    r0 = next(r[name] for r in results if name in r and r[name]["rank"] == 0)
+    return [h["loss"] for h in r0["history"]]
+
+
+def max_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
+    assert set(a) == set(b), f"parameter names differ: {sorted(set(a) ^ set(b))}"
+    worst, where = 0.0, ""
+    for k in a:
+        assert a[k].shape == b[k].shape, f"{k}: {tuple(a[k].shape)} vs {tuple(b[k].shape)}"
+        d = float((a[k] - b[k]).abs().max())
+        if d > worst:
+            worst, where = d, k
+    return worst, where
