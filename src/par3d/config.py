@@ -236,7 +236,11 @@ class RunConfig:
         if t.on_nonfinite not in ON_NONFINITE:
             errs.append(f"train.on_nonfinite={t.on_nonfinite!r} is unknown; choose skip or stop")
         if t.data is not None:
-            errs.extend(_check_data_path(t.data))
+            data_errs = _check_data_path(t.data)
+            errs.extend(data_errs)
+            if not data_errs and isinstance(m.seq_len, int) and _data_bytes(t.data, m.seq_len + 1) < m.seq_len + 1:
+                errs.append(f"train.data={t.data!r} holds fewer than seq_len+1={m.seq_len + 1} bytes; "
+                            f"give more text or a smaller --seq-len")
         if self.nproc is not None and ok_par and self.nproc != p.world_size:
             errs.append(f"nproc={self.nproc} != dp x pp x tp = {p.world_size}; drop --nproc or make them equal")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
@@ -334,3 +338,16 @@ def _check_data_path(path: str) -> list[str]:
             if os.path.getsize(os.path.join(root, f)) > 0:
                 return []
     return [f"train.data={path!r} is a folder with no non-empty files; put text files in it"]
+
+
+def _data_bytes(path: str, enough: int) -> int:
+    """Bytes of text under `path`, counting only until `enough` is reached."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+            if total >= enough:
+                return total
+    return total

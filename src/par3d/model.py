@@ -36,8 +36,8 @@ from par3d.tensor_parallel import (
     RowParallelLinear,
     VocabParallelEmbedding,
     full_init,
-    mark_tp_sharded,
     mark_sequence_parallel,
+    mark_tp_sharded,
     padded_vocab,
     vocab_parallel_cross_entropy,
 )

@@ -1,0 +1,80 @@
+"""`par3d train` end to end, as a user runs it (subprocesses): the acceptance commands of the
+foundation, TP and PP issues, and the trace/report files of the default job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TOL = 1e-5
+
+
+def par3d(*args: str, cwd: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "par3d", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def metrics(path) -> list[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh]
+
+
+SMALL = ["--steps", "4", "--seed", "0", "--layers", "4", "--hidden", "32", "--seq-len", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    out = {}
+    for name, extra in {"dp1": ["--dp", "1"], "dp2": ["--dp", "2"], "dp2z1": ["--dp", "2", "--zero-stage", "1"],
+                        "tp2": ["--tp", "2", "--comm-report"]}.items():
+        r = par3d("train", *SMALL, *extra, "--metrics-out", str(d / f"{name}.jsonl"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[name] = metrics(d / f"{name}.jsonl")
+    return out
+
+
+@pytest.mark.parametrize("name", ["dp2", "dp2z1", "tp2"])
+def test_losses_equal_the_one_process_run(runs, name):
+    ref = [row["loss"] for row in runs["dp1"]]
+    got = [row["loss"] for row in runs[name]]
+    assert len(got) == len(ref) == 4
+    assert max(abs(a - b) for a, b in zip(got, ref)) <= TOL
+
+
+def test_metrics_lines_have_the_documented_fields(runs):
+    for row in runs["dp1"]:
+        assert {"step", "loss", "lr", "tokens", "step_time_s"} <= set(row)
+    assert [row["step"] for row in runs["dp1"]] == [0, 1, 2, 3]
+
+
+def test_comm_report_in_metrics(runs):
+    comm = runs["tp2"][0]["comm"]
+    assert comm["tp"]["all_reduce"]["calls"] > 0
+
+
+def test_default_job_uses_three_dimensions_and_writes_trace(tmp_path):
+    r = par3d("train", "--steps", "3", "--no-progress", "--trace-out", str(tmp_path / "t"), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout[r.stdout.index("{"):])
+    assert rep["layout"]["dp"] == rep["layout"]["pp"] == rep["layout"]["tp"] == 2
+    assert rep["layout"]["schedule"] == "1f1b"
+    assert rep["last_loss"] < rep["first_loss"]
+    assert 0 <= rep["pipeline"]["measured"]["bubble_wall"] < 1
+    assert len(rep["peak_activation_mib"]) == 8
+    for f in ("trace.json", "gantt.png", "report.json"):
+        assert (tmp_path / "t" / f).stat().st_size > 100
+    trace = json.loads((tmp_path / "t" / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+
+
+def test_heads_not_divisible_exits_before_spawning():
+    r = par3d("train", "--heads", "4", "--tp", "3", timeout=60)
+    assert r.returncode != 0
+    assert "tp" in r.stderr and "heads" in r.stderr
+    assert "Traceback" not in r.stderr
