@@ -16,7 +16,7 @@ install: $(PY)
 	$(PIP) install -q -e '.[test]'
 
 demo: install
-	$(VENV)/bin/par3d train --out runs/demo
+	$(VENV)/bin/par3d train --out runs/demo --metrics-out runs/demo/metrics.jsonl
 
 test: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -63,7 +63,7 @@ class CNNConfig:
     fc_hidden: int = 512                         # fc1: C_feat -> fc_hidden, fc2: fc_hidden -> classes
     classes: int = 10
     batch: int = 32                              # global batch B (divisible by the number of ranks)
-    lr: float = 0.05
+    lr: float = 0.02
     momentum: float = 0.9
     seed: int = 0
     mode: str = "hybrid"                         # "hybrid" or "dp" (all data-parallel)
@@ -245,14 +245,17 @@ def measured_bytes(cfg: CNNConfig) -> dict[str, int]:
 def format_report(rows: list[dict[str, Any]], cfg: CNNConfig, n: int) -> str:
     head = (f"bytes per step, N={n} ranks, B={cfg.batch}, fp32, logical payload "
             f"(COUNTER's units, not ring wire bytes)")
-    cols = f"{'layer':<6} {'params':>8} {'all-DP':>10} {'hybrid':>10} {'measured':>10} {'DP/hyb':>7}  hybrid formula"
+    measured_key = "measured_dp_bytes" if cfg.mode == "dp" else "measured_hybrid_bytes"
+    measured_col = "meas. DP" if cfg.mode == "dp" else "measured"
+    cols = (f"{'layer':<6} {'params':>8} {'all-DP':>10} {'hybrid':>10} {measured_col:>10} {'DP/hyb':>7}"
+            f"  {'all-DP formula':<20}  hybrid formula")
     lines = [head, cols, "-" * len(cols)]
     tot = {"dp": 0, "hyb": 0, "meas": 0}
     for r in rows:
-        meas = r.get("measured_hybrid_bytes", "")
+        meas = r.get(measured_key, "")
         ratio = f"{r['dp_bytes'] / r['hybrid_bytes']:.1f}x" if r["hybrid_bytes"] else "-"
         lines.append(f"{r['layer']:<6} {r['params']:>8} {r['dp_bytes']:>10} {r['hybrid_bytes']:>10} "
-                     f"{meas:>10} {ratio:>7}  {r['hybrid_formula']}")
+                     f"{meas:>10} {ratio:>7}  {r['dp_formula']:<20}  {r['hybrid_formula']}")
         tot["dp"] += r["dp_bytes"]
         tot["hyb"] += r["hybrid_bytes"]
         tot["meas"] += meas if isinstance(meas, int) else 0
@@ -305,7 +308,7 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def train(cfg: CNNConfig, steps: int, *, capture_params: bool = False, eval_batch: int = 0) -> dict[str, Any]:
+def train(cfg: CNNConfig, steps: int, capture_params: bool = False, eval_batch: int = 0) -> dict[str, Any]:
     """Train `steps` SGD steps on this rank (all ranks call it; one process = the reference).
     Returns TrainResult as a dict (picklable for `par3d.distributed.launch`)."""
     n = dist.get_world_size() if dist.is_initialized() else 1

@@ -89,6 +89,8 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     tokens_per_step = tc.global_batch * mc.seq_len
 
     is_rank0 = rank == 0
+    if is_rank0 and cfg.metrics_out and os.path.dirname(cfg.metrics_out):
+        os.makedirs(os.path.dirname(cfg.metrics_out), exist_ok=True)
     metrics_fh = open(cfg.metrics_out, "w") if (is_rank0 and cfg.metrics_out) else None  # noqa: SIM115
     bar = None
     if is_rank0 and cfg.progress and not options.get("quiet"):
@@ -109,6 +111,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         if c.dp == 0 and c.tp == 0:
             captured["logits"] = logits.float().cpu()
     events_last: list[Any] = []
+    events_by_step: dict[int, list[dict[str, Any]]] = {}  # only with options["all_events"] (benchmarks)
     peak_act = 0
     act_per_mb = 0
     comm.COUNTER.reset()
@@ -145,6 +148,8 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
             row["comm"] = snap
         history.append(row)
         events_last = res.events
+        if options.get("all_events") and c.dp == 0 and c.tp == 0:
+            events_by_step[step] = [e.to_dict() for e in res.events]
         peak_act = max(peak_act, res.peak_activation_bytes)
         act_per_mb = max(act_per_mb, res.activation_bytes_per_microbatch)
         if metrics_fh:
@@ -164,6 +169,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         "peak_activation_bytes": peak_act, "activation_bytes_per_microbatch": act_per_mb,
         "peak_inflight_predicted": report.peak_inflight[c.pp],
         "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
+        "events_by_step": events_by_step,
         "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
     }
     out.update(captured)
@@ -171,13 +177,13 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         # rank 0 gets every rank's timeline and memory (also under torchrun, where the parent
         # process does not see the other ranks' return values)
         mine = {k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
-                                     "peak_inflight_predicted", "bounds")}
+                                     "peak_inflight_predicted", "bounds", "events_by_step")}
         world: list[Any] = [None] * groups.world.size
         dist.all_gather_object(world, mine, group=groups.world.pg)
         out["world"] = world
     else:
         out["world"] = [{k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
-                                             "peak_inflight_predicted", "bounds")}]
+                                             "peak_inflight_predicted", "bounds", "events_by_step")}]
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -65,7 +66,7 @@ def register(sub: Any) -> None:
                     help="write one JSON line per step (step, loss, lr, tokens, step_time_s) from rank 0")
     ap.add_argument("--trace-out", default=None,
                     help="folder for a Chrome/Perfetto trace, a Gantt PNG (measured vs simulated) and "
-                         "the measured bubble")
+                         "the report (default: OUT/trace)")
     ap.add_argument("--comm-report", action="store_true", default=None,
                     help="print calls and bytes per group and kind for each step (also in the metrics)")
     ap.add_argument("--synthetic-stage-ms", default=None,
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         cfg.validate()
+        if cfg.trace_out is None:  # every run ends with its trace and report, next to its outputs
+            cfg.trace_out = os.path.join(cfg.train.out, "trace")
     except ConfigError as e:
         print(f"par3d train: {e}", file=sys.stderr)
         return 2

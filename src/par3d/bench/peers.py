@@ -1,0 +1,575 @@
+"""`par3d bench peers`: par3d's parallel machinery against PyTorch's own, side by side.
+
+Three pairs, each on identical shapes, weights (ours copied into theirs) and data, in one world of
+gloo ranks per rank count:
+
+  tp_block_N          one transformer block, forward + backward, tensor-parallel over N ranks:
+                      ours  = `model.Block` built from `tensor_parallel` layers (fused QKV, f/g ops)
+                      theirs = a plain nn.Module block parallelised with
+                               `torch.distributed.tensor.parallel.parallelize_module`
+                               (ColwiseParallel on Q, K, V, fc1; RowwiseParallel on W_o, fc2)
+  pp_<schedule>_N     a whole GPT cut into N (interleaved: 2N) stages, m = 2N micro-batches,
+                      forward + backward of one global batch:
+                      ours  = `pipeline.runtime.PipelineRuntime` running `pipeline.schedules`
+                      theirs = `torch.distributed.pipelining` PipelineStage + ScheduleGPipe /
+                               Schedule1F1B / ScheduleInterleaved1F1B, same split, same modules
+  dp_N                one training step of a whole GPT replicated on N ranks:
+                      ours  = `data_parallel.DataParallel` (bucketed all-reduce during backward,
+                              flat-buffer AdamW with clipping)
+                      theirs = DistributedDataParallel + clip_grad_norm_ + torch.optim.AdamW
+
+Timing is interleaved A/B (ABBA order: ours, theirs, theirs, ours, ...) so drift of a shared,
+oversubscribed machine hits both sides alike.  Every timed step starts after a barrier; a step's
+time is the slowest rank's, and a row reports the median over steps.  Before any timing the first
+step's loss of both sides is compared: a fast wrong implementation is not a result.
+
+A peer API that fails here keeps its row with `theirs_s: null` and the error text in `note`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported lazily: registering the command must stay torch-free
+    import torch
+    from torch import nn
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+LOSS_TOL = 1e-4
+
+# Shapes: a GPT small enough that a step takes tens of milliseconds on one core per rank, large
+# enough that compute, not Python overhead alone, is what gets timed.
+DEFAULT_SHAPES: dict[str, int] = {"vocab": 256, "seq_len": 64, "layers": 8, "hidden": 128, "heads": 8,
+                                  "micro_batch": 2, "tp_batch": 8}
+QUICK_SHAPES: dict[str, int] = {"vocab": 128, "seq_len": 32, "layers": 8, "hidden": 64, "heads": 4,
+                                "micro_batch": 1, "tp_batch": 4}
+
+# Why a row may miss ours <= theirs, by family; attached to a row only when its ratio is > 1.
+# (Findings of profiling on this benchmark's shapes; see benchmarks/README.md.)
+SLOWER_BECAUSE: dict[str, str] = {}
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def register(bsub: Any) -> None:
+    ap = bsub.add_parser(
+        "peers", help="par3d's TP / PP / DP against torch.distributed's, side by side",
+        description="Times par3d's tensor-parallel block, pipeline runtime (GPipe, 1F1B, interleaved) "
+                    "and data parallelism against torch.distributed.tensor.parallel, "
+                    "torch.distributed.pipelining and DistributedDataParallel on identical models, "
+                    "weights and data, on gloo ranks.  Reports median step times and ours/theirs "
+                    "ratios, and checks that both sides compute the same loss.")
+    ap.add_argument("--ranks", default="2,4",
+                    help="comma-separated rank counts; one world of gloo processes per count "
+                         "(default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed iterations per side and row (default: 10, or 4 with --quick)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed iterations per side before timing (default: 3, or 1 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller shapes and fewer steps: a smoke run of a few tens of seconds")
+    ap.add_argument("--out", default="benchmarks/results/peers.json",
+                    help="results JSON file (a markdown table is written next to it with suffix .md); "
+                         "a directory gets peers.json and peers.md inside (default: %(default)s)")
+    ap.add_argument("--json", action="store_true",
+                    help='print {"rows": [{"case", "ours_s", "theirs_s", "ratio", ...}, ...]} to stdout '
+                         "instead of the table")
+    ap.set_defaults(func=run)
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--ranks: {text!r} is not a comma-separated list of integers, e.g. 2,4") from None
+    bad = [r for r in ranks if r < 2]
+    if not ranks or bad:
+        raise SystemExit(f"--ranks: every rank count must be >= 2 (got {text!r})")
+    return ranks
+
+
+def _out_paths(out: str) -> tuple[Path, Path]:
+    p = Path(out)
+    if p.is_dir() or p.suffix != ".json":
+        p = p / "peers.json"
+    return p, p.with_suffix(".md")
+
+
+def run(args: argparse.Namespace) -> int:
+    from par3d.distributed import launch
+
+    ranks = _parse_ranks(args.ranks)
+    shapes = dict(QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+    steps = args.steps if args.steps is not None else (4 if args.quick else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    if steps < 1 or warmup < 0:
+        raise SystemExit("--steps must be >= 1 and --warmup >= 0")
+    for n in ranks:
+        if shapes["heads"] % n or shapes["layers"] < 2 * n:
+            raise SystemExit(f"--ranks {n}: the benchmark model has {shapes['heads']} heads and "
+                             f"{shapes['layers']} layers; N must divide the heads and 2N <= layers")
+    spec = {"shapes": shapes, "steps": steps, "warmup": warmup, "verbose": not args.json}
+    t_start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for n in ranks:
+        # one world per rank count; one thread per rank (the ranks share the machine's cores)
+        res = launch(_worker, n, (spec,), timeout_s=120.0, wall_timeout_s=900.0, threads=1)
+        rows += res[0]["rows"]
+    for row in rows:
+        fam = row["case"].rsplit("_", 1)[0]
+        if row["ratio"] is not None and row["ratio"] > 1.0 and fam in SLOWER_BECAUSE and not row.get("note"):
+            row["note"] = SLOWER_BECAUSE[fam]
+    result = {"rows": rows, "meta": _meta(spec, ranks, time.perf_counter() - t_start)}
+    json_path, md_path = _out_paths(args.out)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    md_path.write_text(markdown(result))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(markdown(result), end="")
+        print(f"wrote {json_path} and {md_path}", file=sys.stderr)
+    return 0
+
+
+def _meta(spec: dict[str, Any], ranks: list[int], wall_s: float) -> dict[str, Any]:
+    import torch
+
+    return {"torch": torch.__version__, "backend": "gloo", "threads_per_rank": 1, "ranks": ranks,
+            "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+            "shapes": spec["shapes"], "steps": spec["steps"], "warmup": spec["warmup"],
+            "wall_s": round(wall_s, 1), "loss_tolerance": LOSS_TOL}
+
+
+def _fmt(x: float | None, unit: str = "ms") -> str:
+    if x is None:
+        return "—"
+    return f"{x * 1e3:.1f}" if unit == "ms" else f"{x:.2f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    sh = meta["shapes"]
+    lines = [
+        "# par3d vs torch.distributed peers",
+        "",
+        f"torch {meta['torch']}, gloo, {meta['cpus']} CPU cores, 1 thread per rank; "
+        f"GPT vocab={sh['vocab']} seq={sh['seq_len']} layers={sh['layers']} hidden={sh['hidden']} "
+        f"heads={sh['heads']}; median of {meta['steps']} interleaved steps per side after "
+        f"{meta['warmup']} warm-up steps.  ratio = ours / theirs (< 1: par3d faster).",
+        "",
+        "| case | ours (ms) | theirs (ms) | ratio | same loss | note |",
+        "|---|---:|---:|---:|:---:|---|",
+    ]
+    for r in result["rows"]:
+        note = (r.get("note") or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r['case']} | {_fmt(r['ours_s'])} | {_fmt(r['theirs_s'])} | "
+                     f"{_fmt(r['ratio'], 'x')} | {'yes' if r['same_loss'] else 'no'} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the ranks ---------------------------------------------------------------------------------
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every rank runs every case of this world; rank 0's rows are the result."""
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    cases: list[tuple[str, Callable[[], dict[str, Any]]]] = [(f"tp_block_{n}", lambda: _case_tp(spec))]
+    for sched in SCHEDULES:
+        cases.append((f"pp_{sched}_{n}", lambda s=sched: _case_pp(spec, s)))  # type: ignore[misc]
+    cases.append((f"dp_{n}", lambda: _case_dp(spec)))
+    rows = []
+    for name, fn in cases:
+        t0 = time.perf_counter()
+        row = {"case": name, **fn()}
+        row["ratio"] = (round(row["ours_s"] / row["theirs_s"], 3)
+                        if row["ours_s"] is not None and row["theirs_s"] else None)
+        rows.append(row)
+        if spec.get("verbose") and dist.get_rank() == 0:
+            print(f"  {name}: ours {_fmt(row['ours_s'])} ms, theirs {_fmt(row['theirs_s'])} ms, "
+                  f"ratio {_fmt(row['ratio'], 'x')}, same_loss={row['same_loss']} "
+                  f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    return {"rows": rows}
+
+
+def _agree(ok: bool) -> bool:
+    """True when every rank's `ok` is True (a peer that failed on one rank fails the row)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if ok else 1.0])
+    dist.all_reduce(t)
+    return float(t) == 0.0
+
+
+def _share(value: float | None) -> float:
+    """The one rank's value (others pass None) on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value if value is not None else 0.0], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def _first_error(err: str | None) -> str | None:
+    """The error text of the lowest rank that failed, on every rank."""
+    import torch.distributed as dist
+
+    errs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    return next((e for e in errs if e), None)
+
+
+def _time_ab(ours: Callable[[], Any], theirs: Callable[[], Any] | None, steps: int,
+             warmup: int) -> tuple[float, float | None, float]:
+    """Medians (slowest rank per step) of ours and theirs, timed in ABBA order, and the larger
+    relative inter-quartile spread of the two (how far to trust the ratio)."""
+    import torch
+    import torch.distributed as dist
+
+    sides = [ours] if theirs is None else [ours, theirs]
+    for _ in range(warmup):
+        for f in sides:
+            f()
+    times: list[list[float]] = [[] for _ in sides]
+    for i in range(steps):
+        order = list(range(len(sides))) if i % 2 == 0 else list(reversed(range(len(sides))))
+        for k in order:
+            dist.barrier()  # every rank starts the step together
+            t0 = time.perf_counter()
+            sides[k]()
+            times[k].append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+    meds = [statistics.median(row) for row in t.tolist()]
+    spread = 0.0
+    for row, med in zip(t.tolist(), meds):
+        if len(row) >= 4:
+            q = statistics.quantiles(row, n=4)
+            spread = max(spread, (q[2] - q[0]) / med)
+    return meds[0], (meds[1] if theirs is not None else None), spread
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= LOSS_TOL * max(1.0, abs(a))
+
+
+def _finish_row(spec: dict[str, Any], ours_step: Callable[[], float], theirs_step: Callable[[], float] | None,
+                err: str | None) -> dict[str, Any]:
+    """Compare the first step's losses, then time both sides; a failed peer is timed alone."""
+    loss_ours = ours_step()
+    loss_theirs: float | None = None
+    if theirs_step is not None and err is None:
+        try:
+            loss_theirs = theirs_step()
+        except Exception as e:  # a peer API that fails here is a result, not a crash
+            err = f"{type(e).__name__}: {e}"
+    err = _first_error(err)
+    if err is not None:
+        theirs_step = None
+        loss_theirs = None
+    med_ours, med_theirs, spread = _time_ab(ours_step, theirs_step, spec["steps"], spec["warmup"])
+    row: dict[str, Any] = {
+        "ours_s": round(med_ours, 6), "theirs_s": round(med_theirs, 6) if med_theirs is not None else None,
+        "same_loss": loss_theirs is not None and _same(loss_ours, loss_theirs),
+        "loss_ours": loss_ours, "loss_theirs": loss_theirs, "spread": round(spread, 3),
+    }
+    if err is not None:
+        row["note"] = f"peer failed on gloo/CPU: {err.splitlines()[0][:300]}"
+    return row
+
+
+def _cfg(spec: dict[str, Any]) -> Any:
+    from par3d.config import ModelConfig
+
+    s = spec["shapes"]
+    return ModelConfig(vocab=s["vocab"], seq_len=s["seq_len"], layers=s["layers"], hidden=s["hidden"],
+                       heads=s["heads"])
+
+
+def _solo_ctx() -> Any:
+    """A TP group of one: par3d's layers are then plain layers holding the *full* weights."""
+    from par3d.mesh import Group
+    from par3d.model import ModelContext
+
+    return ModelContext(tp=Group("solo", [0], 0, None), seed=0)
+
+
+def _tokens(spec: dict[str, Any], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same synthetic batch on every rank: inputs and next-token targets."""
+    import torch
+
+    s = spec["shapes"]
+    g = torch.Generator().manual_seed(1234)
+    seq = torch.randint(0, s["vocab"], (batch, s["seq_len"] + 1), generator=g)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def _zero_grads(params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.grad = None
+
+
+# ---- TP: one block ------------------------------------------------------------------------------
+
+def _plain_block_cls() -> type:
+    import torch.nn.functional as F
+    from torch import nn
+
+    class PlainBlock(nn.Module):
+        """A textbook pre-LN block with separate Q, K, V projections, so that a column split of each
+        is a split by whole heads — the layout torch's TP tutorials parallelise."""
+
+        def __init__(self, hidden: int, heads: int, ffn: int):
+            super().__init__()
+            self.head_dim = hidden // heads
+            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.q, self.k, self.v = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+            self.o = nn.Linear(hidden, hidden)
+            self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = self.ln1(x)
+            b, s, _ = a.shape
+            # -1 heads: after the column split each rank holds heads/N of them
+            q, k, v = (proj(a).view(b, s, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(att.transpose(1, 2).reshape(b, s, -1))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    return PlainBlock
+
+
+def _case_tp(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from par3d.mesh import Mesh, build_groups
+    from par3d.model import Block, ModelContext
+
+    cfg = _cfg(spec)
+    n, rank = dist.get_world_size(), dist.get_rank()
+    groups = build_groups(Mesh(1, 1, n), rank)
+    ours = Block(cfg, ModelContext(tp=groups.tp, seed=0), 0)
+    g = torch.Generator().manual_seed(99)
+    x = torch.randn(spec["shapes"]["tp_batch"], cfg.seq_len, cfg.hidden, generator=g)
+
+    def loss_of(y: torch.Tensor) -> torch.Tensor:
+        return y.pow(2).mean()
+
+    ours_params = list(ours.parameters())
+
+    def ours_step() -> float:
+        _zero_grads(ours_params)
+        xi = x.clone().requires_grad_(True)  # a block inside a model also produces dL/dx
+        loss = loss_of(ours(xi))
+        loss.backward()
+        return float(loss.detach())
+
+    theirs_step: Callable[[], float] | None = None
+    err: str | None = None
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        ref = Block(cfg, _solo_ctx(), 0)  # the full weights our shards were cut from
+        h = cfg.hidden
+        theirs = _plain_block_cls()(h, cfg.heads, cfg.ffn)
+        with torch.no_grad():
+            for mine, other in ((theirs.ln1, ref.ln1), (theirs.ln2, ref.ln2)):
+                mine.weight.copy_(other.weight)
+                mine.bias.copy_(other.bias)
+            for i, proj in enumerate((theirs.q, theirs.k, theirs.v)):
+                proj.weight.copy_(ref.attn.qkv.weight[i * h:(i + 1) * h])
+                proj.bias.copy_(ref.attn.qkv.bias[i * h:(i + 1) * h])
+            for mine, other in ((theirs.o, ref.attn.proj), (theirs.fc1, ref.mlp.fc1), (theirs.fc2, ref.mlp.fc2)):
+                mine.weight.copy_(other.weight)
+                mine.bias.copy_(other.bias)
+        mesh = init_device_mesh("cpu", (n,))
+        plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+        theirs = parallelize_module(theirs, mesh, plan)
+        theirs_params = list(theirs.parameters())
+
+        def theirs_step() -> float:
+            _zero_grads(theirs_params)
+            xi = x.clone().requires_grad_(True)
+            loss = loss_of(theirs(xi))
+            loss.backward()
+            return float(loss.detach())
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    return _finish_row(spec, ours_step, theirs_step, err)
+
+
+# ---- PP: a whole GPT ----------------------------------------------------------------------------
+
+def _peer_stage_cls() -> type:
+    from torch import nn
+
+    class PeerStage(nn.Module):
+        """A par3d GPTStage (TP group of one: plain layers) as torch.distributed.pipelining wants a
+        stage: activations in, activations (or logits) out; the loss lives in the schedule."""
+
+        def __init__(self, stage: nn.Module):
+            super().__init__()
+            self.stage = stage
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            st = self.stage
+            if st.embedding is not None:
+                x = st.embedding(x)
+            for block in st.blocks:
+                x = block(x)
+            return st.head.logits_local(x) if st.head is not None else x
+
+    return PeerStage
+
+
+def _case_pp(spec: dict[str, Any], schedule: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from par3d.mesh import Mesh, build_groups
+    from par3d.model import GPTStage
+    from par3d.pipeline.partition import gpt_partition
+    from par3d.pipeline.runtime import PipelineRuntime
+    from par3d.pipeline.schedules import build
+
+    cfg = _cfg(spec)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    v = 2 if schedule == "interleaved" else 1
+    m = 2 * p
+    mb = spec["shapes"]["micro_batch"]
+    groups = build_groups(Mesh(1, p, 1), rank)
+    part = gpt_partition(cfg.layers, p * v, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.ffn)
+    ctx = _solo_ctx()  # no TP: the pipeline is what is compared
+    stage_ids = [k * p + rank for k in range(v)]  # global stage k*p + r lives on rank r (both sides)
+    chunks = [GPTStage(cfg, ctx, *part.bounds[s]) for s in stage_ids]
+    runtime = PipelineRuntime(chunks, build(schedule, p, m, v)[rank], groups, p, m, v,
+                              (mb, cfg.seq_len, cfg.hidden), torch.float32, torch.device("cpu"))
+    x, y = _tokens(spec, m * mb)
+    mbs = [(x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb]) for i in range(m)]
+    loss_scale = 1.0 / (m * mb * cfg.seq_len)  # global mean over tokens, as train.py does
+    is_last = rank == (p * v - 1) % p
+    ours_params = [q for c in chunks for q in c.parameters()]
+
+    def ours_step() -> float:
+        _zero_grads(ours_params)
+        res = runtime.run_step(mbs, loss_scale, record=False)
+        return _share(res.loss_sum if is_last else None)
+
+    theirs_step: Callable[[], float] | None = None
+    err: str | None = None
+    try:
+        from torch.distributed import pipelining as pl
+
+        peer_cls = _peer_stage_cls()
+        mods = []
+        for s, mine in zip(stage_ids, chunks):
+            copy = GPTStage(cfg, ctx, *part.bounds[s])
+            copy.load_state_dict(mine.state_dict())
+            mods.append(peer_cls(copy))
+        stages = [pl.PipelineStage(mod, s, p * v, torch.device("cpu"), group=groups.pp.pg)
+                  for s, mod in zip(stage_ids, mods)]
+
+        def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # mean over a micro-batch's tokens; scale_grads divides by m -> the global mean
+            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+        if schedule == "gpipe":
+            sched = pl.ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
+        elif schedule == "1f1b":
+            sched = pl.Schedule1F1B(stages[0], m, loss_fn=loss_fn)
+        else:
+            sched = pl.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+        theirs_params = [q for mod in mods for q in mod.parameters()]
+        is_first = rank == 0
+
+        def theirs_step() -> float:
+            _zero_grads(theirs_params)
+            losses: list[torch.Tensor] = []
+            args = (x,) if is_first else ()
+            kwargs: dict[str, Any] = {"target": y, "losses": losses} if is_last else {}
+            sched.step(*args, return_outputs=False, **kwargs)
+            return _share(float(torch.stack(losses).detach().mean()) if is_last else None)
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    return _finish_row(spec, ours_step, theirs_step, err)
+
+
+# ---- DP: a training step -----------------------------------------------------------------------
+
+def _case_dp(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from par3d.config import TrainConfig
+    from par3d.data_parallel import DataParallel
+    from par3d.mesh import Mesh, build_groups
+    from par3d.model import GPTStage
+
+    cfg = _cfg(spec)
+    n, rank = dist.get_world_size(), dist.get_rank()
+    groups = build_groups(Mesh(n, 1, 1), rank)
+    mb = spec["shapes"]["micro_batch"] * 2
+    x, y = _tokens(spec, n * mb)
+    x, y = x[rank * mb:(rank + 1) * mb], y[rank * mb:(rank + 1) * mb]  # this rank's share
+    # constant learning rate (min_lr = lr, no warm-up): the same update rule as torch's AdamW
+    tc = TrainConfig(global_batch=n * mb, lr=1e-3, min_lr=1e-3, warmup=0, weight_decay=0.1, grad_clip=1.0,
+                     beta1=0.9, beta2=0.95, eps=1e-8)
+    ours = GPTStage(cfg, _solo_ctx())
+    theirs_model = GPTStage(cfg, _solo_ctx())
+    theirs_model.load_state_dict(ours.state_dict())  # before DataParallel hooks ours
+    dpar = DataParallel([ours], groups, tc, zero_stage=0)
+    loss_scale = 1.0 / (n * mb * cfg.seq_len)
+    count = {"ours": 0}
+
+    def ours_step() -> float:
+        dpar.start_step()
+        dpar.set_sync(0, True)
+        loss = ours(x, y).sum() * loss_scale
+        loss.backward()
+        dpar.finish()
+        dpar.step(count["ours"])
+        count["ours"] += 1
+        t = loss.detach().double().reshape(1)
+        dist.all_reduce(t)  # sum of the shares = the global mean
+        return float(t)
+
+    theirs_step: Callable[[], float] | None = None
+    err: str | None = None
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp = DDP(theirs_model)
+        decay = [q for q in theirs_model.parameters() if q.dim() >= 2]
+        no_decay = [q for q in theirs_model.parameters() if q.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps)
+
+        def theirs_step() -> float:
+            opt.zero_grad(set_to_none=True)
+            loss = ddp(x, y).mean()  # DDP averages gradients over ranks -> the global mean
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), tc.grad_clip)
+            opt.step()
+            t = loss.detach().double().reshape(1) / n
+            dist.all_reduce(t)
+            return float(t)
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    return _finish_row(spec, ours_step, theirs_step, err)

@@ -1,0 +1,60 @@
+"""`par3d calibrate`: measure this machine, write a hardware file for `par3d plan --hardware FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+DEFAULT_OUT = os.path.join("benchmarks", "results", "hardware-cpu.json")
+
+
+def register(sub: Any) -> None:
+    ap = sub.add_parser(
+        "calibrate", help="measure GEMM FLOP/s, memory bandwidth, runtime overheads and collectives",
+        description="Measure what one rank of this machine achieves (one thread per rank on a CPU, as "
+                    "`par3d train` runs it; the rank's GPU where CUDA is present): GEMM FLOP/s over "
+                    "shapes and dtypes, memory bandwidth, the training runtime's fixed per-block/"
+                    "per-action/per-step costs, and alpha/beta of all-reduce, all-gather, reduce-scatter "
+                    "and send/recv fitted over message and group sizes. Writes a hardware file that "
+                    "`par3d plan --hardware FILE`, `par3d train --hardware FILE` and `par3d bench "
+                    "fidelity` read.")
+    ap.add_argument("--out", default=DEFAULT_OUT, metavar="FILE",
+                    help=f"hardware file to write (JSON; default {DEFAULT_OUT})")
+    ap.add_argument("--plot", default=None, metavar="PNG",
+                    help="also draw the GEMM efficiency curve and the collective fits to this PNG")
+    ap.add_argument("--nproc", type=int, default=2,
+                    help="ranks to launch for the collectives; groups of 2..NPROC ranks are measured "
+                         "(default 2)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer shapes, message sizes and repetitions (~4x faster, noisier)")
+    ap.add_argument("--json", action="store_true", help="print the hardware file's JSON instead of a summary")
+    ap.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 2:
+        print(f"par3d calibrate: --nproc {args.nproc}: collectives need at least 2 ranks; use --nproc 2",
+              file=sys.stderr)
+        return 2
+    from par3d.calibrate import calibrate, plot, summary
+    from par3d.distributed import RankFailure
+
+    try:
+        hw = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
+    except RankFailure as e:
+        print(f"par3d calibrate: {e}", file=sys.stderr)
+        return 1
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(hw, fh, indent=1)
+    if args.plot:
+        plot(hw, args.plot)
+    if args.json:
+        print(json.dumps(hw, indent=1))
+    else:
+        print(summary(hw))
+        print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
