@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = r0["report"]
     if a.json:
         print(json.dumps({"config": dataclasses.asdict(cfg), "nproc": a.nproc, "losses": r0["losses"],
-                          "eval_accuracy": r0["eval_accuracy"], "report": rows}, indent=2))
+                          "eval_accuracy": r0["eval_accuracy"], "report": rows}, indent=2, ensure_ascii=False))
         return 0
     print(f"hybrid CNN, mode={cfg.mode}, {a.nproc} ranks, global batch {cfg.batch}, {a.steps} steps")
     for step, loss in enumerate(r0["losses"]):

@@ -190,7 +190,8 @@ class HybridCNN(nn.Module):
             grads = [p.grad for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
             comm.all_reduce(flat, self.groups[name])
-            torch.nn.utils.vector_to_parameters(flat, grads)
+            for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(summed.view_as(g))
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter as the one-process model holds it (FC shards gathered; collective)."""

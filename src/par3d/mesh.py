@@ -121,6 +121,9 @@ class Groups:
     dp: Group
     embed: Group
     world: Group
+    pp_grad: Group | None = None  # same ranks as pp; a second channel for backward transfers
+
+
 
 
 def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
@@ -131,11 +134,13 @@ def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
 
     made: dict[str, Group] = {}
     initialized = dist.is_initialized()
-    for kind in ("tp", "pp", "dp", "embed"):
-        for ranks in mesh.all_groups(kind):
+    for kind in ("tp", "pp", "dp", "embed", "pp_grad"):
+        for ranks in mesh.all_groups("pp" if kind == "pp_grad" else kind):
             pg = dist.new_group(ranks) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
-                made[kind] = Group(kind, ranks, ranks.index(global_rank), pg)
+                # pp_grad: activations and gradients travel on separate communicators, so a
+                # transport that matches messages by order (NCCL) never mixes the two streams
+                made[kind] = Group("pp" if kind == "pp_grad" else kind, ranks, ranks.index(global_rank), pg)
     world_ranks = list(range(mesh.world_size))
     world_pg = None
     if initialized and mesh.world_size > 1:
@@ -147,7 +152,7 @@ def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
     made.setdefault("embed", Group("embed", [global_rank], 0, None))
     made["world"] = Group("world", world_ranks, global_rank, world_pg)
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"])
+                  made["embed"], made["world"], made["pp_grad"])
 
 
 def single_process_groups() -> Groups:

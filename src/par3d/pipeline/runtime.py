@@ -8,7 +8,10 @@ Transfers: a send is posted (`isend`) as soon as its tensor exists and waited on
 of the step; a receive is posted when the action that needs it starts.  Because sends never
 block, an order the checker accepts (no cycle of waits under blocking transfers) cannot
 deadlock here.  Every message carries a tag naming (kind, stage, micro-batch), so the order in
-which two ranks post messages to each other does not matter (gloo matches by tag).
+which two ranks post messages to each other does not matter (gloo matches by tag).  NCCL
+ignores tags and matches by order per communicator: activations and gradients therefore use
+two communicators, and `schedules.p2p_order_problems` proves (and a test checks, for every
+schedule) that on each of them the receiver needs messages in the order the sender sends them.
 
 Zero-bubble actions: BI computes only the input gradient (autograd restricted to the stage's
 input, graph retained) so the previous stage can go on; BW later computes the weight gradients.
@@ -107,6 +110,7 @@ class PipelineRuntime:
         for idx, a in enumerate(actions):
             if a.kind in ("B", "BW"):
                 self.last_backward[stage_chunk(a.stage, p)] = idx
+        self.lookahead = 2  # receives posted ahead of the action that needs them
         self._zb = any(a.kind in ("BI", "BW") for a in actions)
         self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
 
@@ -114,19 +118,46 @@ class PipelineRuntime:
     def _peer(self, stage: int) -> int:
         return self.groups.mesh.pp_rank_to_global(self.groups.global_rank, stage_rank(stage, self.p))
 
+    def _recv_key(self, a: Action) -> tuple[str, int, int, int] | None:
+        """(what, from_stage, tag_stage, microbatch) of the tensor action `a` waits for, if any."""
+        if a.kind == "F" and a.stage > 0:
+            return ("act", a.stage - 1, a.stage, a.microbatch)
+        if a.kind in ("B", "BI") and a.stage != self.n_stages - 1:
+            return ("grad", a.stage + 1, a.stage, a.microbatch)
+        return None
+
+    def _post_recvs(self, upto: int) -> None:
+        """Post the receives of the next actions early, so a transfer that lands while this rank
+        computes is already here when needed (a receive never blocks until waited on)."""
+        while self._posted_upto < min(upto, len(self.actions)):
+            key = self._recv_key(self.actions[self._posted_upto])
+            self._posted_upto += 1
+            if key is None:
+                continue
+            what, from_stage, tag_stage, mb = key
+            t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+            work = comm.irecv(t, self._peer(from_stage), self._channel(what), _tag(what, tag_stage, mb, self.m))
+            self._inbox[key] = (t, work)
+
     def _recv(self, what: str, from_stage: int, stage_tag: int, mb: int) -> torch.Tensor:
-        t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-        comm.irecv(t, self._peer(from_stage), self.groups.pp, _tag(what, stage_tag, mb, self.m)).wait()
+        t, work = self._inbox.pop((what, from_stage, stage_tag, mb))
+        work.wait()
         return t
 
     def _send(self, what: str, t: torch.Tensor, to_stage: int, stage_tag: int, mb: int) -> None:
-        self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self.groups.pp,
+        self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
                                         _tag(what, stage_tag, mb, self.m)))
+
+    def _channel(self, what: str) -> Any:
+        """Activations on the pp group, gradients on its twin (see schedules.p2p_order_problems)."""
+        return self.groups.pp_grad if (what == "grad" and self.groups.pp_grad is not None) else self.groups.pp
 
     # ---- one step ------------------------------------------------------------------------------
     def run_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
                  record: bool = True) -> StepResult:
         self._pending: list[Any] = []
+        self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
+        self._posted_upto = 0
         slots: dict[tuple[int, int], _Slot] = {}
         events: list[Event] = []
         loss_sum = torch.zeros((), dtype=torch.float64)
@@ -135,6 +166,7 @@ class PipelineRuntime:
         per_mb = 0
         last = self.n_stages - 1
         for idx, a in enumerate(self.actions):
+            self._post_recvs(idx + 1 + self.lookahead)
             chunk = self.chunks[stage_chunk(a.stage, self.p)]
             t0 = time.time()
             if a.kind == "F":

@@ -332,3 +332,39 @@ def check(schedule: list[list[Action]], p: int, m: int, v: int = 1) -> CheckRepo
     """
     execution_order(schedule, p, m, v)
     return CheckReport(peak_inflight=peak_inflight(schedule))
+
+
+# --------------------------------------------------------------------------------------------
+# Message order (for transports that ignore tags)
+# --------------------------------------------------------------------------------------------
+
+
+def p2p_order_problems(schedule: list[list[Action]], p: int, v: int = 1) -> list[str]:
+    """Where a receiver would take a pair's messages in another order than they were sent.
+
+    gloo matches point-to-point messages by tag, NCCL only by order per (sender, receiver, process
+    group).  The runtime sends activations and gradients on two separate groups, so what must hold
+    for NCCL is: on each channel ("act" forward, "grad" backward) and each ordered pair of ranks,
+    the order in which the sender issues its sends (its action order) equals the order in which the
+    receiver needs them (its action order).  Returns one line per violation; [] means safe."""
+    last = p * v - 1
+    sent: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    needed: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            s, i = a.stage, a.microbatch
+            if a.kind == "F" and s < last:
+                sent.setdefault(("act", r, stage_rank(s + 1, p)), []).append((s + 1, i))
+            if a.kind == "F" and s > 0:
+                needed.setdefault(("act", stage_rank(s - 1, p), r), []).append((s, i))
+            if a.kind in ("B", "BI") and s > 0:
+                sent.setdefault(("grad", r, stage_rank(s - 1, p)), []).append((s - 1, i))
+            if a.kind in ("B", "BI") and s < last:
+                needed.setdefault(("grad", stage_rank(s + 1, p), r), []).append((s, i))
+    problems = []
+    for key in sorted(set(sent) | set(needed)):
+        if sent.get(key, []) != needed.get(key, []):
+            ch, src, dst = key
+            problems.append(f"{ch} channel {src}->{dst}: sent {sent.get(key, [])[:6]}..., "
+                            f"received {needed.get(key, [])[:6]}...")
+    return problems
