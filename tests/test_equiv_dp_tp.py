@@ -30,9 +30,14 @@ for _name, _cfg in LAYOUTS.items():
 REF_OF = {n: REFS[repr(reference_of(c))][0] for n, c in LAYOUTS.items()}
 
 
+# mixed precision (bf16 weights/activations, fp32 master weights, grads and Adam state): not
+# bit-comparable with fp32, so it is checked against the fp32 reference with a bf16 tolerance
+BF16 = {"bf16_tp2_dp2": case(tp=2, dp=2, dtype="bf16"), "bf16_ref": case(dtype="bf16")}
+
+
 @pytest.fixture(scope="module")
 def world() -> list[dict]:
-    cases = list(REFS.values()) + list(LAYOUTS.items())
+    cases = list(REFS.values()) + list(LAYOUTS.items()) + list(BF16.items())
     return run_world(run_cases, 4, cases, {"capture_grads": True, "capture_params": True,
                                            "capture_logits": True, "keep_sizes": True})
 
@@ -125,3 +130,16 @@ def test_dp_reduces_each_gradient_once_per_step(world):
     sizes_z, _ = _tp_sizes(world, "dp2_zero1")
     assert sum(sizes_z["dp/reduce_scatter"]) >= n_params  # ZeRO-1: reduce-scatter (padded buckets)
     assert sum(sizes_z["dp/all_gather"]) >= n_params  # ...and all-gather of the updated params
+
+
+def test_bf16_mixed_precision_tracks_fp32(world):
+    ref = losses(world, REF_OF["tp2_dp2"])
+    for name in BF16:
+        got = losses(world, name)
+        assert max(abs(a - b) for a, b in zip(got, ref)) < 0.05, (name, got, ref)
+    # the parameters returned are the fp32 master weights' bf16 copies: close, not equal
+    diff, where = max_diff(merged(world, "bf16_tp2_dp2", "params"), merged(world, REF_OF["tp2_dp2"], "params"))
+    assert diff < 0.02, (where, diff)
+    # and the bf16 layouts agree with each other as bf16 allows
+    a, b = losses(world, "bf16_tp2_dp2"), losses(world, "bf16_ref")
+    assert max(abs(x - y) for x, y in zip(a, b)) < 0.02

@@ -47,7 +47,8 @@ def _sync() -> None:
 
 
 def time_call(fn: Callable[[], Any], min_s: float = 0.02, repeats: int = 3) -> float:
-    """Median over `repeats` of the mean time of `fn` in a loop that lasts at least `min_s`."""
+    """Least over `repeats` of the mean time of `fn` in a loop that lasts at least `min_s` (other
+    processes on a shared machine only ever add time, so the least sample is the machine's)."""
     fn()
     _sync()
     t0 = time.perf_counter()
@@ -62,7 +63,7 @@ def time_call(fn: Callable[[], Any], min_s: float = 0.02, repeats: int = 3) -> f
             fn()
         _sync()
         out.append((time.perf_counter() - t0) / n)
-    return statistics.median(out)
+    return min(out)
 
 
 def lstsq2(rows: list[tuple[float, float]], ys: list[float], relative: bool = True) -> tuple[float, float]:
@@ -409,7 +410,8 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                           "reference": over["reference"], "collectives": coll}
     hw["calibrated"] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                         "torch": torch.__version__, "host_cores": machine_cores(), "nproc": nproc,
-                        "quick": quick, "seconds": round(time.time() - t_start, 1)}
+                        "quick": quick, "seconds": round(time.time() - t_start, 1),
+                        "load_average": list(os.getloadavg())}  # other processes perturb timings
     return hw
 
 

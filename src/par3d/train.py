@@ -6,13 +6,18 @@
           chunks = GPTStage(units of this rank's stages)    model.py + pipeline/partition.py
           dp     = DataParallel(chunks, ...)                data_parallel.py: grads + optimizer
           rt     = PipelineRuntime(schedule[pp_rank], ...)  pipeline/runtime.py
+          checkpoint.load(...)                              on --resume: any layout's checkpoint
           for step:
               micro-batches = this DP rank's slice of the step's global batch     data.py
               rt.run_step(...)    forwards/backwards in schedule order, DP buckets launched
-              dp.finish(); dp.step(step)
+              dp.finish()
               loss = Σ over micro-batches and DP ranks (already divided by global tokens)
+              dp.step(step)       unless the loss or gradient is NaN/Inf (skip, or stop)
+              checkpoint.save(...)                          every --save-every steps
 
 Every layout runs this same code; with dp = pp = tp = 1 it is the single-device reference.
+Reliability (docs/reliability.md): `preflight` refuses bad input before any process starts, and
+a watchdog ends a rank whose peers stopped answering, so a failure never hangs the run.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
-from par3d.config import RunConfig
+from par3d.config import ConfigError, RunConfig
 
 
 def global_named_parameters(stage: Any) -> list[tuple[str, Any]]:
@@ -47,7 +54,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     import torch
     import torch.distributed as dist
 
-    from par3d import comm
+    from par3d import checkpoint, comm
     from par3d.data import Corpus, rank_microbatches
     from par3d.data_parallel import DataParallel
     from par3d.mesh import Mesh, build_groups
@@ -79,6 +86,14 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]).to(device) for k in range(v)]
     dpar = DataParallel(chunks, groups, tc, pc.zero_stage,
                         bucket_numel=int(options.get("bucket_numel", 1 << 20)))
+    start_step = int(options.get("start_step", 0))
+    resume_dir = options.get("resume_dir") or (
+        checkpoint.resolve(cfg.resume, tc.out, warn=rank == 0) if cfg.resume else None)
+    if resume_dir:
+        # weights, Adam state, optimizer step and RNG; the data position is the step itself
+        # (sampling is a pure function of (seed, step))
+        start_step = int(checkpoint.load(resume_dir, chunks, dpar, groups, cfg)["step"])
+    ckpt_root = options.get("checkpoint_root") or checkpoint.checkpoints_root(tc.out)
     schedule = build(pc.schedule, p, m, v)
     report = check(schedule, p, m, v)
     s_local = mc.seq_len // pc.tp if ctx.sequence_parallel else mc.seq_len
@@ -91,12 +106,16 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     is_rank0 = rank == 0
     if is_rank0 and cfg.metrics_out and os.path.dirname(cfg.metrics_out):
         os.makedirs(os.path.dirname(cfg.metrics_out), exist_ok=True)
-    metrics_fh = open(cfg.metrics_out, "w") if (is_rank0 and cfg.metrics_out) else None  # noqa: SIM115
+    # a resumed run appends: the metrics file then holds the whole run (a step redone after a crash
+    # appears twice; the later line is the one that counts)
+    metrics_fh = (open(cfg.metrics_out, "a" if resume_dir else "w")  # noqa: SIM115
+                  if (is_rank0 and cfg.metrics_out) else None)
     bar = None
     if is_rank0 and cfg.progress and not options.get("quiet"):
         from tqdm import tqdm
 
-        bar = tqdm(total=tc.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=tc.steps, initial=start_step, desc="train", unit="step", file=sys.stderr,
+                   dynamic_ncols=True)
 
     history: list[dict[str, Any]] = []
     captured: dict[str, Any] = {}
@@ -117,47 +136,67 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     comm.COUNTER.reset()
     comm.COUNTER.keep_sizes = bool(options.get("keep_sizes"))
     comm_per_step: list[dict[str, Any]] = []
-    start_step = int(options.get("start_step", 0))
-    for step in range(start_step, tc.steps):
-        t0 = time.perf_counter()
-        mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(device), torch.from_numpy(np.ascontiguousarray(y)).to(device))
-               for x, y in rank_microbatches(corpus, tc.seed, step, tc.global_batch, mc.seq_len,
-                                             pc.dp, c.dp, m)]
-        dpar.start_step()
-        res = runtime.run_step(mbs, loss_scale)
-        dpar.finish()
-        if options.get("capture_grads") and step == start_step:
-            captured["grads"] = _gather_named(chunks, groups, mc, lambda q: q.main_grad)
-        info = dpar.step(step)
-        loss_t = torch.tensor([res.loss_sum], dtype=torch.float64)
-        comm.all_reduce(loss_t, groups.pp)
-        comm.all_reduce(loss_t, groups.dp)
-        loss = float(loss_t)
-        dt = time.perf_counter() - t0
-        if not math.isfinite(loss) or info["skipped"]:
-            if tc.on_nonfinite == "stop":
-                raise FloatingPointError(f"non-finite loss ({loss}) or gradient norm ({info['grad_norm']}) at "
-                                         f"step {step}; stopping (train.on_nonfinite='stop')")
-        snap = comm.COUNTER.snapshot()
-        sizes = {f"{g}/{k}": list(v) for (g, k), v in comm.COUNTER.elements.items()} if comm.COUNTER.keep_sizes else None
-        comm_per_step.append({"step": step, "comm": snap, **({"sizes": sizes} if sizes else {})})
-        comm.COUNTER.reset()
-        row = {"step": step, "loss": loss, "lr": info["lr"], "tokens": tokens_per_step * (step + 1),
-               "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
-        if cfg.comm_report:
-            row["comm"] = snap
-        history.append(row)
-        events_last = res.events
-        if options.get("all_events") and c.dp == 0 and c.tp == 0:
-            events_by_step[step] = [e.to_dict() for e in res.events]
-        peak_act = max(peak_act, res.peak_activation_bytes)
-        act_per_mb = max(act_per_mb, res.activation_bytes_per_microbatch)
-        if metrics_fh:
-            metrics_fh.write(json.dumps(row) + "\n")
-            metrics_fh.flush()
-        if bar is not None:
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
-            bar.update(1)
+    saved: list[str] = []
+    nan_loss_at = options.get("nan_loss_at_step")  # test-only: poison one step's loss
+    nan_master_at = options.get("nan_master_at_step")  # test-only: poison the weights before a save
+    watch = groups.world.size > 1 and dist.is_initialized()
+    with _Watchdog(rank, cfg.timeout_s, enabled=watch) as wd:
+        for step in range(start_step, tc.steps):
+            wd.beat(f"step {step}")
+            _test_fault(rank, step, "step")
+            t0 = time.perf_counter()
+            mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(device),
+                    torch.from_numpy(np.ascontiguousarray(y)).to(device))
+                   for x, y in rank_microbatches(corpus, tc.seed, step, tc.global_batch, mc.seq_len,
+                                                 pc.dp, c.dp, m)]
+            dpar.start_step()
+            res = runtime.run_step(mbs, float("nan") if step == nan_loss_at else loss_scale)
+            dpar.finish()
+            if options.get("capture_grads") and step == start_step:
+                captured["grads"] = _gather_named(chunks, groups, mc, lambda q: q.main_grad)
+            loss_t = torch.tensor([res.loss_sum], dtype=torch.float64)
+            comm.all_reduce(loss_t, groups.pp)
+            comm.all_reduce(loss_t, groups.dp)
+            loss = float(loss_t)
+            if math.isfinite(loss):  # every rank holds the same loss, so all ranks skip together
+                info = dpar.step(step)
+            else:
+                info = {"grad_norm": float("nan"), "lr": dpar.lr_at(step), "skipped": True}
+            dt = time.perf_counter() - t0
+            if info["skipped"]:
+                _non_finite(step, loss, info["grad_norm"], tc.on_nonfinite, is_rank0)
+            snap = comm.COUNTER.snapshot()
+            sizes = ({f"{g}/{k}": list(v) for (g, k), v in comm.COUNTER.elements.items()}
+                     if comm.COUNTER.keep_sizes else None)
+            comm_per_step.append({"step": step, "comm": snap, **({"sizes": sizes} if sizes else {})})
+            comm.COUNTER.reset()
+            row = {"step": step, "loss": loss, "lr": info["lr"], "tokens": tokens_per_step * (step + 1),
+                   "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
+            if cfg.comm_report:
+                row["comm"] = snap
+            history.append(row)
+            events_last = res.events
+            if options.get("all_events") and c.dp == 0 and c.tp == 0:
+                events_by_step[step] = [e.to_dict() for e in res.events]
+            peak_act = max(peak_act, res.peak_activation_bytes)
+            act_per_mb = max(act_per_mb, res.activation_bytes_per_microbatch)
+            if metrics_fh:
+                metrics_fh.write(json.dumps(row) + "\n")
+                metrics_fh.flush()
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
+                bar.update(1)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                if step == nan_master_at and is_rank0:
+                    dpar.bufs[0].master[0] = float("nan")
+                wd.beat(f"saving the checkpoint of step {step + 1}")
+                path = checkpoint.save(ckpt_root, step + 1, chunks, dpar, groups, cfg,
+                                       hook=lambda where, s=step: _test_fault(rank, s, where))
+                if path is None and tc.on_nonfinite == "stop":
+                    raise FloatingPointError(f"non-finite weights or optimizer state after step {step}; "
+                                             f"stopping (train.on_nonfinite='stop')")
+                if path is not None:
+                    saved.append(path)
     if bar is not None:
         bar.close()
     if metrics_fh:
@@ -171,6 +210,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
         "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
         "events_by_step": events_by_step,
         "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
+        "resumed_from": resume_dir, "start_step": start_step, "checkpoints": saved,
     }
     out.update(captured)
     if groups.world.size > 1:

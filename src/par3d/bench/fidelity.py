@@ -157,7 +157,8 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
                      "predicted_bubble": p.bubble_fraction, "step_times_s": measured[n]["step_times_s"]})
     out = summarize(rows)
     out.update({"model": {**MODEL, "global_batch": GLOBAL_BATCH, "dtype": "fp32"}, "steps": steps,
-                "hardware": hardware, "one_world": one_world})
+                "hardware": hardware, "one_world": one_world,
+                "load_average": list(os.getloadavg())})  # other processes on the machine perturb timings
     return out
 
 
