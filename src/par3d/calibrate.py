@@ -8,7 +8,7 @@ What one rank achieves is measured, as a rank runs in training: one intra-op thr
    fixed cost t0 of one call; achieved/R is the small-GEMM efficiency curve (plotted).
 2. Memory bandwidth: a large tensor copy, bytes read + written per second.
 3. Fixed overheads of the training runtime (see predict.py): `par3d.train.worker` on one rank with
-   a tiny GPT (1 and 5 layers, 1 and 4 micro-batches) whose arithmetic is negligible: the per-block
+   a tiny GPT (1 and 5 layers, 4 micro-batches) whose arithmetic is negligible: the per-block
    and per-action costs of forward and backward come from its recorded pipeline events, the
    per-step cost from its step time.  Then one reference-size GPT run gives `efficiency`, the
    share of R a real block reaches once those overheads are removed.
@@ -159,7 +159,8 @@ def probe_config(layers: int, hidden: int, heads: int, seq: int, micro_batch: in
 
 
 def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
-    """One rank, in this process: median step time and median F / B action durations."""
+    """One rank, in this process: the least step time (first step skipped) and the least F / B
+    action durations of the last step (least, because other processes only ever add time)."""
     from par3d.train import worker
 
     r = worker(cfg_dict, {"quiet": True})
@@ -167,8 +168,7 @@ def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
     ev = r["events"]
     f = [e["end"] - e["start"] for e in ev if e["kind"] == "F"]
     b = [e["end"] - e["start"] for e in ev if e["kind"] == "B"]
-    return {"step_s": statistics.median(h["step_time_s"] for h in hist),
-            "f_s": statistics.median(f), "b_s": statistics.median(b), "m": len(f)}
+    return {"step_s": min(h["step_time_s"] for h in hist), "f_s": min(f), "b_s": min(b), "m": len(f)}
 
 
 REFERENCE = {"layers": 2, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 4, "m": 1}
@@ -176,20 +176,21 @@ REFERENCE = {"layers": 2, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 4
 
 def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
     steps = 5 if quick else 9
-    tiny = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1}
+    tiny = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1, "m": 4}  # 4 actions: 4 samples each
     probes = {}
-    for name, layers, m in (("l1m1", 1, 1), ("l5m1", 5, 1), ("l1m4", 1, 4)):
-        probes[name] = run_probe(probe_config(layers=layers, m=m, steps=steps, **tiny))
+    for name, layers in (("l1", 1), ("l5", 5)):
+        probes[name] = run_probe(probe_config(layers=layers, steps=steps, **tiny))
         tick()
-    p1, p5 = probes["l1m1"], probes["l5m1"]
+    p1, p5 = probes["l1"], probes["l5"]
     layer_f = max((p5["f_s"] - p1["f_s"]) / 4, 0.0)
     layer_b = max((p5["b_s"] - p1["b_s"]) / 4, 0.0)
-    # the step's own cost: what the step takes beyond its actions (same for every probe)
-    step_s = statistics.median(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
+    # the step's own cost: what the step takes beyond its actions
+    step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
     ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
           "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
     ref_cfg = probe_config(steps=steps, **REFERENCE)
     ref = run_probe(ref_cfg)
+    tick()
     tick()
     return {"overheads": ov, "probes": probes, "reference": {**REFERENCE, **ref}, "_ref_cfg": ref_cfg}
 
@@ -263,9 +264,9 @@ def collective_worker(sizes: list[int], quick: bool, show_bar: bool) -> list[dic
                     n = max(nbytes // 4, g) // g * g  # fp32 elements, divisible by the group
                     full = torch.ones(n)
                     part = torch.ones(n // g)
-                    fn = {"all_reduce": lambda full=full: comm.all_reduce(full, grp),
-                          "all_gather": lambda part=part: comm.all_gather(part, grp),
-                          "reduce_scatter": lambda full=full: comm.reduce_scatter(full, grp)}[kind]
+                    fn = {"all_reduce": lambda full=full, grp=grp: comm.all_reduce(full, grp),
+                          "all_gather": lambda part=part, grp=grp: comm.all_gather(part, grp),
+                          "reduce_scatter": lambda full=full, grp=grp: comm.reduce_scatter(full, grp)}[kind]
                     s = timed(fn, 4 * n)
                     out.append({"kind": kind, "group": g, "bytes": 4 * n, "seconds": s})
                     if bar is not None:

@@ -202,13 +202,25 @@ class DataParallel:
             return [b.shard for b in buf.buckets]  # type: ignore[attr-defined]
         return [(0, buf.grad.numel())]
 
+    def _scratch(self, buf: ChunkBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two fp32 work buffers per chunk, allocated once: fresh multi-MB temporaries every step
+        cost page faults and allocator time comparable to the arithmetic itself on a CPU."""
+        s = getattr(buf, "scratch", None)
+        if s is None:
+            n = max(hi - lo for lo, hi in self._owned(buf))
+            s = (torch.empty(n, dtype=torch.float32, device=buf.grad.device),
+                 torch.empty(n, dtype=torch.float32, device=buf.grad.device))
+            buf.scratch = s  # type: ignore[attr-defined]
+        return s
+
     def grad_norm(self) -> float:
         """Global L2 norm of the gradient of the whole model, each element counted once."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.bufs[0].grad.device if self.bufs else "cpu")
         for buf in self.bufs:
+            s1, _ = self._scratch(buf)
             for lo, hi in self._owned(buf):
-                g = buf.grad[lo:hi] * buf.norm_mask[lo:hi]
-                sq += (g.double() ** 2).sum()
+                g = torch.mul(buf.grad[lo:hi], buf.norm_mask[lo:hi], out=s1[:hi - lo]).double()
+                sq += g.mul_(g).sum()
         comm.all_reduce(sq, self.groups.tp)
         comm.all_reduce(sq, self.groups.pp)
         if self.zero == 1:
@@ -238,13 +250,16 @@ class DataParallel:
         bc1, bc2 = 1 - t.beta1 ** k, 1 - t.beta2 ** k
         for ci, buf in enumerate(self.bufs):
             m_all, v_all = self.exp_avg[ci], self.exp_avg_sq[ci]
+            s1, s2 = self._scratch(buf)
             for lo, hi in self._owned(buf):
-                g = buf.grad[lo:hi] * coef
+                n = hi - lo
+                g = torch.mul(buf.grad[lo:hi], coef, out=s1[:n])
                 w, m, v = buf.master[lo:hi], m_all[lo:hi], v_all[lo:hi]
                 m.mul_(t.beta1).add_(g, alpha=1 - t.beta1)
                 v.mul_(t.beta2).addcmul_(g, g, value=1 - t.beta2)
-                denom = (v / bc2).sqrt_().add_(t.eps)
-                w.mul_(1 - lr * t.weight_decay * buf.decay_mask[lo:hi])  # decoupled decay (AdamW)
+                denom = torch.div(v, bc2, out=s2[:n]).sqrt_().add_(t.eps)
+                # decoupled decay (AdamW): w *= 1 - lr·wd·mask, built in the scratch g no longer needs
+                w.mul_(torch.mul(buf.decay_mask[lo:hi], -(lr * t.weight_decay), out=s1[:n]).add_(1.0))
                 w.addcdiv_(m, denom, value=-lr / bc1)
             if self.zero == 1 and self.dp.size > 1:
                 for b in buf.buckets:
@@ -254,13 +269,21 @@ class DataParallel:
             self._write_params(buf)
         return {"grad_norm": norm, "lr": lr, "skipped": False}
 
+    def offsets(self, buf: ChunkBuffers) -> dict[int, int]:
+        """id(param) -> offset of the parameter in the chunk's flat buffers."""
+        off_of = getattr(buf, "off_of", None)
+        if off_of is None:
+            off_of = {}
+            for b in buf.buckets:
+                off = b.start
+                for p in b.params:
+                    off_of[id(p)] = off
+                    off += p.numel()
+            buf.off_of = off_of  # type: ignore[attr-defined]
+        return off_of
+
     def _write_params(self, buf: ChunkBuffers) -> None:
-        off_of = {}
-        for b in buf.buckets:
-            off = b.start
-            for p in b.params:
-                off_of[id(p)] = off
-                off += p.numel()
+        off_of = self.offsets(buf)
         with torch.no_grad():
             for p in buf.params:
                 o = off_of[id(p)]

@@ -137,11 +137,12 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     comm.COUNTER.keep_sizes = bool(options.get("keep_sizes"))
     comm_per_step: list[dict[str, Any]] = []
     saved: list[str] = []
+    last_step = min(tc.steps, int(options.get("stop_at_step", tc.steps)))  # tests: a preempted run
     nan_loss_at = options.get("nan_loss_at_step")  # test-only: poison one step's loss
     nan_master_at = options.get("nan_master_at_step")  # test-only: poison the weights before a save
     watch = groups.world.size > 1 and dist.is_initialized()
     with _Watchdog(rank, cfg.timeout_s, enabled=watch) as wd:
-        for step in range(start_step, tc.steps):
+        for step in range(start_step, last_step):
             wd.beat(f"step {step}")
             _test_fault(rank, step, "step")
             t0 = time.perf_counter()
@@ -248,6 +249,79 @@ def _gather_named(chunks: list[Any], groups: Any, mc: Any, get: Any) -> dict[str
     return out if (groups.coord.dp == 0 and groups.coord.tp == 0) else {}
 
 
+def _non_finite(step: int, loss: float, grad_norm: float, policy: str, is_rank0: bool) -> None:
+    """A NaN/Inf loss or gradient norm: the update was skipped; stop the run if asked to."""
+    what = f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {step}"
+    if policy == "stop":
+        raise FloatingPointError(f"{what}; stopping (train.on_nonfinite='stop')")
+    if is_rank0:
+        print(f"par3d: {what}; update skipped (train.on_nonfinite='skip')", file=sys.stderr, flush=True)
+
+
+class _Watchdog:
+    """Ends this rank (one line on stderr, exit code 1) when the loop makes no progress for
+    `timeout_s` plus the slowest interval between two beats seen so far.
+
+    Why: collectives on torch *sub*groups do not honour init_process_group's timeout (new groups
+    get torch's 30-minute default), so a peer that died or hung could block the other ranks for
+    half an hour.  When this rank exits, the launcher (par3d's or torchrun) stops the others."""
+
+    def __init__(self, rank: int, timeout_s: float, enabled: bool = True):
+        self.rank, self.timeout_s, self.enabled = rank, float(timeout_s), enabled
+        self.last, self.slowest, self.what = time.monotonic(), 0.0, "start-up"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="par3d-watchdog", daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self.enabled:
+            self._thread.join()
+
+    def beat(self, what: str) -> None:
+        now = time.monotonic()
+        self.slowest = max(self.slowest, now - self.last)
+        self.last, self.what = now, what
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self.last
+            if idle > self.timeout_s + self.slowest:
+                print(f"par3d: rank {self.rank}: no progress for {idle:.0f} s in {self.what} "
+                      f"(--timeout {self.timeout_s:g}); a peer died or hung, stopping",
+                      file=sys.stderr, flush=True)
+                os._exit(1)  # the main thread may be blocked in C++; nothing else ends it
+
+
+_FAULT_VARS = ("PAR3D_TEST_KILL_RANK_AT_STEP", "PAR3D_TEST_RAISE_RANK_AT_STEP", "PAR3D_TEST_HANG_RANK_AT_STEP")
+
+
+def _test_fault(rank: int, step: int, where: str) -> None:
+    """TEST-ONLY fault injection, for the failure tests; never set these variables in a real run.
+
+    PAR3D_TEST_{KILL,RAISE,HANG}_RANK_AT_STEP="RANK:STEP" makes global rank RANK SIGKILL itself,
+    raise, or sleep forever at the start of step STEP (0-based); "RANK:STEP:save" does it in the
+    middle of the checkpoint save after that step (the temporary folder exists, nothing is final).
+    """
+    for var in _FAULT_VARS:
+        spec = os.environ.get(var)
+        if not spec:
+            continue
+        r, s, *w = spec.split(":")
+        if (int(r), int(s), w[0] if w else "step") != (rank, step, where):
+            continue
+        if var == "PAR3D_TEST_KILL_RANK_AT_STEP":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if var == "PAR3D_TEST_RAISE_RANK_AT_STEP":
+            raise RuntimeError(f"injected failure on rank {rank} at step {step} ({var})")
+        while True:
+            time.sleep(1)
+
+
 def merge_named(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for r in results:
@@ -257,13 +331,53 @@ def merge_named(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 # ---- the parent side ------------------------------------------------------------------------------
 
-def run(cfg: RunConfig, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Validate, start the world (locally or under torchrun), write reports; per-rank results."""
-    from par3d.distributed import run_main
+def preflight(cfg: RunConfig) -> str | None:
+    """Every check that can be made before a process starts: `cfg.validate()`, then what needs
+    files or the environment: the data is long enough and fits the vocabulary, a launcher's world
+    matches the layout, and a checkpoint to resume from is whole and holds this model.  Raises
+    ConfigError; returns the checkpoint folder to resume from (None: a fresh start)."""
+    from par3d import checkpoint
+    from par3d.data import Corpus
 
     cfg.validate()
+    mc, tc = cfg.model, cfg.train
+    errs = []
+    try:
+        corpus = Corpus.load(tc.data)
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"train.data={tc.data!r}: {e}"]) from None
+    if len(corpus) < mc.seq_len + 1:
+        errs.append(f"train.data={corpus.source!r} holds {len(corpus)} tokens; seq_len={mc.seq_len} needs at "
+                    f"least {mc.seq_len + 1}: give more text or a smaller --seq-len")
+    top = int(corpus.tokens.max()) if len(corpus) else 0
+    if top >= mc.vocab:
+        errs.append(f"model.vocab={mc.vocab}: the data holds token {top} (bytes are tokens 0..255); "
+                    f"use --vocab 256")
+    launched = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
+    if launched is not None and int(launched) != cfg.parallel.world_size:
+        errs.append(f"the launcher started {launched} processes but dp x pp x tp = "
+                    f"{cfg.parallel.world_size}; make them equal")
+    if errs:
+        raise ConfigError(errs)
+    if cfg.resume is None:
+        return None
+    is_rank0 = os.environ.get("RANK", "0") == "0"
+    path = checkpoint.resolve(cfg.resume, tc.out, warn=is_rank0)
+    notes = checkpoint.check_compatible(checkpoint.read_manifest(path), cfg, path)
+    if is_rank0:
+        for note in notes:
+            print(f"par3d: {note}", file=sys.stderr)
+    return path
+
+
+def run(cfg: RunConfig, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Check (raises ConfigError), start the world (locally or under torchrun); per-rank results."""
+    from par3d.distributed import run_main
+
+    resume_dir = preflight(cfg)
+    options = dict(options or {}, resume_dir=resume_dir)  # every rank resumes from the same folder
     nproc = cfg.parallel.world_size
-    res = run_main(worker, nproc, (cfg.to_dict(), options or {}), timeout_s=cfg.timeout_s,
+    res = run_main(worker, nproc, (cfg.to_dict(), options), timeout_s=cfg.timeout_s,
                    threads=cfg.threads_per_rank)
     results = res if isinstance(res, list) else [res]
     return results

@@ -1,0 +1,57 @@
+"""Smoke test of `par3d bench peers --quick`: it runs, its JSON has the promised schema, and every
+row that has a peer number computed the same loss as the peer.  No timing assertions: speed is
+what the benchmark reports, not what a test can decide on a shared machine."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from par3d.cli import main
+
+ROW_KEYS = {"case", "ours_s", "theirs_s", "ratio", "same_loss"}
+CASES_2 = {"tp_block_2", "pp_gpipe_2", "pp_1f1b_2", "pp_interleaved_2", "dp_2"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    # one in-process run (two gloo ranks, ~20 s) shared by the tests below
+    out = tmp_path_factory.mktemp("peers")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["bench", "peers", "--quick", "--ranks", "2", "--json", "--out", str(out)])
+    assert rc == 0
+    return json.loads(buf.getvalue()), out
+
+
+def test_schema(quick_run: tuple[dict, Path]) -> None:
+    result, _ = quick_run
+    rows = result["rows"]
+    assert {r["case"] for r in rows} == CASES_2
+    for r in rows:
+        assert ROW_KEYS <= set(r), r
+        assert isinstance(r["ours_s"], float) and r["ours_s"] > 0
+        if r["theirs_s"] is None:
+            # a peer that failed says why, and no ratio is made up
+            assert r["ratio"] is None and r.get("note"), r
+        else:
+            assert r["theirs_s"] > 0
+            assert r["ratio"] == pytest.approx(r["ours_s"] / r["theirs_s"], rel=1e-2)
+
+
+def test_same_loss_wherever_a_peer_ran(quick_run: tuple[dict, Path]) -> None:
+    result, _ = quick_run
+    for r in result["rows"]:
+        if r["theirs_s"] is not None:
+            assert r["same_loss"] is True, r
+
+
+def test_results_files_written(quick_run: tuple[dict, Path]) -> None:
+    result, out = quick_run
+    assert json.loads((out / "peers.json").read_text())["rows"] == result["rows"]
+    md = (out / "peers.md").read_text()
+    assert all(case in md for case in CASES_2)
