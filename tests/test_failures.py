@@ -62,7 +62,7 @@ def killed_in_save(tmp_path_factory) -> dict:
     cmd = [sys.executable, "-m", "par3d", "train", "--dp", "1", "--pp", "2", "--tp", "2", *MODEL,
            "--steps", "8", "--save-every", "2", "--out", str(out), "--no-progress"]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=out)
     return {"rc": r.returncode, "stderr": r.stderr, "elapsed": time.monotonic() - t0, "out": str(out),
             "left": _gone(marker)}
 

@@ -37,7 +37,7 @@ def two_nodes(tmp_path_factory) -> dict:
                    *TRAIN, "--metrics-out", str(d / "metrics.jsonl"), "--out", str(d / "out")]
             log = open(d / f"node{node}.log", "w")  # noqa: SIM115  (closed below)
             procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=d), log))
-        rcs = [p.wait(timeout=150) for p, _ in procs]
+        rcs = [p.wait(timeout=90) for p, _ in procs]
     finally:
         for p, log in procs:
             if p.poll() is None:

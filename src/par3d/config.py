@@ -123,6 +123,14 @@ class RunConfig:
     def resolve(self) -> RunConfig:
         """Fill micro_batch / microbatches from global_batch = micro_batch * m * dp."""
         p, t = self.parallel, self.train
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        # derive only from well-typed values; validate() reports the others
+        if not all(is_int(v) for v in (p.dp, p.pp, p.virtual_stages, t.global_batch)) or \
+                not all(v is None or is_int(v) for v in (p.microbatches, t.micro_batch)):
+            return self
         dp = max(p.dp, 1)
         if p.microbatches is None and t.micro_batch is None:
             m = 2 * p.pp * p.virtual_stages if p.pp > 1 else 1

@@ -126,17 +126,22 @@ class Groups:
 
 
 
-def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
+def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -> Groups | None:
     """Create every torch process group (collectively: every rank of the torch world must call
     this).  The mesh may use only the first `mesh.world_size` ranks of a larger world (tests run
     many layouts in one world); ranks outside it get None."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     made: dict[str, Group] = {}
     initialized = dist.is_initialized()
+    # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
+    # collective whose peer died fails within the run's --timeout
+    kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     for kind in ("tp", "pp", "dp", "embed", "pp_grad"):
         for ranks in mesh.all_groups("pp" if kind == "pp_grad" else kind):
-            pg = dist.new_group(ranks) if len(ranks) > 1 and initialized else None
+            pg = dist.new_group(ranks, **kw) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
                 # pp_grad: activations and gradients travel on separate communicators, so a
                 # transport that matches messages by order (NCCL) never mixes the two streams
@@ -145,7 +150,7 @@ def build_groups(mesh: Mesh, global_rank: int) -> Groups | None:
     world_pg = None
     if initialized and mesh.world_size > 1:
         whole = mesh.world_size == dist.get_world_size()
-        world_pg = dist.group.WORLD if whole else dist.new_group(world_ranks)
+        world_pg = dist.group.WORLD if whole else dist.new_group(world_ranks, **kw)
     if global_rank >= mesh.world_size:
         return None
     # middle pipeline stages hold no embedding copy: a group of their own

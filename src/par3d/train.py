@@ -72,7 +72,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
 
     mesh = Mesh(pc.dp, pc.pp, pc.tp)
-    groups = build_groups(mesh, rank)
+    groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s)
     if groups is None:  # this rank is not part of the layout (tests run small layouts in big worlds)
         return {"rank": rank, "idle": True}
     c = groups.coord
@@ -155,7 +155,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
             dpar.finish()
             if options.get("capture_grads") and step == start_step:
                 captured["grads"] = _gather_named(chunks, groups, mc, lambda q: q.main_grad)
-            loss_t = torch.tensor([res.loss_sum], dtype=torch.float64)
+            loss_t = torch.tensor([res.loss_sum], dtype=torch.float64, device=device)  # NCCL needs device tensors
             comm.all_reduce(loss_t, groups.pp)
             comm.all_reduce(loss_t, groups.dp)
             loss = float(loss_t)

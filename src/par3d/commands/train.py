@@ -136,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
         from par3d.train import run as train_run
 
         results = train_run(cfg)
+    except ConfigError as e:  # data, checkpoint or launcher problems found by preflight
+        print(f"par3d train: {e}", file=sys.stderr)
+        return 2
     except RankFailure as e:
         print(f"par3d train: {e}", file=sys.stderr)
         return 1

@@ -160,7 +160,7 @@ class PipelineRuntime:
         self._posted_upto = 0
         slots: dict[tuple[int, int], _Slot] = {}
         events: list[Event] = []
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.live = 0
         self.meter.peak = 0
         per_mb = 0
@@ -224,7 +224,7 @@ class PipelineRuntime:
             # the seed's section 3.3 experiment: a stage "computes" by waiting; transfers are real
             _wait(self.synthetic_ms[0] / 1000.0)
             if targets is not None:
-                return torch.zeros((), dtype=torch.float64)
+                return torch.zeros((), dtype=torch.float64, device=self.device)
             return torch.zeros(self.act_shape, dtype=self.dtype, device=self.device)
         return chunk(x, targets)
 
