@@ -75,6 +75,18 @@ class DataParallel:
             for b in buf.buckets:
                 n = b.numel // self.dp.size
                 b.shard = (b.start + self.dp.rank * n, b.start + (self.dp.rank + 1) * n)  # type: ignore[attr-defined]
+        # fp32 training: autograd accumulates straight into the flat buffer (param.grad *is* the
+        # main_grad view) and the parameters *are* views of the master weights, so neither a
+        # per-micro-batch copy of the gradients nor a per-step copy of the weights is needed.
+        # (bf16 keeps separate bf16 parameters and gradients, converted in the hook / the step.)
+        self.direct = all(p.dtype == torch.float32 for buf in self.bufs for p in buf.params)
+        if self.direct:
+            with torch.no_grad():
+                for buf in self.bufs:
+                    off_of = self.offsets(buf)
+                    for p in buf.params:
+                        o = off_of[id(p)]
+                        p.data = buf.master[o:o + p.numel()].view_as(p)
         # Adam state for the owned slices only
         self.exp_avg = [torch.zeros_like(buf.master) for buf in self.bufs]
         self.exp_avg_sq = [torch.zeros_like(buf.master) for buf in self.bufs]
@@ -137,8 +149,12 @@ class DataParallel:
         bucket = next(b for b in self.bufs[ci].buckets if any(q is p for q in b.params))
 
         def hook(param: torch.Tensor) -> None:
-            param.main_grad.add_(param.grad.float())  # type: ignore[attr-defined]
-            param.grad = None
+            g = param.grad
+            if g is not None and not (self.direct and g.data_ptr() == param.main_grad.data_ptr()):  # type: ignore[attr-defined]
+                param.main_grad.add_(g.float())  # type: ignore[attr-defined]
+                param.grad = None
+                if self.direct:  # autograd replaced the buffer view; accumulate in place from now on
+                    param.grad = param.main_grad  # type: ignore[attr-defined]
             if self.sync[ci] and not bucket.deferred:
                 bucket.pending -= 1
                 if bucket.pending == 0:
@@ -174,6 +190,9 @@ class DataParallel:
     def start_step(self) -> None:
         for buf in self.bufs:
             buf.grad.zero_()
+            if self.direct:
+                for p in buf.params:
+                    p.grad = p.main_grad  # type: ignore[attr-defined]
             for b in buf.buckets:
                 b.pending, b.work, b.launched = len(b.params), None, False
         self.sync = [False] * len(self.bufs)
@@ -283,6 +302,8 @@ class DataParallel:
         return off_of
 
     def _write_params(self, buf: ChunkBuffers) -> None:
+        if self.direct:
+            return  # the parameters are views of the master weights
         off_of = self.offsets(buf)
         with torch.no_grad():
             for p in buf.params:
