@@ -104,6 +104,9 @@ class PipelineRuntime:
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
         self.set_sync = set_sync
         self.synthetic_ms = synthetic_ms
+        if synthetic_ms is not None:  # allocated once: a synthetic stage only waits
+            self._syn_act = torch.zeros(act_shape, dtype=dtype, device=device)
+            self._syn_loss = torch.zeros((), dtype=torch.float64, device=device)
         self.pp_rank = groups.coord.pp
         # the last backward (B or BW) of each chunk in this step: its gradients are final then
         self.last_backward: dict[int, int] = {}
@@ -224,15 +227,16 @@ class PipelineRuntime:
             # the seed's section 3.3 experiment: a stage "computes" by waiting; transfers are real
             _wait(self.synthetic_ms[0] / 1000.0)
             if targets is not None:
-                return torch.zeros((), dtype=torch.float64, device=self.device)
-            return torch.zeros(self.act_shape, dtype=self.dtype, device=self.device)
+                return self._syn_loss
+            return self._syn_act  # never written: safe to send many times
+
         return chunk(x, targets)
 
     def _backward(self, slot: _Slot, inputs: list[torch.Tensor] | None, retain: bool) -> None:
         if self.synthetic_ms is not None:
             _wait(self.synthetic_ms[1] / 1000.0 / (2 if self._zb else 1))
             if slot.inp is not None and slot.inp.grad is None:
-                slot.inp.grad = torch.zeros_like(slot.inp)
+                slot.inp.grad = self._syn_act
             return
         if slot.grad_out is None:
             torch.autograd.backward(slot.out, inputs=inputs, retain_graph=retain)
