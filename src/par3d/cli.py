@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 COMMANDS = ("train", "plan", "simulate", "calibrate", "bench")
 
@@ -19,15 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train transformers with data x pipeline x tensor parallelism, and plan such runs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"par3d.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"par3d.commands.{name}":
-                continue  # not built yet
-            raise
-        mod.register(sub)
+    register_modules(sub, "par3d.commands", COMMANDS)
     return parser
+
+
+def register_modules(sub: Any, package: str, names: tuple[str, ...]) -> None:
+    """Each `package.<name>` module adds its own subcommand (lazily importing what it runs)."""
+    for name in names:
+        importlib.import_module(f"{package}.{name}").register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

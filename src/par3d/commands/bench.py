@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 BENCHES = ("peers", "fidelity", "synthetic")
@@ -14,14 +13,9 @@ def register(sub: Any) -> None:
                         description="Side-by-side measurements; each writes a results file under "
                                     "benchmarks/results/ and --json prints it.")
     bsub = ap.add_subparsers(dest="bench", metavar="BENCH")
-    for name in BENCHES:
-        try:
-            mod = importlib.import_module(f"par3d.bench.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"par3d.bench.{name}":
-                continue
-            raise
-        mod.register(bsub)
+    from par3d.cli import register_modules
+
+    register_modules(bsub, "par3d.bench", BENCHES)
 
     def _help(args: argparse.Namespace) -> int:
         ap.print_help()
