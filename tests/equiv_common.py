@@ -75,3 +75,9 @@ def max_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
         if d > worst:
             worst, where = d, k
     return worst, where
+
+
+def assert_matches_reference(results: list[dict[str, Any]], name: str, ref: str, key: str) -> None:
+    """Every tensor of `key` ("grads" or "params") of layout `name` equals the reference's."""
+    diff, where = max_diff(merged(results, name, key), merged(results, ref, key))
+    assert diff <= TOL, f"{name}: {key} of {where} differ by {diff} from the one-process run"

@@ -9,7 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 from distributed_helper import run_world
-from equiv_common import TOL, case, losses, max_diff, merged, reference_of, run_cases
+from equiv_common import (
+    TOL,
+    assert_matches_reference,
+    case,
+    losses,
+    max_diff,
+    merged,
+    reference_of,
+    run_cases,
+)
 
 LAYOUTS = {
     "dp2": case(dp=2),
@@ -54,14 +63,12 @@ def test_losses_match_reference(world, name):
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if "zero1" not in n])
 def test_gradients_match_reference(world, name):
     # under ZeRO-1 a rank only holds its reduced slice of the gradient; parameters are compared
-    diff, where = max_diff(merged(world, name, "grads"), merged(world, REF_OF[name], "grads"))
-    assert diff <= TOL, f"{name}: gradient of {where} differs by {diff}"
+    assert_matches_reference(world, name, REF_OF[name], "grads")
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parameters_after_three_steps_match_reference(world, name):
-    diff, where = max_diff(merged(world, name, "params"), merged(world, REF_OF[name], "params"))
-    assert diff <= TOL, f"{name}: parameter {where} differs by {diff} after 3 steps"
+    assert_matches_reference(world, name, REF_OF[name], "params")
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n.startswith("tp")])

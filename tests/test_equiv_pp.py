@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 from distributed_helper import run_world
-from equiv_common import TOL, case, losses, max_diff, merged, reference_of, run_cases
+from equiv_common import (
+    TOL,
+    assert_matches_reference,
+    case,
+    losses,
+    reference_of,
+    run_cases,
+)
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
 LAYOUTS: dict[str, dict] = {}
@@ -53,14 +60,12 @@ def test_losses_match_reference(world, name):
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if "zero1" not in n])
 def test_gradients_match_reference(world, name):
-    diff, where = max_diff(merged(world, name, "grads"), merged(world, REF_OF[name], "grads"))
-    assert diff <= TOL, f"{name}: gradient of {where} differs by {diff}"
+    assert_matches_reference(world, name, REF_OF[name], "grads")
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parameters_match_reference(world, name):
-    diff, where = max_diff(merged(world, name, "params"), merged(world, REF_OF[name], "params"))
-    assert diff <= TOL, f"{name}: parameter {where} differs by {diff} after 3 steps"
+    assert_matches_reference(world, name, REF_OF[name], "params")
 
 
 def _per_rank(world, name):
