@@ -127,3 +127,11 @@ def test_data_shorter_than_a_sequence(tmp_path):
     f.write_text("abc")
     with pytest.raises(ConfigError, match="fewer than seq_len"):
         make(train={"data": str(f)}).validate()
+
+
+def test_global_batch_not_divisible_by_dp_says_so():
+    with pytest.raises(ConfigError) as e:
+        make(parallel={"dp": 2}, train={"global_batch": 15}).validate()
+    assert "global_batch=15 is not divisible by dp=2" in str(e.value)
+    assert "--global-batch 16" in str(e.value)
+    assert "micro_batch=" not in str(e.value)

@@ -216,7 +216,13 @@ class RunConfig:
         if t.micro_batch is not None:
             pos("train", "micro_batch", t.micro_batch)
         pos("train", "steps", t.steps, 0)
-        if (ok_par and isinstance(t.global_batch, int) and isinstance(t.micro_batch, int)
+        batch_split_ok = True
+        if ok_par and isinstance(t.global_batch, int) and t.global_batch > 0 and t.global_batch % p.dp:
+            batch_split_ok = False
+            up = -(-t.global_batch // p.dp) * p.dp
+            errs.append(f"train.global_batch={t.global_batch} is not divisible by dp={p.dp} (each DP rank "
+                        f"takes an equal slice); use --global-batch {up}")
+        if (ok_par and batch_split_ok and isinstance(t.global_batch, int) and isinstance(t.micro_batch, int)
                 and isinstance(p.microbatches, int) and t.micro_batch > 0 and p.microbatches > 0):
             if t.micro_batch * p.microbatches * p.dp != t.global_batch:
                 errs.append(f"train.global_batch={t.global_batch} != micro_batch={t.micro_batch} x "
