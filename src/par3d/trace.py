@@ -89,7 +89,7 @@ def gantt_png(timelines: dict[str, list[Event]], path: str, title: str = "") -> 
         ax.set_yticklabels([f"rank {r}" for r in range(ranks)])
         ax.set_xlim(0, span)
         ax.set_title(label, loc="left", fontsize=10)
-        ax.set_xlabel("time")
+        ax.set_xlabel("seconds" if label == "measured" else "time")
     kinds = sorted({e.kind for evs in timelines.values() for e in evs}, key=lambda k: list(COLOURS).index(k)
                    if k in COLOURS else len(COLOURS))
     axes[0].legend(handles=[Patch(color=COLOURS.get(k, "grey"), label=k) for k in kinds],
