@@ -171,7 +171,7 @@ def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
     return {"step_s": min(h["step_time_s"] for h in hist), "f_s": min(f), "b_s": min(b), "m": len(f)}
 
 
-REFERENCE = {"layers": 2, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 4, "m": 1}
+REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8, "m": 1}
 
 
 def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
@@ -193,6 +193,29 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
     tick()
     tick()
     return {"overheads": ov, "probes": probes, "reference": {**REFERENCE, **ref}, "_ref_cfg": ref_cfg}
+
+
+def corun_worker(cfg_dict: dict[str, Any]) -> float:
+    """One of several processes running the reference at once, each on its own (no
+    communication): its least step time."""
+    import torch
+
+    torch.set_num_threads(1)
+    return run_probe(cfg_dict)["step_s"]
+
+
+def measure_corun(ref_cfg: dict[str, Any], solo_step_s: float, ranks: int) -> float:
+    """How much slower one rank computes when `ranks` ranks busy the machine's cores at once
+    (shared caches, memory bandwidth, the OS's own threads): step time of the reference run by
+    `ranks` independent processes together, over its step time alone.  >= 1."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if ranks < 2:
+        return 1.0
+    with ProcessPoolExecutor(ranks, mp_context=multiprocessing.get_context("spawn")) as ex:
+        times = list(ex.map(corun_worker, [ref_cfg] * ranks))
+    return max(1.0, statistics.median(times) / solo_step_s)
 
 
 def fit_efficiency(hw: dict[str, Any], ref_cfg: dict[str, Any], measured_step_s: float) -> float:
@@ -407,6 +430,9 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     }
     eff = fit_efficiency(hw, over["_ref_cfg"], over["reference"]["step_s"])
     hw["device"]["efficiency"] = eff
+    if not on_gpu:
+        hw["corun_slowdown"] = measure_corun(over["_ref_cfg"], over["reference"]["step_s"],
+                                             min(nproc, machine_cores()))
     hw["measurements"] = {"gemm": gemms, "mem_bw_gbps": mem_bw / GB, "probes": over["probes"],
                           "reference": over["reference"], "collectives": coll}
     hw["calibrated"] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -18,7 +18,9 @@ exposes (`StageTimes`), never by re-deriving the FLOPs or the collectives:
 - ``links.p2p``: α/β of point-to-point sends, fitted apart from the collectives (the planner's
   `intra` link is the all-reduce fit, which is what TP and DP use);
 - ``cores``: CPU cores.  Ranks beyond the cores share them, so every rank computes
-  world/cores times slower when all are busy (pessimistic for pipeline bubbles, where some wait).
+  world/cores times slower when all are busy (pessimistic for pipeline bubbles, where some wait);
+- ``corun_slowdown``: how much slower the reference runs when as many independent copies as
+  cores run at once (shared caches and memory bandwidth), applied whenever world > 1.
 
 The file's `device.efficiency` is the residual efficiency of a real block relative to the
 asymptotic single-thread GEMM rate (`peak_tflops`), once the fixed overheads are taken out; it
@@ -61,6 +63,7 @@ class Profile:
     overheads: Overheads = field(default_factory=Overheads)
     p2p: Link | None = None
     cores: int | None = None
+    corun: float = 1.0  # per-rank slowdown when the cores are all busy at once (calibrated)
 
 
 def load_profile(path: str) -> Profile:
@@ -69,7 +72,7 @@ def load_profile(path: str) -> Profile:
     p2p = links.get("p2p")
     return Profile(hw, Overheads.from_dict(hw.extra.get("overheads")),
                    Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
-                   hw.extra.get("cores"))
+                   hw.extra.get("cores"), float(hw.extra.get("corun_slowdown", 1.0) or 1.0))
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -103,8 +106,12 @@ class Prediction:
 
 
 def contention(prof: Profile, world: int) -> float:
-    """How much slower each rank computes when `world` ranks share the machine's cores."""
-    return max(1.0, world / prof.cores) if prof.cores else 1.0
+    """How much slower each rank computes when `world` ranks share the machine's cores: ranks
+    beyond the cores time-share them (world/cores), and ranks running side by side slow each other
+    (shared caches and memory bandwidth: the calibrated co-run slowdown)."""
+    if not prof.cores:
+        return 1.0
+    return max(1.0, world / prof.cores) * (prof.corun if world > 1 else 1.0)
 
 
 def predict(cfg: RunConfig, prof: Profile) -> Prediction:

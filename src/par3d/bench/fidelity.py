@@ -61,23 +61,27 @@ def layout_config(name: str, steps: int, hardware: str | None = None) -> dict[st
     return cfg.validate().to_dict()
 
 
-def world_worker(cfgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """On every rank of a launched world: run each layout; rank 0 returns its step times."""
+def world_worker(cfgs: list[dict[str, Any]], rounds: int = 1) -> list[dict[str, Any]]:
+    """On every rank of a launched world: run each layout, `rounds` times over in turn (so slow
+    drift of the machine falls on every layout alike); rank 0 returns each layout's step times."""
     import torch.distributed as dist
 
     from par3d.train import worker
 
-    out = []
-    for cfg in cfgs:
-        r = worker(cfg, {"quiet": True})
-        if dist.get_rank() == 0:
-            times = [h["step_time_s"] for h in r["history"][1:]]  # the first step warms up
-            out.append({"measured_s": statistics.median(times), "step_times_s": times})
-        dist.barrier()  # the next layout starts together on every rank
-    return out if dist.get_rank() == 0 else []
+    times: list[list[float]] = [[] for _ in cfgs]
+    for _ in range(rounds):
+        for i, cfg in enumerate(cfgs):
+            r = worker(cfg, {"quiet": True})
+            if dist.get_rank() == 0:
+                times[i] += [h["step_time_s"] for h in r["history"][1:]]  # the first step warms up
+            dist.barrier()  # the next layout starts together on every rank
+    if dist.get_rank() != 0:
+        return []
+    return [{"measured_s": statistics.median(t), "step_times_s": t} for t in times]
 
 
-def measure(names: list[str], steps: int, one_world: bool, progress: bool) -> dict[str, dict[str, Any]]:
+def measure(names: list[str], steps: int, one_world: bool, progress: bool,
+            rounds: int = 1) -> dict[str, dict[str, Any]]:
     from par3d.distributed import launch
 
     cfgs = {n: layout_config(n, steps) for n in names}
@@ -91,7 +95,7 @@ def measure(names: list[str], steps: int, one_world: bool, progress: bool) -> di
         bar = tqdm(total=len(names), desc="fidelity", unit="layout", file=sys.stderr, dynamic_ncols=True)
     res: dict[str, dict[str, Any]] = {}
     for w, group in worlds.items():
-        got = launch(world_worker, w, ([cfgs[n] for n in group],), timeout_s=300, wall_timeout_s=3600,
+        got = launch(world_worker, w, ([cfgs[n] for n in group], rounds), timeout_s=300, wall_timeout_s=3600,
                      threads=1)[0]
         res.update(zip(group, got, strict=True))
         if bar is not None:
@@ -141,12 +145,12 @@ def summarize(layouts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = False,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, rounds: int = 1) -> dict[str, Any]:
     from par3d.config import RunConfig
     from par3d.predict import load_profile, predict
 
     prof = load_profile(hardware)
-    measured = measure(names, steps, one_world, progress)
+    measured = measure(names, steps, one_world, progress, rounds)
     rows = []
     for n in names:
         dp, pp, tp, sched, m, v, rc, zero = GRID[n]
@@ -230,7 +234,10 @@ def register(bsub: Any) -> None:
     ap.add_argument("--one-world", action="store_true",
                     help="run every layout in one 4-rank world (smaller layouts on its first ranks) instead "
                          "of one world per size")
-    ap.add_argument("--quick", action="store_true", help="fewer steps per layout (noisier)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="run every layout of a world this many times in turn and take the median of "
+                         "all their steps, so the machine's drift falls on every layout alike (default 3)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps per layout and one round (noisier)")
     ap.add_argument("--json", action="store_true",
                     help='print {"layouts": [...], "median_abs_error", "spearman", "pick_is_fastest", ...}')
     ap.set_defaults(func=run)
@@ -256,7 +263,10 @@ def run(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.hardware)), exist_ok=True)
         with open(args.hardware, "w") as fh:
             json.dump(hw, fh, indent=1)
-    res = run_fidelity(args.hardware, names, steps, one_world=args.one_world, progress=not args.json)
+    rounds = 1 if args.quick else max(1, args.rounds)
+    res = run_fidelity(args.hardware, names, steps, one_world=args.one_world, progress=not args.json,
+                       rounds=rounds)
+    res["rounds"] = rounds
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
