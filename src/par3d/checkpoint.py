@@ -241,7 +241,7 @@ def _entries(chunks: list[Any], dpar: Any, tied: bool) -> list[_Entry]:
 
     out = []
     for ci, (chunk, buf) in enumerate(zip(chunks, dpar.bufs)):
-        offset = dpar.offsets(buf)  # where each parameter sits in the chunk's flat buffers
+        offset = buf.offsets  # where each parameter sits in the chunk's flat buffers
         for name, p in global_named_parameters(chunk):
             copy = name == "head.weight" and tied
             out.append(_Entry("embedding.tok.weight" if copy else name, ci, p, offset[id(p)], copy))

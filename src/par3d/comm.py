@@ -97,16 +97,11 @@ def all_gather(t: torch.Tensor, group: Group, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's `t` along `dim` (in group-rank order)."""
     if group.size == 1:
         return t
-    t = t.contiguous()
-    out = torch.empty((group.size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    if dim != 0:
-        t_moved = t.movedim(dim, 0).contiguous()
-        out = torch.empty((group.size * t_moved.shape[0],) + tuple(t_moved.shape[1:]),
-                          dtype=t.dtype, device=t.device)
-        _timed(group, "all_gather", out, lambda: dist.all_gather_single(out, t_moved, group=group.pg))
-        return out.movedim(0, dim).contiguous()
-    _timed(group, "all_gather", out, lambda: dist.all_gather_single(out, t, group=group.pg))
-    return out
+    # the collective concatenates along dim 0: bring `dim` there and back
+    moved = t.movedim(dim, 0).contiguous() if dim != 0 else t.contiguous()
+    out = torch.empty((group.size * moved.shape[0],) + tuple(moved.shape[1:]), dtype=t.dtype, device=t.device)
+    _timed(group, "all_gather", out, lambda: dist.all_gather_single(out, moved, group=group.pg))
+    return out.movedim(0, dim).contiguous() if dim != 0 else out
 
 
 def reduce_scatter(t: torch.Tensor, group: Group, dim: int = 0, async_op: bool = False,

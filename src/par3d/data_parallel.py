@@ -60,6 +60,8 @@ class Bucket:
     pending: int = 0
     work: Any = None
     launched: bool = False
+    shard: tuple[int, int] = (0, 0)  # this DP rank's slice [lo, hi) of the bucket (ZeRO-1)
+    scratch: torch.Tensor | None = None  # ZeRO-1: where the reduce-scatter lands (allocated once)
 
 
 @dataclass
@@ -70,6 +72,9 @@ class ChunkBuffers:
     decay_mask: torch.Tensor  # 1 where weight decay applies
     norm_mask: torch.Tensor  # 1 where this rank counts the element in the global gradient norm
     buckets: list[Bucket] = field(default_factory=list)
+    offsets: dict[int, int] = field(default_factory=dict)  # id(param) -> offset in the flat buffers
+    all_counted: bool = True  # every element counts in the norm: no mask needed
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # optimizer work buffers (allocated once)
 
 
 class DataParallel:
@@ -88,7 +93,7 @@ class DataParallel:
         for buf in self.bufs:
             for b in buf.buckets:
                 n = b.numel // self.dp.size
-                b.shard = (b.start + self.dp.rank * n, b.start + (self.dp.rank + 1) * n)  # type: ignore[attr-defined]
+                b.shard = (b.start + self.dp.rank * n, b.start + (self.dp.rank + 1) * n)
         # fp32 training: autograd accumulates straight into the flat buffer (param.grad *is* the
         # main_grad view) and the parameters *are* views of the master weights, so neither a
         # per-micro-batch copy of the gradients nor a per-step copy of the weights is needed.
@@ -97,15 +102,14 @@ class DataParallel:
         if self.direct:
             with torch.no_grad():
                 for buf in self.bufs:
-                    off_of = self.offsets(buf)
                     for p in buf.params:
-                        o = off_of[id(p)]
+                        o = buf.offsets[id(p)]
                         p.data = buf.master[o:o + p.numel()].view_as(p)
         # Adam state for the owned slices only
         self.exp_avg = [torch.zeros_like(buf.master) for buf in self.bufs]
         self.exp_avg_sq = [torch.zeros_like(buf.master) for buf in self.bufs]
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(ci, p))
-                       for ci, buf in enumerate(self.bufs) for p in buf.params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(ci, p, b))
+                       for ci, buf in enumerate(self.bufs) for b in buf.buckets for p in b.params]
 
     # ---- layout ------------------------------------------------------------------------------
     def _build_chunk(self, ci: int, module: nn.Module, bucket_numel: int) -> ChunkBuffers:
@@ -137,12 +141,14 @@ class DataParallel:
         decay = torch.zeros(total, dtype=torch.float32, device=dev)
         norm = torch.zeros(total, dtype=torch.float32, device=dev)
         buckets: list[Bucket] = []
+        offsets: dict[int, int] = {}
         off = 0
         tp_rank0 = self.groups.tp.rank == 0
         for ps, deferred in groups_of:
             start = off
             for p in ps:
                 n = p.numel()
+                offsets[id(p)] = off
                 p.main_grad = grad[off:off + n].view_as(p)  # type: ignore[attr-defined]
                 master[off:off + n] = p.detach().reshape(-1).float()
                 decay[off:off + n] = 1.0 if p.dim() >= 2 else 0.0
@@ -156,11 +162,10 @@ class DataParallel:
             padded = int(math.ceil((off - start) / dp) * dp)
             off = start + padded
             buckets.append(Bucket(ci, ps, start, padded, deferred))
-        return ChunkBuffers(params, grad, master, decay, norm, buckets)
+        return ChunkBuffers(params, grad, master, decay, norm, buckets, offsets, bool(norm.min() == 1))
 
     # ---- backward-time hooks -------------------------------------------------------------------
-    def _make_hook(self, ci: int, p: nn.Parameter) -> Any:
-        bucket = next(b for b in self.bufs[ci].buckets if any(q is p for q in b.params))
+    def _make_hook(self, ci: int, p: nn.Parameter, bucket: Bucket) -> Any:
 
         def hook(param: torch.Tensor) -> None:
             g = param.grad
@@ -195,11 +200,12 @@ class DataParallel:
         elif self.zero == 0:
             b.work = comm.all_reduce(view, self.dp, async_op=True)
         else:
-            lo, hi = b.shard  # type: ignore[attr-defined]
-            out = buf.grad[lo:hi]
-            # reduce-scatter into a scratch tensor, copied into the owned slice on completion
-            b.scratch = torch.empty_like(out)  # type: ignore[attr-defined]
-            _, b.work = comm.reduce_scatter(view, self.dp, async_op=True, out=b.scratch)  # type: ignore[attr-defined]
+            lo, hi = b.shard
+            # reduce-scatter into a scratch tensor (the input is the whole bucket, owned slice
+            # included), copied into the owned slice on completion
+            if b.scratch is None:
+                b.scratch = torch.empty_like(buf.grad[lo:hi])
+            _, b.work = comm.reduce_scatter(view, self.dp, async_op=True, out=b.scratch)
 
     def start_step(self) -> None:
         for buf in self.bufs:
@@ -226,37 +232,31 @@ class DataParallel:
                     b.work.wait()
                     b.work = None
                 if self.zero == 1 and self.dp.size > 1:
-                    lo, hi = b.shard  # type: ignore[attr-defined]
-                    buf.grad[lo:hi].copy_(b.scratch)  # type: ignore[attr-defined]
+                    lo, hi = b.shard
+                    buf.grad[lo:hi].copy_(b.scratch)
 
     # ---- optimizer -----------------------------------------------------------------------------
     def _owned(self, buf: ChunkBuffers) -> list[tuple[int, int]]:
         if self.zero == 1 and self.dp.size > 1:
-            return [b.shard for b in buf.buckets]  # type: ignore[attr-defined]
+            return [b.shard for b in buf.buckets]
         return [(0, buf.grad.numel())]
 
     def _scratch(self, buf: ChunkBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """Two fp32 work buffers per chunk, allocated once: fresh multi-MB temporaries every step
         cost page faults and allocator time comparable to the arithmetic itself on a CPU."""
-        s = getattr(buf, "scratch", None)
-        if s is None:
+        if buf.scratch is None:
             n = max(hi - lo for lo, hi in self._owned(buf))
-            s = (torch.empty(n, dtype=torch.float32, device=buf.grad.device),
-                 torch.empty(n, dtype=torch.float32, device=buf.grad.device))
-            buf.scratch = s  # type: ignore[attr-defined]
-        return s
+            buf.scratch = (torch.empty(n, dtype=torch.float32, device=buf.grad.device),
+                           torch.empty(n, dtype=torch.float32, device=buf.grad.device))
+        return buf.scratch
 
     def grad_norm(self) -> float:
         """Global L2 norm of the gradient of the whole model, each element counted once."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.bufs[0].grad.device if self.bufs else "cpu")
         for buf in self.bufs:
             s1, _ = self._scratch(buf)
-            all_counted = getattr(buf, "all_counted", None)
-            if all_counted is None:
-                all_counted = bool(buf.norm_mask.min() == 1)
-                buf.all_counted = all_counted  # type: ignore[attr-defined]
             for lo, hi in self._owned(buf):
-                g = buf.grad[lo:hi] if all_counted else torch.mul(buf.grad[lo:hi], buf.norm_mask[lo:hi],
+                g = buf.grad[lo:hi] if buf.all_counted else torch.mul(buf.grad[lo:hi], buf.norm_mask[lo:hi],
                                                                   out=s1[:hi - lo])
                 sq += torch.linalg.vector_norm(g).double() ** 2
         comm.all_reduce(sq, self.groups.tp)
@@ -311,35 +311,16 @@ class DataParallel:
                 w.addcdiv_(m, denom, value=-lr / bc1)
             if self.zero == 1 and self.dp.size > 1:
                 for b in buf.buckets:
-                    lo, hi = b.shard  # type: ignore[attr-defined]
+                    lo, hi = b.shard
                     full = comm.all_gather(buf.master[lo:hi].clone(), self.dp)
                     buf.master[b.start:b.start + b.numel].copy_(full)
             self._write_params(buf)
         return {"grad_norm": norm, "lr": lr, "skipped": False}
 
-    def offsets(self, buf: ChunkBuffers) -> dict[int, int]:
-        """id(param) -> offset of the parameter in the chunk's flat buffers."""
-        off_of = getattr(buf, "off_of", None)
-        if off_of is None:
-            off_of = {}
-            for b in buf.buckets:
-                off = b.start
-                for p in b.params:
-                    off_of[id(p)] = off
-                    off += p.numel()
-            buf.off_of = off_of  # type: ignore[attr-defined]
-        return off_of
-
     def _write_params(self, buf: ChunkBuffers) -> None:
         if self.direct:
             return  # the parameters are views of the master weights
-        off_of = self.offsets(buf)
         with torch.no_grad():
             for p in buf.params:
-                o = off_of[id(p)]
+                o = buf.offsets[id(p)]
                 p.copy_(buf.master[o:o + p.numel()].view_as(p))
-
-    # ---- state for checkpoints -------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {"step_count": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
-                "master": [b.master for b in self.bufs]}

@@ -159,7 +159,3 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
                   made["embed"], made["world"], made["pp_grad"])
 
-
-def single_process_groups() -> Groups:
-    """Groups of size one: the single-device reference."""
-    return build_groups(Mesh(1, 1, 1), 0)

@@ -230,7 +230,3 @@ class GPTStage(nn.Module):
             x = block(x)
         return self.head.full_logits(x)
 
-
-def gpt(cfg: ModelConfig, ctx: ModelContext) -> GPTStage:
-    """The whole model as one stage."""
-    return GPTStage(cfg, ctx)

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -322,18 +321,11 @@ def _test_fault(rank: int, step: int, where: str) -> None:
             time.sleep(1)
 
 
-def merge_named(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for r in results:
-        merged.update(r.get(key, {}))
-    return merged
-
-
 # ---- the parent side ------------------------------------------------------------------------------
 
 def preflight(cfg: RunConfig) -> str | None:
     """Every check that can be made before a process starts: `cfg.validate()`, then what needs
-    files or the environment: the data is long enough and fits the vocabulary, a launcher's world
+    the files' contents or the environment: the data fits the vocabulary, a launcher's world
     matches the layout, and a checkpoint to resume from is whole and holds this model.  Raises
     ConfigError; returns the checkpoint folder to resume from (None: a fresh start)."""
     from par3d import checkpoint
@@ -346,9 +338,7 @@ def preflight(cfg: RunConfig) -> str | None:
         corpus = Corpus.load(tc.data)
     except (OSError, ValueError) as e:
         raise ConfigError([f"train.data={tc.data!r}: {e}"]) from None
-    if len(corpus) < mc.seq_len + 1:
-        errs.append(f"train.data={corpus.source!r} holds {len(corpus)} tokens; seq_len={mc.seq_len} needs at "
-                    f"least {mc.seq_len + 1}: give more text or a smaller --seq-len")
+    # (too little text for one sequence is already a validate() error)
     top = int(corpus.tokens.max()) if len(corpus) else 0
     if top >= mc.vocab:
         errs.append(f"model.vocab={mc.vocab}: the data holds token {top} (bytes are tokens 0..255); "
@@ -381,19 +371,3 @@ def run(cfg: RunConfig, options: dict[str, Any] | None = None) -> list[dict[str,
                    threads=cfg.threads_per_rank)
     results = res if isinstance(res, list) else [res]
     return results
-
-
-def summarize(cfg: RunConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
-    r0 = next(r for r in results if r["rank"] == 0)
-    hist = r0["history"]
-    times = [h["step_time_s"] for h in hist[1:]] or [h["step_time_s"] for h in hist]
-    tokens = cfg.train.global_batch * cfg.model.seq_len
-    med = statistics.median(times) if times else float("nan")
-    return {
-        "first_loss": hist[0]["loss"] if hist else None,
-        "last_loss": hist[-1]["loss"] if hist else None,
-        "steps": len(hist),
-        "median_step_time_s": med,
-        "tokens_per_s": tokens / med if med and med == med else None,
-        "peak_activation_bytes": {str(r["coord"]): r["peak_activation_bytes"] for r in results},
-    }
