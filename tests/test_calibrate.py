@@ -125,3 +125,51 @@ def test_collective_worker_on_two_ranks():
     assert all(p["seconds"] > 0 for p in pts)
     fits = fit_collectives(pts)
     assert fits["pooled_all_reduce"]["alpha_us"] > 0 and fits["pooled_all_reduce"]["bw_gbps"] > 0
+
+
+def _profile(tmp_path, **extra) -> object:
+    path = tmp_path / "hw-extra.json"
+    path.write_text(json.dumps({**_hardware_dict(), **extra}))
+    return load_profile(str(path))
+
+
+def test_profile_reads_the_calibrated_terms(tmp_path):
+    prof = _profile(tmp_path, corun_slowdown=1.2, oversubscribed_slowdown=1.5, collective_sync_us=300.0,
+                    pipeline_hop_us=400.0)
+    assert (prof.corun, prof.oversub) == (1.2, 1.5)
+    assert prof.sync == pytest.approx(300e-6) and prof.hop == pytest.approx(400e-6)
+    assert _profile(tmp_path, corun_slowdown=1.2).oversub == 1.2  # older files: oversub = corun
+
+
+def test_contention_follows_the_busy_ranks(tmp_path):
+    from par3d.predict import contention
+
+    prof = _profile(tmp_path, corun_slowdown=1.2, oversubscribed_slowdown=1.5)  # 2 cores
+    assert contention(prof, 1) == 1.0
+    assert contention(prof, 2) == pytest.approx(1.2)  # every core busy: the co-run slowdown
+    assert contention(prof, 4) == pytest.approx(2 * 1.5)  # twice the cores: time-shared and oversubscribed
+    assert contention(prof, 2, busy=1.0) == pytest.approx(1.0)  # the partner idle: no co-run cost
+    assert contention(prof, 2, busy=1.5) == pytest.approx(1.1)  # half way
+    assert contention(prof, 4, busy=3.0) == pytest.approx(1.5 * 1.35)
+
+
+def test_sync_and_hop_add_to_the_prediction(tmp_path):
+    tp, pp = _cfg(tp=2), _cfg(pp=2, microbatches=4)
+    plain = _profile(tmp_path)
+    with_sync = _profile(tmp_path, collective_sync_us=1000.0)
+    with_hop = _profile(tmp_path, pipeline_hop_us=1000.0)
+    # TP: 2 all-reduces per layer forward and backward (+ embedding and loss): each pays the sync
+    assert predict(tp, with_sync).step_time_s - predict(tp, plain).step_time_s > 4 * 4 * 1e-3
+    assert predict(pp, with_hop).step_time_s > predict(pp, plain).step_time_s + 2e-3  # >= 2 hops
+    assert predict(pp, with_sync).step_time_s < predict(pp, plain).step_time_s + 1e-2  # pp=1 tp: few collectives
+
+
+def test_waiting_pipeline_ranks_leave_their_cores(tmp_path):
+    # 4 pipeline ranks on 2 cores: the bubble leaves cores free, so the stages slow down less than
+    # 4 DP ranks (always all busy) do — the model once time-shared every rank all the time
+    from par3d.predict import contention
+
+    prof = _profile(tmp_path)
+    pipe = predict(_cfg(pp=4, microbatches=4), prof)
+    assert pipe.bubble_fraction > 0.2
+    assert contention(prof, 4, busy=4 * (1 - pipe.bubble_fraction)) < contention(prof, 4)

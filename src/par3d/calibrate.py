@@ -159,8 +159,9 @@ def probe_config(layers: int, hidden: int, heads: int, seq: int, micro_batch: in
 
 
 def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
-    """One rank, in this process: the least step time (first step skipped) and the least F / B
-    action durations of the last step (least, because other processes only ever add time)."""
+    """One rank, in this process: the median step time (first step skipped: the statistic
+    `bench fidelity` and the end-of-run report measure) and the least F / B action durations of the
+    last step (least, because other processes only ever add time; only their differences are used)."""
     from par3d.train import worker
 
     r = worker(cfg_dict, {"quiet": True})
@@ -168,7 +169,8 @@ def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
     ev = r["events"]
     f = [e["end"] - e["start"] for e in ev if e["kind"] == "F"]
     b = [e["end"] - e["start"] for e in ev if e["kind"] == "B"]
-    return {"step_s": min(h["step_time_s"] for h in hist), "f_s": min(f), "b_s": min(b), "m": len(f)}
+    return {"step_s": statistics.median(h["step_time_s"] for h in hist), "f_s": min(f), "b_s": min(b),
+            "m": len(f)}
 
 
 REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8, "m": 1}
@@ -188,7 +190,8 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
     step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
     ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
           "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
-    ref_cfg = probe_config(steps=steps, **REFERENCE)
+    # the reference anchors efficiency, co-run and sync: twice the steps, as its median matters most
+    ref_cfg = probe_config(steps=2 * steps - 1, **REFERENCE)
     ref = run_probe(ref_cfg)
     tick()
     tick()
@@ -197,46 +200,111 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
 
 def corun_worker(cfg_dict: dict[str, Any]) -> float:
     """One of several processes running the reference at once, each on its own (no
-    communication): its least step time."""
+    communication): its median step time."""
     import torch
 
     torch.set_num_threads(1)
     return run_probe(cfg_dict)["step_s"]
 
 
-def measure_corun(ref_cfg: dict[str, Any], solo_step_s: float, ranks: int) -> float:
-    """How much slower one rank computes when `ranks` ranks busy the machine's cores at once
-    (shared caches, memory bandwidth, the OS's own threads): step time of the reference run by
-    `ranks` independent processes together, over its step time alone.  >= 1."""
+def measure_corun(ref_cfg: dict[str, Any], cores: int, repeats: int = 3) -> dict[str, float]:
+    """How much slower one rank computes when others compute beside it, beyond plain time-sharing.
+
+    The reference is run by 1, `cores` and 2·`cores` independent processes at once, back to back,
+    `repeats` times over (so the machine's drift falls on all three alike); per repeat, the step
+    time of n processes over the solo one, divided by the time-sharing factor max(1, n/cores), and
+    the median over repeats.  `at_cores` is the cost of shared caches and memory bandwidth;
+    `oversubscribed` adds what time-sharing itself costs (context switches, cold caches)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    if ranks < 2:
-        return 1.0
-    with ProcessPoolExecutor(ranks, mp_context=multiprocessing.get_context("spawn")) as ex:
-        times = list(ex.map(corun_worker, [ref_cfg] * ranks))
-    return max(1.0, statistics.median(times) / solo_step_s)
+    if cores < 2:
+        return {"at_cores": 1.0, "oversubscribed": 1.0}
+    ratios: dict[int, list[float]] = {cores: [], 2 * cores: []}
+    with ProcessPoolExecutor(2 * cores, mp_context=multiprocessing.get_context("spawn")) as ex:
+        list(ex.map(corun_worker, [ref_cfg] * 2 * cores))  # start every worker (torch import) first
+        for _ in range(repeats):
+            solo = next(iter(ex.map(corun_worker, [ref_cfg])))
+            for n in ratios:
+                many = statistics.median(ex.map(corun_worker, [ref_cfg] * n))
+                ratios[n].append(many / solo / max(1.0, n / cores))
+    return {"at_cores": max(1.0, statistics.median(ratios[cores])),
+            "oversubscribed": max(1.0, statistics.median(ratios[2 * cores]))}
 
 
 def fit_efficiency(hw: dict[str, Any], ref_cfg: dict[str, Any], measured_step_s: float) -> float:
     """The efficiency e that makes the predicted reference step equal the measured one:
     step(e) = fixed + compute/e, so e = compute / (measured - fixed), both from predict.py."""
-    import tempfile
-
     from par3d.config import RunConfig
-    from par3d.predict import load_profile, predict, with_efficiency
+    from par3d.predict import predict, with_efficiency
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump(hw, fh)
-    try:
-        prof = load_profile(fh.name)
-    finally:
-        os.unlink(fh.name)
+    prof = profile_of(hw)
     cfg = RunConfig.from_dict(ref_cfg)
     at1 = predict(cfg, with_efficiency(prof, 1.0)).step_time_s
     fixed = predict(cfg, with_efficiency(prof, 1e9)).step_time_s  # compute → 0: only fixed costs
     compute = at1 - fixed
     return min(1.0, max(0.02, compute / max(measured_step_s - fixed, 1e-9)))
+
+
+def probe_worker(cfg_dict: dict[str, Any]) -> float:
+    """On every rank of a launched world: the median step time of `cfg_dict` (first step skipped)."""
+    from par3d.train import worker
+
+    hist = worker(cfg_dict, {"quiet": True})["history"]
+    return statistics.median(h["step_time_s"] for h in hist[1:] or hist)
+
+
+def profile_of(hw: dict[str, Any]) -> Any:
+    """predict.py's view of a hardware file's content not yet written."""
+    import tempfile
+
+    from par3d.predict import load_profile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(hw, fh)
+    try:
+        return load_profile(fh.name)
+    finally:
+        os.unlink(fh.name)
+
+
+def fit_collective_sync(hw: dict[str, Any], tp_cfg: dict[str, Any], measured_step_s: float) -> float:
+    """Seconds each collective costs inside a training step beyond the α-β fit of isolated calls.
+
+    In a step, a rank reaches each of the TP all-reduces at its own moment, and the partner that
+    arrives first waits: every collective is a synchronisation point where the ranks' jitter
+    (time-shared cores, the OS's threads) adds up.  Fitted on the reference model run with TP over
+    all calibration ranks, as sync = (measured − predicted without it) / (collectives on the
+    critical path), the latter read off predict.py as d(step)/d(sync)."""
+    from par3d.config import RunConfig
+    from par3d.predict import predict
+
+    cfg = RunConfig.from_dict(tp_cfg)
+    prof = profile_of({**hw, "collective_sync_us": 0.0})
+    base = predict(cfg, prof).step_time_s
+    per_s = (predict(cfg, profile_of({**hw, "collective_sync_us": 1e3})).step_time_s - base) / 1e-3
+    return max(0.0, (measured_step_s - base) / per_s) if per_s > 0 else 0.0
+
+
+def fit_pipeline_hop(nproc: int, quick: bool) -> dict[str, float]:
+    """Seconds a pipeline transfer costs inside a step beyond the α-β fit of isolated sends.
+
+    The seed's section 3.3 experiment (`bench synthetic`): `nproc` stages that wait 2 ms instead of
+    computing, 1F1B over 4 micro-batches, so the measured makespan beyond the schedule's own is the
+    transfers on the critical path (posting a send, waking the receiving rank).  The simulator
+    gives d(makespan)/d(transfer), the number of such hops; hop = excess / hops."""
+    from par3d.bench.synthetic import measure
+    from par3d.pipeline.schedules import build
+    from par3d.pipeline.simulate import simulate
+
+    p, m, t = max(2, nproc), 4, 2.0
+    got = measure("1f1b", p, m, t, t, steps=4 if quick else 8)
+    sched = build("1f1b", p, m)
+    base = simulate(sched, p, m, tf=t / 1e3, tb=t / 1e3).makespan
+    hops = (simulate(sched, p, m, tf=t / 1e3, tb=t / 1e3, transfer=1e-3).makespan - base) / 1e-3
+    return {"stages": p, "microbatches": m, "stage_ms": t, "measured_makespan_s": got["measured_makespan_s"],
+            "schedule_makespan_s": base, "hops": hops,
+            "hop_s": max(0.0, (got["measured_makespan_s"] - base) / hops)}
 
 
 # ---- 4. collectives ----------------------------------------------------------------------------
@@ -390,7 +458,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_gemm + 1 + 4 + 1, desc="calibrate", unit="probe", file=sys.stderr,
+        bar = tqdm(total=n_gemm + 1 + 4 + 1 + 3, desc="calibrate", unit="probe", file=sys.stderr,
                    dynamic_ncols=True)
 
     def tick() -> None:
@@ -431,10 +499,21 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     eff = fit_efficiency(hw, over["_ref_cfg"], over["reference"]["step_s"])
     hw["device"]["efficiency"] = eff
     if not on_gpu:
-        hw["corun_slowdown"] = measure_corun(over["_ref_cfg"], over["reference"]["step_s"],
-                                             min(nproc, machine_cores()))
+        corun = measure_corun(over["_ref_cfg"], machine_cores(), repeats=2 if quick else 3)
+        hw["corun_slowdown"] = corun["at_cores"]
+        hw["oversubscribed_slowdown"] = corun["oversubscribed"]
+    tick()
+    # the reference with TP over the calibration ranks: what a collective costs inside a step
+    tp_cfg = {**over["_ref_cfg"], "parallel": {**over["_ref_cfg"]["parallel"], "tp": nproc}}
+    tp_step = launch(probe_worker, nproc, (tp_cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+    hw["collective_sync_us"] = fit_collective_sync(hw, tp_cfg, tp_step) / US
+    tick()
+    hop = fit_pipeline_hop(nproc, quick)
+    hw["pipeline_hop_us"] = hop["hop_s"] / US
+    tick()
     hw["measurements"] = {"gemm": gemms, "mem_bw_gbps": mem_bw / GB, "probes": over["probes"],
-                          "reference": over["reference"], "collectives": coll}
+                          "reference": over["reference"], "collectives": coll,
+                          "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
     hw["calibrated"] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                         "torch": torch.__version__, "host_cores": machine_cores(), "nproc": nproc,
                         "quick": quick, "seconds": round(time.time() - t_start, 1),
@@ -514,6 +593,14 @@ def summary(hw: dict[str, Any]) -> str:
              f"intra link  α={hw['intra']['alpha_us']:.1f} µs, β={hw['intra']['bw_gbps']:.3f} GB/s "
              f"(pooled all-reduce fit, rel. rms {hw['collective_fits']['pooled_all_reduce']['rel_rms']:.0%})",
              f"p2p         α={hw['links']['p2p']['alpha_us']:.1f} µs, β={hw['links']['p2p']['bw_gbps']:.3f} GB/s"]
+    if hw.get("corun_slowdown") is not None:
+        lines.append(f"co-run      {hw['corun_slowdown']:.2f}x slower with every core busy, "
+                     f"{hw.get('oversubscribed_slowdown', 1.0):.2f}x with twice as many ranks as cores "
+                     f"(beyond time-sharing)")
+    if hw.get("collective_sync_us") is not None:
+        lines.append(f"sync        {hw['collective_sync_us']:.0f} µs per collective inside a step, beyond its α-β fit")
+    if hw.get("pipeline_hop_us") is not None:
+        lines.append(f"hop         {hw['pipeline_hop_us']:.0f} µs per pipeline transfer inside a step, beyond its α-β fit")
     for kind in (*KINDS, "p2p"):
         for g, f in hw["collective_fits"][kind].items():
             lines.append(f"  {kind:15s} {g} ranks: α={f['alpha_us']:7.1f} µs  β={f['bw_gbps']:7.3f} GB/s  "

@@ -17,10 +17,18 @@ exposes (`StageTimes`), never by re-deriving the FLOPs or the collectives:
   flat buffers, loss reductions);
 - ``links.p2p``: α/β of point-to-point sends, fitted apart from the collectives (the planner's
   `intra` link is the all-reduce fit, which is what TP and DP use);
-- ``cores``: CPU cores.  Ranks beyond the cores share them, so every rank computes
-  world/cores times slower when all are busy (pessimistic for pipeline bubbles, where some wait);
-- ``corun_slowdown``: how much slower the reference runs when as many independent copies as
-  cores run at once (shared caches and memory bandwidth), applied whenever world > 1.
+- ``cores``: CPU cores.  Busy ranks beyond the cores share them, so every rank computes
+  busy/cores times slower, where `busy` is the average number of ranks computing at once (all of
+  them for DP and TP; fewer in a pipeline, whose ranks wait in the bubble);
+- ``collective_sync_us``: what a collective costs inside a training step beyond the α-β fit of
+  isolated calls (each is a point where the ranks wait for the slowest), fitted on the reference
+  model run with TP over the calibration ranks and added to the links' α;
+- ``pipeline_hop_us``: what a pipeline transfer costs inside a step beyond the α-β fit of
+  isolated sends (posting the send, waking the receiver), fitted on `bench synthetic`'s waiting
+  stages and added to each transfer;
+- ``corun_slowdown`` / ``oversubscribed_slowdown``: how much slower the reference runs, beyond
+  time-sharing, when as many independent copies as cores (twice as many) run at once: shared
+  caches and memory bandwidth (and context switches); interpolated on the busy ranks.
 
 The file's `device.efficiency` is the residual efficiency of a real block relative to the
 asymptotic single-thread GEMM rate (`peak_tflops`), once the fixed overheads are taken out; it
@@ -64,15 +72,23 @@ class Profile:
     p2p: Link | None = None
     cores: int | None = None
     corun: float = 1.0  # per-rank slowdown when the cores are all busy at once (calibrated)
+    oversub: float = 1.0  # the same with twice as many busy ranks as cores, beyond time-sharing
+    sync: float = 0.0  # seconds a collective costs inside a step beyond its α-β fit (calibrated)
+    hop: float = 0.0  # seconds a pipeline transfer costs inside a step beyond its α-β fit (calibrated)
 
 
 def load_profile(path: str) -> Profile:
     hw = load_hardware_file(path)
     links = hw.extra.get("links", {}) or {}
     p2p = links.get("p2p")
-    return Profile(hw, Overheads.from_dict(hw.extra.get("overheads")),
-                   Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
-                   hw.extra.get("cores"), float(hw.extra.get("corun_slowdown", 1.0) or 1.0))
+    extra = hw.extra
+    corun = float(extra.get("corun_slowdown", 1.0) or 1.0)
+    return Profile(hw, Overheads.from_dict(extra.get("overheads")),
+                   p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
+                   cores=extra.get("cores"), corun=corun,
+                   oversub=float(extra.get("oversubscribed_slowdown", corun) or corun),
+                   sync=float(extra.get("collective_sync_us", 0.0) or 0.0) * US,
+                   hop=float(extra.get("pipeline_hop_us", 0.0) or 0.0) * US)
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -94,7 +110,9 @@ def choice(cfg: RunConfig) -> cost.Choice:
 def cluster_of(prof: Profile, cfg: RunConfig) -> Cluster:
     world = cfg.parallel.world_size
     gpn = max(prof.hw.gpus_per_node or world, world)  # all ranks of this machine are one node
-    return Cluster(prof.hw.device, world, gpn, prof.hw.intra, prof.hw.inter, cfg.train.dtype)
+    # a collective inside a step also waits for its slowest rank: the calibrated sync joins its α
+    intra, inter = (replace(k, alpha=k.alpha + prof.sync) for k in (prof.hw.intra, prof.hw.inter))
+    return Cluster(prof.hw.device, world, gpn, intra, inter, cfg.train.dtype)
 
 
 @dataclass
@@ -105,13 +123,24 @@ class Prediction:
     breakdown: dict[str, float]
 
 
-def contention(prof: Profile, world: int) -> float:
-    """How much slower each rank computes when `world` ranks share the machine's cores: ranks
-    beyond the cores time-share them (world/cores), and ranks running side by side slow each other
-    (shared caches and memory bandwidth: the calibrated co-run slowdown)."""
+def contention(prof: Profile, world: int, busy: float | None = None) -> float:
+    """How much slower each rank computes when `world` ranks share the machine's cores, `busy` of
+    them computing at any moment on average (default: all): busy ranks beyond the cores time-share
+    them (busy/cores), and ranks running side by side slow each other (shared caches and memory
+    bandwidth: the calibrated co-run slowdown, in proportion to how many other cores are busy)."""
     if not prof.cores:
         return 1.0
-    return max(1.0, world / prof.cores) * (prof.corun if world > 1 else 1.0)
+    busy = world if busy is None else busy
+    if world == 1:
+        return 1.0
+    # beyond time-sharing, the calibrated slowdown: 1 alone, `corun` with every core busy,
+    # `oversub` with twice as many busy ranks as cores; linear in between, flat beyond
+    k = prof.cores
+    if busy <= k:
+        extra = 1.0 + (prof.corun - 1.0) * max(0.0, busy - 1.0) / max(1, k - 1)
+    else:
+        extra = prof.corun + (prof.oversub - prof.corun) * min(1.0, (busy - k) / k)
+    return max(1.0, busy / k) * extra
 
 
 def predict(cfg: RunConfig, prof: Profile) -> Prediction:
@@ -120,27 +149,43 @@ def predict(cfg: RunConfig, prof: Profile) -> Prediction:
     cl = cluster_of(prof, cfg)
     ov = prof.overheads
     st = cost.stage_times(model, cl, c)  # the planner's per-stage F/B (compute + TP collectives)
-    slow = contention(prof, c.tp * c.pp * c.dp)
+    world = c.tp * c.pp * c.dp
+    # the waits inside each action (TP / ZeRO-3 collectives): a rank waiting needs no core, so the
+    # cores' contention below slows only the rest
+    waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
+             "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
+             "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
+             "bw": [0.0] * len(st.bw)}
     lay = cost.layout(model, c.pp * c.virtual_stages)
-    # per stage: the planner's F/B (slowed when ranks share cores) + the fixed overheads
+    # per stage: the planner's F/B + the fixed overheads, on a core of its own
     rec_f = {"none": 0.0, "selective": 0.0, "full": 1.0}[c.recompute]  # full recompute reruns F
     for s, n in enumerate(lay.layers):
         f_fix = ov.action_f_s + n * ov.layer_f_s
         b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
-        st.f[s] = slow * (st.f[s] + f_fix)
-        st.b[s] = slow * (st.b[s] + b_fix)
+        st.f[s] += f_fix
+        st.b[s] += b_fix
         # eager zero-bubble: BI and BW each walk the graph (runtime.py), so each pays B's fixed cost
-        st.bi[s] = slow * (st.bi[s] + b_fix)
-        st.bw[s] = slow * (st.bw[s] + b_fix)
+        st.bi[s] += b_fix
+        st.bw[s] += b_fix
     if c.pp > 1 and prof.p2p is not None:
         act = c.micro_batch * model.seq_len * model.hidden * (4 if cl.dtype == "fp32" else 2)
-        st.transfer = plan_comm.p2p(act / (c.tp if c.sequence_parallel else 1), prof.p2p).total
-    makespan, bubble, _busy = cost.simulate_stages(st, c)
+        st.transfer = plan_comm.p2p(act / (c.tp if c.sequence_parallel else 1), prof.p2p).total + prof.hop
+    # Ranks share the cores only while they compute: a rank waiting in the pipeline bubble leaves
+    # its core to the others.  So the slowdown follows the average number of busy ranks, read off
+    # the schedule's own simulation (busy time / makespan, times the ranks of each stage).
+    makespan, bubble, busy = cost.simulate_stages(st, c)
+    busy_ranks = c.dp * c.tp * sum(busy) / makespan if makespan > 0 else world
+    slow = contention(prof, world, busy_ranks)
+    if slow != 1.0:
+        for kind, lst in (("f", st.f), ("b", st.b), ("bi", st.bi), ("bw", st.bw)):
+            lst[:] = [slow * (t - w) + w for t, w in zip(lst, waits[kind])]
+        makespan, bubble, _busy = cost.simulate_stages(st, c)
     tail = cost.dp_tail(model, cl, c, st)
-    opt = slow * cost.optimizer_time(model, cl, c)
+    full = contention(prof, world)  # the optimizer step runs on every rank at once
+    opt = full * cost.optimizer_time(model, cl, c)
     # per step: loss and gradient-norm reductions over tp, pp (and dp): small all-reduces, α-bound
     small = sum(plan_comm.all_reduce(8.0, e, cl.intra).total for e in (c.tp, c.pp, c.dp))
-    fixed = slow * ov.step_s + small
+    fixed = full * ov.step_s + small
     step = makespan + tail + opt + fixed
     return Prediction(step, makespan, bubble, {"pipeline": makespan, "dp_tail": tail, "optimizer": opt,
                                                 "fixed": fixed})

@@ -6,7 +6,8 @@ predicted with `par3d.predict` and a hardware file from `par3d calibrate`, then 
 the median absolute error, the Spearman rank correlation of predicted and measured times, and
 whether the layout the planner would pick (least predicted time) is the one measured fastest.
 
-Layouts run in one launched world per world size (1, 2, 4 ranks), one after another.  With
+Layouts run in one launched world per world size (1, 2, 4 ranks); `--rounds` launches them all
+again in turn, and a layout's time is the median of all its steps.  With
 `--one-world` every layout runs in a single 4-rank world, smaller layouts on its first ranks and
 the others waiting; on a machine with fewer cores than ranks the waiting ranks can slow the
 working ones, which this option exists to measure (docs/measured.md gives the numbers).
@@ -61,27 +62,26 @@ def layout_config(name: str, steps: int, hardware: str | None = None) -> dict[st
     return cfg.validate().to_dict()
 
 
-def world_worker(cfgs: list[dict[str, Any]], rounds: int = 1) -> list[dict[str, Any]]:
-    """On every rank of a launched world: run each layout, `rounds` times over in turn (so slow
-    drift of the machine falls on every layout alike); rank 0 returns each layout's step times."""
+def world_worker(cfgs: list[dict[str, Any]]) -> list[list[float]]:
+    """On every rank of a launched world: run each layout once; rank 0 returns each layout's step
+    times (the first step of each run skipped: it warms up)."""
     import torch.distributed as dist
 
     from par3d.train import worker
 
-    times: list[list[float]] = [[] for _ in cfgs]
-    for _ in range(rounds):
-        for i, cfg in enumerate(cfgs):
-            r = worker(cfg, {"quiet": True})
-            if dist.get_rank() == 0:
-                times[i] += [h["step_time_s"] for h in r["history"][1:]]  # the first step warms up
-            dist.barrier()  # the next layout starts together on every rank
-    if dist.get_rank() != 0:
-        return []
-    return [{"measured_s": statistics.median(t), "step_times_s": t} for t in times]
+    times: list[list[float]] = []
+    for cfg in cfgs:
+        r = worker(cfg, {"quiet": True})
+        times.append([h["step_time_s"] for h in r["history"][1:]])
+        dist.barrier()  # the next layout starts together on every rank
+    return times if dist.get_rank() == 0 else []
 
 
 def measure(names: list[str], steps: int, one_world: bool, progress: bool,
             rounds: int = 1) -> dict[str, dict[str, Any]]:
+    """Each layout's median step time over `rounds` runs.  A round launches every world once (one
+    per world size, or one 4-rank world with `one_world`), so slow drift of the machine falls on
+    every layout alike, whatever its number of ranks."""
     from par3d.distributed import launch
 
     cfgs = {n: layout_config(n, steps) for n in names}
@@ -92,17 +92,20 @@ def measure(names: list[str], steps: int, one_world: bool, progress: bool,
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(names), desc="fidelity", unit="layout", file=sys.stderr, dynamic_ncols=True)
-    res: dict[str, dict[str, Any]] = {}
-    for w, group in worlds.items():
-        got = launch(world_worker, w, ([cfgs[n] for n in group], rounds), timeout_s=300, wall_timeout_s=3600,
-                     threads=1)[0]
-        res.update(zip(group, got, strict=True))
-        if bar is not None:
-            bar.update(len(group))
+        bar = tqdm(total=len(names) * rounds, desc="fidelity", unit="run", file=sys.stderr,
+                   dynamic_ncols=True)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(rounds):
+        for w, group in worlds.items():
+            got = launch(world_worker, w, ([cfgs[n] for n in group],), timeout_s=300, wall_timeout_s=3600,
+                         threads=1)[0]
+            for n, t in zip(group, got, strict=True):
+                times[n] += t
+            if bar is not None:
+                bar.update(len(group))
     if bar is not None:
         bar.close()
-    return res
+    return {n: {"measured_s": statistics.median(t), "step_times_s": t} for n, t in times.items()}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -235,8 +238,8 @@ def register(bsub: Any) -> None:
                     help="run every layout in one 4-rank world (smaller layouts on its first ranks) instead "
                          "of one world per size")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="run every layout of a world this many times in turn and take the median of "
-                         "all their steps, so the machine's drift falls on every layout alike (default 3)")
+                    help="launch every world this many times in turn and take the median of all of a "
+                         "layout's steps, so the machine's drift falls on every layout alike (default 3)")
     ap.add_argument("--quick", action="store_true", help="fewer steps per layout and one round (noisier)")
     ap.add_argument("--json", action="store_true",
                     help='print {"layouts": [...], "median_abs_error", "spearman", "pick_is_fastest", ...}')
