@@ -36,6 +36,7 @@ def runs(tmp_path_factory):
         r = par3d("train", *SMALL, *extra, "--metrics-out", str(d / f"{name}.jsonl"))
         assert r.returncode == 0, r.stderr[-2000:]
         out[name] = metrics(d / f"{name}.jsonl")
+        out[f"{name}_stdout"] = r.stdout
     return out
 
 
@@ -56,6 +57,15 @@ def test_metrics_lines_have_the_documented_fields(runs):
 def test_comm_report_in_metrics(runs):
     comm = runs["tp2"][0]["comm"]
     assert comm["tp"]["all_reduce"]["calls"] > 0
+    # elements per call: b·s·h = micro-batch 16 (the default global batch, m = 1) x 32 x 32
+    sizes = runs["tp2"][0]["comm_sizes"]["tp/all_reduce"]
+    assert sizes.count(16 * 32 * 32) == 4 * 4 + 2
+
+
+def test_comm_report_prints_the_seeds_accounting(runs):
+    out = runs["tp2_stdout"]
+    assert "18 × 16,384 (b·s·h) + 3 × 512 (b·s) + 1 × 1" in out, out
+    assert "per micro-batch: 4 TP all-reduces of b·s·h per layer" in out, out
 
 
 def test_default_job_uses_three_dimensions_and_writes_trace(tmp_path):

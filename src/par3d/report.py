@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 from typing import Any
 
 from par3d.config import RunConfig
@@ -38,6 +39,31 @@ def _simulated_from(measured: Any, schedule_name: str, p: int, m: int, v: int) -
     return simulate(build(schedule_name, p, m, v), p, m, v, durations=durations, transfer=0.0)
 
 
+def _size_histogram(sizes: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    """{"group/kind": [elements per call, ...]} -> {"group/kind": {elements: calls}}, largest first."""
+    return {key: dict(sorted(Counter(v).items(), reverse=True)) for key, v in sorted(sizes.items())}
+
+
+def _format_sizes(rep: dict[str, Any]) -> list[str]:
+    """--comm-report: elements per call of the last step, with the seed's units named (§2.3: a TP
+    all-reduce moves one b·s·h activation; the vocab-parallel loss moves b·s values)."""
+    u = rep["units"]
+    names = {u["b*s*h"]: "b·s·h", u["b*s"]: "b·s"}
+    lines = ["  comm sizes      elements per call, last step (b·s·h = "
+             f"{u['b*s*h']:,}, b·s = {u['b*s']:,})"]
+    for key, hist in rep["comm_sizes_last_step"].items():
+        parts = " + ".join(f"{n} × {e:,}" + (f" ({names[e]})" if e in names else "") for e, n in hist.items())
+        lines.append(f"    {key:22s} {parts}")
+    # the seed's per-layer accounting, read back from the counts (one stage holds every layer)
+    full = rep["comm_sizes_last_step"].get("tp/all_reduce", {}).get(u["b*s*h"], 0)
+    lay, m = rep["layout"], rep["layout"]["microbatches"]
+    if full and lay["pp"] == 1 and not lay["sequence_parallel"]:
+        per_layer = (full - 2 * m) / (u["layers"] * m)
+        lines.append(f"    = per micro-batch: {per_layer:g} TP all-reduces of b·s·h per layer (seed §2.3: 2 forward, "
+                     f"2 backward) x {u['layers']} layers + 2 (embedding, LM head), over m = {m}")
+    return lines
+
+
 def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     pc = cfg.parallel
     hist = r0["history"]
@@ -55,10 +81,14 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
         "median_step_time_s": med,
         "tokens_per_s": tokens / med if med and med == med else None,
         "comm_last_step": r0["comm_per_step"][-1]["comm"] if r0.get("comm_per_step") else {},
+        "comm_sizes_last_step": _size_histogram(r0["comm_per_step"][-1].get("sizes") or {})
+        if r0.get("comm_per_step") else {},
         "peak_activation_mib": {
             f"dp{w['coord'][0]}/pp{w['coord'][1]}/tp{w['coord'][2]}": round(w["peak_activation_bytes"] / 2**20, 3)
             for w in world},
         "peak_inflight_predicted": {f"pp{w['coord'][1]}": w["peak_inflight_predicted"] for w in world},
+        "units": {"b*s*h": int(cfg.train.micro_batch or 1) * cfg.model.seq_len * cfg.model.hidden,
+                  "b*s": int(cfg.train.micro_batch or 1) * cfg.model.seq_len, "layers": cfg.model.layers},
     }
     measured = _measured_timeline(world, pc.pp, pc.microbatches, pc.virtual_stages)
     if measured is not None:
@@ -135,6 +165,8 @@ def format_report(rep: dict[str, Any]) -> str:
     for g, kinds in rep["comm_last_step"].items():
         parts = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 2**20:.2f} MiB" for k, v in kinds.items())
         lines.append(f"  comm[{g:5s}]     {parts}")
+    if rep.get("comm_sizes_last_step"):
+        lines += _format_sizes(rep)
     acts = rep["peak_activation_mib"]
     if acts:
         lines.append("  peak activations " + ", ".join(f"{k}: {v:.2f} MiB" for k, v in acts.items()))

@@ -133,7 +133,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     peak_act = 0
     act_per_mb = 0
     comm.COUNTER.reset()
-    comm.COUNTER.keep_sizes = bool(options.get("keep_sizes"))
+    comm.COUNTER.keep_sizes = bool(options.get("keep_sizes") or cfg.comm_report)
     comm_per_step: list[dict[str, Any]] = []
     saved: list[str] = []
     last_step = min(tc.steps, int(options.get("stop_at_step", tc.steps)))  # tests: a preempted run
@@ -174,6 +174,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
                    "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
             if cfg.comm_report:
                 row["comm"] = snap
+                row["comm_sizes"] = sizes
             history.append(row)
             events_last = res.events
             if options.get("all_events") and c.dp == 0 and c.tp == 0:

@@ -68,7 +68,8 @@ def register(sub: Any) -> None:
                     help="folder for a Chrome/Perfetto trace, a Gantt PNG (measured vs simulated) and "
                          "the report (default: OUT/trace)")
     ap.add_argument("--comm-report", action="store_true", default=None,
-                    help="print calls and bytes per group and kind for each step (also in the metrics)")
+                    help="print the last step's elements per call for each group and kind, with the seed's "
+                         "per-layer TP accounting; every step's calls, bytes and sizes go to --metrics-out")
     ap.add_argument("--synthetic-stage-ms", default=None,
                     help="F,B: stages wait F and B milliseconds instead of computing (measures the "
                          "runtime's own overhead)")
