@@ -22,7 +22,6 @@ What one rank achieves is measured, as a rank runs in training: one intra-op thr
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -256,16 +255,10 @@ def probe_worker(cfg_dict: dict[str, Any]) -> float:
 
 def profile_of(hw: dict[str, Any]) -> Any:
     """predict.py's view of a hardware file's content not yet written."""
-    import tempfile
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import profile_of as profile
 
-    from par3d.predict import load_profile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump(hw, fh)
-    try:
-        return load_profile(fh.name)
-    finally:
-        os.unlink(fh.name)
+    return profile(hardware_from_dict(hw, "calibration"))
 
 
 def fit_collective_sync(hw: dict[str, Any], tp_cfg: dict[str, Any], measured_step_s: float) -> float:

@@ -78,7 +78,11 @@ class Profile:
 
 
 def load_profile(path: str) -> Profile:
-    hw = load_hardware_file(path)
+    return profile_of(load_hardware_file(path))
+
+
+def profile_of(hw: HardwareFile) -> Profile:
+    """A hardware file (`load_hardware_file` / `hardware_from_dict`) as predict.py uses it."""
     links = hw.extra.get("links", {}) or {}
     p2p = links.get("p2p")
     extra = hw.extra
@@ -202,5 +206,5 @@ def with_efficiency(prof: Profile, efficiency: float) -> Profile:
     return replace(prof, hw=hw)
 
 
-__all__ = ["Overheads", "Prediction", "Profile", "choice", "load_profile", "model_spec", "predict",
+__all__ = ["Overheads", "Prediction", "Profile", "choice", "load_profile", "model_spec", "predict", "profile_of",
            "predict_step_time", "with_efficiency"]

@@ -197,6 +197,11 @@ def load_hardware_file(path: str) -> HardwareFile:
         d = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise HardwareError(f"--hardware {path}: cannot parse ({e}); write JSON, or TOML with a .toml name") from e
+    return hardware_from_dict(d, path)
+
+
+def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
+    """A hardware file's parsed content; `path` names it in errors."""
     if not isinstance(d, dict) or not isinstance(d.get("device"), dict):
         raise HardwareError(f"--hardware {path}: needs a [device] table with peak_tflops, mem_bw_gbps, "
                             f"mem_gib and sms")
@@ -248,4 +253,4 @@ def describe(c: Cluster) -> str:
 
 
 __all__ = ["Cluster", "Device", "Link", "DEVICES", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
-           "get_device", "make_cluster", "load_hardware_file", "describe"]
+           "get_device", "make_cluster", "load_hardware_file", "hardware_from_dict", "describe"]
