@@ -46,7 +46,9 @@ def _attempt(d: Path) -> tuple[list[int | None], list[str]]:
     """Run both agents once, for at most ATTEMPT_S seconds; return their exit codes (None: stopped) and logs."""
     port = free_port()  # a fresh port each attempt: another suite may have taken the last one meanwhile
     # LOGLEVEL=INFO: the agents log their rendezvous; SIGABRT below makes a stuck rank print its stack.
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO"}
+    # GLOO_SOCKET_IFNAME=lo: both "nodes" talk over loopback, as a real cluster names its interface,
+    # so gloo need not resolve this machine's hostname (slow where a resolver does not answer).
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO", "GLOO_SOCKET_IFNAME": "lo"}
     procs = []
     for node in (0, 1):
         # is_host: node 0 hosts the rendezvous store (both "nodes" have the endpoint's address)
