@@ -173,3 +173,31 @@ def test_waiting_pipeline_ranks_leave_their_cores(tmp_path):
     pipe = predict(_cfg(pp=4, microbatches=4), prof)
     assert pipe.bubble_fraction > 0.2
     assert contention(prof, 4, busy=4 * (1 - pipe.bubble_fraction)) < contention(prof, 4)
+
+
+def test_collective_sync_fit_recovers_a_known_sync():
+    from par3d.calibrate import fit_collective_sync
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import profile_of
+
+    hw = _hardware_dict()
+    cfg = _cfg(tp=2)
+    measured = predict(cfg, profile_of(hardware_from_dict({**hw, "collective_sync_us": 500.0}))).step_time_s
+    assert fit_collective_sync(hw, cfg.to_dict(), measured) == pytest.approx(500e-6, rel=1e-6)
+    assert fit_collective_sync(hw, cfg.to_dict(), measured / 10) == 0.0  # faster than α-β alone: no sync
+
+
+def test_quick_calibration_end_to_end(tmp_path):
+    """The whole `calibrate --quick` on 2 ranks: every field the predictor reads is written and sane."""
+    from par3d.cli import main
+
+    out = tmp_path / "hw.json"
+    assert main(["calibrate", "--quick", "--out", str(out), "--plot", str(tmp_path / "c.png")]) == 0
+    hw = json.loads(out.read_text())
+    assert hw["corun_slowdown"] >= 1.0 and hw["oversubscribed_slowdown"] >= 1.0
+    assert hw["collective_sync_us"] >= 0.0 and hw["pipeline_hop_us"] >= 0.0
+    assert hw["measurements"]["pipeline_hop"]["hops"] > 0
+    prof = load_profile(str(out))
+    assert prof.cores == hw["cores"] and prof.sync == pytest.approx(hw["collective_sync_us"] * 1e-6)
+    assert predict(_cfg(tp=2), prof).step_time_s > 0
+    assert (tmp_path / "c.png").stat().st_size > 1000

@@ -199,11 +199,11 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
 
 def corun_worker(cfg_dict: dict[str, Any]) -> float:
     """One of several processes running the reference at once, each on its own (no
-    communication): its median step time."""
+    communication), with the one thread a training rank gets: its median step time."""
     import torch
 
     torch.set_num_threads(1)
-    return run_probe(cfg_dict)["step_s"]
+    return probe_worker(cfg_dict)
 
 
 def measure_corun(ref_cfg: dict[str, Any], cores: int, repeats: int = 3) -> dict[str, float]:

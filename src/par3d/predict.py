@@ -83,9 +83,8 @@ def load_profile(path: str) -> Profile:
 
 def profile_of(hw: HardwareFile) -> Profile:
     """A hardware file (`load_hardware_file` / `hardware_from_dict`) as predict.py uses it."""
-    links = hw.extra.get("links", {}) or {}
-    p2p = links.get("p2p")
     extra = hw.extra
+    p2p = (extra.get("links") or {}).get("p2p")
     corun = float(extra.get("corun_slowdown", 1.0) or 1.0)
     return Profile(hw, Overheads.from_dict(extra.get("overheads")),
                    p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
@@ -132,11 +131,9 @@ def contention(prof: Profile, world: int, busy: float | None = None) -> float:
     them computing at any moment on average (default: all): busy ranks beyond the cores time-share
     them (busy/cores), and ranks running side by side slow each other (shared caches and memory
     bandwidth: the calibrated co-run slowdown, in proportion to how many other cores are busy)."""
-    if not prof.cores:
+    if not prof.cores or world == 1:
         return 1.0
     busy = world if busy is None else busy
-    if world == 1:
-        return 1.0
     # beyond time-sharing, the calibrated slowdown: 1 alone, `corun` with every core busy,
     # `oversub` with twice as many busy ranks as cores; linear in between, flat beyond
     k = prof.cores
