@@ -135,3 +135,10 @@ def test_global_batch_not_divisible_by_dp_says_so():
     assert "global_batch=15 is not divisible by dp=2" in str(e.value)
     assert "--global-batch 16" in str(e.value)
     assert "micro_batch=" not in str(e.value)
+
+
+def test_unknown_p2p_transport_names_the_choices():
+    with pytest.raises(ConfigError) as e:
+        make(parallel={"pp": 2, "p2p": "rdma"}).validate()
+    assert "parallel.p2p='rdma'" in str(e.value) and "auto, shm, backend" in str(e.value)
+    assert make(parallel={"pp": 2, "p2p": "backend"}).validate().parallel.p2p == "backend"

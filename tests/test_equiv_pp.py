@@ -37,6 +37,12 @@ LAYOUTS.update({
     "1f1b_pp2_tp2_sp": case(pp=2, tp=2, sp=True),
     "1f1b_pp2_dp2_zero1": case(pp=2, dp=2, zero=1),
     "uneven_layers_pp4": case(pp=4, layers=6, m=4),
+    # the backend's send/recv (gloo here, nccl on GPUs) instead of shared memory
+    "1f1b_pp4_m8_backend": case(pp=4, m=8, p2p="backend"),
+    "interleaved_pp2_m4_backend": case(pp=2, schedule="interleaved", v=2, m=4, p2p="backend"),
+    "zb-h1_pp2_m4_dp2_backend": case(pp=2, dp=2, schedule="zb-h1", m=4, p2p="backend"),
+    "gpipe_dp2_pp2_tp2_backend": case(dp=2, pp=2, tp=2, schedule="gpipe", m=4, p2p="backend"),
+    "1f1b_pp2_m4_shm": case(pp=2, m=4, p2p="shm"),
 })
 REFS: dict[str, tuple[str, dict]] = {}
 for _n, _c in LAYOUTS.items():
@@ -66,6 +72,20 @@ def test_gradients_match_reference(world, name):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parameters_match_reference(world, name):
     assert_matches_reference(world, name, REF_OF[name], "params")
+
+
+def test_transport_is_the_one_asked_for(world):
+    """CPU ranks on one host use shared memory unless told otherwise (a silent fall back to the
+    backend would leave the shared-memory path untested)."""
+    for name in LAYOUTS:
+        used = {r[name]["p2p_transport"] for r in world if name in r}
+        assert used == ({"backend"} if name.endswith("_backend") else {"shm"}), (name, used)
+
+
+def test_no_shared_memory_left_behind(world):
+    import glob
+
+    assert not glob.glob("/dev/shm/par3d-*")
 
 
 def _per_rank(world, name):

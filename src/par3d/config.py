@@ -20,6 +20,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "bf16")
 ON_NONFINITE = ("skip", "stop")
+P2P = ("auto", "shm", "backend")
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,9 @@ class ParallelConfig:
     zero_stage: int = 0  # 0 (plain DP) or 1 (sharded optimizer state)
     recompute: str = "none"
     sequence_parallel: bool = False
+    # pipeline transfers: "auto" = shared memory between CPU ranks on one host, the backend's
+    # send/recv otherwise; "shm" insists on shared memory; "backend" always uses gloo/nccl
+    p2p: str = "auto"
 
     @property
     def world_size(self) -> int:
@@ -210,6 +214,8 @@ class RunConfig:
             errs.append(f"parallel.zero_stage={p.zero_stage!r} is not supported by the runtime; use 0 or 1")
         if p.recompute not in RECOMPUTE:
             errs.append(f"parallel.recompute={p.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+        if p.p2p not in P2P:
+            errs.append(f"parallel.p2p={p.p2p!r} is unknown; choose one of {', '.join(P2P)}")
         if ok_par and p.microbatches is not None:
             pos("parallel", "microbatches", p.microbatches)
         pos("train", "global_batch", t.global_batch)

@@ -97,7 +97,8 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     report = check(schedule, p, m, v)
     s_local = mc.seq_len // pc.tp if ctx.sequence_parallel else mc.seq_len
     runtime = PipelineRuntime(chunks, schedule[c.pp], groups, p, m, v, (tc.micro_batch, s_local, mc.hidden),
-                              dtype, device, set_sync=dpar.set_sync, synthetic_ms=cfg.synthetic_stage_ms)
+                              dtype, device, set_sync=dpar.set_sync, synthetic_ms=cfg.synthetic_stage_ms,
+                              p2p=pc.p2p, timeout_s=cfg.timeout_s)
     corpus = Corpus.load(tc.data)
     loss_scale = 1.0 / (tc.global_batch * mc.seq_len)
     tokens_per_step = tc.global_batch * mc.seq_len
@@ -207,6 +208,7 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     out: dict[str, Any] = {
         "rank": rank, "coord": [c.dp, c.pp, c.tp], "history": history, "comm_per_step": comm_per_step,
         "peak_activation_bytes": peak_act, "activation_bytes_per_microbatch": act_per_mb,
+        "p2p_transport": runtime.transport,
         "peak_inflight_predicted": report.peak_inflight[c.pp],
         "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
         "events_by_step": events_by_step,

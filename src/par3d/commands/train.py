@@ -23,6 +23,8 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--zero-stage", "parallel", "zero_stage", int, "0: plain DP; 1: ZeRO-1 sharded optimizer state"),
     ("--recompute", "parallel", "recompute", str, "activation recomputation: none | selective (attention "
                                                   "core) | full (whole block)"),
+    ("--p2p", "parallel", "p2p", str, "pipeline transfers: auto (shared memory between CPU ranks on one "
+                                      "host, else the backend) | shm | backend (gloo/nccl send/recv)"),
     ("--layers", "model", "layers", int, "transformer blocks"),
     ("--hidden", "model", "hidden", int, "hidden size h"),
     ("--heads", "model", "heads", int, "attention heads (must divide --hidden)"),

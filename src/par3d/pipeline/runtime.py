@@ -5,7 +5,9 @@ timed — so the measured timeline this records (same `Event` format) can be lai
 predicted one.
 
 Transfers: a send is posted (`isend`) as soon as its tensor exists and waited only at the end
-of the step; a receive is posted when the action that needs it starts.  Because sends never
+of the step; a receive is posted when the action that needs it starts.  Between CPU ranks on one
+host they go through shared memory (`shm.py`: one slot per message, seen within microseconds);
+otherwise, or with `--p2p backend`, through the backend's isend/irecv as described next.  Because sends never
 block, an order the checker accepts (no cycle of waits under blocking transfers) cannot
 deadlock here.  Every message carries a tag naming (kind, stage, micro-batch), so the order in
 which two ranks post messages to each other does not matter (gloo matches by tag).  NCCL
@@ -21,6 +23,7 @@ schedule's order is kept, its saving is not fully realised (documented in docs/p
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +34,7 @@ from torch import nn
 
 from par3d import comm
 from par3d.mesh import Groups
+from par3d.pipeline import shm
 from par3d.pipeline.schedules import Action, stage_chunk, stage_rank
 from par3d.pipeline.simulate import Event
 
@@ -97,7 +101,8 @@ class PipelineRuntime:
     def __init__(self, chunks: list[nn.Module], actions: list[Action], groups: Groups, p: int, m: int,
                  v: int, act_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  set_sync: Callable[[int, bool], None] | None = None,
-                 synthetic_ms: tuple[float, float] | None = None):
+                 synthetic_ms: tuple[float, float] | None = None, p2p: str = "auto",
+                 timeout_s: float = 60.0):
         self.chunks, self.actions, self.groups = chunks, actions, groups
         self.p, self.m, self.v = p, m, v
         self.n_stages = p * v
@@ -116,6 +121,34 @@ class PipelineRuntime:
         self.lookahead = 2  # receives posted ahead of the action that needs them
         self._zb = any(a.kind in ("BI", "BW") for a in actions)
         self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
+        self._shm = self._shared_memory(p2p, timeout_s) if p > 1 else None
+        self.transport = "shm" if self._shm is not None else ("backend" if p > 1 else "none")
+
+    def _shared_memory(self, mode: str, timeout_s: float) -> shm.ShmTransport | None:
+        """The shared-memory transport when `mode` allows it and every rank of the pipeline group
+        can use it (a collective over the group: all its ranks build their runtimes together)."""
+        if mode == "backend":
+            return None
+        token = shm.agree(self.groups.pp, self.device, mode)
+        if token is None:
+            return None
+        last = self.n_stages - 1
+        receives, sends = set(), set()
+        for a in self.actions:
+            if a.kind == "F":
+                receives |= {"act"} if a.stage > 0 else set()
+                sends |= {"act"} if a.stage < last else set()
+            elif a.kind in ("B", "BI"):
+                receives |= {"grad"} if a.stage < last else set()
+                sends |= {"grad"} if a.stage > 0 else set()
+        t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
+                             self.dtype, token, timeout_s, receives, sends)
+        if not t.ok:
+            if mode == "shm":
+                raise RuntimeError(f"parallel.p2p='shm': could not reserve shared memory in {shm._DIR} "
+                                   "(too small?); use --p2p auto or --p2p backend")
+            return None
+        return t
 
     # ---- transfers -----------------------------------------------------------------------------
     def _peer(self, stage: int) -> int:
@@ -139,6 +172,9 @@ class PipelineRuntime:
                 continue
             what, from_stage, tag_stage, mb = key
             t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+            if self._shm is not None:
+                self._inbox[key] = (t, self._shm.irecv(t, what, tag_stage, mb))
+                continue
             work = comm.irecv(t, self._peer(from_stage), self._channel(what), _tag(what, tag_stage, mb, self.m))
             self._inbox[key] = (t, work)
 
@@ -148,6 +184,9 @@ class PipelineRuntime:
         return t
 
     def _send(self, what: str, t: torch.Tensor, to_stage: int, stage_tag: int, mb: int) -> None:
+        if self._shm is not None:
+            self._shm.isend(t.detach(), what, stage_tag, mb)
+            return
         self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
                                         _tag(what, stage_tag, mb, self.m)))
 
@@ -249,10 +288,11 @@ class PipelineRuntime:
             self._send("grad", g, a.stage - 1, a.stage - 1, a.microbatch)
 
 
-
 def _wait(seconds: float) -> None:
-    """Wait `seconds` precisely without burning a core: sleep, then yield for the last ~0.3 ms
-    (a plain sleep overshoots by ~0.1 ms, which over a 2 ms synthetic stage is 5%)."""
+    """Wait `seconds` precisely without burning a core: sleep, then yield for the last 0.15 ms
+    (a plain sleep overshoots by 10-80 us, which over a 2 ms synthetic stage is up to 4%)."""
     deadline = time.perf_counter() + seconds
-    while (left := deadline - time.perf_counter()) > 0:
-        time.sleep(left - 3e-4 if left > 6e-4 else 0)
+    if seconds > 2e-4:
+        time.sleep(seconds - 1.5e-4)
+    while time.perf_counter() < deadline:
+        os.sched_yield()

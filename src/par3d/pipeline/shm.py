@@ -1,0 +1,230 @@
+"""Pipeline transfers through shared memory, for neighbouring stages on one host (CPU tensors).
+
+Why: on the CPU path gloo sends every activation through a loopback TCP socket, and the
+receiving side wakes two threads (gloo's I/O loop, then the waiting rank).  On a small VM one
+such hop costs ~0.2 ms — 10 % of a 2 ms stage, paid 2(p-1) times on the critical path of a
+1F1B step (docs/measured.md §4).  NCCL does the same thing for GPUs on one node (its SHM and
+P2P transports); this is the CPU counterpart, chosen by `parallel.p2p = "auto"` whenever every
+rank of a pipeline group is on one x86-64 host with CPU tensors, and by nothing else.
+
+Layout.  Each rank owns one segment per inbound channel — "act" from the rank of the previous
+stage, "grad" from the rank of the next — with one slot per (local chunk, micro-batch), so every
+message of a step has a place of its own and a send never waits for a receive (the property
+the schedule checker assumes of `isend`).  A slot is a 64-byte header (seq, ack) and the
+tensor's bytes.
+
+Protocol.  Sender: wait until the slot's previous message was taken (ack == last seq; it always
+has been, because a schedule consumes a step's messages before the next step can produce them),
+copy the tensor in, then publish seq.  Receiver: poll seq, copy the tensor out, write ack.
+x86-64 keeps a core's stores in order and its loads in order (TSO), so a published seq implies
+the bytes are there; on other architectures this module is never selected.
+
+Waiting.  A receiver polls, yielding the core between looks, for up to 2 ms (a hop is seen
+within microseconds, and a rank with work to do is not kept from it), then sleeps 100 us at a
+time (a long wait, such as the warm-up of a deep pipeline, costs almost no CPU).  A peer that
+never sends is an error after the run's timeout, naming the peer and the message.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import secrets
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from par3d import comm
+from par3d.mesh import Group
+
+_HEADER = 64  # bytes: seq (int64), ack (int64), padding to a cache line
+_DIR = "/dev/shm"
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+class _Segment:
+    """One mmap'd file of `n_slots` slots of `nbytes` each; int64 header words through `words`."""
+
+    def __init__(self, path: str, n_slots: int, nbytes: int, create: bool):
+        self.path = path
+        self.slot_bytes = _HEADER + _round_up(nbytes, 64)
+        size = n_slots * self.slot_bytes
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT | os.O_EXCL) if create else os.O_RDWR, 0o600)
+        try:
+            if create:
+                # reserve the pages now: a tmpfs that is too small fails here (ENOSPC), not with
+                # SIGBUS at the first write in the middle of a step
+                os.posix_fallocate(fd, 0, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.words = memoryview(self.map).cast("q")
+        self.nbytes = nbytes
+
+    def header(self, slot: int) -> int:
+        """Index in `words` of the slot's seq (ack is the next word)."""
+        return slot * self.slot_bytes // 8
+
+    def data(self, slot: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        return torch.frombuffer(self.map, dtype=dtype, count=numel, offset=slot * self.slot_bytes + _HEADER)
+
+
+class _Done:
+    """A send is finished when `isend` returns (the bytes are in the peer's slot)."""
+
+    def wait(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Receive:
+    def __init__(self, owner: ShmTransport, what: str, slot: int, out: torch.Tensor, peer: int, tag: int):
+        self.owner, self.what, self.slot, self.out, self.peer, self.tag = owner, what, slot, out, peer, tag
+
+    def wait(self) -> bool:
+        self.owner._take(self)
+        return True
+
+
+class ShmTransport:
+    """isend / irecv between pipeline neighbours through shared memory (see the module doc)."""
+
+    def __init__(self, group: Group, rank_in_pp: int, p: int, v: int, m: int, shape: tuple[int, ...],
+                 dtype: torch.dtype, token: str, timeout_s: float, receives: set[str], sends: set[str]):
+        self.group, self.p, self.v, self.m = group, p, v, m
+        self.shape, self.dtype = shape, dtype
+        self.numel = 1
+        for d in shape:
+            self.numel *= d
+        nbytes = self.numel * torch.empty((), dtype=dtype).element_size()
+        self.timeout_s = timeout_s
+        self.prev = group.ranks[(rank_in_pp - 1) % p]  # sends us activations
+        self.next = group.ranks[(rank_in_pp + 1) % p]  # sends us gradients
+        me = group.ranks[rank_in_pp]
+        self._inbox: dict[str, _Segment] = {}
+        self._outbox: dict[str, _Segment] = {}
+        self._recv_seq: dict[tuple[str, int], int] = {}
+        self._send_seq: dict[tuple[str, int], int] = {}
+        self._paths = [_path(token, me, what) for what in sorted(receives)]
+        try:
+            for what in sorted(receives):
+                self._inbox[what] = _Segment(_path(token, me, what), v * m, nbytes, create=True)
+            ok = 1
+        except OSError:
+            ok = 0
+        self.ok = _all_ok(ok, group)
+        if self.ok:
+            dst = {"act": self.next, "grad": self.prev}
+            for what in sorted(sends):
+                self._outbox[what] = _Segment(_path(token, dst[what], what), v * m, nbytes, create=False)
+        dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
+        self.unlink()
+
+    def unlink(self) -> None:
+        for path in self._paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._paths = []
+
+    def _slot(self, tag_stage: int, mb: int) -> int:
+        # every stage a rank receives for lives on that rank: local chunk = stage // p
+        return (tag_stage // self.p) * self.m + mb
+
+    def isend(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> _Done:
+        t0 = time.perf_counter()
+        seg = self._outbox[what]
+        slot = self._slot(tag_stage, mb)
+        h = seg.header(slot)
+        last = self._send_seq.get((what, slot), 0)
+        if seg.words[h + 1] != last:  # the receiver has not taken the previous message yet
+            _poll(lambda: seg.words[h + 1] == last, self.timeout_s,
+                  f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}")
+        seg.data(slot, self.dtype, self.numel).copy_(t.reshape(-1))
+        seg.words[h] = last + 1  # publish: after the bytes (TSO keeps the order)
+        self._send_seq[(what, slot)] = last + 1
+        comm.COUNTER.add(self.group.name, "send", t, time.perf_counter() - t0)
+        return _Done()
+
+    def irecv(self, out: torch.Tensor, what: str, tag_stage: int, mb: int) -> _Receive:
+        peer = self.prev if what == "act" else self.next
+        return _Receive(self, what, self._slot(tag_stage, mb), out, peer, tag_stage * self.m + mb)
+
+    def _take(self, r: _Receive) -> None:
+        t0 = time.perf_counter()
+        seg = self._inbox[r.what]
+        h = seg.header(r.slot)
+        want = self._recv_seq.get((r.what, r.slot), 0) + 1
+        if seg.words[h] != want:
+            _poll(lambda: seg.words[h] == want, self.timeout_s,
+                  f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
+        r.out.reshape(-1).copy_(seg.data(r.slot, self.dtype, self.numel))
+        seg.words[h + 1] = want  # ack: the slot may be written again
+        self._recv_seq[(r.what, r.slot)] = want
+        comm.COUNTER.add(self.group.name, "recv", r.out, time.perf_counter() - t0)
+
+
+def _path(token: str, rank: int, what: str) -> str:
+    return os.path.join(_DIR, f"par3d-{token}-r{rank}-{what}")
+
+
+def _poll(ready: Any, timeout_s: float, waiting_for: str) -> None:
+    t0 = time.perf_counter()
+    while not ready():
+        waited = time.perf_counter() - t0
+        if waited < 2e-3:
+            os.sched_yield()
+        elif waited < timeout_s:
+            time.sleep(1e-4)
+        else:
+            raise TimeoutError(f"pipeline transfer: waited {timeout_s:g} s for {waiting_for} "
+                               "(is that rank alive? raise --timeout for slower stages)")
+
+
+def _all_ok(ok: int, group: Group) -> bool:
+    flags = torch.tensor([ok], dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group.pg)
+    return bool(flags.item())
+
+
+def eligible_here(device: torch.device) -> bool:
+    """This rank could use shared memory: CPU tensors, x86-64 (TSO), Linux with /dev/shm."""
+    return (device.type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
+            and os.path.isdir(_DIR) and os.access(_DIR, os.W_OK))
+
+
+def host_key() -> str:
+    """Two ranks share memory only if they share a kernel: hostname and boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def agree(group: Group, device: torch.device, mode: str) -> str | None:
+    """Collective over the pipeline group: a shared token if every rank can use shared memory with
+    every other, else None.  `mode` "shm" makes "cannot" an error instead of a fallback."""
+    mine = (host_key(), eligible_here(device), secrets.token_hex(6))
+    everyone: list[Any] = [None] * group.size
+    dist.all_gather_object(everyone, mine, group=group.pg)
+    same_host = len({h for h, _, _ in everyone}) == 1
+    able = all(e for _, e, _ in everyone)
+    if same_host and able:
+        return str(everyone[0][2])
+    if mode == "shm":
+        why = "ranks of one pipeline group are on different hosts" if not same_host else \
+            "a rank has GPU tensors, is not x86-64, or has no writable /dev/shm"
+        raise RuntimeError(f"parallel.p2p='shm' cannot be used: {why}; use --p2p auto or --p2p backend")
+    return None

@@ -1,0 +1,125 @@
+"""The shared-memory pipeline transport on its own (issue 4): what the runtime relies on.
+
+One world of 3 ranks as one pipeline group (v = 2 chunks per rank, m = 3 micro-batches) runs
+every check: each message arrives intact and in its own slot whatever order receives are posted
+in; slots are reused over steps (the ack protocol); every call is counted; a message that never
+comes is a TimeoutError naming the peer; asking for "shm" where it cannot work is a clear error;
+no file is left in /dev/shm."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+from distributed_helper import run_world
+
+P, V, M, STEPS = 3, 2, 3, 4
+SHAPE = (2, 3, 5)
+
+
+def _payload(step: int, what: str, tag_stage: int, mb: int):
+    import torch
+
+    g = torch.Generator().manual_seed(((step * 2 + (what == "grad")) * 64 + tag_stage) * 16 + mb)
+    return torch.randn(SHAPE, generator=g)
+
+
+def _worker() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from par3d import comm
+    from par3d.mesh import Group
+    from par3d.pipeline import shm
+
+    r = dist.get_rank()
+    group = Group("pp", list(range(P)), r, dist.group.WORLD)
+    token = shm.agree(group, torch.device("cpu"), "shm")
+    t = shm.ShmTransport(group, r, P, V, M, SHAPE, torch.float32, token, 0.5, {"act", "grad"}, {"act", "grad"})
+    comm.COUNTER.reset()
+    dist.barrier()  # every rank has unlinked its names
+    out: dict = {"rank": r, "ok": t.ok, "files_after_setup": glob.glob(f"/dev/shm/par3d-{token}-*")}
+    # stages this rank holds: r, r + P; it receives activations for stages > 0 and gradients for
+    # stages < last (tag_stage = the receiving stage, as the runtime numbers them)
+    mine = [r + k * P for k in range(V)]
+    last = P * V - 1
+    bad = 0
+    for step in range(STEPS):
+        recvs = []
+        for s in mine:
+            for mb in range(M):
+                if s > 0:
+                    recvs.append(("act", s, mb, t.irecv(torch.empty(SHAPE), "act", s, mb)))
+                if s < last:
+                    recvs.append(("grad", s, mb, t.irecv(torch.empty(SHAPE), "grad", s, mb)))
+        # send everything we owe this step: activations to stage s+1, gradients to stage s-1
+        for s in mine:
+            for mb in range(M):
+                if s < last:
+                    t.isend(_payload(step, "act", s + 1, mb), "act", s + 1, mb).wait()
+                if s > 0:
+                    t.isend(_payload(step, "grad", s - 1, mb), "grad", s - 1, mb).wait()
+        # take them in the reverse order of posting: slots, not arrival order, identify messages
+        for what, s, mb, work in reversed(recvs):
+            work.wait()
+            bad += int(not torch.equal(work.out, _payload(step, what, s, mb)))
+        dist.barrier()
+    out["mismatches"] = bad
+    out["received"] = sum(1 for s in mine for _ in range(M) for c in (s > 0, s < last) if c) * STEPS
+    out["counted"] = comm.COUNTER.snapshot().get("pp", {})
+    # a message nobody sends: rank 0 waits for an activation of a stage it does not receive
+    if r == 1:
+        try:
+            t.irecv(torch.empty(SHAPE), "act", 1, 0).wait()
+            out["timeout"] = None
+        except TimeoutError as e:
+            out["timeout"] = str(e)
+    dist.barrier()
+    # "shm" insisted upon where one rank cannot use it
+    shm_eligible = shm.eligible_here
+    if r == 2:
+        shm.eligible_here = lambda device: False  # type: ignore[assignment]
+    try:
+        shm.agree(group, torch.device("cpu"), "shm")
+        out["insist_error"] = None
+    except RuntimeError as e:
+        out["insist_error"] = str(e)
+    out["auto_falls_back"] = shm.agree(group, torch.device("cpu"), "auto") is None
+    shm.eligible_here = shm_eligible
+    return out
+
+
+@pytest.fixture(scope="module")
+def world() -> list[dict]:
+    return run_world(_worker, P, timeout_s=60)
+
+
+def test_every_message_arrives_intact_in_its_slot(world):
+    for r in world:
+        assert r["ok"]
+        assert r["mismatches"] == 0, r
+        assert r["received"] > 0
+
+
+def test_every_transfer_is_counted(world):
+    for r in world:
+        assert r["counted"]["recv"]["calls"] == r["received"]
+        assert r["counted"]["recv"]["bytes"] == r["received"] * 2 * 3 * 5 * 4
+        assert r["counted"]["send"]["calls"] == r["received"]  # a ring: as many out as in
+
+
+def test_a_missing_message_times_out_naming_the_peer(world):
+    msg = world[1]["timeout"]
+    assert msg is not None and "from rank 0" in msg and "waited" in msg
+
+
+def test_insisting_on_shm_where_it_cannot_work_is_an_error(world):
+    for r in world:
+        assert r["insist_error"] is not None and "p2p='shm'" in r["insist_error"]
+        assert "--p2p backend" in r["insist_error"]
+        assert r["auto_falls_back"]
+
+
+def test_no_file_is_left_in_dev_shm(world):
+    for r in world:
+        assert r["files_after_setup"] == []
