@@ -356,19 +356,40 @@ def collective_worker(sizes: list[int], quick: bool, show_bar: bool) -> list[dic
                     if bar is not None:
                         bar.update(1)
         dist.barrier()
-    # send/recv between ranks 0 and 1: ping-pong, half a round trip per message
+    # send/recv between ranks 0 and 1: ping-pong, half a round trip per message, through the
+    # transport the pipeline runtime will use here (shared memory between CPU ranks on one host)
+    from par3d.pipeline import shm
+
+    pair = dist.new_group([0, 1])
+    use_shm = shm.agree(Group("pp", [0, 1], rank, pair), torch.device("cpu"), "auto") if rank < 2 else None
     for nbytes in sizes:
         t = torch.ones(nbytes // 4)
-        if rank == 0:
-            def pp(t: torch.Tensor = t) -> None:
-                dist.send(t, 1)
-                dist.recv(t, 1)
-            out.append({"kind": "p2p", "group": 2, "bytes": nbytes, "seconds": timed(pp, nbytes) / 2})
-        elif rank == 1:
-            def pp(t: torch.Tensor = t) -> None:
-                dist.recv(t, 0)
-                dist.send(t, 0)
-            timed(pp, nbytes)
+        if rank < 2:
+            other = 1 - rank
+            if use_shm is not None:
+                link = shm.ShmTransport(Group("pp", [0, 1], rank, pair), rank, 2, 1, 1, tuple(t.shape),
+                                        t.dtype, use_shm, 60.0, {"act", "grad"}, {"act", "grad"})
+
+                def pp(t: torch.Tensor = t, link: shm.ShmTransport = link) -> None:
+                    # rank 0 sends "act" (to stage 1) and takes "grad" back; rank 1 the mirror
+                    if rank == 0:
+                        link.isend(t, "act", 1, 0)
+                        link.irecv(t, "grad", 0, 0).wait()
+                    else:
+                        link.irecv(t, "act", 1, 0).wait()
+                        link.isend(t, "grad", 0, 0)
+            else:
+                def pp(t: torch.Tensor = t, other: int = other) -> None:
+                    if rank == 0:
+                        dist.send(t, other)
+                        dist.recv(t, other)
+                    else:
+                        dist.recv(t, other)
+                        dist.send(t, other)
+            seconds = timed(pp, nbytes) / 2
+            if rank == 0:
+                out.append({"kind": "p2p", "group": 2, "bytes": nbytes, "seconds": seconds,
+                            "transport": "shm" if use_shm is not None else "backend"})
         if bar is not None:
             bar.update(1)
         dist.barrier()
