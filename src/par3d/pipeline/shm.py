@@ -67,13 +67,19 @@ class _Segment:
             os.close(fd)
         self.words = memoryview(self.map).cast("q")
         self.nbytes = nbytes
+        self.views: list[torch.Tensor] = []
 
     def header(self, slot: int) -> int:
         """Index in `words` of the slot's seq (ack is the next word)."""
         return slot * self.slot_bytes // 8
 
-    def data(self, slot: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        return torch.frombuffer(self.map, dtype=dtype, count=numel, offset=slot * self.slot_bytes + _HEADER)
+    def make_views(self, n_slots: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        """One tensor per slot, made once: a transfer is then a single copy."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        self.views = [torch.frombuffer(self.map, dtype=dtype, count=numel,
+                                       offset=k * self.slot_bytes + _HEADER).view(shape) for k in range(n_slots)]
 
 
 class _Done:
@@ -118,6 +124,7 @@ class ShmTransport:
         try:
             for what in sorted(receives):
                 self._inbox[what] = _Segment(_path(token, me, what), v * m, nbytes, create=True)
+                self._inbox[what].make_views(v * m, dtype, shape)
             ok = 1
         except OSError:
             ok = 0
@@ -126,6 +133,7 @@ class ShmTransport:
             dst = {"act": self.next, "grad": self.prev}
             for what in sorted(sends):
                 self._outbox[what] = _Segment(_path(token, dst[what], what), v * m, nbytes, create=False)
+                self._outbox[what].make_views(v * m, dtype, shape)
         dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
         self.unlink()
 
@@ -150,7 +158,7 @@ class ShmTransport:
         if seg.words[h + 1] != last:  # the receiver has not taken the previous message yet
             _poll(lambda: seg.words[h + 1] == last, self.timeout_s,
                   f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}")
-        seg.data(slot, self.dtype, self.numel).copy_(t.reshape(-1))
+        seg.views[slot].copy_(t)
         seg.words[h] = last + 1  # publish: after the bytes (TSO keeps the order)
         self._send_seq[(what, slot)] = last + 1
         comm.COUNTER.add(self.group.name, "send", t, time.perf_counter() - t0)
@@ -168,7 +176,7 @@ class ShmTransport:
         if seg.words[h] != want:
             _poll(lambda: seg.words[h] == want, self.timeout_s,
                   f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
-        r.out.reshape(-1).copy_(seg.data(r.slot, self.dtype, self.numel))
+        r.out.copy_(seg.views[r.slot])
         seg.words[h + 1] = want  # ack: the slot may be written again
         self._recv_seq[(r.what, r.slot)] = want
         comm.COUNTER.add(self.group.name, "recv", r.out, time.perf_counter() - t0)
