@@ -176,25 +176,38 @@ REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8
 
 
 def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
+    """Fixed costs per block, per action and per step, and the reference's step time.
+
+    This VM's speed drifts by tens of per cent over minutes (the per-block cost of the same probe
+    came out 200–460 µs in runs ten minutes apart), and a calibration taken in a slow minute
+    skews every prediction after it.  So the probes are taken in `passes` rounds, the 1- and
+    5-layer probes and the reference back to back in each, and every quantity is the median over
+    the rounds."""
     steps = 5 if quick else 9
+    passes = 2 if quick else 3
     tiny = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1, "m": 4}  # 4 actions: 4 samples each
-    probes = {}
-    for name, layers in (("l1", 1), ("l5", 5)):
-        probes[name] = run_probe(probe_config(layers=layers, steps=steps, **tiny))
-        tick()
-    p1, p5 = probes["l1"], probes["l5"]
-    layer_f = max((p5["f_s"] - p1["f_s"]) / 4, 0.0)
-    layer_b = max((p5["b_s"] - p1["b_s"]) / 4, 0.0)
-    # the step's own cost: what the step takes beyond its actions
-    step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
-    ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
-          "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
-    # the reference anchors efficiency, co-run and sync: twice the steps, as its median matters most
+    # the reference anchors efficiency, co-run and sync: more steps, as its median matters most
     ref_cfg = probe_config(steps=2 * steps - 1, **REFERENCE)
-    ref = run_probe(ref_cfg)
+    rounds: list[dict[str, Any]] = []
+    for _ in range(passes):
+        probes = {}
+        for name, layers in (("l1", 1), ("l5", 5)):
+            probes[name] = run_probe(probe_config(layers=layers, steps=steps, **tiny))
+        p1, p5 = probes["l1"], probes["l5"]
+        layer_f = max((p5["f_s"] - p1["f_s"]) / 4, 0.0)
+        layer_b = max((p5["b_s"] - p1["b_s"]) / 4, 0.0)
+        # the step's own cost: what the step takes beyond its actions
+        step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
+        ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
+              "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
+        rounds.append({"overheads": ov, "probes": probes, "reference": run_probe(ref_cfg)})
+        tick()
     tick()
-    tick()
-    return {"overheads": ov, "probes": probes, "reference": {**REFERENCE, **ref}, "_ref_cfg": ref_cfg}
+    med = statistics.median
+    ov = {k: med(r["overheads"][k] for r in rounds) for k in rounds[0]["overheads"]}
+    ref = {k: med(r["reference"][k] for r in rounds) for k in rounds[0]["reference"]}
+    return {"overheads": ov, "probes": rounds[-1]["probes"], "reference": {**REFERENCE, **ref},
+            "rounds": rounds, "_ref_cfg": ref_cfg}
 
 
 def corun_worker(cfg_dict: dict[str, Any]) -> float:
@@ -472,7 +485,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_gemm + 1 + 4 + 1 + 3, desc="calibrate", unit="probe", file=sys.stderr,
+        bar = tqdm(total=n_gemm + 1 + (2 if quick else 3) + 1 + 1 + 3, desc="calibrate", unit="probe", file=sys.stderr,
                    dynamic_ncols=True)
 
     def tick() -> None:
@@ -526,6 +539,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     hw["pipeline_hop_us"] = hop["hop_s"] / US
     tick()
     hw["measurements"] = {"gemm": gemms, "mem_bw_gbps": mem_bw / GB, "probes": over["probes"],
+                          "overhead_rounds": over["rounds"],
                           "reference": over["reference"], "collectives": coll,
                           "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
     hw["calibrated"] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),

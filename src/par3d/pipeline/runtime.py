@@ -142,7 +142,9 @@ class PipelineRuntime:
                 receives |= {"grad"} if a.stage < last else set()
                 sends |= {"grad"} if a.stage > 0 else set()
         t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
-                             self.dtype, token, timeout_s, receives, sends)
+                             self.dtype, token, timeout_s, receives, sends,
+                             # synthetic stages only wait: their ranks need no core while polling
+                             spin_s=shm.spin_budget(busy_ranks_need_cores=self.synthetic_ms is None))
         if not t.ok:
             if mode == "shm":
                 raise RuntimeError(f"parallel.p2p='shm': could not reserve shared memory in {shm._DIR} "

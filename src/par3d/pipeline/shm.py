@@ -19,19 +19,24 @@ copy the tensor in, then publish seq.  Receiver: poll seq, copy the tensor out, 
 x86-64 keeps a core's stores in order and its loads in order (TSO), so a published seq implies
 the bytes are there; on other architectures this module is never selected.
 
-Waiting.  A receiver polls, yielding the core between looks, for up to 2 ms (a hop is seen
-within microseconds, and a rank with work to do is not kept from it), then sleeps 100 us at a
-time (a long wait, such as the warm-up of a deep pipeline, costs almost no CPU).  A peer that
-never sends is an error after the run's timeout, naming the peer and the message.
+Waiting.  A receiver first polls, yielding its core between looks (a message due any moment is
+seen within microseconds), then sleeps on the segment's doorbell, a futex the sender rings after
+each message (one wake-up, no sockets, no helper thread).  How long it polls depends on whether
+the ranks have a core each: for up to 2 ms if they do (nobody else needs the core), only 50 us
+if the host's cores are oversubscribed, where a polling rank would take time from one that
+computes (the same rule as MPI's "yield when idle" under oversubscription).  A peer that never
+sends is an error after the run's timeout, naming the peer and the message.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
 import secrets
 import socket
+import sys
 import time
 from typing import Any
 
@@ -42,7 +47,28 @@ from par3d import comm
 from par3d.mesh import Group
 
 _HEADER = 64  # bytes: seq (int64), ack (int64), padding to a cache line
+_BELL = 64  # bytes before the first slot: the segment's doorbell (int32), its own cache line
 _DIR = "/dev/shm"
+_SYS_FUTEX = 202  # x86-64 (the only architecture this module is used on)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE) futexes: the word is in shared memory
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_wait(addr: int, expected: int, timeout_s: float) -> None:
+    """Sleep until the int32 at `addr` is woken, unless it no longer holds `expected` (checked by
+    the kernel atomically with going to sleep: a wake-up between our look and the call is never
+    lost), or `timeout_s` passes."""
+    ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(expected), ctypes.byref(ts),
+                  None, 0)
+
+
+def _futex_wake(addr: int) -> None:
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(2**31 - 1), None, None, 0)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -55,7 +81,7 @@ class _Segment:
     def __init__(self, path: str, n_slots: int, nbytes: int, create: bool):
         self.path = path
         self.slot_bytes = _HEADER + _round_up(nbytes, 64)
-        size = n_slots * self.slot_bytes
+        size = _BELL + n_slots * self.slot_bytes
         fd = os.open(path, (os.O_RDWR | os.O_CREAT | os.O_EXCL) if create else os.O_RDWR, 0o600)
         try:
             if create:
@@ -68,10 +94,12 @@ class _Segment:
         self.words = memoryview(self.map).cast("q")
         self.nbytes = nbytes
         self.views: list[torch.Tensor] = []
+        self.bell = ctypes.c_int32.from_buffer(self.map, 0)  # bumped by the sender after each message
+        self.bell_addr = ctypes.addressof(self.bell)
 
     def header(self, slot: int) -> int:
         """Index in `words` of the slot's seq (ack is the next word)."""
-        return slot * self.slot_bytes // 8
+        return (_BELL + slot * self.slot_bytes) // 8
 
     def make_views(self, n_slots: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         """One tensor per slot, made once: a transfer is then a single copy."""
@@ -79,7 +107,8 @@ class _Segment:
         for d in shape:
             numel *= d
         self.views = [torch.frombuffer(self.map, dtype=dtype, count=numel,
-                                       offset=k * self.slot_bytes + _HEADER).view(shape) for k in range(n_slots)]
+                                       offset=_BELL + k * self.slot_bytes + _HEADER).view(shape)
+                      for k in range(n_slots)]
 
 
 class _Done:
@@ -105,8 +134,10 @@ class ShmTransport:
     """isend / irecv between pipeline neighbours through shared memory (see the module doc)."""
 
     def __init__(self, group: Group, rank_in_pp: int, p: int, v: int, m: int, shape: tuple[int, ...],
-                 dtype: torch.dtype, token: str, timeout_s: float, receives: set[str], sends: set[str]):
+                 dtype: torch.dtype, token: str, timeout_s: float, receives: set[str], sends: set[str],
+                 spin_s: float = 2e-3):
         self.group, self.p, self.v, self.m = group, p, v, m
+        self.spin_s = spin_s
         self.shape, self.dtype = shape, dtype
         self.numel = 1
         for d in shape:
@@ -160,6 +191,8 @@ class ShmTransport:
                   f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}")
         seg.views[slot].copy_(t)
         seg.words[h] = last + 1  # publish: after the bytes (TSO keeps the order)
+        seg.bell.value += 1  # one sender per segment: no race on the increment
+        _futex_wake(seg.bell_addr)
         self._send_seq[(what, slot)] = last + 1
         comm.COUNTER.add(self.group.name, "send", t, time.perf_counter() - t0)
         return _Done()
@@ -174,8 +207,8 @@ class ShmTransport:
         h = seg.header(r.slot)
         want = self._recv_seq.get((r.what, r.slot), 0) + 1
         if seg.words[h] != want:
-            _poll(lambda: seg.words[h] == want, self.timeout_s,
-                  f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
+            _await(seg, h, want, self.spin_s, self.timeout_s,
+                   f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
         r.out.copy_(seg.views[r.slot])
         seg.words[h + 1] = want  # ack: the slot may be written again
         self._recv_seq[(r.what, r.slot)] = want
@@ -199,6 +232,24 @@ def _poll(ready: Any, timeout_s: float, waiting_for: str) -> None:
                                "(is that rank alive? raise --timeout for slower stages)")
 
 
+def _await(seg: _Segment, h: int, want: int, spin_s: float, timeout_s: float, waiting_for: str) -> None:
+    """Until the slot's seq reaches `want`: yield for `spin_s`, then sleep on the doorbell."""
+    t0 = time.perf_counter()
+    words = seg.words
+    while words[h] != want:
+        waited = time.perf_counter() - t0
+        if waited < spin_s:
+            os.sched_yield()
+            continue
+        if waited >= timeout_s:
+            raise TimeoutError(f"pipeline transfer: waited {timeout_s:g} s for {waiting_for} "
+                               "(is that rank alive? raise --timeout for slower stages)")
+        bell = seg.bell.value
+        if words[h] == want:  # published between our two looks
+            break
+        _futex_wait(seg.bell_addr, bell, min(0.05, timeout_s - waited))
+
+
 def _all_ok(ok: int, group: Group) -> bool:
     flags = torch.tensor([ok], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group.pg)
@@ -207,8 +258,18 @@ def _all_ok(ok: int, group: Group) -> bool:
 
 def eligible_here(device: torch.device) -> bool:
     """This rank could use shared memory: CPU tensors, x86-64 (TSO), Linux with /dev/shm."""
-    return (device.type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
+    return (device.type == "cpu" and sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
             and os.path.isdir(_DIR) and os.access(_DIR, os.W_OK))
+
+
+def spin_budget(busy_ranks_need_cores: bool = True) -> float:
+    """Seconds a receiver polls before it sleeps on the doorbell (see the module doc)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return 2e-3 if (local <= cores or not busy_ranks_need_cores) else 5e-5
 
 
 def host_key() -> str:
