@@ -173,6 +173,9 @@ def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
 
 
 REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8, "m": 1}
+# the reference is also run at these micro-batch sizes: efficiency as a function of the tokens per
+# micro-batch (predict.efficiency_at)
+EFFICIENCY_MICRO_BATCHES = (2, 8, 16)
 
 
 def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
@@ -200,14 +203,21 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
         step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
         ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
               "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
-        rounds.append({"overheads": ov, "probes": probes, "reference": run_probe(ref_cfg)})
+        by_mb = {b: run_probe(probe_config(steps=2 * steps - 1, **{**REFERENCE, "micro_batch": b}))
+                 for b in EFFICIENCY_MICRO_BATCHES if b != REFERENCE["micro_batch"]}
+        rounds.append({"overheads": ov, "probes": probes, "reference": run_probe(ref_cfg),
+                       "reference_by_micro_batch": {str(b): r["step_s"] for b, r in by_mb.items()}})
         tick()
     tick()
     med = statistics.median
     ov = {k: med(r["overheads"][k] for r in rounds) for k in rounds[0]["overheads"]}
     ref = {k: med(r["reference"][k] for r in rounds) for k in rounds[0]["reference"]}
+    by_mb = {int(b): med(r["reference_by_micro_batch"][b] for r in rounds)
+             for b in rounds[0]["reference_by_micro_batch"]}
+    by_mb[REFERENCE["micro_batch"]] = ref["step_s"]
     return {"overheads": ov, "probes": rounds[-1]["probes"], "reference": {**REFERENCE, **ref},
-            "rounds": rounds, "_ref_cfg": ref_cfg}
+            "reference_by_micro_batch": dict(sorted(by_mb.items())), "rounds": rounds, "_ref_cfg": ref_cfg,
+            "_steps": 2 * steps - 1}
 
 
 def corun_worker(cfg_dict: dict[str, Any]) -> float:
@@ -524,6 +534,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         "collective_fits": cfits,
     }
     eff = fit_efficiency(hw, over["_ref_cfg"], over["reference"]["step_s"])
+    # the same fit at each micro-batch size: the efficiency of few-row GEMMs is lower
+    hw["efficiency_by_tokens"] = [
+        [b * REFERENCE["seq"], fit_efficiency(hw, probe_config(steps=over["_steps"], **{**REFERENCE, "micro_batch": b}),
+                                              step_s)]
+        for b, step_s in over["reference_by_micro_batch"].items()]
     hw["device"]["efficiency"] = eff
     if not on_gpu:
         corun = measure_corun(over["_ref_cfg"], machine_cores(), repeats=2 if quick else 3)
@@ -541,6 +556,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     hw["measurements"] = {"gemm": gemms, "mem_bw_gbps": mem_bw / GB, "probes": over["probes"],
                           "overhead_rounds": over["rounds"],
                           "reference": over["reference"], "collectives": coll,
+                          "reference_by_micro_batch": over["reference_by_micro_batch"],
                           "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
     hw["calibrated"] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                         "torch": torch.__version__, "host_cores": machine_cores(), "nproc": nproc,
@@ -621,6 +637,9 @@ def summary(hw: dict[str, Any]) -> str:
              f"intra link  α={hw['intra']['alpha_us']:.1f} µs, β={hw['intra']['bw_gbps']:.3f} GB/s "
              f"(pooled all-reduce fit, rel. rms {hw['collective_fits']['pooled_all_reduce']['rel_rms']:.0%})",
              f"p2p         α={hw['links']['p2p']['alpha_us']:.1f} µs, β={hw['links']['p2p']['bw_gbps']:.3f} GB/s"]
+    if hw.get("efficiency_by_tokens"):
+        lines.append("efficiency  " + ", ".join(f"{e:.0%} at {int(t)} tokens" for t, e in hw["efficiency_by_tokens"])
+                     + " per micro-batch")
     if hw.get("corun_slowdown") is not None:
         lines.append(f"co-run      {hw['corun_slowdown']:.2f}x slower with every core busy, "
                      f"{hw.get('oversubscribed_slowdown', 1.0):.2f}x with twice as many ranks as cores "

@@ -75,6 +75,8 @@ class Profile:
     oversub: float = 1.0  # the same with twice as many busy ranks as cores, beyond time-sharing
     sync: float = 0.0  # seconds a collective costs inside a step beyond its α-β fit (calibrated)
     hop: float = 0.0  # seconds a pipeline transfer costs inside a step beyond its α-β fit (calibrated)
+    # (tokens per micro-batch, efficiency) measured at several micro-batch sizes, ascending
+    efficiency_by_tokens: tuple[tuple[float, float], ...] = ()
 
 
 def load_profile(path: str) -> Profile:
@@ -91,7 +93,33 @@ def profile_of(hw: HardwareFile) -> Profile:
                    cores=extra.get("cores"), corun=corun,
                    oversub=float(extra.get("oversubscribed_slowdown", corun) or corun),
                    sync=float(extra.get("collective_sync_us", 0.0) or 0.0) * US,
-                   hop=float(extra.get("pipeline_hop_us", 0.0) or 0.0) * US)
+                   hop=float(extra.get("pipeline_hop_us", 0.0) or 0.0) * US,
+                   efficiency_by_tokens=tuple(sorted((float(t), float(e))
+                                                     for t, e in extra.get("efficiency_by_tokens") or ())))
+
+
+def efficiency_at(prof: Profile, tokens: float) -> float:
+    """The block efficiency for micro-batches of `tokens` tokens: interpolated in log(tokens)
+    between the calibrated sizes (flat beyond them); the file's single value without them.
+
+    Why: a GEMM of few rows runs far from the asymptotic rate (cache blocking, the kernel's own
+    fixed work), so the same model split into micro-batches of 2 sequences computes each token
+    markedly slower than in micro-batches of 16 — on the development VM the efficiency fell from
+    ~70 % to ~45 % over that range, the largest systematic error of the fidelity grid before."""
+    import math
+
+    pts = prof.efficiency_by_tokens
+    if not pts:
+        return prof.hw.device.efficiency
+    if tokens <= pts[0][0]:
+        return pts[0][1]
+    if tokens >= pts[-1][0]:
+        return pts[-1][1]
+    for (t0, e0), (t1, e1) in zip(pts, pts[1:]):
+        if t0 <= tokens <= t1:
+            w = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
+            return e0 + w * (e1 - e0)
+    return prof.hw.device.efficiency
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -147,6 +175,8 @@ def contention(prof: Profile, world: int, busy: float | None = None) -> float:
 def predict(cfg: RunConfig, prof: Profile) -> Prediction:
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
+    if prof.efficiency_by_tokens:
+        prof = with_efficiency(prof, efficiency_at(prof, c.micro_batch * model.seq_len))
     cl = cluster_of(prof, cfg)
     ov = prof.overheads
     st = cost.stage_times(model, cl, c)  # the planner's per-stage F/B (compute + TP collectives)
@@ -156,7 +186,7 @@ def predict(cfg: RunConfig, prof: Profile) -> Prediction:
     waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
              "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
              "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
-             "bw": [0.0] * len(st.bw)}
+             "bw": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)]}  # = B's (below)
     lay = cost.layout(model, c.pp * c.virtual_stages)
     # per stage: the planner's F/B + the fixed overheads, on a core of its own
     rec_f = {"none": 0.0, "selective": 0.0, "full": 1.0}[c.recompute]  # full recompute reruns F
@@ -165,9 +195,12 @@ def predict(cfg: RunConfig, prof: Profile) -> Prediction:
         b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
         st.f[s] += f_fix
         st.b[s] += b_fix
-        # eager zero-bubble: BI and BW each walk the graph (runtime.py), so each pays B's fixed cost
+        # eager zero-bubble (runtime.py): BI walks the graph to the stage input; BW walks it again
+        # to the parameters, and the weight gradients need the activation gradients of every
+        # layer, which BI did not keep — so BW redoes BI's chain (and its TP collectives) and
+        # costs a whole B; each pays B's fixed cost
         st.bi[s] += b_fix
-        st.bw[s] += b_fix
+        st.bw[s] = st.b[s]
     if c.pp > 1 and prof.p2p is not None:
         act = c.micro_batch * model.seq_len * model.hidden * (4 if cl.dtype == "fp32" else 2)
         st.transfer = plan_comm.p2p(act / (c.tp if c.sequence_parallel else 1), prof.p2p).total + prof.hop
@@ -203,5 +236,6 @@ def with_efficiency(prof: Profile, efficiency: float) -> Profile:
     return replace(prof, hw=hw)
 
 
-__all__ = ["Overheads", "Prediction", "Profile", "choice", "load_profile", "model_spec", "predict", "profile_of",
+__all__ = ["Overheads", "Prediction", "Profile", "choice", "efficiency_at", "load_profile", "model_spec", "predict",
+           "profile_of",
            "predict_step_time", "with_efficiency"]
