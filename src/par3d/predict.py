@@ -98,28 +98,32 @@ def profile_of(hw: HardwareFile) -> Profile:
                                                      for t, e in extra.get("efficiency_by_tokens") or ())))
 
 
+def _log_interp(pts: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise linear in log(x) through `pts` (ascending x), flat beyond the ends."""
+    import math
+
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
+    return pts[-1][1]
+
+
 def efficiency_at(prof: Profile, tokens: float) -> float:
     """The block efficiency for micro-batches of `tokens` tokens: interpolated in log(tokens)
     between the calibrated sizes (flat beyond them); the file's single value without them.
 
     Why: a GEMM of few rows runs far from the asymptotic rate (cache blocking, the kernel's own
     fixed work), so the same model split into micro-batches of 2 sequences computes each token
-    markedly slower than in micro-batches of 16 — on the development VM the efficiency fell from
-    ~70 % to ~45 % over that range, the largest systematic error of the fidelity grid before."""
-    import math
-
-    pts = prof.efficiency_by_tokens
-    if not pts:
+    markedly slower than in micro-batches of 16 — on the development VM the calibrated efficiency
+    is 38–50 % at 128 tokens against 52–58 % at 1,024 (runs of one day), and ignoring it was the
+    largest systematic error of the fidelity grid."""
+    if not prof.efficiency_by_tokens:
         return prof.hw.device.efficiency
-    if tokens <= pts[0][0]:
-        return pts[0][1]
-    if tokens >= pts[-1][0]:
-        return pts[-1][1]
-    for (t0, e0), (t1, e1) in zip(pts, pts[1:]):
-        if t0 <= tokens <= t1:
-            w = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
-            return e0 + w * (e1 - e0)
-    return prof.hw.device.efficiency
+    return _log_interp(prof.efficiency_by_tokens, tokens)
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -204,11 +208,14 @@ def predict(cfg: RunConfig, prof: Profile) -> Prediction:
     if c.pp > 1 and prof.p2p is not None:
         act = c.micro_batch * model.seq_len * model.hidden * (4 if cl.dtype == "fp32" else 2)
         st.transfer = plan_comm.p2p(act / (c.tp if c.sequence_parallel else 1), prof.p2p).total + prof.hop
-    # Ranks share the cores only while they compute: a rank waiting in the pipeline bubble leaves
-    # its core to the others.  So the slowdown follows the average number of busy ranks, read off
-    # the schedule's own simulation (busy time / makespan, times the ranks of each stage).
+    # Ranks share the cores only while they compute: a rank waiting in the pipeline bubble, or for
+    # its partners inside a TP collective, leaves its core to the others.  So the slowdown follows
+    # the average number of computing ranks, read off the schedule's own simulation (busy time
+    # less the collective waits, over the makespan, times the ranks of each stage).
     makespan, bubble, busy = cost.simulate_stages(st, c)
-    busy_ranks = c.dp * c.tp * sum(busy) / makespan if makespan > 0 else world
+    kinds = ("f", "bi", "bw") if c.schedule == "zb-h1" else ("f", "b")
+    waiting = c.microbatches * sum(sum(waits[k]) for k in kinds)  # every stage runs each kind m times
+    busy_ranks = c.dp * c.tp * max(0.0, sum(busy) - waiting) / makespan if makespan > 0 else world
     slow = contention(prof, world, busy_ranks)
     if slow != 1.0:
         for kind, lst in (("f", st.f), ("b", st.b), ("bi", st.bi), ("bw", st.bw)):
