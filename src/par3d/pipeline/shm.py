@@ -285,6 +285,8 @@ def host_key() -> str:
 def agree(group: Group, device: torch.device, mode: str) -> str | None:
     """Collective over the pipeline group: a shared token if every rank can use shared memory with
     every other, else None.  `mode` "shm" makes "cannot" an error instead of a fallback."""
+    if mode == "auto" and device.type != "cpu":
+        return None  # GPU tensors: the backend (NCCL) is the transport; every rank decides alike
     mine = (host_key(), eligible_here(device), secrets.token_hex(6))
     everyone: list[Any] = [None] * group.size
     dist.all_gather_object(everyone, mine, group=group.pg)
