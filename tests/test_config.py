@@ -142,3 +142,9 @@ def test_unknown_p2p_transport_names_the_choices():
         make(parallel={"pp": 2, "p2p": "rdma"}).validate()
     assert "parallel.p2p='rdma'" in str(e.value) and "auto, shm, backend" in str(e.value)
     assert make(parallel={"pp": 2, "p2p": "backend"}).validate().parallel.p2p == "backend"
+
+
+def test_cli_rejects_unknown_p2p_before_spawning(capsys):
+    assert main(["train", "--pp", "2", "--p2p", "rdma"]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.p2p='rdma'" in err and "auto, shm, backend" in err

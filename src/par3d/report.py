@@ -74,7 +74,8 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     rep: dict[str, Any] = {
         "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "schedule": pc.schedule, "microbatches": pc.microbatches,
                    "virtual_stages": pc.virtual_stages, "zero_stage": pc.zero_stage, "recompute": pc.recompute,
-                   "sequence_parallel": pc.sequence_parallel, "dtype": cfg.train.dtype},
+                   "sequence_parallel": pc.sequence_parallel, "dtype": cfg.train.dtype,
+                   "p2p_transport": r0.get("p2p_transport", "none")},
         "steps": len(hist),
         "first_loss": hist[0]["loss"] if hist else None,
         "last_loss": hist[-1]["loss"] if hist else None,
@@ -150,7 +151,8 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [
         f"par3d train: dp={lay['dp']} pp={lay['pp']} tp={lay['tp']} schedule={lay['schedule']} "
         f"m={lay['microbatches']} v={lay['virtual_stages']} zero={lay['zero_stage']} "
-        f"recompute={lay['recompute']} sp={lay['sequence_parallel']} dtype={lay['dtype']}",
+        f"recompute={lay['recompute']} sp={lay['sequence_parallel']} dtype={lay['dtype']}"
+        + (f" p2p={lay['p2p_transport']}" if lay.get("p2p_transport", "none") != "none" else ""),
         f"  loss            {rep['first_loss']:.4f} -> {rep['last_loss']:.4f} over {rep['steps']} steps"
         if rep["first_loss"] is not None else "  loss            (no steps)",
         f"  step time       {rep['median_step_time_s'] * 1e3:.1f} ms (median)   "
