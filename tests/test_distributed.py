@@ -75,6 +75,12 @@ def _hangs() -> None:
 # --------------------------------------------------------------------------- helpers
 
 
+def _aborts_in_teardown(value: int) -> int:
+    # what torch's C++ threads occasionally do on the way out: abort after the work is done
+    dist.destroy_process_group = lambda *a, **k: os.abort()
+    return value * 10 + dist.get_rank()
+
+
 def _assert_all_gone(pid_dir: Path, nproc: int) -> None:
     assert multiprocessing.active_children() == []
     pids = [int(pid_dir.joinpath(f"{r}.pid").read_text()) for r in range(nproc)]
@@ -149,6 +155,14 @@ def test_sigkilled_rank_stops_peers_blocked_in_a_collective(tmp_path):
     assert str(failure) == "rank 1 failed: killed by signal SIGKILL"
     assert elapsed < 30  # the peers' collective timeout is 120 s: they were stopped, not timed out
     _assert_all_gone(tmp_path, 3)
+
+
+def test_a_rank_aborting_in_teardown_after_its_result_keeps_the_result(capfd):
+    """The result is delivered after every rank finished (a barrier) and before the process group
+    is torn down, so a crash in the tear-down does not turn a finished world into a failed one."""
+    assert launch(_aborts_in_teardown, 2, (7,), timeout_s=30, wall_timeout_s=60) == [70, 71]
+    err = capfd.readouterr().err
+    assert "finished, then its process ended with signal SIGABRT" in err and "result is kept" in err
 
 
 def test_wall_timeout_stops_a_hung_world():

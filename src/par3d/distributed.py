@@ -235,10 +235,12 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
         # Unpickled only now, so that importing fn's module happens with the environment in place.
         fn, args = pickle.loads(payload)
         result = fn(*args)
-        _finish()
+        # Every rank reaches this point before any leaves: rank 0 hosts the rendezvous store, and a
+        # rank 0 that exits early would make the slower ranks' tear-down fail.
+        dist.barrier()
         # plain pickle: tensors travel by value (torch's multiprocessing pickler would pass
         # shared-memory handles that die with this process)
-        conn.send_bytes(pickle.dumps(("ok", result)))
+        message = pickle.dumps(("ok", result))
     except BaseException as exc:  # SystemExit and KeyboardInterrupt in a rank are failures too
         try:
             conn.send_bytes(pickle.dumps(("error", _error_text(exc), tb.format_exc(), time.monotonic())))
@@ -249,7 +251,19 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
         # Skip interpreter tear-down: destructors of a broken process group can block, and the
         # parent stops the other ranks anyway.
         os._exit(1)
+    # The result is delivered before the tear-down: every rank has finished (the barrier), so how
+    # the process group's destruction ends cannot change it.  Torch's and gloo's C++ threads now
+    # and then abort a process on its way out ("terminate called without an active exception",
+    # SIGABRT); the parent then keeps the result and only warns (see _wait).  Interpreter tear-down
+    # (static destructors, the same threads again) is skipped altogether.
+    conn.send_bytes(message)
     conn.close()
+    try:
+        shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # --------------------------------------------------------------------------- local spawn: parent
@@ -315,7 +329,12 @@ def _wait(procs: list[Any], conns: list[mp_connection.Connection], wall_timeout_
             rank = running.pop(sentinel)
             p = procs[rank]
             p.join()
-            if p.exitcode == 0 and rank in results:
+            if rank in results:
+                if p.exitcode != 0:  # in the tear-down after delivering its result (_rank_main)
+                    how = (f"signal {_signal_name(p.exitcode)}" if p.exitcode is not None and p.exitcode < 0
+                           else f"code {p.exitcode}")
+                    print(f"par3d: rank {rank} finished, then its process ended with {how} while tearing "
+                          "down; its result is kept", file=sys.stderr)
                 continue
             if any(f.rank == rank for _, f in errors):
                 continue
