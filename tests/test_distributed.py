@@ -81,6 +81,15 @@ def _aborts_in_teardown(value: int) -> int:
     return value * 10 + dist.get_rank()
 
 
+def _makes_a_progress_bar() -> int:
+    import sys
+
+    from tqdm import tqdm
+
+    tqdm(total=1, file=sys.stderr).close()  # tqdm's lock is a multiprocessing semaphore
+    return dist.get_rank()
+
+
 def _assert_all_gone(pid_dir: Path, nproc: int) -> None:
     assert multiprocessing.active_children() == []
     pids = [int(pid_dir.joinpath(f"{r}.pid").read_text()) for r in range(nproc)]
@@ -163,6 +172,24 @@ def test_a_rank_aborting_in_teardown_after_its_result_keeps_the_result(capfd):
     assert launch(_aborts_in_teardown, 2, (7,), timeout_s=30, wall_timeout_s=60) == [70, 71]
     err = capfd.readouterr().err
     assert "finished, then its process ended with signal SIGABRT" in err and "result is kept" in err
+
+
+def test_finished_ranks_leave_no_leaked_semaphore(tmp_path):
+    """Ranks skip the C++ tear-down but still run Python's exit handlers, so the resource tracker
+    has nothing to report when the launching process exits (a new user saw the warning once)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      "from test_distributed import _makes_a_progress_bar\n"
+                      "from par3d.distributed import launch\n"
+                      "if __name__ == '__main__':\n"
+                      "    print(launch(_makes_a_progress_bar, 2, timeout_s=30, wall_timeout_s=60))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[0, 1]" in done.stdout
+    assert "leaked" not in done.stderr, done.stderr
 
 
 def test_wall_timeout_stops_a_hung_world():

@@ -26,6 +26,7 @@ method, so the script that calls `launch` must guard its entry point with
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import pickle
@@ -254,12 +255,15 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
     # The result is delivered before the tear-down: every rank has finished (the barrier), so how
     # the process group's destruction ends cannot change it.  Torch's and gloo's C++ threads now
     # and then abort a process on its way out ("terminate called without an active exception",
-    # SIGABRT); the parent then keeps the result and only warns (see _wait).  Interpreter tear-down
-    # (static destructors, the same threads again) is skipped altogether.
+    # SIGABRT); the parent then keeps the result and only warns (see _wait).  The C++ part of the
+    # interpreter's tear-down (static destructors, the same threads again) is skipped altogether.
     conn.send_bytes(message)
     conn.close()
     try:
         shutdown()
+        # Python's own exit handlers still run (multiprocessing unregisters the semaphores this
+        # process made — tqdm's lock — which the resource tracker would otherwise report leaked)
+        atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
