@@ -178,21 +178,26 @@ REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8
 EFFICIENCY_MICRO_BATCHES = (2, 8, 16)
 
 
+def overhead_passes(quick: bool) -> int:
+    return 2 if quick else 3
+
+
 def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
-    """Fixed costs per block, per action and per step, and the reference's step time.
+    """Fixed costs per block, per action and per step, and the reference's step time at each of
+    `EFFICIENCY_MICRO_BATCHES`.
 
     This VM's speed drifts by tens of per cent over minutes (the per-block cost of the same probe
     came out 200–460 µs in runs ten minutes apart), and a calibration taken in a slow minute
-    skews every prediction after it.  So the probes are taken in `passes` rounds, the 1- and
-    5-layer probes and the reference back to back in each, and every quantity is the median over
-    the rounds."""
+    skews every prediction after it.  So the probes are taken in `overhead_passes` rounds, the 1-
+    and 5-layer probes and the references back to back in each, and every quantity is the median
+    over the rounds."""
     steps = 5 if quick else 9
-    passes = 2 if quick else 3
     tiny = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1, "m": 4}  # 4 actions: 4 samples each
-    # the reference anchors efficiency, co-run and sync: more steps, as its median matters most
-    ref_cfg = probe_config(steps=2 * steps - 1, **REFERENCE)
+    # the references anchor efficiency, co-run and sync: more steps, as their medians matter most
+    ref_cfgs = {b: probe_config(steps=2 * steps - 1, **{**REFERENCE, "micro_batch": b})
+                for b in EFFICIENCY_MICRO_BATCHES}
     rounds: list[dict[str, Any]] = []
-    for _ in range(passes):
+    for _ in range(overhead_passes(quick)):
         probes = {}
         for name, layers in (("l1", 1), ("l5", 5)):
             probes[name] = run_probe(probe_config(layers=layers, steps=steps, **tiny))
@@ -203,21 +208,17 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
         step_s = min(p["step_s"] - p["m"] * (p["f_s"] + p["b_s"]) for p in probes.values())
         ov = {"layer_f_s": layer_f, "layer_b_s": layer_b, "action_f_s": max(p1["f_s"] - layer_f, 0.0),
               "action_b_s": max(p1["b_s"] - layer_b, 0.0), "step_s": max(step_s, 0.0)}
-        by_mb = {b: run_probe(probe_config(steps=2 * steps - 1, **{**REFERENCE, "micro_batch": b}))
-                 for b in EFFICIENCY_MICRO_BATCHES if b != REFERENCE["micro_batch"]}
-        rounds.append({"overheads": ov, "probes": probes, "reference": run_probe(ref_cfg),
-                       "reference_by_micro_batch": {str(b): r["step_s"] for b, r in by_mb.items()}})
+        refs = {b: run_probe(c) for b, c in ref_cfgs.items()}
+        rounds.append({"overheads": ov, "probes": probes, "reference": refs[REFERENCE["micro_batch"]],
+                       "reference_by_micro_batch": {str(b): r["step_s"] for b, r in refs.items()}})
         tick()
     tick()
     med = statistics.median
     ov = {k: med(r["overheads"][k] for r in rounds) for k in rounds[0]["overheads"]}
     ref = {k: med(r["reference"][k] for r in rounds) for k in rounds[0]["reference"]}
-    by_mb = {int(b): med(r["reference_by_micro_batch"][b] for r in rounds)
-             for b in rounds[0]["reference_by_micro_batch"]}
-    by_mb[REFERENCE["micro_batch"]] = ref["step_s"]
+    by_mb = {b: med(r["reference_by_micro_batch"][str(b)] for r in rounds) for b in ref_cfgs}
     return {"overheads": ov, "probes": rounds[-1]["probes"], "reference": {**REFERENCE, **ref},
-            "reference_by_micro_batch": dict(sorted(by_mb.items())), "rounds": rounds, "_ref_cfg": ref_cfg,
-            "_steps": 2 * steps - 1}
+            "reference_by_micro_batch": by_mb, "rounds": rounds, "_ref_cfgs": ref_cfgs}
 
 
 def corun_worker(cfg_dict: dict[str, Any]) -> float:
@@ -495,7 +496,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_gemm + 1 + (2 if quick else 3) + 1 + 1 + 3, desc="calibrate", unit="probe", file=sys.stderr,
+        bar = tqdm(total=n_gemm + 1 + overhead_passes(quick) + 1 + 1 + 3, desc="calibrate", unit="probe", file=sys.stderr,
                    dynamic_ncols=True)
 
     def tick() -> None:
@@ -533,20 +534,19 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         "gemm_fit": gfit,
         "collective_fits": cfits,
     }
-    eff = fit_efficiency(hw, over["_ref_cfg"], over["reference"]["step_s"])
-    # the same fit at each micro-batch size: the efficiency of few-row GEMMs is lower
-    hw["efficiency_by_tokens"] = [
-        [b * REFERENCE["seq"], fit_efficiency(hw, probe_config(steps=over["_steps"], **{**REFERENCE, "micro_batch": b}),
-                                              step_s)]
-        for b, step_s in over["reference_by_micro_batch"].items()]
-    hw["device"]["efficiency"] = eff
+    # the efficiency at each micro-batch size (few-row GEMMs run slower); the file's single value
+    # is the one at the reference's
+    eff = {b: fit_efficiency(hw, over["_ref_cfgs"][b], step_s) for b, step_s in over["reference_by_micro_batch"].items()}
+    hw["efficiency_by_tokens"] = [[b * REFERENCE["seq"], e] for b, e in eff.items()]
+    hw["device"]["efficiency"] = eff[REFERENCE["micro_batch"]]
+    ref_cfg = over["_ref_cfgs"][REFERENCE["micro_batch"]]
     if not on_gpu:
-        corun = measure_corun(over["_ref_cfg"], machine_cores(), repeats=2 if quick else 3)
+        corun = measure_corun(ref_cfg, machine_cores(), repeats=2 if quick else 3)
         hw["corun_slowdown"] = corun["at_cores"]
         hw["oversubscribed_slowdown"] = corun["oversubscribed"]
     tick()
     # the reference with TP over the calibration ranks: what a collective costs inside a step
-    tp_cfg = {**over["_ref_cfg"], "parallel": {**over["_ref_cfg"]["parallel"], "tp": nproc}}
+    tp_cfg = {**ref_cfg, "parallel": {**ref_cfg["parallel"], "tp": nproc}}
     tp_step = launch(probe_worker, nproc, (tp_cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
     hw["collective_sync_us"] = fit_collective_sync(hw, tp_cfg, tp_step) / US
     tick()

@@ -236,9 +236,7 @@ def _rank_main(spec: _RankSpec, payload: bytes, conn: mp_connection.Connection) 
         # Unpickled only now, so that importing fn's module happens with the environment in place.
         fn, args = pickle.loads(payload)
         result = fn(*args)
-        # Every rank reaches this point before any leaves: rank 0 hosts the rendezvous store, and a
-        # rank 0 that exits early would make the slower ranks' tear-down fail.
-        dist.barrier()
+        dist.barrier()  # every rank finished before any leaves (as in _finish)
         # plain pickle: tensors travel by value (torch's multiprocessing pickler would pass
         # shared-memory handles that die with this process)
         message = pickle.dumps(("ok", result))

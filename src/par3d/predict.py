@@ -37,6 +37,7 @@ folds in layer norm, GeLU, softmax and the small-GEMM penalty at the reference s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,8 +101,6 @@ def profile_of(hw: HardwareFile) -> Profile:
 
 def _log_interp(pts: tuple[tuple[float, float], ...], x: float) -> float:
     """Piecewise linear in log(x) through `pts` (ascending x), flat beyond the ends."""
-    import math
-
     if x <= pts[0][0]:
         return pts[0][1]
     if x >= pts[-1][0]:
@@ -189,8 +188,8 @@ def predict(cfg: RunConfig, prof: Profile) -> Prediction:
     # cores' contention below slows only the rest
     waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
              "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
-             "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
-             "bw": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)]}  # = B's (below)
+             "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)]}
+    waits["bw"] = waits["b"]  # eager BW costs a whole B (below)
     lay = cost.layout(model, c.pp * c.virtual_stages)
     # per stage: the planner's F/B + the fixed overheads, on a core of its own
     rec_f = {"none": 0.0, "selective": 0.0, "full": 1.0}[c.recompute]  # full recompute reruns F

@@ -71,6 +71,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     med = statistics.median(times) if times else float("nan")
     tokens = cfg.train.global_batch * cfg.model.seq_len
     world = r0.get("world", [])
+    bs = int(cfg.train.micro_batch or 1) * cfg.model.seq_len  # tokens per micro-batch (the seed's b·s)
     rep: dict[str, Any] = {
         "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "schedule": pc.schedule, "microbatches": pc.microbatches,
                    "virtual_stages": pc.virtual_stages, "zero_stage": pc.zero_stage, "recompute": pc.recompute,
@@ -88,8 +89,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
             f"dp{w['coord'][0]}/pp{w['coord'][1]}/tp{w['coord'][2]}": round(w["peak_activation_bytes"] / 2**20, 3)
             for w in world},
         "peak_inflight_predicted": {f"pp{w['coord'][1]}": w["peak_inflight_predicted"] for w in world},
-        "units": {"b*s*h": int(cfg.train.micro_batch or 1) * cfg.model.seq_len * cfg.model.hidden,
-                  "b*s": int(cfg.train.micro_batch or 1) * cfg.model.seq_len, "layers": cfg.model.layers},
+        "units": {"b*s*h": bs * cfg.model.hidden, "b*s": bs, "layers": cfg.model.layers},
     }
     measured = _measured_timeline(world, pc.pp, pc.microbatches, pc.virtual_stages)
     if measured is not None:

@@ -132,15 +132,11 @@ class PipelineRuntime:
         token = shm.agree(self.groups.pp, self.device, mode)
         if token is None:
             return None
-        last = self.n_stages - 1
-        receives, sends = set(), set()
-        for a in self.actions:
-            if a.kind == "F":
-                receives |= {"act"} if a.stage > 0 else set()
-                sends |= {"act"} if a.stage < last else set()
-            elif a.kind in ("B", "BI"):
-                receives |= {"grad"} if a.stage < last else set()
-                sends |= {"grad"} if a.stage > 0 else set()
+        # the channels this rank receives on (as run_step will) and sends on (F sends an activation
+        # unless last, B/BI a gradient unless first)
+        receives = {key[0] for a in self.actions if (key := self._recv_key(a)) is not None}
+        sends = {"act" if a.kind == "F" else "grad" for a in self.actions
+                 if (a.kind == "F" and a.stage < self.n_stages - 1) or (a.kind in ("B", "BI") and a.stage > 0)}
         t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
                              self.dtype, token, timeout_s, receives, sends,
                              # synthetic stages only wait: their ranks need no core while polling

@@ -31,6 +31,7 @@ sends is an error after the run's timeout, naming the peer and the message.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import platform
@@ -76,11 +77,12 @@ def _round_up(n: int, k: int) -> int:
 
 
 class _Segment:
-    """One mmap'd file of `n_slots` slots of `nbytes` each; int64 header words through `words`."""
+    """One mmap'd file of `n_slots` slots, each a header and one tensor of `shape`: int64 header
+    words through `words`, the tensors through `views` (made once: a transfer is one copy)."""
 
-    def __init__(self, path: str, n_slots: int, nbytes: int, create: bool):
-        self.path = path
-        self.slot_bytes = _HEADER + _round_up(nbytes, 64)
+    def __init__(self, path: str, n_slots: int, shape: tuple[int, ...], dtype: torch.dtype, create: bool):
+        numel = math.prod(shape)
+        self.slot_bytes = _HEADER + _round_up(numel * torch.empty((), dtype=dtype).element_size(), 64)
         size = _BELL + n_slots * self.slot_bytes
         fd = os.open(path, (os.O_RDWR | os.O_CREAT | os.O_EXCL) if create else os.O_RDWR, 0o600)
         try:
@@ -92,23 +94,15 @@ class _Segment:
         finally:
             os.close(fd)
         self.words = memoryview(self.map).cast("q")
-        self.nbytes = nbytes
-        self.views: list[torch.Tensor] = []
+        self.views = [torch.frombuffer(self.map, dtype=dtype, count=numel,
+                                       offset=_BELL + k * self.slot_bytes + _HEADER).view(shape)
+                      for k in range(n_slots)]
         self.bell = ctypes.c_int32.from_buffer(self.map, 0)  # bumped by the sender after each message
         self.bell_addr = ctypes.addressof(self.bell)
 
     def header(self, slot: int) -> int:
         """Index in `words` of the slot's seq (ack is the next word)."""
         return (_BELL + slot * self.slot_bytes) // 8
-
-    def make_views(self, n_slots: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        """One tensor per slot, made once: a transfer is then a single copy."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        self.views = [torch.frombuffer(self.map, dtype=dtype, count=numel,
-                                       offset=_BELL + k * self.slot_bytes + _HEADER).view(shape)
-                      for k in range(n_slots)]
 
 
 class _Done:
@@ -117,13 +111,10 @@ class _Done:
     def wait(self) -> bool:
         return True
 
-    def is_completed(self) -> bool:
-        return True
-
 
 class _Receive:
-    def __init__(self, owner: ShmTransport, what: str, slot: int, out: torch.Tensor, peer: int, tag: int):
-        self.owner, self.what, self.slot, self.out, self.peer, self.tag = owner, what, slot, out, peer, tag
+    def __init__(self, owner: ShmTransport, what: str, slot: int, out: torch.Tensor, peer: int):
+        self.owner, self.what, self.slot, self.out, self.peer = owner, what, slot, out, peer
 
     def wait(self) -> bool:
         self.owner._take(self)
@@ -138,11 +129,6 @@ class ShmTransport:
                  spin_s: float = 2e-3):
         self.group, self.p, self.v, self.m = group, p, v, m
         self.spin_s = spin_s
-        self.shape, self.dtype = shape, dtype
-        self.numel = 1
-        for d in shape:
-            self.numel *= d
-        nbytes = self.numel * torch.empty((), dtype=dtype).element_size()
         self.timeout_s = timeout_s
         self.prev = group.ranks[(rank_in_pp - 1) % p]  # sends us activations
         self.next = group.ranks[(rank_in_pp + 1) % p]  # sends us gradients
@@ -154,8 +140,7 @@ class ShmTransport:
         self._paths = [_path(token, me, what) for what in sorted(receives)]
         try:
             for what in sorted(receives):
-                self._inbox[what] = _Segment(_path(token, me, what), v * m, nbytes, create=True)
-                self._inbox[what].make_views(v * m, dtype, shape)
+                self._inbox[what] = _Segment(_path(token, me, what), v * m, shape, dtype, create=True)
             ok = 1
         except OSError:
             ok = 0
@@ -163,8 +148,7 @@ class ShmTransport:
         if self.ok:
             dst = {"act": self.next, "grad": self.prev}
             for what in sorted(sends):
-                self._outbox[what] = _Segment(_path(token, dst[what], what), v * m, nbytes, create=False)
-                self._outbox[what].make_views(v * m, dtype, shape)
+                self._outbox[what] = _Segment(_path(token, dst[what], what), v * m, shape, dtype, create=False)
         dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
         self.unlink()
 
@@ -186,9 +170,11 @@ class ShmTransport:
         slot = self._slot(tag_stage, mb)
         h = seg.header(slot)
         last = self._send_seq.get((what, slot), 0)
-        if seg.words[h + 1] != last:  # the receiver has not taken the previous message yet
-            _poll(lambda: seg.words[h + 1] == last, self.timeout_s,
-                  f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}")
+        if seg.words[h + 1] != last:  # the receiver has not taken the previous message yet (no doorbell:
+            # acks are never waited for in practice, see the module doc)
+            _wait_until(seg, h + 1, last, 2e-3, self.timeout_s,
+                        f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}",
+                        doorbell=False)
         seg.views[slot].copy_(t)
         seg.words[h] = last + 1  # publish: after the bytes (TSO keeps the order)
         seg.bell.value += 1  # one sender per segment: no race on the increment
@@ -199,7 +185,7 @@ class ShmTransport:
 
     def irecv(self, out: torch.Tensor, what: str, tag_stage: int, mb: int) -> _Receive:
         peer = self.prev if what == "act" else self.next
-        return _Receive(self, what, self._slot(tag_stage, mb), out, peer, tag_stage * self.m + mb)
+        return _Receive(self, what, self._slot(tag_stage, mb), out, peer)
 
     def _take(self, r: _Receive) -> None:
         t0 = time.perf_counter()
@@ -207,8 +193,8 @@ class ShmTransport:
         h = seg.header(r.slot)
         want = self._recv_seq.get((r.what, r.slot), 0) + 1
         if seg.words[h] != want:
-            _await(seg, h, want, self.spin_s, self.timeout_s,
-                   f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
+            _wait_until(seg, h, want, self.spin_s, self.timeout_s,
+                        f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
         r.out.copy_(seg.views[r.slot])
         seg.words[h + 1] = want  # ack: the slot may be written again
         self._recv_seq[(r.what, r.slot)] = want
@@ -219,24 +205,13 @@ def _path(token: str, rank: int, what: str) -> str:
     return os.path.join(_DIR, f"par3d-{token}-r{rank}-{what}")
 
 
-def _poll(ready: Any, timeout_s: float, waiting_for: str) -> None:
-    t0 = time.perf_counter()
-    while not ready():
-        waited = time.perf_counter() - t0
-        if waited < 2e-3:
-            os.sched_yield()
-        elif waited < timeout_s:
-            time.sleep(1e-4)
-        else:
-            raise TimeoutError(f"pipeline transfer: waited {timeout_s:g} s for {waiting_for} "
-                               "(is that rank alive? raise --timeout for slower stages)")
-
-
-def _await(seg: _Segment, h: int, want: int, spin_s: float, timeout_s: float, waiting_for: str) -> None:
-    """Until the slot's seq reaches `want`: yield for `spin_s`, then sleep on the doorbell."""
+def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: float, waiting_for: str,
+                doorbell: bool = True) -> None:
+    """Until `seg.words[word] == want`: yield for `spin_s`, then sleep — on the segment's doorbell
+    (rung by the sender after each message), or 100 us at a time without one."""
     t0 = time.perf_counter()
     words = seg.words
-    while words[h] != want:
+    while words[word] != want:
         waited = time.perf_counter() - t0
         if waited < spin_s:
             os.sched_yield()
@@ -244,8 +219,11 @@ def _await(seg: _Segment, h: int, want: int, spin_s: float, timeout_s: float, wa
         if waited >= timeout_s:
             raise TimeoutError(f"pipeline transfer: waited {timeout_s:g} s for {waiting_for} "
                                "(is that rank alive? raise --timeout for slower stages)")
+        if not doorbell:
+            time.sleep(1e-4)
+            continue
         bell = seg.bell.value
-        if words[h] == want:  # published between our two looks
+        if words[word] == want:  # published between our two looks
             break
         _futex_wait(seg.bell_addr, bell, min(0.05, timeout_s - waited))
 
