@@ -1,8 +1,9 @@
 """The shared-memory pipeline transport on its own (issue 4): what the runtime relies on.
 
 One world of 3 ranks as one pipeline group (v = 2 chunks per rank, m = 3 micro-batches) runs
-every check: each message arrives intact and in its own slot whatever order receives are posted
-in; slots are reused over steps (the ack protocol); every call is counted; a message that never
+every check: each message arrives intact and in its own slot whatever order it is taken in; a
+received tensor (a view of its slot) stays intact while the sender goes on to the next step;
+slots are reused over steps (the ack protocol); every call is counted; a message that never
 comes is a TimeoutError naming the peer; asking for "shm" where it cannot work is a clear error;
 no file is left in /dev/shm."""
 
@@ -43,34 +44,37 @@ def _worker() -> dict:
     # stages < last (tag_stage = the receiving stage, as the runtime numbers them)
     mine = [r + k * P for k in range(V)]
     last = P * V - 1
-    bad = 0
+    bad = stale = 0
+
+    def send_step(step: int) -> None:  # everything this rank owes: activations to s+1, gradients to s-1
+        for s in mine:
+            for mb in range(M):
+                if s < last:
+                    t.send(_payload(step, "act", s + 1, mb), "act", s + 1, mb)
+                if s > 0:
+                    t.send(_payload(step, "grad", s - 1, mb), "grad", s - 1, mb)
+
+    send_step(0)
     for step in range(STEPS):
-        recvs = []
-        for s in mine:
-            for mb in range(M):
-                if s > 0:
-                    recvs.append(("act", s, mb, t.irecv(torch.empty(SHAPE), "act", s, mb)))
-                if s < last:
-                    recvs.append(("grad", s, mb, t.irecv(torch.empty(SHAPE), "grad", s, mb)))
-        # send everything we owe this step: activations to stage s+1, gradients to stage s-1
-        for s in mine:
-            for mb in range(M):
-                if s < last:
-                    t.isend(_payload(step, "act", s + 1, mb), "act", s + 1, mb).wait()
-                if s > 0:
-                    t.isend(_payload(step, "grad", s - 1, mb), "grad", s - 1, mb).wait()
-        # take them in the reverse order of posting: slots, not arrival order, identify messages
-        for what, s, mb, work in reversed(recvs):
-            work.wait()
-            bad += int(not torch.equal(work.out, _payload(step, what, s, mb)))
+        wanted = [("act", s, mb) for s in mine for mb in range(M) if s > 0] + \
+                 [("grad", s, mb) for s in mine for mb in range(M) if s < last]
+        # take them in reverse order: slots, not arrival order, identify messages
+        got = [(what, s, mb, t.recv(what, s, mb)) for what, s, mb in reversed(wanted)]
+        bad += sum(int(not torch.equal(x, _payload(step, what, s, mb))) for what, s, mb, x in got)
+        dist.barrier()  # everyone has taken this step's messages
+        if step + 1 < STEPS:
+            send_step(step + 1)  # the senders run ahead into the next step ...
         dist.barrier()
+        # ... and what this rank received in this step is still intact (two slots per message)
+        stale += sum(int(not torch.equal(x, _payload(step, what, s, mb))) for what, s, mb, x in got)
+    out["stale"] = stale
     out["mismatches"] = bad
     out["received"] = sum(1 for s in mine for _ in range(M) for c in (s > 0, s < last) if c) * STEPS
     out["counted"] = comm.COUNTER.snapshot().get("pp", {})
     # a message nobody sends: rank 0 waits for an activation of a stage it does not receive
     if r == 1:
         try:
-            t.irecv(torch.empty(SHAPE), "act", 1, 0).wait()
+            t.recv("act", 1, 0)
             out["timeout"] = None
         except TimeoutError as e:
             out["timeout"] = str(e)
@@ -98,6 +102,7 @@ def test_every_message_arrives_intact_in_its_slot(world):
     for r in world:
         assert r["ok"]
         assert r["mismatches"] == 0, r
+        assert r["stale"] == 0, r
         assert r["received"] > 0
 
 

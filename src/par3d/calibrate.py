@@ -397,11 +397,11 @@ def collective_worker(sizes: list[int], quick: bool, show_bar: bool) -> list[dic
                 def pp(t: torch.Tensor = t, link: shm.ShmTransport = link) -> None:
                     # rank 0 sends "act" (to stage 1) and takes "grad" back; rank 1 the mirror
                     if rank == 0:
-                        link.isend(t, "act", 1, 0)
-                        link.irecv(t, "grad", 0, 0).wait()
+                        link.send(t, "act", 1, 0)
+                        link.recv("grad", 0, 0)
                     else:
-                        link.irecv(t, "act", 1, 0).wait()
-                        link.isend(t, "grad", 0, 0)
+                        link.recv("act", 1, 0)
+                        link.send(t, "grad", 0, 0)
             else:
                 def pp(t: torch.Tensor = t, other: int = other) -> None:
                     if rank == 0:

@@ -4,10 +4,16 @@ The list comes from `schedules.build` — the same list the checker proved and t
 timed — so the measured timeline this records (same `Event` format) can be laid next to the
 predicted one.
 
+What a stage computes is separate from how the list is walked: `ModelStage` runs the chunks
+with autograd (saved-tensor hooks measure activation memory, the last stage's loss is summed),
+`SyntheticStage` only waits (`--synthetic-stage-ms`, the seed's section 3.3 experiment), so
+that experiment measures exactly this walk: receives, sends, events, counters.
+
 Transfers: a send is posted (`isend`) as soon as its tensor exists and waited only at the end
-of the step; a receive is posted when the action that needs it starts.  Between CPU ranks on one
-host they go through shared memory (`shm.py`: one slot per message, seen within microseconds);
-otherwise, or with `--p2p backend`, through the backend's isend/irecv as described next.  Because sends never
+of the step; a receive is posted a few actions ahead of the action that needs it.  Between CPU
+ranks on one host they go through shared memory (`shm.py`: the sender copies into the
+receiver's slot, the receiver reads it in place, seen within microseconds); otherwise, or with
+`--p2p backend`, through the backend's isend/irecv as described next.  Because sends never
 block, an order the checker accepts (no cycle of waits under blocking transfers) cannot
 deadlock here.  Every message carries a tag naming (kind, stage, micro-batch), so the order in
 which two ranks post messages to each other does not matter (gloo matches by tag).  NCCL
@@ -97,30 +103,126 @@ class StepResult:
     activation_bytes_per_microbatch: int = 0  # the largest single forward's saved bytes
 
 
+class ModelStage:
+    """Runs this rank's model chunks: forwards with saved-tensor hooks (activation memory), the
+    loss on the last stage, backwards (whole, or split into BI and BW for zero-bubble)."""
+
+    def __init__(self, chunks: list[nn.Module], p: int, n_stages: int):
+        self.chunks, self.p, self.last = chunks, p, n_stages - 1
+        self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t)
+
+    def begin_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float) -> None:
+        self.microbatches, self.loss_scale = microbatches, loss_scale
+        self.slots: dict[tuple[int, int], _Slot] = {}
+        self.losses: list[torch.Tensor] = []
+        self.meter.live = self.meter.peak = 0
+        self.per_mb = 0
+
+    def end_step(self) -> tuple[float, int, int]:
+        """(loss sum over this rank's micro-batches, peak activation bytes, largest per micro-batch)."""
+        loss = float(torch.stack(self.losses).double().sum()) if self.losses else 0.0
+        return loss, self.meter.peak, self.per_mb
+
+    def forward(self, a: Action, received: torch.Tensor | None) -> torch.Tensor | None:
+        """The activation to send on (None on the last stage)."""
+        x, targets = self.microbatches[a.microbatch]
+        # a received activation is the transport's buffer: a fresh tensor of it becomes the leaf
+        inp = None if received is None else received.detach().requires_grad_(True)
+        self.meter.begin()
+        with self.hooks:
+            out = self.chunks[stage_chunk(a.stage, self.p)](x if inp is None else inp,
+                                                            targets if a.stage == self.last else None)
+        saved = self.meter.end()
+        self.per_mb = max(self.per_mb, saved)
+        if a.stage == self.last:
+            out = out.sum() * self.loss_scale
+            self.losses.append(out.detach())
+        self.slots[(a.stage, a.microbatch)] = _Slot(inp, out, saved_bytes=saved)
+        return None if a.stage == self.last else out
+
+    def backward(self, a: Action, grad_out: torch.Tensor | None) -> torch.Tensor | None:
+        """B: both gradients; BI: the input's only (graph kept); BW: the weights'.  Returns the
+        input gradient to send back (None on the first stage and for BW)."""
+        key = (a.stage, a.microbatch)
+        slot = self.slots[key]
+        if a.kind == "BW":
+            params = [q for q in self.chunks[stage_chunk(a.stage, self.p)].parameters() if q.requires_grad]
+            self._autograd(slot.out, grad_out if grad_out is not None else slot.grad_out, params, retain=False)
+        elif a.kind == "BI":
+            slot.grad_out = grad_out  # BW needs it again
+            if slot.inp is None:
+                return None
+            self._autograd(slot.out, grad_out, [slot.inp], retain=True)
+        else:
+            self._autograd(slot.out, grad_out, None, retain=False)
+        if a.kind != "BI":
+            self.meter.free(slot.saved_bytes)
+            del self.slots[key]
+        if a.kind == "BW" or a.stage == 0 or slot.inp is None:
+            return None
+        return slot.inp.grad if slot.inp.grad is not None else torch.zeros_like(slot.inp)
+
+    @staticmethod
+    def _autograd(out: torch.Tensor, grad_out: torch.Tensor | None, inputs: list[torch.Tensor] | None,
+                  retain: bool) -> None:
+        if grad_out is None:
+            torch.autograd.backward(out, inputs=inputs, retain_graph=retain)
+        else:
+            torch.autograd.backward(out, grad_tensors=grad_out, inputs=inputs, retain_graph=retain)
+
+
+class SyntheticStage:
+    """The seed's section 3.3 experiment: a stage "computes" by waiting t_f / t_b (zero-bubble
+    splits t_b in halves) and sends a fixed tensor on; the transfers are real."""
+
+    def __init__(self, ms: tuple[float, float], act_shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device, n_stages: int, zero_bubble: bool):
+        self.tf, self.tb = ms[0] / 1e3, ms[1] / 1e3 / (2 if zero_bubble else 1)
+        self.last = n_stages - 1
+        self.act = torch.zeros(act_shape, dtype=dtype, device=device)  # never written: safe to send often
+
+    def begin_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float) -> None:
+        pass
+
+    def end_step(self) -> tuple[float, int, int]:
+        return 0.0, 0, 0
+
+    def forward(self, a: Action, received: torch.Tensor | None) -> torch.Tensor | None:
+        _wait(self.tf)
+        return None if a.stage == self.last else self.act
+
+    def backward(self, a: Action, grad_out: torch.Tensor | None) -> torch.Tensor | None:
+        if a.kind == "BI" and a.stage == 0:
+            return None  # the first stage has no input gradient to compute (as ModelStage)
+        _wait(self.tb)
+        return None if (a.kind == "BW" or a.stage == 0) else self.act
+
+
 class PipelineRuntime:
     def __init__(self, chunks: list[nn.Module], actions: list[Action], groups: Groups, p: int, m: int,
                  v: int, act_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  set_sync: Callable[[int, bool], None] | None = None,
                  synthetic_ms: tuple[float, float] | None = None, p2p: str = "auto",
                  timeout_s: float = 60.0):
-        self.chunks, self.actions, self.groups = chunks, actions, groups
+        self.actions, self.groups = actions, groups
         self.p, self.m, self.v = p, m, v
         self.n_stages = p * v
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
         self.set_sync = set_sync
         self.synthetic_ms = synthetic_ms
-        if synthetic_ms is not None:  # allocated once: a synthetic stage only waits
-            self._syn_act = torch.zeros(act_shape, dtype=dtype, device=device)
-            self._syn_loss = torch.zeros((), dtype=torch.float64, device=device)
+        zero_bubble = any(a.kind in ("BI", "BW") for a in actions)
+        self.stage: ModelStage | SyntheticStage = (
+            ModelStage(chunks, p, self.n_stages) if synthetic_ms is None else
+            SyntheticStage(synthetic_ms, act_shape, dtype, device, self.n_stages, zero_bubble))
         self.pp_rank = groups.coord.pp
         # the last backward (B or BW) of each chunk in this step: its gradients are final then
         self.last_backward: dict[int, int] = {}
         for idx, a in enumerate(actions):
             if a.kind in ("B", "BW"):
                 self.last_backward[stage_chunk(a.stage, p)] = idx
+        self._recv_keys = [self._recv_key(a) for a in actions]
         self.lookahead = 2  # receives posted ahead of the action that needs them
-        self._zb = any(a.kind in ("BI", "BW") for a in actions)
-        self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
         self._shm = self._shared_memory(p2p, timeout_s) if p > 1 else None
         self.transport = "shm" if self._shm is not None else ("backend" if p > 1 else "none")
 
@@ -134,7 +236,7 @@ class PipelineRuntime:
             return None
         # the channels this rank receives on (as run_step will) and sends on (F sends an activation
         # unless last, B/BI a gradient unless first)
-        receives = {key[0] for a in self.actions if (key := self._recv_key(a)) is not None}
+        receives = {key[0] for key in self._recv_keys if key is not None}
         sends = {"act" if a.kind == "F" else "grad" for a in self.actions
                  if (a.kind == "F" and a.stage < self.n_stages - 1) or (a.kind in ("B", "BI") and a.stage > 0)}
         t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
@@ -162,28 +264,29 @@ class PipelineRuntime:
 
     def _post_recvs(self, upto: int) -> None:
         """Post the receives of the next actions early, so a transfer that lands while this rank
-        computes is already here when needed (a receive never blocks until waited on)."""
+        computes is already here when needed (a receive never blocks until waited on).  Shared
+        memory needs no posting: a message lands in its slot whenever it is sent."""
         while self._posted_upto < min(upto, len(self.actions)):
-            key = self._recv_key(self.actions[self._posted_upto])
+            key = self._recv_keys[self._posted_upto]
             self._posted_upto += 1
             if key is None:
                 continue
             what, from_stage, tag_stage, mb = key
             t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-            if self._shm is not None:
-                self._inbox[key] = (t, self._shm.irecv(t, what, tag_stage, mb))
-                continue
             work = comm.irecv(t, self._peer(from_stage), self._channel(what), _tag(what, tag_stage, mb, self.m))
             self._inbox[key] = (t, work)
 
-    def _recv(self, what: str, from_stage: int, stage_tag: int, mb: int) -> torch.Tensor:
-        t, work = self._inbox.pop((what, from_stage, stage_tag, mb))
+    def _recv(self, key: tuple[str, int, int, int]) -> torch.Tensor:
+        what, _, tag_stage, mb = key
+        if self._shm is not None:
+            return self._shm.recv(what, tag_stage, mb)
+        t, work = self._inbox.pop(key)
         work.wait()
         return t
 
     def _send(self, what: str, t: torch.Tensor, to_stage: int, stage_tag: int, mb: int) -> None:
         if self._shm is not None:
-            self._shm.isend(t.detach(), what, stage_tag, mb)
+            self._shm.send(t.detach() if t.requires_grad else t, what, stage_tag, mb)
             return
         self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
                                         _tag(what, stage_tag, mb, self.m)))
@@ -198,92 +301,34 @@ class PipelineRuntime:
         self._pending: list[Any] = []
         self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
         self._posted_upto = 0
-        slots: dict[tuple[int, int], _Slot] = {}
-        events: list[Event] = []
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.meter.live = 0
-        self.meter.peak = 0
-        per_mb = 0
-        last = self.n_stages - 1
+        times: list[tuple[float, float]] = []  # (start, end) of each action; Events made after the step
+        stage = self.stage
+        stage.begin_step(microbatches, loss_scale)
         for idx, a in enumerate(self.actions):
-            self._post_recvs(idx + 1 + self.lookahead)
-            chunk = self.chunks[stage_chunk(a.stage, self.p)]
-            t0 = time.time()
+            if self._shm is None:
+                self._post_recvs(idx + 1 + self.lookahead)
+            key = self._recv_keys[idx]
+            received = self._recv(key) if key is not None else None
+            t0 = time.time()  # busy time starts when the input has arrived
             if a.kind == "F":
-                if a.stage == 0:
-                    inp = None
-                    x = microbatches[a.microbatch][0]
-                else:
-                    inp = self._recv("act", a.stage - 1, a.stage, a.microbatch).requires_grad_(True)
-                    x = inp
-                targets = microbatches[a.microbatch][1] if a.stage == last else None
-                t0 = time.time()  # busy time starts when the input has arrived
-                self.meter.begin()
-                with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t):
-                    out = self._forward(chunk, x, targets)
-                saved = self.meter.end()
-                per_mb = max(per_mb, saved)
-                if a.stage == last:
-                    out = out.sum() * loss_scale if self.synthetic_ms is None else out
-                    loss_sum += out.detach().double()
-                else:
+                out = stage.forward(a, received)
+                if out is not None:
                     self._send("act", out, a.stage + 1, a.stage + 1, a.microbatch)
-                slots[(a.stage, a.microbatch)] = _Slot(inp, out, saved_bytes=saved)
             else:
-                key = (a.stage, a.microbatch)
-                slot = slots[key]
-                if a.kind in ("B", "BW") and self.last_backward.get(stage_chunk(a.stage, self.p)) == idx \
-                        and self.set_sync is not None:
+                if self.set_sync is not None and self.last_backward.get(stage_chunk(a.stage, self.p)) == idx:
                     self.set_sync(stage_chunk(a.stage, self.p), True)
-                if a.kind in ("B", "BI") and a.stage != last:
-                    slot.grad_out = self._recv("grad", a.stage + 1, a.stage, a.microbatch)
-                    t0 = time.time()
-                if a.kind == "B":
-                    self._backward(slot, inputs=None, retain=False)
-                    self._send_input_grad(a, slot)
-                    self.meter.free(slot.saved_bytes)
-                    del slots[key]
-                elif a.kind == "BI":
-                    if slot.inp is not None:
-                        self._backward(slot, inputs=[slot.inp], retain=True)
-                        self._send_input_grad(a, slot)
-                else:  # BW
-                    params = [q for q in chunk.parameters() if q.requires_grad]
-                    self._backward(slot, inputs=params, retain=False)
-                    self.meter.free(slot.saved_bytes)
-                    del slots[key]
+                grad_in = stage.backward(a, received)
+                if grad_in is not None:
+                    self._send("grad", grad_in, a.stage - 1, a.stage - 1, a.microbatch)
             if record:
-                events.append(Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, time.time()))
+                times.append((t0, time.time()))
         for w in self._pending:
             w.wait()
         self._pending = []
-        return StepResult(float(loss_sum), events, self.meter.peak, per_mb)
-
-    def _forward(self, chunk: nn.Module, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-        if self.synthetic_ms is not None:
-            # the seed's section 3.3 experiment: a stage "computes" by waiting; transfers are real
-            _wait(self.synthetic_ms[0] / 1000.0)
-            if targets is not None:
-                return self._syn_loss
-            return self._syn_act  # never written: safe to send many times
-
-        return chunk(x, targets)
-
-    def _backward(self, slot: _Slot, inputs: list[torch.Tensor] | None, retain: bool) -> None:
-        if self.synthetic_ms is not None:
-            _wait(self.synthetic_ms[1] / 1000.0 / (2 if self._zb else 1))
-            if slot.inp is not None and slot.inp.grad is None:
-                slot.inp.grad = self._syn_act
-            return
-        if slot.grad_out is None:
-            torch.autograd.backward(slot.out, inputs=inputs, retain_graph=retain)
-        else:
-            torch.autograd.backward(slot.out, grad_tensors=slot.grad_out, inputs=inputs, retain_graph=retain)
-
-    def _send_input_grad(self, a: Action, slot: _Slot) -> None:
-        if a.stage > 0 and slot.inp is not None:
-            g = slot.inp.grad if slot.inp.grad is not None else torch.zeros_like(slot.inp)
-            self._send("grad", g, a.stage - 1, a.stage - 1, a.microbatch)
+        loss_sum, peak, per_mb = stage.end_step()
+        events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, t1)
+                  for a, (t0, t1) in zip(self.actions, times)]
+        return StepResult(loss_sum, events, peak, per_mb)
 
 
 def _wait(seconds: float) -> None:

@@ -8,24 +8,30 @@ P2P transports); this is the CPU counterpart, chosen by `parallel.p2p = "auto"` 
 rank of a pipeline group is on one x86-64 host with CPU tensors, and by nothing else.
 
 Layout.  Each rank owns one segment per inbound channel — "act" from the rank of the previous
-stage, "grad" from the rank of the next — with one slot per (local chunk, micro-batch), so every
-message of a step has a place of its own and a send never waits for a receive (the property
-the schedule checker assumes of `isend`).  A slot is a 64-byte header (seq, ack) and the
-tensor's bytes.
+stage, "grad" from the rank of the next — with two slots per (local chunk, micro-batch), used by
+turns (message k of a channel's (chunk, micro-batch) goes to slot k mod 2).  Every message of a
+step therefore has a place of its own, so a send never waits for a receive (the property the
+schedule checker assumes of `isend`), and a received tensor is handed over in place, without a
+copy: the sender reaches that slot again two steps later, after this rank has finished the step
+that used it (a rank's next step needs this rank's gradients of the current one).  A slot is a
+64-byte header (seq, ack) and the tensor's bytes.
 
-Protocol.  Sender: wait until the slot's previous message was taken (ack == last seq; it always
-has been, because a schedule consumes a step's messages before the next step can produce them),
-copy the tensor in, then publish seq.  Receiver: poll seq, copy the tensor out, write ack.
-x86-64 keeps a core's stores in order and its loads in order (TSO), so a published seq implies
-the bytes are there; on other architectures this module is never selected.
+Protocol.  Sender: check that the slot's previous message was taken (ack == its seq; it always
+has been, by the argument above), copy the tensor in, then publish seq.  Receiver: poll seq,
+write ack, use the slot's tensor.  x86-64 keeps a core's stores in order and its loads in order
+(TSO), so a published seq implies the bytes are there; on other architectures this module is
+never selected.
 
 Waiting.  A receiver first polls, yielding its core between looks (a message due any moment is
-seen within microseconds), then sleeps on the segment's doorbell, a futex the sender rings after
-each message (one wake-up, no sockets, no helper thread).  How long it polls depends on whether
-the ranks have a core each: for up to 2 ms if they do (nobody else needs the core), only 50 us
-if the host's cores are oversubscribed, where a polling rank would take time from one that
-computes (the same rule as MPI's "yield when idle" under oversubscription).  A peer that never
-sends is an error after the run's timeout, naming the peer and the message.
+seen within microseconds), then sleeps on the segment's doorbell, a futex the sender rings only
+when the receiver has said it sleeps (a system call saved on every message a polling receiver
+takes).  x86 may let the sender read "awake" just as the receiver goes to sleep (store-load
+reordering), so a sleeping receiver also looks again every millisecond: a lost ring costs at
+most that.  How long it polls depends on whether the ranks have a core each: for up to 2 ms if
+they do (nobody else needs the core), only 50 us if the host's cores are oversubscribed, where a
+polling rank would take time from one that computes (the same rule as MPI's "yield when idle"
+under oversubscription).  A peer that never sends is an error after the run's timeout, naming
+the peer and the message.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ from par3d import comm
 from par3d.mesh import Group
 
 _HEADER = 64  # bytes: seq (int64), ack (int64), padding to a cache line
-_BELL = 64  # bytes before the first slot: the segment's doorbell (int32), its own cache line
+_BELL = 64  # bytes before the first slot: doorbell (int32) and "receiver asleep" flag, own cache line
+_NAP = 1e-3  # a sleeping receiver looks again this often (a lost doorbell costs at most this)
 _DIR = "/dev/shm"
 _SYS_FUTEX = 202  # x86-64 (the only architecture this module is used on)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE) futexes: the word is in shared memory
@@ -97,32 +104,16 @@ class _Segment:
         self.views = [torch.frombuffer(self.map, dtype=dtype, count=numel,
                                        offset=_BELL + k * self.slot_bytes + _HEADER).view(shape)
                       for k in range(n_slots)]
-        self.bell = ctypes.c_int32.from_buffer(self.map, 0)  # bumped by the sender after each message
-        self.bell_addr = ctypes.addressof(self.bell)
+        self.bell_addr = ctypes.addressof(ctypes.c_int32.from_buffer(self.map, 0))
+        self.ints = memoryview(self.map)[:_BELL].cast("i")  # [0] doorbell, [1] receiver asleep
 
     def header(self, slot: int) -> int:
         """Index in `words` of the slot's seq (ack is the next word)."""
         return (_BELL + slot * self.slot_bytes) // 8
 
 
-class _Done:
-    """A send is finished when `isend` returns (the bytes are in the peer's slot)."""
-
-    def wait(self) -> bool:
-        return True
-
-
-class _Receive:
-    def __init__(self, owner: ShmTransport, what: str, slot: int, out: torch.Tensor, peer: int):
-        self.owner, self.what, self.slot, self.out, self.peer = owner, what, slot, out, peer
-
-    def wait(self) -> bool:
-        self.owner._take(self)
-        return True
-
-
 class ShmTransport:
-    """isend / irecv between pipeline neighbours through shared memory (see the module doc)."""
+    """send / recv between pipeline neighbours through shared memory (see the module doc)."""
 
     def __init__(self, group: Group, rank_in_pp: int, p: int, v: int, m: int, shape: tuple[int, ...],
                  dtype: torch.dtype, token: str, timeout_s: float, receives: set[str], sends: set[str],
@@ -135,12 +126,12 @@ class ShmTransport:
         me = group.ranks[rank_in_pp]
         self._inbox: dict[str, _Segment] = {}
         self._outbox: dict[str, _Segment] = {}
-        self._recv_seq: dict[tuple[str, int], int] = {}
-        self._send_seq: dict[tuple[str, int], int] = {}
+        self._received = {what: [0] * (v * m) for what in receives}  # messages taken per (chunk, mb)
+        self._sent = {what: [0] * (v * m) for what in sends}
         self._paths = [_path(token, me, what) for what in sorted(receives)]
         try:
             for what in sorted(receives):
-                self._inbox[what] = _Segment(_path(token, me, what), v * m, shape, dtype, create=True)
+                self._inbox[what] = _Segment(_path(token, me, what), 2 * v * m, shape, dtype, create=True)
             ok = 1
         except OSError:
             ok = 0
@@ -148,7 +139,8 @@ class ShmTransport:
         if self.ok:
             dst = {"act": self.next, "grad": self.prev}
             for what in sorted(sends):
-                self._outbox[what] = _Segment(_path(token, dst[what], what), v * m, shape, dtype, create=False)
+                self._outbox[what] = _Segment(_path(token, dst[what], what), 2 * v * m, shape, dtype,
+                                              create=False)
         dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
         self.unlink()
 
@@ -164,41 +156,50 @@ class ShmTransport:
         # every stage a rank receives for lives on that rank: local chunk = stage // p
         return (tag_stage // self.p) * self.m + mb
 
-    def isend(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> _Done:
+    def send(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> None:
+        """Copy `t` into the receiver's slot and publish it; returns at once (never waits for the
+        receiver, see the module doc)."""
         t0 = time.perf_counter()
         seg = self._outbox[what]
-        slot = self._slot(tag_stage, mb)
+        n = self._sent[what]
+        logical = self._slot(tag_stage, mb)
+        k = n[logical]
+        slot = 2 * logical + (k & 1)
         h = seg.header(slot)
-        last = self._send_seq.get((what, slot), 0)
-        if seg.words[h + 1] != last:  # the receiver has not taken the previous message yet (no doorbell:
-            # acks are never waited for in practice, see the module doc)
-            _wait_until(seg, h + 1, last, 2e-3, self.timeout_s,
+        seq = k // 2 + 1  # messages this physical slot has carried, this one included
+        if seg.words[h + 1] != seq - 1:  # its previous message not taken yet (see the module doc)
+            _wait_until(seg, h + 1, seq - 1, 2e-3, self.timeout_s,
                         f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}",
                         doorbell=False)
         seg.views[slot].copy_(t)
-        seg.words[h] = last + 1  # publish: after the bytes (TSO keeps the order)
-        seg.bell.value += 1  # one sender per segment: no race on the increment
-        _futex_wake(seg.bell_addr)
-        self._send_seq[(what, slot)] = last + 1
+        seg.words[h] = seq  # publish: after the bytes (TSO keeps the order)
+        ints = seg.ints
+        ints[0] += 1  # one sender per segment: no race on the increment
+        if ints[1]:
+            _futex_wake(seg.bell_addr)
+        n[logical] = k + 1
         comm.COUNTER.add(self.group.name, "send", t, time.perf_counter() - t0)
-        return _Done()
 
-    def irecv(self, out: torch.Tensor, what: str, tag_stage: int, mb: int) -> _Receive:
-        peer = self.prev if what == "act" else self.next
-        return _Receive(self, what, self._slot(tag_stage, mb), out, peer)
-
-    def _take(self, r: _Receive) -> None:
+    def recv(self, what: str, tag_stage: int, mb: int) -> torch.Tensor:
+        """Wait for the message and return it in place: a view of the slot, valid until the end of
+        the next step (read it, do not write it)."""
         t0 = time.perf_counter()
-        seg = self._inbox[r.what]
-        h = seg.header(r.slot)
-        want = self._recv_seq.get((r.what, r.slot), 0) + 1
-        if seg.words[h] != want:
-            _wait_until(seg, h, want, self.spin_s, self.timeout_s,
-                        f"{r.what} (stage/micro-batch slot {r.slot}) from rank {r.peer}")
-        r.out.copy_(seg.views[r.slot])
-        seg.words[h + 1] = want  # ack: the slot may be written again
-        self._recv_seq[(r.what, r.slot)] = want
-        comm.COUNTER.add(self.group.name, "recv", r.out, time.perf_counter() - t0)
+        seg = self._inbox[what]
+        n = self._received[what]
+        logical = self._slot(tag_stage, mb)
+        k = n[logical]
+        slot = 2 * logical + (k & 1)
+        h = seg.header(slot)
+        seq = k // 2 + 1
+        if seg.words[h] != seq:
+            _wait_until(seg, h, seq, self.spin_s, self.timeout_s,
+                        f"{what} (stage/micro-batch slot {logical}) from rank "
+                        f"{self.prev if what == 'act' else self.next}")
+        seg.words[h + 1] = seq  # ack
+        n[logical] = k + 1
+        out = seg.views[slot]
+        comm.COUNTER.add(self.group.name, "recv", out, time.perf_counter() - t0)
+        return out
 
 
 def _path(token: str, rank: int, what: str) -> str:
@@ -208,7 +209,7 @@ def _path(token: str, rank: int, what: str) -> str:
 def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: float, waiting_for: str,
                 doorbell: bool = True) -> None:
     """Until `seg.words[word] == want`: yield for `spin_s`, then sleep — on the segment's doorbell
-    (rung by the sender after each message), or 100 us at a time without one."""
+    (rung by the sender when the "asleep" flag is up), or 100 us at a time without one."""
     t0 = time.perf_counter()
     words = seg.words
     while words[word] != want:
@@ -222,10 +223,12 @@ def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: f
         if not doorbell:
             time.sleep(1e-4)
             continue
-        bell = seg.bell.value
-        if words[word] == want:  # published between our two looks
-            break
-        _futex_wait(seg.bell_addr, bell, min(0.05, timeout_s - waited))
+        ints = seg.ints
+        ints[1] = 1  # asleep: the sender rings from now on
+        bell = ints[0]
+        if words[word] != want:  # not published between our two looks
+            _futex_wait(seg.bell_addr, bell, min(_NAP, timeout_s - waited))
+        ints[1] = 0
 
 
 def _all_ok(ok: int, group: Group) -> bool:
