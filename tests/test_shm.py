@@ -1,4 +1,5 @@
-"""The shared-memory pipeline transport on its own (issue 4): what the runtime relies on.
+"""The shared-memory pipeline transport on its own (issue 4): what the runtime relies on (and the
+runtime step's garbage-collection pause).
 
 One world of 3 ranks as one pipeline group (v = 2 chunks per rank, m = 3 micro-batches) runs
 every check: each message arrives intact and in its own slot whatever order it is taken in; a
@@ -36,7 +37,9 @@ def _worker() -> dict:
     r = dist.get_rank()
     group = Group("pp", list(range(P)), r, dist.group.WORLD)
     token = shm.agree(group, torch.device("cpu"), "shm")
-    t = shm.ShmTransport(group, r, P, V, M, SHAPE, torch.float32, token, 0.5, {"act", "grad"}, {"act", "grad"})
+    # handoff: senders yield after publishing (the policy for waiting ranks on a crowded host)
+    t = shm.ShmTransport(group, r, P, V, M, SHAPE, torch.float32, token, 0.5, {"act", "grad"}, {"act", "grad"},
+                         handoff=True)
     comm.COUNTER.reset()
     dist.barrier()  # every rank has unlinked its names
     out: dict = {"rank": r, "ok": t.ok, "files_after_setup": glob.glob(f"/dev/shm/par3d-{token}-*")}
@@ -128,3 +131,42 @@ def test_insisting_on_shm_where_it_cannot_work_is_an_error(world):
 def test_no_file_is_left_in_dev_shm(world):
     for r in world:
         assert r["files_after_setup"] == []
+
+
+def test_waiting_policy():
+    from par3d.pipeline.shm import waiting_policy
+
+    # a core per rank: poll 2 ms, nobody to hand over to
+    assert waiting_policy(True, local_ranks=4, cores=4) == (2e-3, False)
+    assert waiting_policy(False, local_ranks=2, cores=8) == (2e-3, False)
+    # oversubscribed and computing: poll briefly, never give the core away
+    assert waiting_policy(True, local_ranks=4, cores=2) == (5e-5, False)
+    # oversubscribed but only waiting (synthetic stages): poll, and hand the core to the receiver
+    assert waiting_policy(False, local_ranks=4, cores=2) == (2e-3, True)
+
+
+def test_a_step_pauses_garbage_collection_and_restores_it():
+    import gc
+
+    from par3d.pipeline.runtime import PipelineRuntime
+
+    rt = PipelineRuntime.__new__(PipelineRuntime)  # only run_step's wrapper is under test
+    rt._walk = lambda *args: gc.isenabled()  # type: ignore[method-assign]
+    assert gc.isenabled()
+    assert rt.run_step([], 1.0) is False  # paused during the walk
+    assert gc.isenabled()  # and back after it
+
+    def boom(*args):
+        raise RuntimeError("a stage failed")
+
+    rt._walk = boom  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        rt.run_step([], 1.0)
+    assert gc.isenabled()  # restored when the step fails too
+    gc.disable()
+    try:
+        rt._walk = lambda *args: gc.isenabled()  # type: ignore[method-assign]
+        rt.run_step([], 1.0)
+        assert not gc.isenabled()  # a caller that had paused it keeps it paused
+    finally:
+        gc.enable()

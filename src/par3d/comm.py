@@ -48,14 +48,18 @@ class CommCounter:
     keep_sizes: bool = False
 
     def add(self, group: str, kind: str, t: torch.Tensor, dt: float = 0.0) -> None:
+        self.add_sized(group, kind, t.numel(), t.element_size(), dt)
+
+    def add_sized(self, group: str, kind: str, numel: int, element_size: int, dt: float = 0.0) -> None:
+        """`add` for a caller that knows the size already (the pipeline's hot path)."""
         if not self.enabled:
             return
         key = (group, kind)
         self.calls[key] += 1
-        self.bytes[key] += t.numel() * t.element_size()
+        self.bytes[key] += numel * element_size
         self.seconds[key] += dt
         if self.keep_sizes:
-            self.elements[key].append(t.numel())
+            self.elements[key].append(numel)
 
     def reset(self) -> None:
         self.calls.clear()

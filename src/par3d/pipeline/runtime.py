@@ -29,6 +29,7 @@ schedule's order is kept, its saving is not fully realised (documented in docs/p
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -239,10 +240,10 @@ class PipelineRuntime:
         receives = {key[0] for key in self._recv_keys if key is not None}
         sends = {"act" if a.kind == "F" else "grad" for a in self.actions
                  if (a.kind == "F" and a.stage < self.n_stages - 1) or (a.kind in ("B", "BI") and a.stage > 0)}
+        # synthetic stages only wait: their ranks need no core while polling
+        spin_s, handoff = shm.waiting_policy(ranks_compute=self.synthetic_ms is None)
         t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
-                             self.dtype, token, timeout_s, receives, sends,
-                             # synthetic stages only wait: their ranks need no core while polling
-                             spin_s=shm.spin_budget(busy_ranks_need_cores=self.synthetic_ms is None))
+                             self.dtype, token, timeout_s, receives, sends, spin_s=spin_s, handoff=handoff)
         if not t.ok:
             if mode == "shm":
                 raise RuntimeError(f"parallel.p2p='shm': could not reserve shared memory in {shm._DIR} "
@@ -298,6 +299,19 @@ class PipelineRuntime:
     # ---- one step ------------------------------------------------------------------------------
     def run_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
                  record: bool = True) -> StepResult:
+        """Walk this rank's actions once.  Python's automatic garbage collection is paused for the
+        walk and resumes after it: a collection pauses one rank at a moment of its own, and a
+        paused stage stalls every stage downstream of it (Megatron-LM's manual GC, same reason)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._walk(microbatches, loss_scale, record)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _walk(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
+              record: bool) -> StepResult:
         self._pending: list[Any] = []
         self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
         self._posted_upto = 0
@@ -329,7 +343,6 @@ class PipelineRuntime:
         events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, t1)
                   for a, (t0, t1) in zip(self.actions, times)]
         return StepResult(loss_sum, events, peak, per_mb)
-
 
 def _wait(seconds: float) -> None:
     """Wait `seconds` precisely without burning a core: sleep, then yield for the last 0.15 ms
