@@ -49,13 +49,16 @@ def _worker() -> dict:
     last = P * V - 1
     bad = stale = 0
 
+    def laid_out(x, mb: int):  # micro-batch 0 sends a non-contiguous tensor (the copy_ path)
+        return x.transpose(0, 2).contiguous().transpose(0, 2) if mb == 0 else x
+
     def send_step(step: int) -> None:  # everything this rank owes: activations to s+1, gradients to s-1
         for s in mine:
             for mb in range(M):
                 if s < last:
-                    t.send(_payload(step, "act", s + 1, mb), "act", s + 1, mb)
+                    t.send(laid_out(_payload(step, "act", s + 1, mb), mb), "act", s + 1, mb)
                 if s > 0:
-                    t.send(_payload(step, "grad", s - 1, mb), "grad", s - 1, mb)
+                    t.send(laid_out(_payload(step, "grad", s - 1, mb), mb), "grad", s - 1, mb)
 
     send_step(0)
     for step in range(STEPS):
