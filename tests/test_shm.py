@@ -76,7 +76,22 @@ def _worker() -> dict:
     out["stale"] = stale
     out["mismatches"] = bad
     out["received"] = sum(1 for s in mine for _ in range(M) for c in (s > 0, s < last) if c) * STEPS
+    out["counted_before_flush"] = comm.COUNTER.snapshot().get("pp", {})
+    t.flush_counts()
     out["counted"] = comm.COUNTER.snapshot().get("pp", {})
+    # the same tensor object sent twice (remembered, no checks the second time), its values changed
+    # in place in between: each message carries the values of its moment
+    x = torch.zeros(SHAPE)
+    seen = []
+    for value in (1.0, 2.0):
+        if r == 0:
+            x.fill_(value)
+            t.send(x, "act", 1, 0)
+        dist.barrier()
+        if r == 1:
+            seen.append(t.recv("act", 1, 0).clone())
+        dist.barrier()
+    out["resent"] = [float(y.min()) == float(y.max()) == v for y, v in zip(seen, (1.0, 2.0))] if r == 1 else None
     # a message nobody sends: rank 0 waits for an activation of a stage it does not receive
     if r == 1:
         try:
@@ -112,11 +127,16 @@ def test_every_message_arrives_intact_in_its_slot(world):
         assert r["received"] > 0
 
 
+def test_a_tensor_sent_again_carries_its_new_values(world):
+    assert world[1]["resent"] == [True, True]
+
+
 def test_every_transfer_is_counted(world):
     for r in world:
         assert r["counted"]["recv"]["calls"] == r["received"]
         assert r["counted"]["recv"]["bytes"] == r["received"] * 2 * 3 * 5 * 4
         assert r["counted"]["send"]["calls"] == r["received"]  # a ring: as many out as in
+        assert r["counted_before_flush"] == {}  # counted once a step, off the critical path
 
 
 def test_a_missing_message_times_out_naming_the_peer(world):

@@ -50,16 +50,18 @@ class CommCounter:
     def add(self, group: str, kind: str, t: torch.Tensor, dt: float = 0.0) -> None:
         self.add_sized(group, kind, t.numel(), t.element_size(), dt)
 
-    def add_sized(self, group: str, kind: str, numel: int, element_size: int, dt: float = 0.0) -> None:
-        """`add` for a caller that knows the size already (the pipeline's hot path)."""
+    def add_sized(self, group: str, kind: str, numel: int, element_size: int, dt: float = 0.0,
+                  calls: int = 1) -> None:
+        """`add` for a caller that knows the size already: `calls` messages of `numel` elements
+        each, `dt` seconds in all (the pipeline's shared-memory transport counts a step at once)."""
         if not self.enabled:
             return
         key = (group, kind)
-        self.calls[key] += 1
-        self.bytes[key] += numel * element_size
+        self.calls[key] += calls
+        self.bytes[key] += calls * numel * element_size
         self.seconds[key] += dt
         if self.keep_sizes:
-            self.elements[key].append(numel)
+            self.elements[key].extend([numel] * calls)
 
     def reset(self) -> None:
         self.calls.clear()

@@ -287,7 +287,7 @@ class PipelineRuntime:
 
     def _send(self, what: str, t: torch.Tensor, to_stage: int, stage_tag: int, mb: int) -> None:
         if self._shm is not None:
-            self._shm.send(t.detach() if t.requires_grad else t, what, stage_tag, mb)
+            self._shm.send(t, what, stage_tag, mb)  # copies the bytes, never records autograd
             return
         self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
                                         _tag(what, stage_tag, mb, self.m)))
@@ -339,6 +339,8 @@ class PipelineRuntime:
         for w in self._pending:
             w.wait()
         self._pending = []
+        if self._shm is not None:
+            self._shm.flush_counts()
         loss_sum, peak, per_mb = stage.end_step()
         events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, t1)
                   for a, (t0, t1) in zip(self.actions, times)]

@@ -64,6 +64,7 @@ _NAP = 1e-3  # a sleeping receiver looks again this often (a lost doorbell costs
 _DIR = "/dev/shm"
 _SYS_FUTEX = 202  # x86-64 (the only architecture this module is used on)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE) futexes: the word is in shared memory
+_memmove = ctypes.memmove
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
@@ -110,12 +111,9 @@ class _Segment:
                                        offset=_BELL + k * self.slot_bytes + _HEADER).view(shape)
                       for k in range(n_slots)]
         self.addrs = [v.data_ptr() for v in self.views]
+        self.heads = [(_BELL + k * self.slot_bytes) // 8 for k in range(n_slots)]  # seq's index in words
         self.bell_addr = ctypes.addressof(ctypes.c_int32.from_buffer(self.map, 0))
         self.ints = memoryview(self.map)[:_BELL].cast("i")  # [0] doorbell, [1] receiver asleep
-
-    def header(self, slot: int) -> int:
-        """Index in `words` of the slot's seq (ack is the next word)."""
-        return (_BELL + slot * self.slot_bytes) // 8
 
 
 class ShmTransport:
@@ -129,6 +127,12 @@ class ShmTransport:
         self.dtype = dtype
         self._size = (math.prod(shape), torch.empty((), dtype=dtype).element_size())  # every message's
         self._nbytes = self._size[0] * self._size[1]
+        # counted here and handed to comm.COUNTER by flush_counts() (once a step: nothing on the
+        # critical path); recv time is the time spent waiting for messages, a send never waits
+        self.sends = self.recvs = 0
+        self.waited = 0.0
+        self._plain: torch.Tensor | None = None  # see _plain_bytes
+        self._plain_ptr = 0
         self.timeout_s = timeout_s
         self.prev = group.ranks[(rank_in_pp - 1) % p]  # sends us activations
         self.next = group.ranks[(rank_in_pp + 1) % p]  # sends us gradients
@@ -168,54 +172,75 @@ class ShmTransport:
     def send(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> None:
         """Copy `t` into the receiver's slot and publish it; returns at once (never waits for the
         receiver, see the module doc)."""
-        t0 = time.perf_counter()
         seg = self._outbox[what]
         n = self._sent[what]
         logical = self._slot(tag_stage, mb)
         k = n[logical]
         slot = 2 * logical + (k & 1)
-        h = seg.header(slot)
+        h = seg.heads[slot]
         seq = k // 2 + 1  # messages this physical slot has carried, this one included
         if seg.words[h + 1] != seq - 1:  # its previous message not taken yet (see the module doc)
             _wait_until(seg, h + 1, seq - 1, 2e-3, self.timeout_s,
                         f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}",
                         doorbell=False)
-        if t.dtype == self.dtype and t.numel() == self._size[0] and t.is_contiguous():
-            # the usual case: one memmove (after a sleep, on the VM this was measured on, half the
-            # time of `copy_`, whose dispatch is most of the cost for an activation-sized message)
-            ctypes.memmove(seg.addrs[slot], t.data_ptr(), self._nbytes)
+        src = self._plain_ptr if t is self._plain else self._plain_bytes(t)
+        if src:
+            _memmove(seg.addrs[slot], src, self._nbytes)
         else:
-            seg.views[slot].copy_(t)
+            seg.views[slot].copy_(t.detach())
         seg.words[h] = seq  # publish: after the bytes (TSO keeps the order)
         ints = seg.ints
         ints[0] += 1  # one sender per segment: no race on the increment
         if ints[1]:
             _futex_wake(seg.bell_addr)
         n[logical] = k + 1
+        self.sends += 1
         if self.handoff:
             os.sched_yield()  # a receiver polling on this core takes it now (see the module doc)
-        comm.COUNTER.add_sized(self.group.name, "send", *self._size, time.perf_counter() - t0)
+
+    def _plain_bytes(self, t: torch.Tensor) -> int:
+        """The address of `t`'s bytes if one memmove can send it (contiguous, the slot's dtype and
+        size), else 0.  Why not always `copy_`: right after a sleep, on the VM this was measured
+        on, every torch call costs ~10 us (copy_ ~20 us, memmove ~12 us, measured interleaved).
+        A tensor without autograd history (a synthetic stage's fixed output) is remembered, so
+        sending it again costs no torch call at all; the runtime never changes a sent tensor's
+        layout in place."""
+        if not (t.dtype is self.dtype and t.nbytes == self._nbytes and t.is_contiguous()):
+            return 0
+        ptr = t.data_ptr()
+        if not t.requires_grad:  # holding it keeps no autograd graph alive
+            self._plain, self._plain_ptr = t, ptr
+        return ptr
 
     def recv(self, what: str, tag_stage: int, mb: int) -> torch.Tensor:
         """Wait for the message and return it in place: a view of the slot, valid until the end of
         the next step (read it, do not write it)."""
-        t0 = time.perf_counter()
         seg = self._inbox[what]
         n = self._received[what]
         logical = self._slot(tag_stage, mb)
         k = n[logical]
         slot = 2 * logical + (k & 1)
-        h = seg.header(slot)
+        h = seg.heads[slot]
         seq = k // 2 + 1
         if seg.words[h] != seq:
+            t0 = time.perf_counter()
             _wait_until(seg, h, seq, self.spin_s, self.timeout_s,
                         f"{what} (stage/micro-batch slot {logical}) from rank "
                         f"{self.prev if what == 'act' else self.next}")
+            self.waited += time.perf_counter() - t0
         seg.words[h + 1] = seq  # ack
         n[logical] = k + 1
-        out = seg.views[slot]
-        comm.COUNTER.add_sized(self.group.name, "recv", *self._size, time.perf_counter() - t0)
-        return out
+        self.recvs += 1
+        return seg.views[slot]
+
+    def flush_counts(self) -> None:
+        """Add the messages since the last flush to comm.COUNTER (the runtime: after each step)."""
+        if self.sends:
+            comm.COUNTER.add_sized(self.group.name, "send", *self._size, 0.0, calls=self.sends)
+        if self.recvs:
+            comm.COUNTER.add_sized(self.group.name, "recv", *self._size, self.waited, calls=self.recvs)
+        self.sends = self.recvs = 0
+        self.waited = 0.0
 
 
 def _path(token: str, rank: int, what: str) -> str:
