@@ -157,15 +157,18 @@ def test_no_file_is_left_in_dev_shm(world):
 
 
 def test_waiting_policy():
+    import math
+
     from par3d.pipeline.shm import waiting_policy
 
-    # a core per rank: poll 2 ms, nobody to hand over to
+    # computing ranks with a core each: poll 2 ms, nobody to hand over to
     assert waiting_policy(True, local_ranks=4, cores=4) == (2e-3, False)
-    assert waiting_policy(False, local_ranks=2, cores=8) == (2e-3, False)
     # oversubscribed and computing: poll briefly, never give the core away
     assert waiting_policy(True, local_ranks=4, cores=2) == (5e-5, False)
-    # oversubscribed but only waiting (synthetic stages): poll, and hand the core to the receiver
-    assert waiting_policy(False, local_ranks=4, cores=2) == (2e-3, True)
+    # ranks that only wait (synthetic stages): poll until the message comes; hand the core to the
+    # receiver only where cores are shared
+    assert waiting_policy(False, local_ranks=2, cores=8) == (math.inf, False)
+    assert waiting_policy(False, local_ranks=4, cores=2) == (math.inf, True)
 
 
 def test_a_step_pauses_garbage_collection_and_restores_it():

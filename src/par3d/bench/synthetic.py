@@ -27,7 +27,7 @@ def register(bsub: Any) -> None:
     ap.add_argument("--tf", type=float, default=2.0, help="forward wait per stage and micro-batch, ms")
     ap.add_argument("--tb", type=float, default=2.0, help="backward wait per stage and micro-batch, ms")
     ap.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated schedules (default gpipe,1f1b)")
-    ap.add_argument("--steps", type=int, default=12, help="steps per schedule; the first is discarded")
+    ap.add_argument("--steps", type=int, default=20, help="steps per schedule; the first is discarded")
     ap.add_argument("--out", default="benchmarks/results/synthetic.json", help="results file (JSON)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.set_defaults(func=run)

@@ -27,15 +27,18 @@ seen within microseconds), then sleeps on the segment's doorbell, a futex the se
 when the receiver has said it sleeps (a system call saved on every message a polling receiver
 takes).  x86 may let the sender read "awake" just as the receiver goes to sleep (store-load
 reordering), so a sleeping receiver also looks again every millisecond: a lost ring costs at
-most that.  The policy (`waiting_policy`) depends on whether the ranks have a core each:
-  * they do: poll for up to 2 ms (nobody else needs the core);
-  * the host's cores are oversubscribed and the ranks compute: poll only 50 us, a polling rank
-    would take time from one that computes (MPI's "yield when idle" rule under oversubscription);
-  * oversubscribed, but the ranks only wait (synthetic stages): poll for up to 2 ms, and the
-    sender yields its core right after publishing, so a receiver polling on the same core takes
-    the message at once rather than after the sender's bookkeeping (measured on a 2-core VM with
-    4 ranks: the median time to notice a message fell from ~25 us to ~5 us).  Not done when
-    ranks compute: the yield could hand the core to a computing rank for a whole time slice.
+most that.  The policy (`waiting_policy`) depends on what the ranks do and whether they have a
+core each:
+  * ranks that compute, a core each: poll for up to 2 ms (nobody else needs the core);
+  * ranks that compute, the host's cores oversubscribed: poll only 50 us, a polling rank would
+    take time from one that computes (MPI's "yield when idle" rule under oversubscription);
+  * ranks that only wait (synthetic stages): poll until the message comes (waking from a sleep
+    costs tens of microseconds on a VM, and a polling rank takes time from nobody), and on an
+    oversubscribed host a sender also yields its core right after publishing, so a receiver
+    polling on the same core takes the message at once rather than after the sender's
+    bookkeeping (measured on a 2-core VM with 4 ranks: the median time to notice a message fell
+    from ~25 us to ~5 us).  Not done when ranks compute: the yield could hand the core to a
+    computing rank for a whole time slice.
 A peer that never sends is an error after the run's timeout, naming the peer and the message.
 """
 
@@ -255,12 +258,12 @@ def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: f
     words = seg.words
     while words[word] != want:
         waited = time.perf_counter() - t0
-        if waited < spin_s:
-            os.sched_yield()
-            continue
         if waited >= timeout_s:
             raise TimeoutError(f"pipeline transfer: waited {timeout_s:g} s for {waiting_for} "
                                "(is that rank alive? raise --timeout for slower stages)")
+        if waited < spin_s:
+            os.sched_yield()
+            continue
         if not doorbell:
             time.sleep(1e-4)
             continue
@@ -295,9 +298,10 @@ def waiting_policy(ranks_compute: bool = True, local_ranks: int | None = None,
             cores = len(os.sched_getaffinity(0))
         except AttributeError:
             cores = os.cpu_count() or 1
-    if local_ranks <= cores:
-        return 2e-3, False
-    return (5e-5, False) if ranks_compute else (2e-3, True)
+    crowded = local_ranks > cores
+    if not ranks_compute:
+        return math.inf, crowded
+    return (5e-5 if crowded else 2e-3), False
 
 
 def host_key() -> str:
