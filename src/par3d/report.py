@@ -101,6 +101,10 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
                           "bubble_ideal": sim.bubble_ideal},
             "formula_wall": (pc.pp - 1) / (pc.microbatches + pc.pp - 1),
         }
+        if cfg.synthetic_stage_ms is not None and pc.schedule in ("gpipe", "1f1b"):
+            # the seed's 3.3 experiment: what the schedule alone takes with equal waiting stages
+            tf, tb = cfg.synthetic_stage_ms
+            rep["pipeline"]["formula_makespan_s"] = (pc.microbatches + pc.pp - 1) * (tf + tb) / 1e3
         rep["_timelines"] = (measured, sim)
     if cfg.hardware:
         try:
@@ -164,6 +168,10 @@ def format_report(rep: dict[str, Any]) -> str:
         pl = rep["pipeline"]
         lines.append(f"  bubble (wall)   measured {pl['measured']['bubble_wall']:.1%}   simulated "
                      f"{pl['simulated']['bubble_wall']:.1%}   (p-1)/(m+p-1) = {pl['formula_wall']:.1%}")
+        lines.append(f"  pipeline        measured {pl['measured']['makespan_s'] * 1e3:.1f} ms   simulated "
+                     f"{pl['simulated']['makespan_s'] * 1e3:.1f} ms   (last step, first action to last)"
+                     + (f"   (m+p-1)(tf+tb) = {pl['formula_makespan_s'] * 1e3:.1f} ms"
+                        if "formula_makespan_s" in pl else ""))
     for g, kinds in rep["comm_last_step"].items():
         parts = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 2**20:.2f} MiB" for k, v in kinds.items())
         lines.append(f"  comm[{g:5s}]     {parts}")
