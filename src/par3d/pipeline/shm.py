@@ -23,12 +23,13 @@ write ack, use the slot's tensor.  x86-64 keeps a core's stores in order and its
 never selected.
 
 Waiting.  A receiver first polls, yielding its core between looks (a message due any moment is
-seen within microseconds), then sleeps on the segment's doorbell, a futex the sender rings only
-when the receiver has said it sleeps (a system call saved on every message a polling receiver
-takes).  x86 may let the sender read "awake" just as the receiver goes to sleep (store-load
-reordering), so a sleeping receiver also looks again every millisecond: a lost ring costs at
-most that.  The policy (`waiting_policy`) depends on what the ranks do and whether they have a
-core each:
+seen within microseconds), then sleeps on the segment's doorbell, a futex whose word the sender
+bumps after publishing, then wakes; the kernel compares the word as it puts the receiver to
+sleep, so a ring between the receiver's last look and its sleep is never lost.  Receivers that
+poll until their message comes (below) never sleep, and their senders do not ring (a system
+call saved per message); every rank of a group decides this alike (same host, same run).
+
+The policy (`waiting_policy`) depends on what the ranks do and whether they have a core each:
   * ranks that compute, a core each: poll for up to 2 ms (nobody else needs the core);
   * ranks that compute, the host's cores oversubscribed: poll only 50 us, a polling rank would
     take time from one that computes (MPI's "yield when idle" rule under oversubscription);
@@ -62,8 +63,7 @@ from par3d import comm
 from par3d.mesh import Group
 
 _HEADER = 64  # bytes: seq (int64), ack (int64), padding to a cache line
-_BELL = 64  # bytes before the first slot: doorbell (int32) and "receiver asleep" flag, own cache line
-_NAP = 1e-3  # a sleeping receiver looks again this often (a lost doorbell costs at most this)
+_BELL = 64  # bytes before the first slot: the segment's doorbell (int32), its own cache line
 _DIR = "/dev/shm"
 _SYS_FUTEX = 202  # x86-64 (the only architecture this module is used on)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE) futexes: the word is in shared memory
@@ -116,7 +116,7 @@ class _Segment:
         self.addrs = [v.data_ptr() for v in self.views]
         self.heads = [(_BELL + k * self.slot_bytes) // 8 for k in range(n_slots)]  # seq's index in words
         self.bell_addr = ctypes.addressof(ctypes.c_int32.from_buffer(self.map, 0))
-        self.ints = memoryview(self.map)[:_BELL].cast("i")  # [0] doorbell, [1] receiver asleep
+        self.ints = memoryview(self.map)[:_BELL].cast("i")  # [0]: the doorbell
 
 
 class ShmTransport:
@@ -127,6 +127,7 @@ class ShmTransport:
                  spin_s: float = 2e-3, handoff: bool = False):
         self.group, self.p, self.v, self.m = group, p, v, m
         self.spin_s, self.handoff = spin_s, handoff
+        self._ring = math.isfinite(spin_s)  # receivers that may sleep need their doorbell rung
         self.dtype = dtype
         self._size = (math.prod(shape), torch.empty((), dtype=dtype).element_size())  # every message's
         self._nbytes = self._size[0] * self._size[1]
@@ -192,9 +193,8 @@ class ShmTransport:
         else:
             seg.views[slot].copy_(t.detach())
         seg.words[h] = seq  # publish: after the bytes (TSO keeps the order)
-        ints = seg.ints
-        ints[0] += 1  # one sender per segment: no race on the increment
-        if ints[1]:
+        if self._ring:
+            seg.ints[0] += 1  # one sender per segment: no race on the increment
             _futex_wake(seg.bell_addr)
         n[logical] = k + 1
         self.sends += 1
@@ -253,7 +253,7 @@ def _path(token: str, rank: int, what: str) -> str:
 def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: float, waiting_for: str,
                 doorbell: bool = True) -> None:
     """Until `seg.words[word] == want`: yield for `spin_s`, then sleep — on the segment's doorbell
-    (rung by the sender when the "asleep" flag is up), or 100 us at a time without one."""
+    (rung by the sender after each message), or 100 us at a time without one."""
     t0 = time.perf_counter()
     words = seg.words
     while words[word] != want:
@@ -267,12 +267,10 @@ def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: f
         if not doorbell:
             time.sleep(1e-4)
             continue
-        ints = seg.ints
-        ints[1] = 1  # asleep: the sender rings from now on
-        bell = ints[0]
-        if words[word] != want:  # not published between our two looks
-            _futex_wait(seg.bell_addr, bell, min(_NAP, timeout_s - waited))
-        ints[1] = 0
+        bell = seg.ints[0]
+        if words[word] == want:  # published between our two looks
+            break
+        _futex_wait(seg.bell_addr, bell, min(0.05, timeout_s - waited))
 
 
 def _all_ok(ok: int, group: Group) -> bool:
