@@ -100,6 +100,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
             "simulated": {"makespan_s": sim.makespan, "bubble_wall": sim.bubble_wall,
                           "bubble_ideal": sim.bubble_ideal},
             "formula_wall": (pc.pp - 1) / (pc.microbatches + pc.pp - 1),
+            "step_time_s": hist[-1]["step_time_s"] if hist else None,  # the step these timelines are of
         }
         if cfg.synthetic_stage_ms is not None and pc.schedule in ("gpipe", "1f1b"):
             # the seed's 3.3 experiment: what the schedule alone takes with equal waiting stages
@@ -168,10 +169,11 @@ def format_report(rep: dict[str, Any]) -> str:
         pl = rep["pipeline"]
         lines.append(f"  bubble (wall)   measured {pl['measured']['bubble_wall']:.1%}   simulated "
                      f"{pl['simulated']['bubble_wall']:.1%}   (p-1)/(m+p-1) = {pl['formula_wall']:.1%}")
-        lines.append(f"  pipeline        measured {pl['measured']['makespan_s'] * 1e3:.1f} ms   simulated "
-                     f"{pl['simulated']['makespan_s'] * 1e3:.1f} ms   (last step, first action to last)"
-                     + (f"   (m+p-1)(tf+tb) = {pl['formula_makespan_s'] * 1e3:.1f} ms"
-                        if "formula_makespan_s" in pl else ""))
+        lines.append(f"  pipeline        last step: first action to last {pl['measured']['makespan_s'] * 1e3:.1f} ms "
+                     f"(simulated {pl['simulated']['makespan_s'] * 1e3:.1f} ms"
+                     + (f", (m+p-1)(tf+tb) = {pl['formula_makespan_s'] * 1e3:.1f} ms"
+                        if "formula_makespan_s" in pl else "") + ")"
+                     + (f" of a {pl['step_time_s'] * 1e3:.1f} ms step" if pl.get("step_time_s") else ""))
     for g, kinds in rep["comm_last_step"].items():
         parts = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 2**20:.2f} MiB" for k, v in kinds.items())
         lines.append(f"  comm[{g:5s}]     {parts}")
