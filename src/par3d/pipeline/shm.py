@@ -173,16 +173,21 @@ class ShmTransport:
         # every stage a rank receives for lives on that rank: local chunk = stage // p
         return (tag_stage // self.p) * self.m + mb
 
+    def _next(self, counts: list[int], tag_stage: int, mb: int) -> tuple[int, int, int, int]:
+        """Where the next message of (stage, micro-batch) goes, given the channel's message counts:
+        (logical slot, physical slot, its seq once this message is published, messages so far)."""
+        logical = self._slot(tag_stage, mb)
+        k = counts[logical]
+        # message k uses slot k mod 2 of its pair; it is that slot's (k // 2 + 1)-th message
+        return logical, 2 * logical + (k & 1), k // 2 + 1, k
+
     def send(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> None:
         """Copy `t` into the receiver's slot and publish it; returns at once (never waits for the
         receiver, see the module doc)."""
         seg = self._outbox[what]
         n = self._sent[what]
-        logical = self._slot(tag_stage, mb)
-        k = n[logical]
-        slot = 2 * logical + (k & 1)
+        logical, slot, seq, k = self._next(n, tag_stage, mb)
         h = seg.heads[slot]
-        seq = k // 2 + 1  # messages this physical slot has carried, this one included
         if seg.words[h + 1] != seq - 1:  # its previous message not taken yet (see the module doc)
             _wait_until(seg, h + 1, seq - 1, 2e-3, self.timeout_s,
                         f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}",
@@ -220,11 +225,8 @@ class ShmTransport:
         the next step (read it, do not write it)."""
         seg = self._inbox[what]
         n = self._received[what]
-        logical = self._slot(tag_stage, mb)
-        k = n[logical]
-        slot = 2 * logical + (k & 1)
+        logical, slot, seq, k = self._next(n, tag_stage, mb)
         h = seg.heads[slot]
-        seq = k // 2 + 1
         if seg.words[h] != seq:
             t0 = time.perf_counter()
             _wait_until(seg, h, seq, self.spin_s, self.timeout_s,
