@@ -149,7 +149,7 @@ class ModelStage:
         slot = self.slots[key]
         if a.kind == "BW":
             params = [q for q in self.chunks[stage_chunk(a.stage, self.p)].parameters() if q.requires_grad]
-            self._autograd(slot.out, grad_out if grad_out is not None else slot.grad_out, params, retain=False)
+            self._autograd(slot.out, slot.grad_out, params, retain=False)  # BI kept the gradient
         elif a.kind == "BI":
             slot.grad_out = grad_out  # BW needs it again
             if slot.inp is None:
@@ -345,6 +345,7 @@ class PipelineRuntime:
         events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, t1)
                   for a, (t0, t1) in zip(self.actions, times)]
         return StepResult(loss_sum, events, peak, per_mb)
+
 
 def _wait(seconds: float) -> None:
     """Wait `seconds` precisely without burning a core: sleep, then yield for the last 0.15 ms

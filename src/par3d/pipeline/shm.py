@@ -98,7 +98,7 @@ class _Segment:
 
     def __init__(self, path: str, n_slots: int, shape: tuple[int, ...], dtype: torch.dtype, create: bool):
         numel = math.prod(shape)
-        self.slot_bytes = _HEADER + _round_up(numel * torch.empty((), dtype=dtype).element_size(), 64)
+        self.slot_bytes = _HEADER + _round_up(numel * dtype.itemsize, 64)
         size = _BELL + n_slots * self.slot_bytes
         fd = os.open(path, (os.O_RDWR | os.O_CREAT | os.O_EXCL) if create else os.O_RDWR, 0o600)
         try:
@@ -129,8 +129,8 @@ class ShmTransport:
         self.spin_s, self.handoff = spin_s, handoff
         self._ring = math.isfinite(spin_s)  # receivers that may sleep need their doorbell rung
         self.dtype = dtype
-        self._size = (math.prod(shape), torch.empty((), dtype=dtype).element_size())  # every message's
-        self._nbytes = self._size[0] * self._size[1]
+        self._numel = math.prod(shape)  # every message's size
+        self._nbytes = self._numel * dtype.itemsize
         # counted here and handed to comm.COUNTER by flush_counts() (once a step: nothing on the
         # critical path); recv time is the time spent waiting for messages, a send never waits
         self.sends = self.recvs = 0
@@ -241,9 +241,11 @@ class ShmTransport:
     def flush_counts(self) -> None:
         """Add the messages since the last flush to comm.COUNTER (the runtime: after each step)."""
         if self.sends:
-            comm.COUNTER.add_sized(self.group.name, "send", *self._size, 0.0, calls=self.sends)
+            comm.COUNTER.add_sized(self.group.name, "send", self._numel, self.dtype.itemsize, 0.0,
+                                   calls=self.sends)
         if self.recvs:
-            comm.COUNTER.add_sized(self.group.name, "recv", *self._size, self.waited, calls=self.recvs)
+            comm.COUNTER.add_sized(self.group.name, "recv", self._numel, self.dtype.itemsize, self.waited,
+                                   calls=self.recvs)
         self.sends = self.recvs = 0
         self.waited = 0.0
 
