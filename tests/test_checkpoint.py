@@ -21,6 +21,7 @@ from equiv_common import case
 from par3d import checkpoint
 from par3d.checkpoint import CheckpointError
 from par3d.config import ConfigError, RunConfig
+from par3d.faults import FaultInjector
 
 SAME, ACROSS = 1e-5, 1e-4
 STEPS = 6
@@ -139,7 +140,7 @@ def test_keep_last_prunes_older_checkpoints(tmp_path):
 
 
 def test_a_checkpoint_with_nan_is_never_written(tmp_path, capfd):
-    r = _one(str(tmp_path), steps=2, save_every=1, options={"nan_master_at_step": 1})
+    r = _one(str(tmp_path), steps=2, save_every=1, options={"faults": FaultInjector(nan_master_at_step=1)})
     assert [s for s, _ in checkpoint.list_checkpoints(str(tmp_path / "checkpoints"))] == [1]
     assert len(r["checkpoints"]) == 1
     assert "not saving the checkpoint of step 2" in capfd.readouterr().err
@@ -147,7 +148,7 @@ def test_a_checkpoint_with_nan_is_never_written(tmp_path, capfd):
 
 def test_non_finite_loss_skips_the_step(tmp_path, capfd):
     ref = _one(str(tmp_path / "ref"), steps=3)["history"]
-    hist = _one(str(tmp_path / "nan"), steps=3, options={"nan_loss_at_step": 1})["history"]
+    hist = _one(str(tmp_path / "nan"), steps=3, options={"faults": FaultInjector(nan_loss_at_step=1)})["history"]
     assert [h["skipped"] for h in hist] == [False, True, False]
     assert hist[0]["loss"] == ref[0]["loss"]
     assert hist[2]["loss"] == hist[2]["loss"]  # finite again: the poisoned update never landed
@@ -155,12 +156,12 @@ def test_non_finite_loss_skips_the_step(tmp_path, capfd):
 
 
 def test_non_finite_loss_stops_when_asked(tmp_path):
-    from par3d.train import worker
+    from par3d.train import RunOptions, worker
 
     c = _cfg(str(tmp_path), steps=3)
     c["train"]["on_nonfinite"] = "stop"
     with pytest.raises(FloatingPointError, match="step 1.*on_nonfinite='stop'"):
-        worker(c, {"quiet": True, "nan_loss_at_step": 1})
+        worker(c, RunOptions(quiet=True, faults=FaultInjector(nan_loss_at_step=1)))
 
 
 # ---- bad checkpoints: one clear line each ----------------------------------------------------------

@@ -1,6 +1,8 @@
 """Failures never hang and never leave processes behind (reliability issue, points 1 and 4).
 
-Faults are injected with train.py's test-only variables PAR3D_TEST_{KILL,RAISE,HANG}_RANK_AT_STEP.
+Faults are injected through par3d.faults (the loop's only seam for tests): a FaultInjector passed
+in RunOptions(faults=...), or, for a `par3d train` subprocess, the test-only variables
+PAR3D_TEST_{KILL,RAISE,HANG}_RANK_AT_STEP that it reads when a rank starts.
 
   * acceptance: `par3d train` on 4 ranks, rank 2 SIGKILLed in the middle of a checkpoint save:
     exit code != 0 within 60 s, one line naming rank 2, no process left, and the previous
@@ -132,3 +134,26 @@ def test_a_hung_rank_ends_the_run_after_the_timeout(monkeypatch):
     assert str(err).startswith("rank "), str(err)
     assert elapsed < 45, f"took {elapsed:.0f} s with --timeout 3"
     assert left == []
+
+
+# ---- the seam itself (no process) ------------------------------------------------------------------
+
+def test_faults_come_from_the_environment_only_when_named():
+    from par3d.faults import Fault, FaultInjector
+
+    assert FaultInjector.from_env({}) is None
+    got = FaultInjector.from_env({"PAR3D_TEST_KILL_RANK_AT_STEP": "2:3:save",
+                                  "PAR3D_TEST_HANG_RANK_AT_STEP": "1:0"})
+    assert got is not None
+    assert got.faults == (Fault("kill", 2, 3, "save"), Fault("hang", 1, 0, "step"))
+    got.step_started(2, 3)  # a fault fires only at its own (rank, step, place): nothing happens here
+    got.in_save(0, 3)
+    assert FaultInjector(nan_loss_at_step=1).loss_scale(1, 0.5) != FaultInjector().loss_scale(1, 0.5)
+
+
+def test_run_options_are_typed():
+    from par3d.train import RunOptions
+
+    assert RunOptions.of({"quiet": True, "stop_at_step": 4}) == RunOptions(quiet=True, stop_at_step=4)
+    with pytest.raises(TypeError, match="nan_loss_at_step"):  # faults go through RunOptions.faults
+        RunOptions.of({"nan_loss_at_step": 1})

@@ -54,6 +54,7 @@ _MODEL_FIELDS = ("vocab", "seq_len", "layers", "hidden", "heads", "ffn_hidden", 
 _TRAIN_FIELDS = ("seed", "global_batch", "steps", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
                  "beta1", "beta2", "eps", "data")
 # Parameters whose rows are the vocabulary: stored with exactly `vocab` rows (padding dropped).
+# The same tuple as model.VOCAB_PARAMS (not imported: this module's checking half imports no torch).
 _VOCAB_PARAMS = ("embedding.tok.weight", "head.weight")
 
 
@@ -237,7 +238,7 @@ class _Entry:
 
 
 def _entries(chunks: list[Any], dpar: Any, tied: bool) -> list[_Entry]:
-    from par3d.train import global_named_parameters
+    from par3d.model import global_named_parameters
 
     out = []
     for ci, (chunk, buf) in enumerate(zip(chunks, dpar.bufs)):
@@ -259,13 +260,10 @@ def _full_shape(e: _Entry, tp_size: int, vocab: int) -> list[int]:
 
 def _gather_full(flat: Any, e: _Entry, groups: Any, vocab: int) -> Any:
     """The full tensor of entry `e` from this TP group's slices of `flat` (collective over TP)."""
-    from par3d.tensor_parallel import unshard
+    from par3d.model import full_tensor
 
     local = flat[e.offset:e.offset + e.param.numel()].view(e.param.shape)
-    full = unshard(local, e.param, groups.tp)
-    if e.name in _VOCAB_PARAMS:
-        full = full[:vocab]
-    return full.detach().float().cpu().clone()
+    return full_tensor(e.name, local, e.param, groups.tp, vocab)
 
 
 def _cut_local(full: Any, e: _Entry, groups: Any, vocab: int) -> Any:

@@ -39,6 +39,7 @@ from par3d.tensor_parallel import (
     mark_sequence_parallel,
     mark_tp_sharded,
     padded_vocab,
+    unshard,
     vocab_parallel_cross_entropy,
 )
 
@@ -230,3 +231,30 @@ class GPTStage(nn.Module):
             x = block(x)
         return self.head.full_logits(x)
 
+
+# ---- parameters by layout-independent names (checkpoints, tests, inspection) ---------------------
+
+# Parameters whose rows are the vocabulary: padded to a multiple of TP inside, `vocab` rows outside.
+VOCAB_PARAMS = ("embedding.tok.weight", "head.weight")
+
+
+def global_named_parameters(stage: GPTStage) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) with block indices made global, so names do not depend on the split."""
+    first_block = max(stage.start, 1) - 1
+    out = []
+    for name, p in stage.named_parameters():
+        if name.startswith("blocks."):
+            _, idx, rest = name.split(".", 2)
+            name = f"blocks.{int(idx) + first_block}.{rest}"
+        out.append((name, p))
+    return out
+
+
+def full_tensor(name: str, local: torch.Tensor, p: nn.Parameter, tp: Group, vocab: int) -> torch.Tensor:
+    """The full fp32 CPU copy of `local` (parameter `name`'s weights, gradient or optimizer state on
+    this rank): TP slices gathered (`unshard`: a collective over `tp`), vocabulary padding dropped.
+    The one unsharding used by checkpoints and by the captured parameters/gradients of a run."""
+    full = unshard(local, p, tp)
+    if name in VOCAB_PARAMS:
+        full = full[:vocab]
+    return full.detach().float().cpu().clone()

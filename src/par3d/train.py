@@ -1,23 +1,26 @@
 """The training loop — the main job.  Trace it top to bottom:
 
-    run(cfg)                      parent: validate, then start the world (or join torchrun's)
-      └ worker(cfg)               every rank:
-          groups = build_groups(mesh, rank)                 mesh.py: who talks to whom
-          chunks = GPTStage(units of this rank's stages)    model.py + pipeline/partition.py
-          dp     = DataParallel(chunks, ...)                data_parallel.py: grads + optimizer
-          rt     = PipelineRuntime(schedule[pp_rank], ...)  pipeline/runtime.py
-          checkpoint.load(...)                              on --resume: any layout's checkpoint
+    run(cfg, RunOptions)          parent: validate, then start the world (or join torchrun's)
+      └ worker(cfg, RunOptions)   every rank, in named steps:
+          _build            groups = build_groups(mesh, rank)              mesh.py: who talks to whom
+                            chunks = GPTStage(units of this rank's stages) model.py + pipeline/partition.py
+                            dp     = DataParallel(chunks, ...)             data_parallel.py: grads + optimizer
+          _resume           checkpoint.load(...)      on --resume: any layout's checkpoint
+          _start_pipeline   rt = PipelineRuntime(schedule[pp_rank], ...)   pipeline/runtime.py
           for step:
-              micro-batches = this DP rank's slice of the step's global batch     data.py
-              rt.run_step(...)    forwards/backwards in schedule order, DP buckets launched
-              dp.finish()
-              loss = Σ over micro-batches and DP ranks (already divided by global tokens)
-              dp.step(step)       unless the loss or gradient is NaN/Inf (skip, or stop)
-              checkpoint.save(...)                          every --save-every steps
+            _train_step     micro-batches = this DP rank's slice of the step's global batch   data.py
+                            rt.run_step(...)  forwards/backwards in schedule order, DP buckets launched
+                            dp.finish()
+                            loss = Σ over micro-batches and DP ranks (already divided by global tokens)
+                            dp.step(step)     unless the loss or gradient is NaN/Inf (skip, or stop)
+            _record         history row, communication counts, timeline, activation memory
+            _save           checkpoint.save(...)      every --save-every steps
+          _results          this rank's return value; every rank's timeline gathered to rank 0
 
 Every layout runs this same code; with dp = pp = tp = 1 it is the single-device reference.
 Reliability (docs/reliability.md): `preflight` refuses bad input before any process starts, and
-a watchdog ends a rank whose peers stopped answering, so a failure never hangs the run.
+a watchdog ends a rank whose peers stopped answering, so a failure never hangs the run.  Tests
+disturb a run only through the hooks of `par3d.faults` (`RunOptions.faults`), never by code here.
 """
 
 from __future__ import annotations
@@ -25,57 +28,143 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from par3d.config import ConfigError, RunConfig
+from par3d.faults import FaultInjector, RunHooks
 
 
-def global_named_parameters(stage: Any) -> list[tuple[str, Any]]:
-    """(name, parameter) with block indices made global, so names do not depend on the split."""
-    first_block = max(stage.start, 1) - 1
-    out = []
-    for name, p in stage.named_parameters():
-        if name.startswith("blocks."):
-            _, idx, rest = name.split(".", 2)
-            name = f"blocks.{int(idx) + first_block}.{rest}"
-        out.append((name, p))
-    return out
+@dataclass(frozen=True)
+class RunOptions:
+    """How a rank runs, beyond the configuration: what the caller (the CLI, a benchmark, a test)
+    wants back and where to resume.  `run` fills `resume_dir`; the rest defaults to a plain run."""
+
+    quiet: bool = False  # no progress bar
+    resume_dir: str | None = None  # a checkpoint folder already resolved by `preflight`
+    checkpoint_root: str | None = None  # where saves go (default: <train.out>/checkpoints)
+    start_step: int = 0  # first step when not resuming
+    stop_at_step: int | None = None  # stop before this step (a preempted run); None: train.steps
+    bucket_numel: int = 1 << 20  # DP gradient bucket size, elements
+    capture_grads: bool = False  # "grads": full gradients of the first step by global name
+    capture_params: bool = False  # "params": full parameters after the last step
+    capture_logits: bool = False  # "logits": full logits of the first 2 sequences before training (pp=1)
+    keep_sizes: bool = False  # record every collective's message sizes (comm_per_step[i]["sizes"])
+    all_events: bool = False  # "events_by_step": every step's timeline, not only the last
+    faults: RunHooks | None = None  # the fault-injection seam (par3d.faults); None: PAR3D_TEST_* or none
+
+    @classmethod
+    def of(cls, options: RunOptions | Mapping[str, Any] | None) -> RunOptions:
+        """`options` itself, or a RunOptions from a mapping of its field names (TypeError on others)."""
+        if options is None:
+            return cls()
+        return options if isinstance(options, RunOptions) else cls(**options)
 
 
-def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass
+class _Rank:
+    """Everything one rank builds before its first step (`_build`)."""
+
+    cfg: RunConfig
+    rank: int
+    device: Any
+    dtype: Any
+    groups: Any
+    chunks: list[Any]
+    dpar: Any
+    corpus: Any
+    part: Any  # the layer partition over pipeline stages
+    runtime: Any = None  # `_start_pipeline`
+    report: Any = None  # the schedule checker's report (predicted in-flight activations)
+
+    @property
+    def first_in_replica(self) -> bool:
+        """dp = 0, tp = 0: the rank that returns timelines and full tensors."""
+        return self.groups.coord.dp == 0 and self.groups.coord.tp == 0
+
+
+@dataclass
+class _Tally:
+    """What the loop accumulates; `_results` turns it into the rank's return value."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    comm_per_step: list[dict[str, Any]] = field(default_factory=list)
+    events_last: list[Any] = field(default_factory=list)
+    events_by_step: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # RunOptions.all_events
+    peak_act: int = 0
+    act_per_mb: int = 0
+    saved: list[str] = field(default_factory=list)
+    captured: dict[str, Any] = field(default_factory=dict)
+
+
+def worker(cfg_dict: dict[str, Any], options: RunOptions | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Runs on every rank.  Returns what the parent (or a test) needs: losses, timings, and on
     request full parameters/gradients by global name (from dp=0, tp=0 ranks)."""
-    import numpy as np
-    import torch
     import torch.distributed as dist
 
-    from par3d import checkpoint, comm
-    from par3d.data import Corpus, rank_microbatches
+    opts = RunOptions.of(options)
+    cfg = RunConfig.from_dict(cfg_dict).resolve()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    r = _build(cfg, rank, opts)
+    if r is None:  # this rank is not part of the layout (tests run small layouts in big worlds)
+        return {"rank": rank, "idle": True}
+    start_step, resume_dir = _resume(r, opts)
+    _start_pipeline(r)
+    hooks = opts.faults or FaultInjector.from_env() or RunHooks()
+    tally = _Tally()
+    if opts.capture_logits and cfg.parallel.pp == 1:
+        _capture_logits(r, tally)
+    _reset_counter(opts.keep_sizes or cfg.comm_report)
+    last_step = cfg.train.steps if opts.stop_at_step is None else min(cfg.train.steps, opts.stop_at_step)
+    ckpt_root = opts.checkpoint_root or _checkpoints_root(cfg)
+    watch = r.groups.world.size > 1 and dist.is_initialized()
+    with _Progress(r, opts, start_step, append=bool(resume_dir)) as progress, \
+            _Watchdog(rank, cfg.timeout_s, enabled=watch) as wd:
+        for step in range(start_step, last_step):
+            wd.beat(f"step {step}")
+            hooks.step_started(rank, step)
+            row, res = _train_step(r, step, hooks.loss_scale(step, _loss_scale(cfg)))
+            if opts.capture_grads and step == start_step:
+                tally.captured["grads"] = _gather_named(r, lambda q: q.main_grad)
+            _record(r, opts, tally, row, res)
+            progress.step_done(row)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                hooks.before_save(rank, step, r.dpar)
+                wd.beat(f"saving the checkpoint of step {step + 1}")
+                _save(r, ckpt_root, step, tally, hooks)
+    if opts.capture_params:
+        tally.captured["params"] = _gather_named(r, lambda q: q.detach())
+    return _results(r, tally, resume_dir, start_step)
+
+
+# ---- the steps of `worker`, in the order it takes them ----------------------------------------------
+
+def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
+    """Device, process groups, this rank's model chunks and DP state, the data; None when this
+    rank is outside the layout."""
+    import torch
+
+    from par3d.data import Corpus
     from par3d.data_parallel import DataParallel
     from par3d.mesh import Mesh, build_groups
     from par3d.model import GPTStage, ModelContext
     from par3d.pipeline.partition import gpt_partition
-    from par3d.pipeline.runtime import PipelineRuntime
-    from par3d.pipeline.schedules import build, check
 
-    options = options or {}
-    cfg = RunConfig.from_dict(cfg_dict).resolve()
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
-    rank = dist.get_rank() if dist.is_initialized() else 0
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
 
     mesh = Mesh(pc.dp, pc.pp, pc.tp)
     groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s)
-    if groups is None:  # this rank is not part of the layout (tests run small layouts in big worlds)
-        return {"rank": rank, "idle": True}
+    if groups is None:
+        return None
     c = groups.coord
-    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
+    p, v = pc.pp, pc.virtual_stages
     # dropout streams: identical across TP ranks (they hold replicated activations)
     torch.manual_seed(tc.seed + 1000 * c.dp + c.pp)
 
@@ -83,172 +172,234 @@ def worker(cfg_dict: dict[str, Any], options: dict[str, Any] | None = None) -> d
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
                        recompute=pc.recompute, dtype=dtype)
     chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]).to(device) for k in range(v)]
-    dpar = DataParallel(chunks, groups, tc, pc.zero_stage,
-                        bucket_numel=int(options.get("bucket_numel", 1 << 20)))
-    start_step = int(options.get("start_step", 0))
-    resume_dir = options.get("resume_dir") or (
-        checkpoint.resolve(cfg.resume, tc.out, warn=rank == 0) if cfg.resume else None)
-    if resume_dir:
-        # weights, Adam state, optimizer step and RNG; the data position is the step itself
-        # (sampling is a pure function of (seed, step))
-        start_step = int(checkpoint.load(resume_dir, chunks, dpar, groups, cfg)["step"])
-    ckpt_root = options.get("checkpoint_root") or checkpoint.checkpoints_root(tc.out)
+    dpar = DataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
+    return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data), part)
+
+
+def _start_pipeline(r: _Rank) -> None:
+    """The schedule of this rank's pipeline position (checked) and the runtime that executes it."""
+    from par3d.pipeline.runtime import PipelineRuntime
+    from par3d.pipeline.schedules import build, check
+
+    mc, pc, tc = r.cfg.model, r.cfg.parallel, r.cfg.train
+    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
     schedule = build(pc.schedule, p, m, v)
-    report = check(schedule, p, m, v)
-    s_local = mc.seq_len // pc.tp if ctx.sequence_parallel else mc.seq_len
-    runtime = PipelineRuntime(chunks, schedule[c.pp], groups, p, m, v, (tc.micro_batch, s_local, mc.hidden),
-                              dtype, device, set_sync=dpar.set_sync, synthetic_ms=cfg.synthetic_stage_ms,
-                              p2p=pc.p2p, timeout_s=cfg.timeout_s)
-    corpus = Corpus.load(tc.data)
-    loss_scale = 1.0 / (tc.global_batch * mc.seq_len)
-    tokens_per_step = tc.global_batch * mc.seq_len
-
-    is_rank0 = rank == 0
-    if is_rank0 and cfg.metrics_out and os.path.dirname(cfg.metrics_out):
-        os.makedirs(os.path.dirname(cfg.metrics_out), exist_ok=True)
-    # a resumed run appends: the metrics file then holds the whole run (a step redone after a crash
-    # appears twice; the later line is the one that counts)
-    metrics_fh = (open(cfg.metrics_out, "a" if resume_dir else "w")  # noqa: SIM115
-                  if (is_rank0 and cfg.metrics_out) else None)
-    bar = None
-    if is_rank0 and cfg.progress and not options.get("quiet"):
-        from tqdm import tqdm
-
-        bar = tqdm(total=tc.steps, initial=start_step, desc="train", unit="step", file=sys.stderr,
-                   dynamic_ncols=True)
-
-    history: list[dict[str, Any]] = []
-    captured: dict[str, Any] = {}
-    if options.get("capture_logits") and p == 1:
-        from par3d.data import global_batch
-
-        x0, _ = global_batch(corpus, tc.seed, 0, tc.global_batch, mc.seq_len)
-        with torch.no_grad():
-            comm.COUNTER.enabled = False
-            logits = chunks[0].logits(torch.from_numpy(np.ascontiguousarray(x0[:2])).to(device))
-            comm.COUNTER.enabled = True
-        if c.dp == 0 and c.tp == 0:
-            captured["logits"] = logits.float().cpu()
-    events_last: list[Any] = []
-    events_by_step: dict[int, list[dict[str, Any]]] = {}  # only with options["all_events"] (benchmarks)
-    peak_act = 0
-    act_per_mb = 0
-    comm.COUNTER.reset()
-    comm.COUNTER.keep_sizes = bool(options.get("keep_sizes") or cfg.comm_report)
-    comm_per_step: list[dict[str, Any]] = []
-    saved: list[str] = []
-    last_step = min(tc.steps, int(options.get("stop_at_step", tc.steps)))  # tests: a preempted run
-    nan_loss_at = options.get("nan_loss_at_step")  # test-only: poison one step's loss
-    nan_master_at = options.get("nan_master_at_step")  # test-only: poison the weights before a save
-    watch = groups.world.size > 1 and dist.is_initialized()
-    with _Watchdog(rank, cfg.timeout_s, enabled=watch) as wd:
-        for step in range(start_step, last_step):
-            wd.beat(f"step {step}")
-            _test_fault(rank, step, "step")
-            t0 = time.perf_counter()
-            mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(device),
-                    torch.from_numpy(np.ascontiguousarray(y)).to(device))
-                   for x, y in rank_microbatches(corpus, tc.seed, step, tc.global_batch, mc.seq_len,
-                                                 pc.dp, c.dp, m)]
-            dpar.start_step()
-            res = runtime.run_step(mbs, float("nan") if step == nan_loss_at else loss_scale)
-            dpar.finish()
-            if options.get("capture_grads") and step == start_step:
-                captured["grads"] = _gather_named(chunks, groups, mc, lambda q: q.main_grad)
-            loss_t = torch.tensor([res.loss_sum], dtype=torch.float64, device=device)  # NCCL needs device tensors
-            comm.all_reduce(loss_t, groups.pp)
-            comm.all_reduce(loss_t, groups.dp)
-            loss = float(loss_t)
-            if math.isfinite(loss):  # every rank holds the same loss, so all ranks skip together
-                info = dpar.step(step)
-            else:
-                info = {"grad_norm": float("nan"), "lr": dpar.lr_at(step), "skipped": True}
-            dt = time.perf_counter() - t0
-            if info["skipped"]:
-                _non_finite(step, loss, info["grad_norm"], tc.on_nonfinite, is_rank0)
-            snap = comm.COUNTER.snapshot()
-            sizes = ({f"{g}/{k}": list(v) for (g, k), v in comm.COUNTER.elements.items()}
-                     if comm.COUNTER.keep_sizes else None)
-            comm_per_step.append({"step": step, "comm": snap, **({"sizes": sizes} if sizes else {})})
-            comm.COUNTER.reset()
-            row = {"step": step, "loss": loss, "lr": info["lr"], "tokens": tokens_per_step * (step + 1),
-                   "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
-            if cfg.comm_report:
-                row["comm"] = snap
-                row["comm_sizes"] = sizes
-            history.append(row)
-            events_last = res.events
-            if options.get("all_events") and c.dp == 0 and c.tp == 0:
-                events_by_step[step] = [e.to_dict() for e in res.events]
-            peak_act = max(peak_act, res.peak_activation_bytes)
-            act_per_mb = max(act_per_mb, res.activation_bytes_per_microbatch)
-            if metrics_fh:
-                metrics_fh.write(json.dumps(row) + "\n")
-                metrics_fh.flush()
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
-                bar.update(1)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0:
-                if step == nan_master_at and is_rank0:
-                    dpar.bufs[0].master[0] = float("nan")
-                wd.beat(f"saving the checkpoint of step {step + 1}")
-                path = checkpoint.save(ckpt_root, step + 1, chunks, dpar, groups, cfg,
-                                       hook=lambda where, s=step: _test_fault(rank, s, where))
-                if path is None and tc.on_nonfinite == "stop":
-                    raise FloatingPointError(f"non-finite weights or optimizer state after step {step}; "
-                                             f"stopping (train.on_nonfinite='stop')")
-                if path is not None:
-                    saved.append(path)
-    if bar is not None:
-        bar.close()
-    if metrics_fh:
-        metrics_fh.close()
-    if options.get("capture_params"):
-        captured["params"] = _gather_named(chunks, groups, mc, lambda q: q.detach())
-    out: dict[str, Any] = {
-        "rank": rank, "coord": [c.dp, c.pp, c.tp], "history": history, "comm_per_step": comm_per_step,
-        "peak_activation_bytes": peak_act, "activation_bytes_per_microbatch": act_per_mb,
-        "p2p_transport": runtime.transport,
-        "peak_inflight_predicted": report.peak_inflight[c.pp],
-        "events": [e.to_dict() for e in events_last] if (c.dp == 0 and c.tp == 0) else [],
-        "events_by_step": events_by_step,
-        "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
-        "resumed_from": resume_dir, "start_step": start_step, "checkpoints": saved,
-    }
-    out.update(captured)
-    if groups.world.size > 1:
-        # rank 0 gets every rank's timeline and memory (also under torchrun, where the parent
-        # process does not see the other ranks' return values)
-        mine = {k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
-                                     "peak_inflight_predicted", "bounds", "events_by_step")}
-        world: list[Any] = [None] * groups.world.size
-        dist.all_gather_object(world, mine, group=groups.world.pg)
-        out["world"] = world
-    else:
-        out["world"] = [{k: out[k] for k in ("rank", "coord", "events", "peak_activation_bytes",
-                                             "peak_inflight_predicted", "bounds", "events_by_step")}]
-    return out
+    r.report = check(schedule, p, m, v)
+    s_local = mc.seq_len // pc.tp if r.chunks[0].ctx.sequence_parallel else mc.seq_len
+    r.runtime = PipelineRuntime(r.chunks, schedule[r.groups.coord.pp], r.groups, p, m, v,
+                                (tc.micro_batch, s_local, mc.hidden), r.dtype, r.device,
+                                set_sync=r.dpar.set_sync, synthetic_ms=r.cfg.synthetic_stage_ms,
+                                p2p=pc.p2p, timeout_s=r.cfg.timeout_s)
 
 
-def _gather_named(chunks: list[Any], groups: Any, mc: Any, get: Any) -> dict[str, Any]:
-    """Full tensors by global name (TP slices gathered), returned from dp=0, tp=0 ranks only."""
+def _resume(r: _Rank, opts: RunOptions) -> tuple[int, str | None]:
+    """(first step, checkpoint folder or None).  A checkpoint restores weights, Adam state, the
+    optimizer step and RNG; the data position is the step itself (sampling is a pure function of
+    (seed, step))."""
+    from par3d import checkpoint
+
+    cfg = r.cfg
+    resume_dir = opts.resume_dir or (
+        checkpoint.resolve(cfg.resume, cfg.train.out, warn=r.rank == 0) if cfg.resume else None)
+    if not resume_dir:
+        return opts.start_step, None
+    return int(checkpoint.load(resume_dir, r.chunks, r.dpar, r.groups, cfg)["step"]), resume_dir
+
+
+def _checkpoints_root(cfg: RunConfig) -> str:
+    from par3d import checkpoint
+
+    return checkpoint.checkpoints_root(cfg.train.out)
+
+
+def _loss_scale(cfg: RunConfig) -> float:
+    """Per-token losses are divided by the global tokens of a step, so the sum over micro-batches
+    and DP ranks is the mean loss."""
+    return 1.0 / (cfg.train.global_batch * cfg.model.seq_len)
+
+
+def _capture_logits(r: _Rank, tally: _Tally) -> None:
+    """Full logits of the first two sequences of step 0, before any update (equivalence tests)."""
+    import numpy as np
+    import torch
+
     from par3d import comm
-    from par3d.tensor_parallel import unshard
+    from par3d.data import global_batch
 
+    tc, mc = r.cfg.train, r.cfg.model
+    x0, _ = global_batch(r.corpus, tc.seed, 0, tc.global_batch, mc.seq_len)
+    with torch.no_grad():
+        comm.COUNTER.enabled = False
+        logits = r.chunks[0].logits(torch.from_numpy(np.ascontiguousarray(x0[:2])).to(r.device))
+        comm.COUNTER.enabled = True
+    if r.first_in_replica:
+        tally.captured["logits"] = logits.float().cpu()
+
+
+def _reset_counter(keep_sizes: bool) -> None:
+    from par3d import comm
+
+    comm.COUNTER.reset()
+    comm.COUNTER.keep_sizes = bool(keep_sizes)
+
+
+def _train_step(r: _Rank, step: int, loss_scale: float) -> tuple[dict[str, Any], Any]:
+    """One optimizer step: this DP rank's micro-batches through the schedule, the gradient
+    reduction, the loss summed over PP and DP, and the update unless the loss or gradient is
+    NaN/Inf.  Returns the history row (communication not yet added) and the runtime's result."""
+    import numpy as np
+    import torch
+
+    from par3d import comm
+    from par3d.data import rank_microbatches
+
+    cfg, c, dpar = r.cfg, r.groups.coord, r.dpar
+    mc, pc, tc = cfg.model, cfg.parallel, cfg.train
+    t0 = time.perf_counter()
+    mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(r.device),
+            torch.from_numpy(np.ascontiguousarray(y)).to(r.device))
+           for x, y in rank_microbatches(r.corpus, tc.seed, step, tc.global_batch, mc.seq_len,
+                                         pc.dp, c.dp, pc.microbatches)]
+    dpar.start_step()
+    res = r.runtime.run_step(mbs, loss_scale)
+    dpar.finish()
+    loss_t = torch.tensor([res.loss_sum], dtype=torch.float64, device=r.device)  # NCCL needs device tensors
+    comm.all_reduce(loss_t, r.groups.pp)
+    comm.all_reduce(loss_t, r.groups.dp)
+    loss = float(loss_t)
+    if math.isfinite(loss):  # every rank holds the same loss, so all ranks skip together
+        info = dpar.step(step)
+    else:
+        info = {"grad_norm": float("nan"), "lr": dpar.lr_at(step), "skipped": True}
+    dt = time.perf_counter() - t0
+    if info["skipped"]:
+        _non_finite(step, loss, info["grad_norm"], tc.on_nonfinite, r.rank == 0)
+    row = {"step": step, "loss": loss, "lr": info["lr"], "tokens": tc.global_batch * mc.seq_len * (step + 1),
+           "step_time_s": dt, "grad_norm": info["grad_norm"], "skipped": bool(info["skipped"])}
+    return row, res
+
+
+def _record(r: _Rank, opts: RunOptions, tally: _Tally, row: dict[str, Any], res: Any) -> None:
+    """The step's communication (then the counter restarts), timeline and activation memory."""
+    from par3d import comm
+
+    snap = comm.COUNTER.snapshot()
+    sizes = ({f"{g}/{k}": list(v) for (g, k), v in comm.COUNTER.elements.items()}
+             if comm.COUNTER.keep_sizes else None)
+    tally.comm_per_step.append({"step": row["step"], "comm": snap, **({"sizes": sizes} if sizes else {})})
+    comm.COUNTER.reset()
+    if r.cfg.comm_report:
+        row["comm"] = snap
+        row["comm_sizes"] = sizes
+    tally.history.append(row)
+    tally.events_last = res.events
+    if opts.all_events and r.first_in_replica:
+        tally.events_by_step[row["step"]] = [e.to_dict() for e in res.events]
+    tally.peak_act = max(tally.peak_act, res.peak_activation_bytes)
+    tally.act_per_mb = max(tally.act_per_mb, res.activation_bytes_per_microbatch)
+
+
+def _save(r: _Rank, root: str, step: int, tally: _Tally, hooks: RunHooks) -> None:
+    """The checkpoint after step `step` (none is written when the state holds NaN/Inf)."""
+    from par3d import checkpoint
+
+    path = checkpoint.save(root, step + 1, r.chunks, r.dpar, r.groups, r.cfg,
+                           hook=lambda _where: hooks.in_save(r.rank, step))
+    if path is None and r.cfg.train.on_nonfinite == "stop":
+        raise FloatingPointError(f"non-finite weights or optimizer state after step {step}; "
+                                 f"stopping (train.on_nonfinite='stop')")
+    if path is not None:
+        tally.saved.append(path)
+
+
+def _gather_named(r: _Rank, get: Any) -> dict[str, Any]:
+    """Full tensors by global name (`model.full_tensor`), returned from dp=0, tp=0 ranks only."""
+    from par3d import comm
+    from par3d.model import full_tensor, global_named_parameters
+
+    mc = r.cfg.model
     comm.COUNTER.enabled = False
     try:
         out = {}
-        for chunk in chunks:
+        for chunk in r.chunks:
             for name, q in global_named_parameters(chunk):
                 if name == "head.weight" and mc.tied_embeddings:
                     continue  # the tied copy on the last stage; the reference holds one table
-                full = unshard(get(q).float(), q, groups.tp)
-                if name in ("embedding.tok.weight", "head.weight"):
-                    full = full[:mc.vocab]
-                out[name] = full.detach().cpu().clone()
+                out[name] = full_tensor(name, get(q), q, r.groups.tp, mc.vocab)
     finally:
         comm.COUNTER.enabled = True
-    return out if (groups.coord.dp == 0 and groups.coord.tp == 0) else {}
+    return out if r.first_in_replica else {}
+
+
+_WORLD_KEYS = ("rank", "coord", "events", "peak_activation_bytes", "peak_inflight_predicted", "bounds",
+               "events_by_step")
+
+
+def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -> dict[str, Any]:
+    """This rank's return value; `world` holds every rank's timeline and memory."""
+    import torch.distributed as dist
+
+    c, p, v, part = r.groups.coord, r.cfg.parallel.pp, r.cfg.parallel.virtual_stages, r.part
+    out: dict[str, Any] = {
+        "rank": r.rank, "coord": [c.dp, c.pp, c.tp], "history": tally.history,
+        "comm_per_step": tally.comm_per_step,
+        "peak_activation_bytes": tally.peak_act, "activation_bytes_per_microbatch": tally.act_per_mb,
+        "p2p_transport": r.runtime.transport,
+        "peak_inflight_predicted": r.report.peak_inflight[c.pp],
+        "events": [e.to_dict() for e in tally.events_last] if r.first_in_replica else [],
+        "events_by_step": tally.events_by_step,
+        "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
+        "resumed_from": resume_dir, "start_step": start_step, "checkpoints": tally.saved,
+    }
+    out.update(tally.captured)
+    mine = {k: out[k] for k in _WORLD_KEYS}
+    if r.groups.world.size > 1:
+        # rank 0 gets every rank's timeline and memory (also under torchrun, where the parent
+        # process does not see the other ranks' return values)
+        world: list[Any] = [None] * r.groups.world.size
+        dist.all_gather_object(world, mine, group=r.groups.world.pg)
+        out["world"] = world
+    else:
+        out["world"] = [mine]
+    return out
+
+
+class _Progress:
+    """Rank 0's outputs while training: the metrics file (JSON lines) and the progress bar."""
+
+    def __init__(self, r: _Rank, opts: RunOptions, start_step: int, append: bool):
+        cfg, is_rank0 = r.cfg, r.rank == 0
+        self.tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
+        self.fh = None
+        if is_rank0 and cfg.metrics_out:
+            if os.path.dirname(cfg.metrics_out):
+                os.makedirs(os.path.dirname(cfg.metrics_out), exist_ok=True)
+            # a resumed run appends: the metrics file then holds the whole run (a step redone after
+            # a crash appears twice; the later line is the one that counts)
+            self.fh = open(cfg.metrics_out, "a" if append else "w")  # noqa: SIM115
+        self.bar = None
+        if is_rank0 and cfg.progress and not opts.quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", unit="step",
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.fh:
+            self.fh.close()
+
+    def step_done(self, row: dict[str, Any]) -> None:
+        if self.fh:
+            self.fh.write(json.dumps(row) + "\n")
+            self.fh.flush()
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{self.tokens_per_step / row['step_time_s']:,.0f}")
+            self.bar.update(1)
 
 
 def _non_finite(step: int, loss: float, grad_norm: float, policy: str, is_rank0: bool) -> None:
@@ -299,31 +450,6 @@ class _Watchdog:
                 os._exit(1)  # the main thread may be blocked in C++; nothing else ends it
 
 
-_FAULT_VARS = ("PAR3D_TEST_KILL_RANK_AT_STEP", "PAR3D_TEST_RAISE_RANK_AT_STEP", "PAR3D_TEST_HANG_RANK_AT_STEP")
-
-
-def _test_fault(rank: int, step: int, where: str) -> None:
-    """TEST-ONLY fault injection, for the failure tests; never set these variables in a real run.
-
-    PAR3D_TEST_{KILL,RAISE,HANG}_RANK_AT_STEP="RANK:STEP" makes global rank RANK SIGKILL itself,
-    raise, or sleep forever at the start of step STEP (0-based); "RANK:STEP:save" does it in the
-    middle of the checkpoint save after that step (the temporary folder exists, nothing is final).
-    """
-    for var in _FAULT_VARS:
-        spec = os.environ.get(var)
-        if not spec:
-            continue
-        r, s, *w = spec.split(":")
-        if (int(r), int(s), w[0] if w else "step") != (rank, step, where):
-            continue
-        if var == "PAR3D_TEST_KILL_RANK_AT_STEP":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if var == "PAR3D_TEST_RAISE_RANK_AT_STEP":
-            raise RuntimeError(f"injected failure on rank {rank} at step {step} ({var})")
-        while True:
-            time.sleep(1)
-
-
 # ---- the parent side ------------------------------------------------------------------------------
 
 def preflight(cfg: RunConfig) -> str | None:
@@ -363,12 +489,12 @@ def preflight(cfg: RunConfig) -> str | None:
     return path
 
 
-def run(cfg: RunConfig, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def run(cfg: RunConfig, options: RunOptions | Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Check (raises ConfigError), start the world (locally or under torchrun); per-rank results."""
     from par3d.distributed import run_main
 
     resume_dir = preflight(cfg)
-    options = dict(options or {}, resume_dir=resume_dir)  # every rank resumes from the same folder
+    options = replace(RunOptions.of(options), resume_dir=resume_dir)  # every rank resumes from the same folder
     nproc = cfg.parallel.world_size
     res = run_main(worker, nproc, (cfg.to_dict(), options), timeout_s=cfg.timeout_s,
                    threads=cfg.threads_per_rank)

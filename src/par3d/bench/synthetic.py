@@ -37,6 +37,7 @@ def measure(schedule: str, p: int, m: int, tf: float, tb: float, steps: int) -> 
     from par3d.config import RunConfig
     from par3d.pipeline.schedules import build
     from par3d.pipeline.simulate import Event, simulate, timeline_from_events
+    from par3d.train import RunOptions
     from par3d.train import run as train_run
 
     cfg = RunConfig()
@@ -45,7 +46,7 @@ def measure(schedule: str, p: int, m: int, tf: float, tb: float, steps: int) -> 
     cfg.train.global_batch, cfg.train.micro_batch, cfg.train.steps = m, 1, steps
     cfg.synthetic_stage_ms = (tf, tb)
     cfg.progress = False
-    results = train_run(cfg, {"all_events": True})
+    results = train_run(cfg, RunOptions(all_events=True))
     r0 = next(r for r in results if r["rank"] == 0)
     spans, bubbles = [], []
     for step in range(1, steps):
