@@ -12,7 +12,7 @@ import pytest
 from par3d.cli import main
 from par3d.config import RunConfig
 
-PLAN_KEYS = {"tp", "pp", "dp", "micro_batch", "microbatches", "schedule", "virtual_stages", "recompute",
+PLAN_KEYS = {"tp", "cp", "pp", "dp", "micro_batch", "microbatches", "schedule", "virtual_stages", "recompute",
              "zero_stage", "sequence_parallel", "fits", "memory_gib", "step_time_s", "breakdown_s",
              "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "bubble_fraction"}
 
@@ -44,10 +44,10 @@ def test_json_1024_gpus_fast(capsys):
     for p in d["plans"]:
         assert PLAN_KEYS <= set(p)
         assert set(p["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "other", "total"}
-        assert set(p["breakdown_s"]) == {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                                         "optimizer"}
+        assert set(p["breakdown_s"]) == {"compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm",
+                                         "bubble", "optimizer"}
         assert sum(p["breakdown_s"].values()) == pytest.approx(p["step_time_s"], rel=1e-6)
-        assert p["tp"] * p["pp"] * p["dp"] == 1024
+        assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == 1024
         assert p["micro_batch"] * p["microbatches"] * p["dp"] == 1536
         assert p["fits"] and p["memory_gib"]["total"] <= 80
         assert 0 < p["mfu"] < 1 and p["hardware_tflops_per_gpu"] >= p["model_tflops_per_gpu"]
@@ -111,3 +111,62 @@ def test_nothing_fits(capsys):
     rc, out, err = run(capsys, "--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb")
     assert rc == 1
     assert "no configuration" in err and "fix:" in err
+
+
+@pytest.mark.parametrize("extra", [["--cp", "1", "--global-batch", "2048"],
+                                   ["--cp", "16", "--seq-len", "131072", "--global-batch", "128"]])
+def test_llama3_405b_16k_h100(capsys, extra):
+    # Llama 3 paper, Table 4: TP 8, PP 16 on 16,384 H100; the long-context stage adds CP 16 at 131K tokens
+    rc, out, err = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                       "--pp", "16", *extra, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    cp = int(extra[1])
+    for p in d["plans"]:
+        assert (p["tp"], p["cp"], p["pp"], p["dp"]) == (8, cp, 16, 16384 // (128 * cp))
+        assert p["fits"] and p["memory_gib"]["total"] <= 0.95 * 80
+    assert d["memory"]["headroom"] == 0.05
+
+
+def test_dtypes_and_model_flags(capsys):
+    base = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--ffn-hidden", "14336",
+            "--gated-mlp", "--norm", "rms", "--vocab", "128256", "--seq-len", "8192", "--gpus", "64", "--json"]
+    rc, out, err = run(capsys, *base, "--dtype", "fp16")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["hardware"]["dtype"] == "fp16" and d["plans"]
+    assert d["model"]["params"] == pytest.approx(8.03e9, rel=0.01)  # = llama3-8b
+    assert (d["model"]["kv_heads"], d["model"]["norm"], d["model"]["gated"]) == (8, "rms", True)
+    rc, out, err = run(capsys, *base, "--gpu", "h100", "--dtype", "fp8")
+    assert rc == 0, err
+    rc, out, err = run(capsys, *base, "--gpu", "a100", "--dtype", "fp8")
+    assert rc == 2 and "--dtype fp8" in err
+
+
+def test_memory_headroom_and_accounting(capsys):
+    args = ["--model", "gpt3-13b", "--gpus", "8", "--global-batch", "16", "--json", "--top", "20"]
+    rc, out, _ = run(capsys, *args)
+    plans = json.loads(out)["plans"]
+    assert rc == 0 and all(p["memory_gib"]["total"] <= 0.95 * 80 for p in plans)
+    rc, out, _ = run(capsys, *args, "--memory-headroom", "0.3")
+    assert rc == 0 and all(p["memory_gib"]["total"] <= 0.7 * 80 for p in json.loads(out)["plans"])
+    rc, out, _ = run(capsys, *args, "--memory-accounting", "megatron", "--zero-stage", "0", "--tp", "8")
+    assert rc == 0
+    p = json.loads(out)["plans"][0]
+    assert p["memory_gib"]["grads"] == pytest.approx(2 * p["memory_gib"]["weights"], rel=1e-3)  # fp32 main grads
+
+
+def test_emit_config_carries_what_the_runtime_runs(tmp_path, capsys):
+    from par3d.commands.plan import runtime_support
+
+    max_zero, has_cp = runtime_support()
+    path = tmp_path / "plan.toml"
+    rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "16", "--zero-stage",
+                       str(max_zero), "--emit-config", str(path))
+    assert rc == 0, err
+    cfg = RunConfig.load_toml(str(path)).validate()
+    assert cfg.parallel.zero_stage == max_zero
+    assert hasattr(cfg.parallel, "cp") == has_cp
+    rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--zero-stage", str(max_zero + 1),
+                       "--emit-config", str(path)) if max_zero < 3 else (2, "", "--zero-stage")
+    assert rc == 2 and "--zero-stage" in err

@@ -89,3 +89,70 @@ def test_bubble_from_simulator_and_interleaving_helps():
     b = evaluate(model, cl, Choice(8, 8, 1, 1, 16, "interleaved", 5, "selective", 0, True))
     assert 0.2 < a.bubble_fraction < 0.4  # ≈ (p-1)/(m+p-1) = 7/23
     assert b.bubble_fraction < a.bubble_fraction
+
+
+def test_llama3_405b_from_flags_alone():
+    # issue 12: --kv-heads/--ffn-hidden/--gated-mlp/--norm describe the catalogue model without a file
+    m = resolve_model(None, layers=126, hidden=16384, heads=128, seq_len=8192, vocab=128256, ffn_hidden=53248,
+                      kv_heads=8, gated=True, norm="rms")
+    ref = CATALOGUE["llama3-405b"]
+    assert m.params() == ref.params()
+    assert m.params() == pytest.approx(405.9e9, rel=0.005)  # Meta's model card: 405B
+    assert (m.tied, m.learned_pos, m.bias, m.norm) == (False, False, False, "rms")
+    # a GPT described by flags keeps GPT defaults; explicit flags override the inference
+    gpt = resolve_model(None, layers=96, hidden=12288, heads=96)
+    assert (gpt.tied, gpt.learned_pos, gpt.bias, gpt.norm, gpt.gated) == (True, True, True, "layer", False)
+    assert gpt.params() == CATALOGUE["gpt3-175b"].params()
+    tied = resolve_model(None, layers=2, hidden=64, heads=4, gated=True, tied=True, position="learned")
+    assert tied.tied and tied.learned_pos and not tied.bias
+    with pytest.raises(ValueError, match="--kv-heads"):
+        resolve_model(None, layers=2, hidden=64, heads=4, kv_heads=3)
+
+
+def test_gqa_kv_replicated_when_tp_exceeds_kv_heads():
+    m = CATALOGUE["llama3-70b"]  # 64 heads, 8 K/V heads
+    # tp <= kv: everything split tp ways
+    assert m.layer_params_per_rank(8) == pytest.approx(m.layer_params() / 8)
+    # tp = 16 > kv = 8: each rank holds one whole K/V head (Megatron replicates them)
+    h, d = m.hidden, m.head_dim
+    per_rank = (m.layer_params() - 2 * h * m.kv_dim) / 16 + 2 * h * d
+    assert m.layer_params_per_rank(16) == pytest.approx(per_rank)
+    a8 = layer_activation_bytes(m, 1, 8, True, "selective")
+    a16 = layer_activation_bytes(m, 1, 16, True, "selective")
+    kv_units = 4 * m.seq_len * m.kv_dim  # the K and V inputs (2 B each) at full K/V width
+    assert a16 - a8 / 2 == pytest.approx(kv_units / 8 - kv_units / 16)  # one head per rank, not half a head
+
+
+def test_context_parallel_memory_and_time():
+    model, cl = CATALOGUE["llama3-8b"], make_cluster("h100-sxm", 64)
+    base = Choice(8, 1, 8, 1, 8, "1f1b", 1, "selective", 1, True, 1)
+    cp2 = Choice(8, 1, 4, 1, 8, "1f1b", 1, "selective", 1, True, 2)
+    a, b = evaluate(model, cl, base), evaluate(model, cl, cp2)
+    # activations of s/cp tokens per rank: half (the logits too), weights the same, ZeRO-1 over dp x cp = 8
+    assert b.memory.activations == pytest.approx(a.memory.activations / 2, rel=1e-9)
+    assert b.memory.weights == a.memory.weights and b.memory.optimizer == a.memory.optimizer
+    assert b.to_dict()["cp"] == 2 and a.to_dict()["cp"] == 1
+    assert sum(b.breakdown.values()) == pytest.approx(b.step_time, rel=1e-9)
+    # cp over nodes (tp 8 fills a node): the ring's K/V exchange is priced on InfiniBand
+    from par3d.plan.cost import links, stage_times
+
+    assert links(cl, cp2).cp is cl.inter and links(cl, Choice(2, 1, 8, 1, 8, cp=4)).cp is cl.intra
+    slow = make_cluster("h100-sxm", 64, inter_bw_gbps=0.5)
+    assert sum(stage_times(model, slow, cp2).cp_comm) > 0
+    assert evaluate(model, slow, cp2).breakdown["cp_comm"] > 0
+    assert sum(stage_times(model, cl, base).cp_comm) == 0
+    # s² scores are never stored under CP: 131K tokens fit only because of it
+    long = ModelSpec("l", 1, 4096, 32, 131072, 32000)
+    assert layer_activation_bytes(long, 1, 8, True, "none", cp=16) < layer_activation_bytes(long, 1, 8, True, "none") / 1000
+
+
+def test_megatron_accounting_and_fp8():
+    assert sum(state_bytes_per_param("bf16", 0, 8, "megatron")) == 18
+    assert state_bytes_per_param("bf16", 1, 8, "megatron") == (2, 4, 1.5)  # 6 + 12/d (distributed optimizer)
+    assert sum(state_bytes_per_param("fp32", 0, 1, "megatron")) == 16
+    model = CATALOGUE["llama3-8b"]
+    c = Choice(8, 1, 8, 1, 8, "1f1b", 1, "selective", 0, True)
+    bf, f8 = evaluate(model, make_cluster("h100-sxm", 64), c), evaluate(model, make_cluster("h100-sxm", 64, dtype="fp8"), c)
+    assert f8.step_time < bf.step_time and f8.memory.total == pytest.approx(bf.memory.total)
+    with pytest.raises(ValueError, match="fp8"):
+        make_cluster("a100-80gb", 8, dtype="fp8")

@@ -41,6 +41,16 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _headroom(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction in [0, 1), e.g. 0.05") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be a fraction in [0, 1), e.g. 0.05 for 5%")
+    return v
+
+
 def _fraction(text: str) -> float:
     v = _positive_float(text)
     if v > 1:
@@ -53,9 +63,9 @@ def register(sub) -> None:
         "plan",
         help="predict per-GPU memory and step time of every DP x PP x TP configuration; pick the best",
         description="Given a model, a cluster and a global batch, predict the per-GPU memory and the step "
-                    "time of every feasible (tp, pp, dp, micro-batch, schedule, virtual stages, recompute, "
+                    "time of every feasible (tp, cp, pp, dp, micro-batch, schedule, virtual stages, recompute, "
                     "ZeRO stage, sequence parallelism) and rank them, fastest first. Bubbles come from the "
-                    "pipeline simulator. Any of --tp --pp --dp --micro-batch --schedule --virtual-stages "
+                    "pipeline simulator. Any of --tp --cp --pp --dp --micro-batch --schedule --virtual-stages "
                     "--recompute --zero-stage --sequence-parallel fixes that choice; the rest is searched. "
                     "Memory is reported in GiB, times in seconds. See docs/planner.md for every formula.",
     )
@@ -69,6 +79,21 @@ def register(sub) -> None:
     g.add_argument("--seq-len", type=_int_at_least(1), help="sequence length in tokens (overrides --model)")
     g.add_argument("--vocab", type=_int_at_least(2), help="vocabulary size (overrides --model)")
     g.add_argument("--ffn-hidden", type=_int_at_least(1), help="MLP inner size (default 4 x hidden)")
+    g.add_argument("--kv-heads", type=_int_at_least(1),
+                   help="key/value heads for grouped-query attention (must divide --heads; default: --heads)")
+    g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
+                   help="SwiGLU-style gated MLP with three matrices (--gated-mlp) or a GeLU MLP with two "
+                        "(--no-gated-mlp)")
+    g.add_argument("--norm", choices=("layer", "rms"), default=None,
+                   help="LayerNorm (weight + bias) or RMSNorm (weight only)")
+    g.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                   help="input embedding and output head share weights (--tied-embeddings) or not")
+    g.add_argument("--position", choices=("learned", "rotary"), default=None,
+                   help="learned position embeddings (s x h parameters) or rotary (none)")
+    g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+                   help="biases in the linear layers. Without --model, flags describe a GPT (LayerNorm, "
+                        "learned positions, biases, tied) unless --gated-mlp or --norm rms make it Llama-style "
+                        "(rotary, no biases, untied); --position/--bias/--tied-embeddings override")
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", default="a100-80gb",
                    help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200 (default: %(default)s)")
@@ -81,8 +106,9 @@ def register(sub) -> None:
     g.add_argument("--inter-node-bw", type=_positive_float, default=None,
                    help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
                         "A100, 50 NDR for H100/H200)")
-    g.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
-                   help="training precision: bf16 mixed precision or fp32 (default: %(default)s)")
+    g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
+                   help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
+                        "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
     g.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON/TOML hardware description (written by `par3d calibrate`); replaces --gpu")
     g.add_argument("--efficiency", type=_fraction, default=None,
@@ -95,6 +121,9 @@ def register(sub) -> None:
                    help="token budget for the time-to-train estimate (default: 3e11, GPT-3's)")
     g = p.add_argument_group("fixed choices (searched when omitted)")
     g.add_argument("--tp", type=_int_at_least(1), help="tensor-parallel size (must divide heads)")
+    g.add_argument("--cp", type=_int_at_least(1),
+                   help="context-parallel size: ring attention over cp ranks, each holding seq_len/cp tokens "
+                        "(seq_len must be divisible by 2 x cp). Searched, when omitted, while seq_len/cp >= 4096")
     g.add_argument("--pp", type=_int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
@@ -106,6 +135,13 @@ def register(sub) -> None:
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism on (--sequence-parallel) or off "
                         "(--no-sequence-parallel); default: on whenever tp > 1")
+    g = p.add_argument_group("memory")
+    g.add_argument("--memory-accounting", choices=("seed", "megatron"), default="seed",
+                   help="model-state bytes per parameter: seed = 2 B weights + 2 B gradients + 12 B Adam "
+                        "(16 B); megatron = Megatron-LM's fp32 main gradients (18 B; its distributed optimizer "
+                        "= ZeRO-1: 6 + 12/d) (default: %(default)s)")
+    g.add_argument("--memory-headroom", type=_headroom, default=0.05,
+                   help="share of each GPU's memory a fitting plan leaves free (default: %(default)s)")
     g = p.add_argument_group("limits and output")
     g.add_argument("--max-bubble", type=_fraction, default=None,
                    help="reject plans whose simulated bubble (idle share of wall time) exceeds this fraction")
@@ -118,8 +154,8 @@ def register(sub) -> None:
                    help="print the winner's breakdown, the seed-style per-layer accounting and why it wins")
     g.add_argument("--json", action="store_true", help="print {model, hardware, plans: [...]} as JSON")
     g.add_argument("--emit-config", metavar="FILE", default=None,
-                   help="write a `par3d train` TOML config of the best plan (restricts ZeRO to 0/1, what "
-                        "the runtime supports)")
+                   help="write a `par3d train` TOML config of the best plan (restricted to the ZeRO stages "
+                        "and context parallelism the runtime supports)")
     p.set_defaults(func=run)
 
 
@@ -132,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace):
-    from par3d.plan.hardware import Cluster, HardwareError, load_hardware_file, make_cluster
+    from par3d.plan.hardware import Cluster, HardwareError, get_device, load_hardware_file, make_cluster
 
     try:
         if args.hardware:
@@ -158,6 +194,12 @@ def _cluster(args: argparse.Namespace):
             cl = Cluster(dev, args.gpus, min(gpn, args.gpus), intra, inter, args.dtype)
         else:
             gpn = args.gpus_per_node or 8
+            dev = get_device(args.gpu)
+            if args.dtype not in dev.peak_flops:
+                have = ", ".join(d for d in ("bf16", "fp16", "fp8", "fp32") if d in dev.peak_flops)
+                raise UsageError(f"--dtype {args.dtype}: {dev.name} has no {args.dtype} tensor cores; use "
+                                 f"--dtype {have.split(', ')[0]} (it has {have}) or a GPU that has it "
+                                 f"(--gpu h100)")
             cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
                               args.dtype, args.efficiency)
     except HardwareError as e:
@@ -173,18 +215,26 @@ def _cluster(args: argparse.Namespace):
 
 def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
     n = cluster.gpus
-    for flag, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp)):
+    for flag, v in (("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--dp", args.dp)):
         if v is not None and n % v:
-            raise UsageError(f"{flag} {v}: tp x pp x dp must equal --gpus {n}, so {flag} must divide {n}")
-    fixed = [v for v in (args.tp, args.pp, args.dp) if v is not None]
+            raise UsageError(f"{flag} {v}: tp x cp x pp x dp must equal --gpus {n}, so {flag} must divide {n}")
+    fixed = [v for v in (args.tp, args.cp, args.pp, args.dp) if v is not None]
     prod = 1
     for v in fixed:
         prod *= v
-    if len(fixed) == 3 and prod != n:
+    if len(fixed) == 4 and prod != n:
+        raise UsageError(f"--tp {args.tp} --cp {args.cp} --pp {args.pp} --dp {args.dp}: the product {prod} must "
+                         f"equal --gpus {n}; drop one of them to let the planner derive it")
+    if len(fixed) == 3 and args.cp is None and prod != n:
         raise UsageError(f"--tp {args.tp} --pp {args.pp} --dp {args.dp}: the product {prod} must equal "
-                         f"--gpus {n}; drop one of them to let the planner derive it")
+                         f"--gpus {n} (or add --cp {n // prod if n % prod == 0 else 'N'}); drop one of them to "
+                         f"let the planner derive it")
     if prod > n or n % prod:
-        raise UsageError(f"--tp/--pp/--dp: their product {prod} must divide --gpus {n}")
+        raise UsageError(f"--tp/--cp/--pp/--dp: their product {prod} must divide --gpus {n}")
+    if args.cp is not None and args.cp > 1 and model.seq_len % (2 * args.cp):
+        raise UsageError(f"--cp {args.cp}: ring attention with causal load balancing cuts each sequence into "
+                         f"2 x cp chunks, so --seq-len {model.seq_len} must be divisible by {2 * args.cp}; use a "
+                         f"--cp whose double divides it")
     if args.pp is not None and args.pp > model.layers:
         raise UsageError(f"--pp {args.pp}: every pipeline stage needs a layer and the model has "
                          f"{model.layers}; use --pp <= {model.layers}")
@@ -201,35 +251,67 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         args.schedule = "interleaved"
     if args.schedule == "interleaved" and args.virtual_stages == 1:
         raise UsageError("--schedule interleaved needs --virtual-stages >= 2 (or omit it to search v)")
-    if args.emit_config and args.zero_stage is not None and args.zero_stage > 1:
-        raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
-                         f"stages 0 and 1; use --zero-stage 1 or drop --emit-config")
-    if args.sequence_parallel and args.tp is not None and model.seq_len % args.tp:
-        raise UsageError(f"--sequence-parallel: seq_len {model.seq_len} is not divisible by --tp {args.tp}; "
-                         f"use --no-sequence-parallel or a --seq-len multiple of {args.tp}")
+    if args.emit_config:
+        max_zero, has_cp = runtime_support()
+        if args.zero_stage is not None and args.zero_stage > max_zero:
+            raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
+                             f"stages 0 to {max_zero}; use --zero-stage {max_zero} or drop --emit-config")
+        if args.cp is not None and args.cp > 1 and not has_cp:
+            raise UsageError(f"--cp {args.cp} with --emit-config: par3d train has no context parallelism yet; "
+                             f"use --cp 1 or drop --emit-config")
+    local = model.seq_len // (args.cp or 1)
+    if args.sequence_parallel and args.tp is not None and local % args.tp:
+        raise UsageError(f"--sequence-parallel: the {local} tokens per rank (seq_len / cp) are not divisible by "
+                         f"--tp {args.tp}; use --no-sequence-parallel or a --seq-len multiple of "
+                         f"{args.tp * (args.cp or 1)}")
+
+
+def runtime_support() -> tuple[int, bool]:
+    """(highest ZeRO stage, context parallelism?) that `par3d train`'s config accepts, read from
+    par3d.config itself, so `--emit-config` follows the runtime as it gains ZeRO-2/3 and CP."""
+    import dataclasses
+
+    from par3d.config import ConfigError, ParallelConfig, RunConfig, TrainConfig
+
+    has_cp = any(f.name == "cp" for f in dataclasses.fields(ParallelConfig))
+    best = 0
+    for z in (1, 2, 3):
+        rc = RunConfig(parallel=ParallelConfig(dp=2, zero_stage=z), train=TrainConfig(global_batch=4))
+        try:
+            rc.validate()
+        except ConfigError as e:
+            if any("zero_stage" in prob for prob in e.problems):
+                break
+        best = z
+    return best, has_cp
 
 
 def _run(args: argparse.Namespace) -> int:
+    from par3d.plan.cost import Options
     from par3d.plan.models import ModelError, resolve_model
     from par3d.plan.search import Fixed, Limits, PlanError, search
 
     try:
         model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
-                              args.ffn_hidden)
+                              args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
+                              args.position, args.bias)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)
     _check_fixed(args, model, cluster)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
-                  args.recompute, args.zero_stage, args.sequence_parallel)
-    limits = Limits(args.max_bubble, args.allow_inter_node_tp, 1 if args.emit_config else 3,
-                    args.max_virtual_stages)
+                  args.recompute, args.zero_stage, args.sequence_parallel, args.cp)
+    max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
+    limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
+                    None if has_cp else 1)
+    opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom)
+    args.plan_options = opts
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
-                     report_unfit=args.explain)
+                     report_unfit=args.explain, opts=opts)
         if not res.plans and not args.explain:  # again, to name the closest configuration
             res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
-                         report_unfit=True)
+                         report_unfit=True, opts=opts)
     except PlanError as e:
         raise UsageError(str(e)) from None
     if not res.plans:
@@ -237,6 +319,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
+               "memory": {"accounting": opts.memory_accounting, "headroom": opts.memory_headroom,
+                          "usable_gib": opts.capacity(cluster) / 2**30},
                "plans": [p.to_dict() for p in res.plans],
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
@@ -264,17 +348,23 @@ def _no_plan_message(args, model, cluster, res) -> str:
 
 
 def _emit(args, model, plan) -> None:
-    from par3d.config import ConfigError, ModelConfig, ParallelConfig, RunConfig, TrainConfig
+    import dataclasses
+
+    from par3d.config import DTYPES, ConfigError, ModelConfig, ParallelConfig, RunConfig, TrainConfig
 
     c = plan.choice
+    par = dict(dp=c.dp, pp=c.pp, tp=c.tp, schedule=c.schedule, microbatches=c.microbatches,
+               virtual_stages=c.virtual_stages, zero_stage=c.zero_stage, recompute=c.recompute,
+               sequence_parallel=c.sequence_parallel)
+    if any(f.name == "cp" for f in dataclasses.fields(ParallelConfig)):
+        par["cp"] = c.cp  # the search keeps cp = 1 while the runtime lacks it (runtime_support)
+    dtype = args.dtype if args.dtype in DTYPES else "bf16"
     rc = RunConfig(
         model=ModelConfig(vocab=model.vocab, seq_len=model.seq_len, layers=model.layers, hidden=model.hidden,
                           heads=model.heads, ffn_hidden=model.ffn, tied_embeddings=model.tied),
-        parallel=ParallelConfig(dp=c.dp, pp=c.pp, tp=c.tp, schedule=c.schedule, microbatches=c.microbatches,
-                                virtual_stages=c.virtual_stages, zero_stage=c.zero_stage,
-                                recompute=c.recompute, sequence_parallel=c.sequence_parallel),
+        parallel=ParallelConfig(**par),
         train=TrainConfig(global_batch=c.micro_batch * c.microbatches * c.dp, micro_batch=c.micro_batch,
-                          dtype=args.dtype),
+                          dtype=dtype),
         hardware=args.hardware,
     )
     try:
@@ -285,6 +375,9 @@ def _emit(args, model, plan) -> None:
         with open(args.emit_config, "w") as fh:
             fh.write(f"# par3d plan: {plan.choice.label()}\n# predicted step {plan.step_time:.3f} s, "
                      f"{plan.memory.total / 2**30:.1f} GiB/GPU, MFU {plan.mfu:.1%}\n")
+            if dtype != args.dtype:
+                fh.write(f"# note: planned for --dtype {args.dtype}; par3d train runs {', '.join(DTYPES)}, so "
+                         f"the config trains in {dtype}\n")
             if model.gated or model.kv != model.heads:
                 fh.write("# note: par3d's GPT has no gated MLP / grouped-query attention; shapes are approximate\n")
             fh.write(rc.to_toml())
@@ -309,11 +402,11 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",
-           f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'m':>5} {'schedule':>11} {'v':>2} {'recomp':>9} "
+           f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'m':>5} {'schedule':>11} {'v':>2} {'recomp':>9} "
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
-        out.append(f"{i:>2} {c.tp:>3} {c.pp:>3} {c.dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
+        out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {c.dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
                    f"{c.virtual_stages:>2} {c.recompute:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>6.1f} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
@@ -326,7 +419,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     # -- the breakdown --
     b = best.breakdown
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
-    for k in ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
+    for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
         out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
     mem = best.memory.gib()
     cap = cluster.device.mem_bytes / GiB
@@ -372,11 +465,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     for i, p in enumerate(res.plans[1:4], 2):
         out.append(f"  vs #{i} {p.choice.label()}: +{p.step_time - best.step_time:.3f} s"
                    + _diff(best, p))
-    layouts = best_per_layout(model, cluster, res, train_tokens=args.train_tokens)
+    layouts = best_per_layout(model, cluster, res, train_tokens=args.train_tokens,
+                              opts=getattr(args, "plan_options", None))
     if layouts:
-        out.append("  best plan of each (tp, pp, dp) layout (lowest bound, simulated):")
+        out.append("  best plan of each (tp, cp, pp, dp) layout (lowest bound, simulated):")
         for p in layouts:
-            mark = "  <- winner's layout" if (p.choice.tp, p.choice.pp, p.choice.dp) == (c.tp, c.pp, c.dp) else ""
+            mark = "  <- winner's layout" if (p.choice.tp, p.choice.cp, p.choice.pp, p.choice.dp) == \
+                (c.tp, c.cp, c.pp, c.dp) else ""
             out.append(f"    {p.choice.label()}: {p.step_time:.3f} s, {p.memory.total / GiB:.1f} GiB, "
                        f"bubble {p.bubble_fraction:.1%}" + (_diff(best, p) if not mark else "") + mark)
     u = res.fastest_unfit
@@ -387,7 +482,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
 
 
 def _diff(best, other) -> str:
-    keys = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
     d = sorted(((other.breakdown[k] - best.breakdown[k], k) for k in keys), key=lambda t: -abs(t[0]))
     parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
     return (" (" + ", ".join(parts) + ")") if parts else ""

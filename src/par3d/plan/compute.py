@@ -29,7 +29,7 @@ from .models import ModelSpec
 TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
 SPLIT_K_MIN = 512  # smallest K slice per split-K CTA
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
 @dataclass(frozen=True)

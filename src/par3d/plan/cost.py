@@ -19,13 +19,23 @@ on the rank (gradients are final only then); at least one bucket (one layer's sh
 ZeRO-3 gathers the weights of each chunk before its F and B and reduce-scatters the gradients after
 B, every micro-batch; the part longer than that compute is exposed.
 
-Link choice follows the rank layout of mesh.py (TP fastest, then PP, then DP): a group whose ranks
-span ≤ gpus_per_node consecutive ranks uses the intra-node link, otherwise the inter-node one.
+Context parallelism cp (ring attention: Liu et al. 2023; Megatron-LM's CP with causal load
+balancing, each rank holding two mirrored chunks of s/(2cp) tokens): every GEMM runs on the rank's
+b·s/cp tokens; the attention core of its s/cp queries runs against all s keys in cp blocks, while
+the K/V block of b·s/cp·2·kv_dim/t elements travels one hop around the CP ring per block (cp − 1
+hops forward; backward sends K/V again and the dK/dV partials: twice the bytes).  The exchange of
+block i+1 overlaps the attention of block i, so the exposed part per layer is
+max(0, ring time − attention time of the cp − 1 remote blocks).  CP ranks hold the same weights:
+their gradients are reduced (and ZeRO shards) over dp × cp ranks.
+
+Link choice follows the rank layout of mesh.py (TP fastest, then CP, then PP, then DP): a group
+whose ranks span ≤ gpus_per_node consecutive ranks uses the intra-node link, otherwise the
+inter-node one (TP spans tp ranks, CP tp·cp, PP tp·cp·pp, DP all of them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from par3d.pipeline.partition import gpt_partition
@@ -47,6 +57,7 @@ from .compute import (
 )
 from .hardware import TFLOPS, Cluster
 from .memory import (
+    ACT_BYTES,
     MemoryBreakdown,
     RankShape,
     layer_activation_bytes,
@@ -71,12 +82,34 @@ class Choice:
     recompute: str = "none"
     zero_stage: int = 0
     sequence_parallel: bool = False
+    cp: int = 1  # context-parallel degree (ring attention); mesh order tp, cp, pp, dp
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
 
     def label(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} mb={self.micro_batch} m={self.microbatches} "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp} mb={self.micro_batch} m={self.microbatches} "
                 f"{self.schedule}{v} recompute={self.recompute} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Modelling choices that are not part of the layout (flags of `par3d plan`)."""
+
+    memory_accounting: str = "seed"  # "seed" (16 B/param) or "megatron" (fp32 main grads): memory.py
+    memory_headroom: float = 0.05  # share of capacity a fitting plan leaves free (allocator, spikes)
+    flash_attention: bool = False  # blockwise attention: no s² scores stored (always so with cp > 1)
+
+    def capacity(self, cluster: Cluster) -> float:
+        """Bytes a fitting plan may use."""
+        return cluster.device.mem_bytes * (1.0 - self.memory_headroom)
+
+
+DEFAULT_OPTIONS = Options()
 
 
 # ---- pipeline layout -----------------------------------------------------------------------------
@@ -111,7 +144,7 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int) -> tuple[RankShape, 
         stages = range(r, pp * v, pp)
         params = 0.0
         for s in stages:
-            params += lay.layers[s] * model.layer_params() / tp
+            params += lay.layers[s] * model.layer_params_per_rank(tp)
             if lay.embed[s]:
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
@@ -173,6 +206,7 @@ class StageTimes:
     tp_comm: list[float]  # F + B
     zero3: list[float]  # exposed ZeRO-3 gathers/scatters, F + B
     transfer: float
+    cp_comm: list[float] = field(default_factory=list)  # exposed ring-attention K/V exchange, F + B
 
 
 @dataclass
@@ -180,51 +214,95 @@ class Links:
     tp: object
     pp: object
     dp: object
+    cp: object = None
+    grad: object = None  # the dp × cp gradient-reduction group
 
 
 def links(cluster: Cluster, c: Choice) -> Links:
-    return Links(cluster.link_for_span(c.tp), cluster.link_for_span(c.tp * c.pp),
-                 cluster.link_for_span(c.tp * c.pp * c.dp) if c.dp > 1 else cluster.intra)
+    tpcp = c.tp * c.cp
+    whole = cluster.link_for_span(tpcp * c.pp * c.dp)
+    return Links(cluster.link_for_span(c.tp), cluster.link_for_span(tpcp * c.pp),
+                 whole if c.dp > 1 else cluster.intra, cluster.link_for_span(tpcp),
+                 whole if c.dp > 1 else cluster.link_for_span(tpcp))
+
+
+def local_model(model: ModelSpec, cp: int) -> ModelSpec:
+    """The model as one CP rank's GEMMs see it: s/cp tokens per sequence."""
+    return model if cp == 1 else replace(model, seq_len=model.seq_len // cp)
+
+
+@lru_cache(maxsize=4096)
+def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int) -> LayerTimes:
+    """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
+    s/cp queries against all s keys = cp blocks of the (s/cp)² core."""
+    lt = layer_times(local_model(model, cp), dev, dtype, b, tp)  # type: ignore[arg-type]
+    if cp == 1:
+        return lt
+    extra = (cp - 1) * lt.core
+    return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp, fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops,
+                   core_flops=lt.core_flops * cp)
+
+
+def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: str) -> tuple[float, float]:
+    """Exposed ring-attention time per layer (forward, backward): cp − 1 hops of this rank's K/V
+    block, overlapped with the attention of the remote blocks (core · (cp − 1)/cp); backward moves
+    K/V and dK/dV (twice the bytes) against twice the attention work."""
+    if c.cp <= 1:
+        return 0.0, 0.0
+    kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[dtype]
+    hop = comm.p2p(kv, link).total  # type: ignore[arg-type]
+    ring = (c.cp - 1) * hop
+    window = core * (c.cp - 1) / c.cp
+    fwd = max(0.0, ring - window)
+    bwd = max(0.0, 2 * ring - 2 * window)
+    return fwd, bwd
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
-    lt: LayerTimes = layer_times(model, dev, dtype, c.micro_batch, c.tp)
-    db = DTYPE_BYTES[dtype]
-    act = c.micro_batch * model.seq_len * model.hidden * db  # one T×h activation, bytes
+    lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp)
+    db = ACT_BYTES[dtype]
+    s_local = model.seq_len // c.cp
+    act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
     # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
     ar = comm.all_reduce(act, c.tp, lk.tp).total  # type: ignore[arg-type]
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     rec_comm = 2 * ar if c.recompute == "full" else 0.0
-    ce = 3 * comm.all_reduce(4.0 * c.micro_batch * model.seq_len, c.tp, lk.tp).total  # type: ignore[arg-type]
+    ce = 3 * comm.all_reduce(4.0 * c.micro_batch * s_local, c.tp, lk.tp).total  # type: ignore[arg-type]
+    cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
+    # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange
+    cpr = cpf if c.recompute in ("full", "selective") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
+    g = c.dp * c.cp  # ranks holding the same weights
     for s, n in enumerate(lay.layers):
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
         br = n * rec
         f_tp = n * 2 * ar + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = n * 2 * ar + n * rec_comm
+        f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
-        if c.zero_stage >= 3 and c.dp > 1:
+        if c.zero_stage >= 3 and g > 1:
             chunk_params = shapes[s % c.pp].params / len(shapes[s % c.pp].layers)
-            ag = comm.all_gather(2.0 * chunk_params, c.dp, lk.dp).total  # type: ignore[arg-type]
-            rs = comm.reduce_scatter(2.0 * chunk_params, c.dp, lk.dp).total  # type: ignore[arg-type]
+            ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
+            rs = comm.reduce_scatter(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
-        f = fc + f_tp + z3f
-        b = bc + br + b_tp + z3b
+        f = fc + f_tp + f_cp + z3f
+        b = bc + br + b_tp + b_cp + z3b
         out.f.append(f)
         out.b.append(b)
-        # zb-h1: BI = input-gradient GEMMs + recompute + TP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + z3b)
+        # zb-h1: BI = input-gradient GEMMs + recompute + TP/CP collectives; BW = weight-gradient GEMMs
+        out.bi.append(fc + br + b_tp + b_cp + z3b)
         out.bw.append(fc)
         out.f_compute.append(fc)
         out.b_compute.append(bc)
         out.b_recompute.append(br)
         out.tp_comm.append(f_tp + b_tp)
+        out.cp_comm.append(f_cp + b_cp)
         out.zero3.append(z3f + z3b)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     out.transfer = comm.p2p(boundary, lk.pp).total if c.pp > 1 else 0.0  # type: ignore[arg-type]
@@ -292,30 +370,34 @@ def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float
 
 # ---- memory --------------------------------------------------------------------------------------
 
-def memory(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[MemoryBreakdown, int]:
+def memory(model: ModelSpec, cluster: Cluster, c: Choice,
+           opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
     """The heaviest rank's memory and that rank."""
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
-    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp)
+    opts = opts or DEFAULT_OPTIONS
+    acc, flash = opts.memory_accounting, opts.flash_attention
+    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
-                                       cluster.dtype)
+                                       cluster.dtype, c.cp, flash)
     arg, top = 0, -1.0
     for r, shape in enumerate(shapes):
         est = (w + g + o) * shape.params + peaks[r] * per_layer * sum(shape.layers) / len(shape.layers) \
-            + (logits_bytes(model, c.micro_batch, c.tp) if shape.head else 0.0)
+            + (logits_bytes(model, c.micro_batch, c.tp, c.cp) if shape.head else 0.0)
         if est > top:
             arg, top = r, est
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
-                     v=c.virtual_stages)
+                     v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc)
     return mb, arg
 
 
 # ---- DP tail and optimizer -----------------------------------------------------------------------
 
 def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
-    if c.dp <= 1:
+    ng = c.dp * c.cp  # DP and CP ranks reduce their gradients together
+    if ng <= 1:
         return 0.0
     lk = links(cluster, c)
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
@@ -326,10 +408,10 @@ def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> fl
         if c.zero_stage >= 3:
             break  # reduced per micro-batch inside the stage durations
         if c.zero_stage == 0:
-            red, gather = comm.all_reduce(g, c.dp, lk.dp).total, 0.0  # type: ignore[arg-type]
+            red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
         else:
-            red = comm.reduce_scatter(g, c.dp, lk.dp).total  # type: ignore[arg-type]
-            gather = comm.all_gather(g, c.dp, lk.dp).total  # type: ignore[arg-type]  # updated bf16 weights
+            red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
+            gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
         window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
         n_layers = max(sum(shape.layers), 1)
         exposed = max(red / n_layers, red - window) + gather
@@ -339,7 +421,7 @@ def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> fl
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
-    params = max(s.params for s in shapes) / (c.dp if c.zero_stage >= 1 else 1)
+    params = max(s.params for s in shapes) / (c.dp * c.cp if c.zero_stage >= 1 else 1)
     return ADAM_BYTES_PER_PARAM * params / cluster.device.mem_bw
 
 
@@ -365,13 +447,14 @@ class Plan:
     def to_dict(self) -> dict[str, object]:
         c = self.choice
         return {
-            "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
+            "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
             "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
             "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel, "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in
-                            ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")},
+                            ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble",
+                             "optimizer")},
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
@@ -379,10 +462,13 @@ class Plan:
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
-             st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None) -> Plan:
-    """Memory and simulated step time of one configuration."""
+             st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None,
+             opts: Options | None = None) -> Plan:
+    """Memory and simulated step time of one configuration; it fits when the heaviest rank leaves
+    `opts.memory_headroom` of the GPU free."""
+    opts = opts or DEFAULT_OPTIONS
     st = st or stage_times(model, cluster, c)
-    mem_b, mem_r = mem or memory(model, cluster, c)
+    mem_b, mem_r = mem or memory(model, cluster, c, opts)
     makespan, bubble_wall, busy = simulate_stages(st, c)
     if c.pp > 1:
         validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
@@ -396,19 +482,21 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     compute = m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
     recompute = m * sum(st.b_recompute[s] for s in stages)
     tp_comm = m * sum(st.tp_comm[s] for s in stages)
+    cp_comm = m * sum(st.cp_comm[s] for s in stages)
     zero3 = m * sum(st.zero3[s] for s in stages)
     idle = max(0.0, makespan - busy[crit])
     pp_comm = min(idle, 2 * (c.pp * c.virtual_stages - 1) * st.transfer)
-    breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "pp_comm": pp_comm,
+    breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
+                 "pp_comm": pp_comm,
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}
     global_batch = c.micro_batch * m * c.dp
     tokens = global_batch * model.seq_len
-    n = c.tp * c.pp * c.dp
+    n = c.gpus
     model_fl = global_batch * model_flops_per_sequence(model)
     hw_fl = model_fl + global_batch * recompute_flops_per_sequence(model, c.recompute)
     peak = cluster.device.peak(cluster.dtype)
     mtf = model_fl / step / n
-    return Plan(c, mem_b, mem_r, mem_b.total <= cluster.device.mem_bytes, step, breakdown, bubble_wall,
+    return Plan(c, mem_b, mem_r, mem_b.total <= opts.capacity(cluster), step, breakdown, bubble_wall,
                 tokens / step, mtf / TFLOPS, hw_fl / step / n / TFLOPS, mtf / peak,
                 train_tokens / (tokens / step) / 86400.0)
 

@@ -71,15 +71,20 @@ class Link:
         return self.alpha + nbytes / self.beta
 
 
-def _peaks(bf16: float, fp32: float) -> dict[str, float]:
-    return {"bf16": bf16 * TFLOPS, "fp16": bf16 * TFLOPS, "fp32": fp32 * TFLOPS}
+def _peaks(bf16: float, fp32: float, fp8: float | None = None) -> dict[str, float]:
+    """Dense tensor-core peaks; fp16 = bf16 on these GPUs; fp8 only where the GPU has it."""
+    out = {"bf16": bf16 * TFLOPS, "fp16": bf16 * TFLOPS, "fp32": fp32 * TFLOPS}
+    if fp8 is not None:
+        out["fp8"] = fp8 * TFLOPS
+    return out
 
 
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108),
     "a100-80gb": Device("a100-80gb", _peaks(312, 19.5), 2039 * GB, 80 * GiB, 108),
-    "h100-sxm": Device("h100-sxm", _peaks(989, 67), 3350 * GB, 80 * GiB, 132),
-    "h200": Device("h200", _peaks(989, 67), 4800 * GB, 141 * GB, 132),
+    # fp8: 1979 TFLOP/s dense on H100 SXM and H200 (datasheets: 3958 "with sparsity")
+    "h100-sxm": Device("h100-sxm", _peaks(989, 67, 1979), 3350 * GB, 80 * GiB, 132),
+    "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
 

@@ -4,8 +4,16 @@ Model states (mixed-precision Adam; Rajbhandari et al. 2020 "ZeRO", §3.1; seed 
     weights 2 B/param (bf16) + gradients 2 B/param + optimizer 12 B/param (fp32 master, m, v)
     = 16 B/param — the seed's count (Megatron keeps fp32 main gradients, 4 B; we follow the seed).
     fp32 training: weights 4 + gradients 4 + optimizer 8 (m, v; no separate master copy).
-ZeRO over the DP group of size d: stage 1 shards the optimizer state (12/d), stage 2 also the
-gradients (2/d), stage 3 also the weights (2/d).
+    fp16 is counted as bf16 (loss scaling adds a scalar).  fp8 (Transformer Engine style: fp8 GEMM
+    inputs, bf16 weights and activations between kernels, fp32 master and moments) as bf16 too: the fp8
+    copies of weights and GEMM inputs are transient or replace a bf16 copy, so bf16 is the upper bound.
+`accounting="megatron"` counts states as Megatron-LM allocates them (its distributed-optimizer
+documentation's table): bf16 weights 2 B + fp32 main gradients 4 B (the gradient buffer that
+accumulates across micro-batches and is reduced) + fp32 master, m, v 12 B = 18 B/param; its
+distributed optimizer (our ZeRO-1) shards the 12 B: 6 + 12/d.  fp32: 4 + 4 + 8.
+ZeRO over the group of size d that holds the same weights (DP × CP: context-parallel ranks hold the
+same weights and reduce their gradients together, as Megatron's distributed optimizer does): stage 1
+shards the optimizer state (12/d), stage 2 also the gradients (2/d), stage 3 also the weights (2/d).
 
 Activations per layer per micro-batch in bytes (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", §4, Table 2; 16-bit activations, dropout present):
@@ -15,6 +23,11 @@ Recomputation in Large Transformer Models", §4, Table 2; 16-bit activations, dr
     selective recompute:         drops the 5·a·s²·b/t attention-score term
     full recompute:              2·s·b·h per layer (the layer input; /t with SP) plus, once, the
                                  full activations of the one layer being back-propagated.
+Context parallelism cp (ring attention, Liu et al. 2023; Megatron-LM's CP): each rank holds s/cp
+tokens, so every term is computed with s/cp; attention runs blockwise (FlashAttention kernels, Dao
+et al. 2022), so no s² scores are stored, only the fp32 log-sum-exp per query (4 B per head·token).
+The same holds without CP when `flash=True` (FlashAttention).  GQA with tp > kv_heads stores one
+replicated K/V head per rank (models.ModelSpec.kv_dim_per_rank).
 The 34 splits as 10 replicated under TP (layer-norm inputs 4, QKV and MLP inputs 2+2, two dropout
 masks 1+1) and 24 sharded (Q, K, V, projection input 8, MLP 16 = 4·s·b·f for f = 4h).  We keep the
 split but use the real f, GQA's narrower K/V, and 8·s·b·f for a gated MLP (gate, up, act, product).
@@ -37,6 +50,10 @@ from .models import ModelSpec
 
 OTHER_FIXED = 1.0 * GiB
 FRAGMENTATION = 0.10
+ACCOUNTINGS = ("seed", "megatron")
+# bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
+# Engine casts GEMM inputs to fp8 inside the GEMM's wrapper)
+ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
 @dataclass(frozen=True)
@@ -61,9 +78,13 @@ class MemoryBreakdown:
             ("activations", self.activations), ("other", self.other), ("total", self.total))}
 
 
-def state_bytes_per_param(dtype: str, zero: int, dp: int) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per parameter held by this rank's model shard."""
-    w, g, o = (4.0, 4.0, 8.0) if dtype == "fp32" else (2.0, 2.0, 12.0)
+def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "seed") -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per parameter held by this rank's model shard; `dp` is the
+    size of the group ZeRO shards over (dp × cp)."""
+    if dtype == "fp32":
+        w, g, o = 4.0, 4.0, 8.0
+    else:
+        w, g, o = 2.0, (4.0 if accounting == "megatron" else 2.0), 12.0
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -74,22 +95,30 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int) -> tuple[float, float,
 
 
 def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str,
-                           dtype: str = "bf16") -> float:
-    """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022)."""
-    s, h, a, t = model.seq_len, model.hidden, model.heads, tp
-    scale = 2.0 if dtype == "fp32" else 1.0  # the formulas assume 2-byte activations
+                           dtype: str = "bf16", cp: int = 1, flash: bool = False) -> float:
+    """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022), with
+    s/cp tokens per rank under context parallelism."""
+    s_full, h, a, t = model.seq_len, model.hidden, model.heads, tp
+    s = s_full / cp  # this rank's tokens
+    scale = ACT_BYTES[dtype] / 2.0  # the formulas assume 2-byte activations
     sbh = s * b * h
     if recompute == "full":
         return scale * 2.0 * sbh / (t if sp else 1)
     replicated = 10.0 * sbh
     mlp = (8.0 if model.gated else 4.0) * s * b * model.ffn
-    sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim + mlp
-    scores = 0.0 if recompute == "selective" else 5.0 * a * s * s * b
+    # Q, projection input (4 units of sbh/t), K and V at this rank's K/V width (replicated when tp > kv)
+    sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
+    if recompute == "selective":
+        scores = 0.0
+    elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores
+        scores = 4.0 * a * s * b / scale
+    else:
+        scores = 5.0 * a * s * s * b
     return scale * (replicated / (t if sp else 1) + (sharded + scores) / t)
 
 
-def logits_bytes(model: ModelSpec, b: int, tp: int) -> float:
-    return 6.0 * b * model.seq_len * model.vocab / tp
+def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1) -> float:
+    return 6.0 * b * model.seq_len / cp * model.vocab / tp
 
 
 @dataclass(frozen=True)
@@ -102,19 +131,20 @@ class RankShape:
 
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
-                recompute: str, zero: int, dtype: str, v: int = 1) -> MemoryBreakdown:
+                recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
+                accounting: str = "seed") -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so we use the rank's mean layers per chunk."""
-    wb, gb, ob = state_bytes_per_param(dtype, zero, dp)
-    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype)
+    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting)
+    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
     layers_per_unit = sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight * layers_per_unit * per_layer
     if recompute == "full":  # the working set of the layer being recomputed and back-propagated
-        act += layer_activation_bytes(model, b, tp, sp, "none", dtype)
+        act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
     if shape.head:
-        act += logits_bytes(model, b, tp)
+        act += logits_bytes(model, b, tp, cp)
     other = OTHER_FIXED + FRAGMENTATION * act
     if zero >= 3:
-        other += 2 * 2.0 * model.layer_params() / tp
+        other += 2 * 2.0 * model.layer_params_per_rank(tp)
     return MemoryBreakdown(wb * shape.params, gb * shape.params, ob * shape.params, act, other)

@@ -4,10 +4,14 @@ Parameter counts follow the standard decoder layer (Narayanan et al. 2021, §5.1
 ≈ 12·h² per layer for h→4h MLPs):
 - attention: Q and output projections h·h each, K and V h·(h·kv_heads/heads) each (GQA), + biases;
 - MLP: 2·h·f (GeLU) or 3·h·f (gated SwiGLU, Llama);
-- two layer norms: 4·h (GPT; RMSNorm has 2·h, the difference is negligible).
+- two norms: 4·h for LayerNorm (weight and bias), 2·h for RMSNorm (weight only).
 Embedding V·h (+ learned positions s·h for GPT); the output head V·h unless tied (and even when
 tied it is a second copy when embedding and head live on different pipeline stages, as Megatron
 does).
+
+Grouped-query attention under TP (Megatron-LM, Ainslie et al. 2023): tp ≤ kv_heads splits the K/V
+heads (kv_heads/tp per rank); tp > kv_heads (tp a multiple of kv_heads) replicates them, one K/V
+head per rank — more K/V weights and activations per rank than kv_dim/tp.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ class ModelSpec:
     kv_heads: int | None = None  # None -> heads (multi-head attention)
     gated: bool = False  # SwiGLU MLP (3 matrices)
     tied: bool = True  # input and output embeddings share weights
-    learned_pos: bool = True  # GPT-style learned position embeddings
+    learned_pos: bool = True  # GPT-style learned position embeddings (False: rotary)
     bias: bool = True
+    norm: str = "layer"  # "layer" (LayerNorm: weight + bias) or "rms" (RMSNorm: weight)
 
     @property
     def ffn(self) -> int:
@@ -52,35 +57,57 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.kv * self.head_dim
 
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters: LayerNorm weight + bias, RMSNorm weight."""
+        return (2 if self.norm == "layer" else 1) * self.hidden
+
+    def kv_heads_per_rank(self, tp: int) -> float:
+        """K/V heads one TP rank holds: kv/tp when tp <= kv, else one (replicated, Megatron)."""
+        return self.kv / tp if tp <= self.kv else 1.0
+
+    def kv_dim_per_rank(self, tp: int) -> float:
+        return self.kv_heads_per_rank(tp) * self.head_dim
+
     def layer_params(self) -> int:
         h, f = self.hidden, self.ffn
         attn = 2 * h * h + 2 * h * self.kv_dim
         mlp = (3 if self.gated else 2) * h * f
         bias = (h + 2 * self.kv_dim + h + f * (2 if self.gated else 1) + h) if self.bias else 0
-        return attn + mlp + bias + 4 * h
+        return attn + mlp + bias + 2 * self.norm_params
+
+    def layer_params_per_rank(self, tp: int) -> float:
+        """One layer's parameters on one TP rank: 1/tp of the layer, plus the replicated K/V heads
+        when tp > kv_heads (each of the tp ranks holds one K/V head instead of kv/tp)."""
+        extra_heads = max(tp - self.kv, 0)  # K/V heads stored beyond the model's kv over the group
+        extra = extra_heads * 2 * self.head_dim * (self.hidden + (1 if self.bias else 0))
+        return (self.layer_params() + extra) / tp
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_pos else 0)
 
     def head_params(self) -> int:
         """Output projection (+ final norm); counted on the last stage."""
-        return self.vocab * self.hidden + 2 * self.hidden
+        return self.vocab * self.hidden + self.norm_params
 
     def params(self) -> int:
         """Total trainable parameters (a tied head is counted once)."""
-        head = 2 * self.hidden if self.tied else self.head_params()
+        head = self.norm_params if self.tied else self.head_params()
         return self.layers * self.layer_params() + self.embedding_params() + head
 
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
         return (f"{self.name}: {self.params() / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{extra}, ffn {self.ffn}{' (gated)' if self.gated else ''}, "
-                f"seq {self.seq_len}, vocab {self.vocab}")
+                f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
+                f"{'learned' if self.learned_pos else 'rotary'} positions, "
+                f"{'tied' if self.tied else 'untied'} embeddings, seq {self.seq_len}, vocab {self.vocab}")
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "params": self.params(), "layers": self.layers, "hidden": self.hidden,
                 "heads": self.heads, "kv_heads": self.kv, "seq_len": self.seq_len, "vocab": self.vocab,
-                "ffn_hidden": self.ffn, "gated": self.gated}
+                "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
+                "position": "learned" if self.learned_pos else "rotary", "bias": self.bias}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -90,7 +117,7 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, seq, vocab, ffn, kv, gated=True, tied=False,
-                     learned_pos=False, bias=False)
+                     learned_pos=False, bias=False, norm="rms")
 
 
 CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
@@ -145,18 +172,37 @@ def from_hf_config(path: str) -> ModelSpec:
                          f"{' '.join('--' + m for m in missing)}")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
+    rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     ffn = pick("intermediate_size", "n_inner", "ffn_dim")
     name = str(cfg.get("_name_or_path") or cfg.get("model_type") or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
                      pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
-                     learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated)
+                     learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
+                     norm="rms" if rms else "layer")
+
+
+NORMS = ("layer", "rms")
+POSITIONS = ("learned", "rotary")
 
 
 def resolve_model(name: str | None, layers: int | None = None, hidden: int | None = None,
                   heads: int | None = None, seq_len: int | None = None, vocab: int | None = None,
-                  ffn_hidden: int | None = None) -> ModelSpec:
-    """`--model NAME|config.json` and/or explicit dimensions (explicit flags override)."""
+                  ffn_hidden: int | None = None, kv_heads: int | None = None, gated: bool | None = None,
+                  norm: str | None = None, tied: bool | None = None, position: str | None = None,
+                  bias: bool | None = None) -> ModelSpec:
+    """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
+
+    Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
+    biases, tied embeddings) unless it says `--gated-mlp` or `--norm rms`: then it is Llama-style
+    (rotary positions, no biases, untied embeddings), the same inference `from_hf_config` makes;
+    `--position`, `--bias/--no-bias` and `--tied-embeddings/--no-tied-embeddings` override it.
+    """
+    if norm is not None and norm not in NORMS:
+        raise ModelError(f"--norm {norm!r}: choose one of {', '.join(NORMS)}")
+    if position is not None and position not in POSITIONS:
+        raise ModelError(f"--position {position!r}: choose one of {', '.join(POSITIONS)}")
+    pos = None if position is None else position == "learned"
     if name:
         key = name.lower()
         if key in CATALOGUE:
@@ -168,7 +214,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                              f"{', '.join(model_names())}, give a config.json path, or use --layers "
                              f"--hidden --heads --seq-len --vocab")
         over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
-                                      vocab=vocab, ffn_hidden=ffn_hidden).items() if v is not None}
+                                      vocab=vocab, ffn_hidden=ffn_hidden, kv_heads=kv_heads, gated=gated,
+                                      norm=norm, tied=tied, learned_pos=pos, bias=bias).items()
+                if v is not None}
         spec = replace(base, **over) if over else base
     else:
         missing = [f"--{n.replace('_', '-')}" for n, v in (("layers", layers), ("hidden", hidden),
@@ -176,15 +224,23 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
         if missing:
             raise ModelError(f"no model given: pass --model NAME (one of {', '.join(model_names())}) or "
                              f"a config.json, or all of --layers --hidden --heads (missing {' '.join(missing)})")
+        llama_like = bool(gated) or norm == "rms"
         spec = ModelSpec("custom", layers, hidden, heads, seq_len or 2048, vocab or 51200,  # type: ignore[arg-type]
-                         ffn_hidden)
+                         ffn_hidden, kv_heads, gated=bool(gated),
+                         tied=(not llama_like) if tied is None else tied,
+                         learned_pos=(not llama_like) if pos is None else pos,
+                         bias=(not llama_like) if bias is None else bias,
+                         norm=norm or ("rms" if llama_like else "layer"))
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
-                    ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn)):
+                    ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
+                    ("--kv-heads", spec.kv)):
         if v < 1:
             raise ModelError(f"{flag} {v}: must be an integer >= 1")
     if spec.hidden % spec.heads:
         raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
                          f"needs hidden/heads channels: pick heads dividing {spec.hidden}")
     if spec.heads % spec.kv:
-        raise ModelError(f"kv_heads={spec.kv} must divide heads={spec.heads}")
+        raise ModelError(f"--kv-heads {spec.kv} must divide --heads {spec.heads} (each K/V head serves "
+                         f"heads/kv_heads query heads); use one of "
+                         f"{', '.join(str(d) for d in range(1, spec.heads + 1) if spec.heads % d == 0)}")
     return spec

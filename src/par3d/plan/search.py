@@ -23,7 +23,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .cost import (
+    DEFAULT_OPTIONS,
     Choice,
+    Options,
     Plan,
     dp_tail,
     evaluate,
@@ -61,6 +63,14 @@ class Fixed:
     recompute: str | None = None
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
+    cp: int | None = None
+
+
+# The search tries context parallelism only while each CP rank keeps at least this many tokens of a
+# sequence: below it a ring step's attention block is too small to hide the K/V exchange (Megatron-LM
+# recommends CP for long sequences; Llama 3 used CP 16 at 131,072 tokens = 8,192 per rank).  `--cp N`
+# fixes any valid degree.
+CP_MIN_LOCAL_TOKENS = 4096
 
 
 @dataclass
@@ -69,6 +79,7 @@ class Limits:
     allow_inter_node_tp: bool = False
     max_zero_stage: int = 3  # 1 when the plan must run on par3d's runtime (--emit-config)
     max_virtual_stages: int = 8
+    max_cp: int | None = None  # 1 when the runtime has no context parallelism (--emit-config)
 
 
 @dataclass
@@ -92,95 +103,113 @@ def _fmt(xs: list[int]) -> str:
 
 
 def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
+    # GQA: tp splits the K/V heads (tp | kv) or replicates them (kv | tp), as Megatron-LM does
     ok = [t for t in divisors(cluster.gpus)
-          if model.heads % t == 0 and model.ffn % t == 0
+          if model.heads % t == 0 and model.ffn % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
           and (limits.allow_inter_node_tp or (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0))]
     if fixed.tp is not None:
         if fixed.tp not in ok:
             raise PlanError(f"--tp {fixed.tp}: tp must divide heads={model.heads}, ffn={model.ffn} and "
-                            f"--gpus {cluster.gpus}" + ("" if limits.allow_inter_node_tp else
-                                                        f", and fit in a node of {cluster.gpus_per_node}")
+                            f"--gpus {cluster.gpus}, and divide or be a multiple of kv_heads={model.kv}"
+                            + ("" if limits.allow_inter_node_tp else
+                               f", and fit in a node of {cluster.gpus_per_node}")
                             + f"; use one of {_fmt(ok)}"
                             + ("" if limits.allow_inter_node_tp else " (or add --allow-inter-node-tp)"), "--tp")
         return [fixed.tp]
     return ok
 
 
+def cp_valid(model: ModelSpec, cp: int) -> bool:
+    """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP)."""
+    return cp == 1 or model.seq_len % (2 * cp) == 0
+
+
+def cp_choices(model: ModelSpec, rest: int, fixed: Fixed, limits: Limits) -> list[int]:
+    """CP degrees for `rest` = gpus / tp ranks."""
+    if fixed.cp is not None:
+        return [fixed.cp] if rest % fixed.cp == 0 and cp_valid(model, fixed.cp) else []
+    hi = limits.max_cp if limits.max_cp is not None else rest
+    return [c for c in divisors(rest) if c == 1 or (c <= hi and cp_valid(model, c)
+                                                    and model.seq_len // c >= CP_MIN_LOCAL_TOKENS)]
+
+
 def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed, limits: Limits,
                       rejected: Counter):
-    """Yield (tp, pp, dp, mb, m, schedule, v) tuples that pass the cheap structural rules."""
+    """Yield (tp, cp, pp, dp, mb, m, schedule, v) tuples that pass the cheap structural rules."""
     n = cluster.gpus
-    for tp in tp_choices(model, cluster, fixed, limits):
-        for pp in divisors(n // tp):
-            if fixed.pp is not None and pp != fixed.pp:
+    for tp, cp, pp in ((t, c, p) for t in tp_choices(model, cluster, fixed, limits)
+                       for c in cp_choices(model, n // t, fixed, limits) for p in divisors(n // (t * c))):
+        if fixed.pp is not None and pp != fixed.pp:
+            continue
+        if pp > model.layers:
+            rejected["pp > layers"] += 1
+            continue
+        dp = n // (tp * cp * pp)
+        if fixed.dp is not None and dp != fixed.dp:
+            continue
+        if global_batch % dp:
+            rejected["global batch not divisible by dp"] += 1
+            continue
+        per_rank = global_batch // dp
+        for mb in divisors(per_rank):
+            if fixed.micro_batch is not None and mb != fixed.micro_batch:
                 continue
-            if pp > model.layers:
-                rejected["pp > layers"] += 1
-                continue
-            dp = n // (tp * pp)
-            if fixed.dp is not None and dp != fixed.dp:
-                continue
-            if global_batch % dp:
-                rejected["global batch not divisible by dp"] += 1
-                continue
-            per_rank = global_batch // dp
-            for mb in divisors(per_rank):
-                if fixed.micro_batch is not None and mb != fixed.micro_batch:
+            m = per_rank // mb
+            for sched in SCHEDULE_ORDER:
+                if fixed.schedule is not None and sched != fixed.schedule:
                     continue
-                m = per_rank // mb
-                for sched in SCHEDULE_ORDER:
-                    if fixed.schedule is not None and sched != fixed.schedule:
+                if pp == 1 and sched != "1f1b" and fixed.schedule is None:
+                    continue  # all schedules coincide without a pipeline
+                if sched == "interleaved":
+                    if pp == 1 or m % pp:
+                        rejected["interleaved needs pp > 1 and m % pp == 0"] += 1
                         continue
-                    if pp == 1 and sched != "1f1b" and fixed.schedule is None:
-                        continue  # all schedules coincide without a pipeline
-                    if sched == "interleaved":
-                        if pp == 1 or m % pp:
-                            rejected["interleaved needs pp > 1 and m % pp == 0"] += 1
-                            continue
-                        hi = min(model.layers // pp, limits.max_virtual_stages)
-                        vs = [fixed.virtual_stages] if fixed.virtual_stages else list(range(2, hi + 1))
-                        vs = [v for v in vs if v >= 2 and pp * v <= model.layers]
-                        if not vs:
-                            rejected["interleaved needs pp·v <= layers"] += 1
-                    else:
-                        if fixed.virtual_stages not in (None, 1):
-                            continue
-                        vs = [1]
-                    for v in vs:
-                        yield tp, pp, dp, mb, m, sched, v
+                    hi = min(model.layers // pp, limits.max_virtual_stages)
+                    vs = [fixed.virtual_stages] if fixed.virtual_stages else list(range(2, hi + 1))
+                    vs = [v for v in vs if v >= 2 and pp * v <= model.layers]
+                    if not vs:
+                        rejected["interleaved needs pp·v <= layers"] += 1
+                else:
+                    if fixed.virtual_stages not in (None, 1):
+                        continue
+                    vs = [1]
+                for v in vs:
+                    yield tp, cp, pp, dp, mb, m, sched, v
 
 
 def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed | None = None,
            limits: Limits | None = None, top: int = 5, train_tokens: float = 300e9,
-           report_unfit: bool = False) -> Result:
+           report_unfit: bool = False, opts: Options | None = None) -> Result:
     """Rank the feasible configurations; `report_unfit` also finds the fastest one that does not fit
     (for `--explain`; it costs a bound per rejected configuration)."""
     fixed = fixed or Fixed()
     limits = limits or Limits()
+    opts = opts or DEFAULT_OPTIONS
     res = Result([])
-    cap = cluster.device.mem_bytes
+    cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
     # (lower bound of step time, tie-breaker, choice, stage times, memory)
     queue: list[tuple[float, int, Choice, object, object]] = []
     unfit: list[tuple[float, int, Choice, object, object]] = []
-    for tp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
-                                                         res.rejected):
+    for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
+                                                             res.rejected):
+        local = model.seq_len // cp  # SP splits this rank's tokens over tp
         if fixed.sequence_parallel is not None:
             sps = [fixed.sequence_parallel] if (tp > 1 or not fixed.sequence_parallel) else []
-            if fixed.sequence_parallel and model.seq_len % tp:
+            if fixed.sequence_parallel and local % tp:
                 sps = []
         else:
-            sps = [tp > 1 and model.seq_len % tp == 0]
+            sps = [tp > 1 and local % tp == 0]
         for sp in sps:
             for rec in recs:
                 smallest = None
                 for z in zeros:
-                    if z > 0 and dp == 1 and fixed.zero_stage is None:
+                    if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
-                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp)
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
                     res.considered += 1
-                    mem = memory(model, cluster, c)
+                    mem = memory(model, cluster, c, opts)
                     if smallest is None:
                         smallest = (c, mem)
                     if mem[0].total <= cap:
@@ -191,10 +220,11 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                     res.rejected["does not fit in memory"] += 1
                 if smallest is not None and report_unfit:  # remember the fastest-looking configurations that do not fit
                     unfit.append(_bound(model, cluster, smallest[0], smallest[1]))
-    res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens)
+    res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens, opts)
     if unfit:
         unfit.sort(key=lambda t: t[0])
-        best_unfit = evaluate(model, cluster, unfit[0][2], train_tokens, unfit[0][3], unfit[0][4])  # type: ignore
+        best_unfit = evaluate(model, cluster, unfit[0][2], train_tokens, unfit[0][3], unfit[0][4],  # type: ignore
+                              opts)
         res.simulated += 1
         if not res.plans or best_unfit.step_time < res.plans[0].step_time:
             res.fastest_unfit = best_unfit
@@ -223,19 +253,19 @@ def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: objec
             res.rejected["bubble above --max-bubble"] += 1
             return
     heapq.heappush(queue, item)
-    key = (c.tp, c.pp, c.dp)
+    key = (c.tp, c.cp, c.pp, c.dp)
     if key not in res.per_layout or item[0] < res.per_layout[key][0]:
         res.per_layout[key] = item
 
 
 def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limits, res: Result, top: int,
-                   train_tokens: float) -> list[Plan]:
+                   train_tokens: float, opts: Options | None = None) -> list[Plan]:
     best: list[Plan] = []
     while queue:
         lb, _, c, st, mem = heapq.heappop(queue)
         if len(best) >= top and lb >= best[-1].step_time:
             break
-        plan = evaluate(model, cluster, c, train_tokens, st, mem)
+        plan = evaluate(model, cluster, c, train_tokens, st, mem, opts)
         res.simulated += 1
         if limits.max_bubble is not None and plan.bubble_fraction > limits.max_bubble:
             res.rejected["bubble above --max-bubble"] += 1
@@ -247,10 +277,10 @@ def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limi
 
 
 def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int = 8,
-                    train_tokens: float = 300e9) -> list[Plan]:
-    """For `--explain`: the simulated best-bound plan of each (tp, pp, dp) layout, fastest first."""
+                    train_tokens: float = 300e9, opts: Options | None = None) -> list[Plan]:
+    """For `--explain`: the simulated best-bound plan of each (tp, cp, pp, dp) layout, fastest first."""
     items = sorted(res.per_layout.values(), key=lambda t: t[0])[:limit]
-    plans = [evaluate(model, cluster, c, train_tokens, st, mem) for _, _, c, st, mem in items]
+    plans = [evaluate(model, cluster, c, train_tokens, st, mem, opts) for _, _, c, st, mem in items]
     return sorted(plans, key=lambda p: p.step_time)
 
 
