@@ -41,11 +41,64 @@ def test_report_and_files(capsys, tmp_path):
 
 
 def test_zero_bubble_with_weight_time(capsys):
-    rc, out, err = _run(capsys, "--schedule", "zb-h1", "--tw", "1.0", "--json")
+    # the paper's T_F = T_B = T_W = 1: --tb is the input-gradient half once --tw is given
+    rc, out, err = _run(capsys, "--schedule", "zb-h1", "--tf", "1", "--tb", "1", "--tw", "1", "--json")
     assert rc == 0, err
     res = json.loads(out)
     assert res["makespan"] == 27.0  # 3m + p - 1
+    assert (res["tb"], res["tw"]) == (2.0, 1.0)  # full backward, weight part
     assert {e["kind"] for e in res["events"]} == {"F", "BI", "BW"}
+
+
+def test_every_schedule_side_by_side(capsys):
+    """The issue's acceptance command: ZB-V < ZB-H1 < 1F1B (3/11) in bubble, and ZB-V's and
+    ZB-H1's peak activations no higher than 1F1B's."""
+    rc, out, err = _run(capsys, "--stages", "4", "--microbatches", "8", "--tf", "1", "--tb", "1", "--tw", "1",
+                        "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    cmp = res["comparison"]
+    assert abs(res["bubble_wall"] - 3 / 11) < 1e-12 and abs(cmp["1f1b"]["bubble_wall"] - 3 / 11) < 1e-12
+    assert cmp["zb-v"]["bubble_wall"] < cmp["zb-h1"]["bubble_wall"] < cmp["1f1b"]["bubble_wall"]
+    assert abs(cmp["zb-h1"]["bubble_wall"] - 3 / 27) < 1e-12
+    assert abs(cmp["zb-v"]["bubble_wall"] - 3 / 51) < 1e-12  # (p-1)/(6m+p-1)
+    for name in ("zb-v", "zb-h1"):
+        assert cmp[name]["peak_activations"] <= cmp["1f1b"]["peak_activations"] == 4
+    assert cmp["dualpipe-v"]["v"] == 2 and set(cmp) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v",
+                                                        "dualpipe-v"}
+    rc, out, err = _run(capsys, "--stages", "4", "--microbatches", "6")
+    assert rc == 0 and "dualpipe-v   -- dualpipe-v needs at least 2p micro-batches" in out
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])
+def test_to_csv_then_schedule_csv_simulates_identically(capsys, tmp_path, name):
+    path = tmp_path / f"{name}.csv"
+    rc, out, err = _run(capsys, "--schedule", name, "--stages", "4", "--microbatches", "8", "--tf", "1",
+                        "--tb", "1", "--tw", "1", "--transfer", "0.1", "--to-csv", str(path), "--json")
+    assert rc == 0, err
+    built = json.loads(out)
+    assert path.read_text().startswith("0F0,")
+    rc, out, err = _run(capsys, "--schedule-csv", str(path), "--tf", "1", "--tb", "1", "--tw", "1",
+                        "--transfer", "0.1", "--json")
+    assert rc == 0, err
+    loaded = json.loads(out)
+    assert (loaded["schedule"], loaded["p"], loaded["m"], loaded["v"]) == ("csv", 4, 8, built["v"])
+    assert loaded["events"] == built["events"] and loaded["makespan"] == built["makespan"]
+
+
+def test_schedule_csv_with_a_swapped_dependency_is_refused(capsys, tmp_path):
+    path = tmp_path / "bad.csv"
+    _run(capsys, "--schedule", "zb-h1", "--stages", "2", "--microbatches", "2", "--to-csv", str(path))
+    rows = path.read_text().splitlines()
+    cells = rows[0].split(",")
+    i, w = cells.index("0I0"), cells.index("0W0")
+    cells[i], cells[w] = cells[w], cells[i]
+    rows[0] = ",".join(cells)
+    path.write_text("\n".join(rows) + "\n")
+    rc, out, err = _run(capsys, "--schedule-csv", str(path))
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert f"--schedule-csv: {path} is not a valid schedule" in err
+    assert f"rank 0 (row 1), position {i}: 0W0 needs 0I0" in err
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -57,8 +110,10 @@ def test_zero_bubble_with_weight_time(capsys):
     (["--tf", "0"], "--tf"),
     (["--tb", "nan"], "--tb"),
     (["--transfer", "-1"], "--transfer"),
-    (["--tw", "1"], "--tw"),
-    (["--schedule", "zb-h1", "--tw", "3"], "--tw"),
+    (["--tw", "-1"], "--tw"),
+    (["--schedule-csv", "/nonexistent/x.csv"], "--schedule-csv"),
+    (["--schedule", "zb-v", "--virtual-stages", "3"], "--virtual-stages"),
+    (["--schedule", "dualpipe-v", "--microbatches", "4"], "--microbatches"),
 ])
 def test_invalid_requests_name_the_flag(capsys, argv, flag):
     rc, out, err = _run(capsys, *argv)
@@ -74,5 +129,5 @@ def test_every_flag_has_help():
     flags = [a for a in sim._actions if a.option_strings and a.dest != "help"]
     assert {f.option_strings[0] for f in flags} >= {"--schedule", "--stages", "--microbatches", "--virtual-stages",
                                                     "--tf", "--tb", "--tw", "--transfer", "--out", "--trace-out",
-                                                    "--json"}
+                                                    "--json", "--schedule-csv", "--to-csv"}
     assert all(a.help for a in flags)

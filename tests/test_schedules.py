@@ -13,20 +13,34 @@ from par3d.pipeline.schedules import (
     ScheduleError,
     build,
     check,
+    default_v,
     dependencies,
+    dualpipe_v,
+    from_csv,
     gpipe,
     interleaved,
     one_f_one_b,
+    p2p_order_problems,
+    placement,
+    rank_stages,
     stage_chunk,
     stage_rank,
+    to_csv,
+    v_stage_rank,
     zero_bubble_h1,
+    zero_bubble_v,
 )
 
-CASES = [(name, p, m) for name in SCHEDULES for p in (1, 2, 4) for m in (p, 2 * p)]
+CASES = [(name, p, m) for name in SCHEDULES for p in (1, 2, 4) for m in (p, 2 * p)
+         if not (name == "dualpipe-v" and m < 2 * p)]
 
 
 def _v(name: str) -> int:
-    return 2 if name == "interleaved" else 1
+    return default_v(name)
+
+
+def _rank_of(name: str, stage: int, p: int) -> int:
+    return v_stage_rank(stage, p) if name in ("zb-v", "dualpipe-v") else stage_rank(stage, p)
 
 
 @pytest.mark.parametrize("name,p,m", CASES)
@@ -36,7 +50,7 @@ def test_every_schedule_passes_the_checker(name, p, m):
     report = check(sched, p, m, v)
     assert len(report.peak_inflight) == p
     for r, acts in enumerate(sched):
-        assert all(stage_rank(a.stage, p) == r for a in acts)
+        assert all(_rank_of(name, a.stage, p) == r for a in acts)
         assert all(a.kind in KINDS for a in acts)
     # Each (stage, micro-batch) does one forward and one full backward's worth of work.
     forwards = sum(a.kind == "F" for acts in sched for a in acts)
@@ -99,7 +113,7 @@ def test_build_rejects_bad_requests():
     with pytest.raises(ScheduleError, match=r"use m=4 or 8") as e:
         build("interleaved", 4, 6, v=2)
     assert e.value.param == "m"
-    with pytest.raises(ScheduleError, match="gpipe, 1f1b, interleaved, zb-h1"):
+    with pytest.raises(ScheduleError, match="gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipe-v"):
         build("pipedream", 2, 4)
     assert isinstance(ScheduleError("x"), ValueError)
 
@@ -109,7 +123,7 @@ def test_checker_catches_swapped_dependency():
     # Rank 1 (the last stage) runs F0 B0 F1 B1; put B0 before F0.
     assert sched[1][:2] == [Action("F", 1, 0), Action("B", 1, 0)]
     sched[1][0], sched[1][1] = sched[1][1], sched[1][0]
-    with pytest.raises(ScheduleError, match=r"dependency violated on rank 1: B\(stage=1, mb=0\)"):
+    with pytest.raises(ScheduleError, match=r"dependency violated at rank 1, position 0: B\(stage=1, mb=0\)"):
         check(sched, 2, 2)
 
 
@@ -131,8 +145,8 @@ def test_checker_catches_deadlock():
     ]
     with pytest.raises(ScheduleError, match="deadlock") as e:
         check(sched, 2, 2)
-    assert "rank 0 blocked at B(stage=0, mb=0)" in str(e.value)
-    assert "rank 1 blocked at F(stage=1, mb=1)" in str(e.value)
+    assert "rank 0, position 1 blocked at B(stage=0, mb=0)" in str(e.value)
+    assert "rank 1, position 1 blocked at F(stage=1, mb=1)" in str(e.value)
 
 
 def test_checker_catches_missing_duplicate_and_misplaced_actions():
@@ -146,7 +160,7 @@ def test_checker_catches_missing_duplicate_and_misplaced_actions():
         check(sched, 2, 2)
     sched = one_f_one_b(2, 2)
     sched[0].append(sched[1].pop())
-    with pytest.raises(ScheduleError, match="belongs on rank 1"):
+    with pytest.raises(ScheduleError, match=r"stage 1 is on two ranks: rank 0, position \d+ .* and rank 1"):
         check(sched, 2, 2)
     with pytest.raises(ScheduleError, match="micro-batch outside"):
         check([[Action("F", 0, 5)]], 1, 1)
@@ -191,3 +205,97 @@ def test_pure_modules_do_not_import_torch_or_matplotlib():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+# ---- the V schedules ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("build_v", [zero_bubble_v, dualpipe_v])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_v_schedules_place_stages_in_a_v(build_v, p):
+    for m in (2 * p, 3 * p):
+        sched = build_v(p, m)
+        assert placement(sched) == {s: v_stage_rank(s, p) for s in range(2 * p)}
+        assert [rank_stages(sched, r) for r in range(p)] == [[r, 2 * p - 1 - r] for r in range(p)]
+        assert rank_stages(sched, 0) == [0, 2 * p - 1]  # embedding and head (the loss) both on rank 0
+        check(sched, p, m, 2)
+        assert p2p_order_problems(sched, p, 2) == []  # in-order per channel: safe on NCCL too
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (2, 3), (3, 2), (4, 4), (4, 5), (4, 8), (8, 8), (8, 20)])
+def test_zero_bubble_v_memory_is_1f1b_peak(p, m):
+    sched = zero_bubble_v(p, m)
+    peaks = check(sched, p, m, 2).peak_inflight
+    # a chunk's activations are half a stage's: 2p chunk micro-batches = 1F1B's p on rank 0
+    assert max(peaks) <= 2 * min(p, m)
+    assert {a.kind for acts in sched for a in acts} == {"F", "BI", "BW"}
+
+
+def test_dualpipe_v_needs_2p_microbatches_and_mixes_full_and_split_backwards():
+    with pytest.raises(ScheduleError, match=r"m=6 < 2p=8; use m=8") as e:
+        build("dualpipe-v", 4, 6, 2)
+    assert e.value.param == "m"
+    kinds = {a.kind for acts in dualpipe_v(4, 8) for a in acts}
+    assert kinds == {"F", "B", "BI", "BW"}
+    with pytest.raises(ScheduleError, match="v=2") as e:
+        build("zb-v", 4, 8, 1)
+    assert e.value.param == "v"
+
+
+# ---- torch's compute-only CSV ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,p,m", [c for c in CASES if c[1] > 1])
+def test_csv_round_trip_of_every_builder(name, p, m):
+    v = _v(name)
+    sched = build(name, p, m, v)
+    text = to_csv(sched)
+    assert text.splitlines()[0].split(",")[0] == "0F0"
+    loaded = from_csv(text)
+    assert (loaded.schedule, loaded.p, loaded.m, loaded.v) == (sched, p, m, v)
+    assert loaded.check().peak_inflight == check(sched, p, m, v).peak_inflight
+
+
+def test_csv_notation_and_bubbles():
+    text = "0F0,,0F1,0I0,0W0,0B1\n,1F0,1B0,,1F1,1B1\n\n"
+    loaded = from_csv(text)
+    assert loaded.schedule[0] == [Action("F", 0, 0), Action("F", 0, 1), Action("BI", 0, 0), Action("BW", 0, 0),
+                                  Action("B", 0, 1)]
+    assert loaded.columns[1] == [1, 2, 4, 5]
+    assert (loaded.p, loaded.m, loaded.v) == (2, 2, 1)
+    loaded.check()
+
+
+def test_csv_with_a_swapped_dependency_is_refused_naming_rank_position_and_action():
+    sched = build("1f1b", 2, 2)
+    rows = to_csv(sched).splitlines()
+    # rank 1 runs 1F0,1B0,...: with a bubble first and B0 before F0
+    rows[1] = "," + ",".join(["1B0", "1F0"] + rows[1].split(",")[2:])
+    with pytest.raises(ScheduleError) as e:
+        from_csv("\n".join(rows)).check()
+    msg = str(e.value)
+    assert "rank 1 (row 2), position 1: 1B0 needs 1F0" in msg and "position 2" in msg
+
+
+def test_csv_deadlock_two_ranks_one_stage_and_counts_are_explained():
+    deadlock = "0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n"
+    with pytest.raises(ScheduleError, match=r"deadlock under blocking transfers.*rank 0 \(row 1\), position 1 "
+                                            r"blocked at 0B0 waiting for 1B0"):
+        from_csv(deadlock).check()
+    two = "0F0,0B0,1F0\n1B0\n"
+    with pytest.raises(ScheduleError, match=r"stage 1 is on two ranks: rank 0 \(row 1\), position 2 \(1F0\) and "
+                                            r"rank 1 \(row 2\), position 0 \(1B0\)"):
+        from_csv(two).check()
+    half = "0F0,0I0\n1F0,1B0\n"
+    with pytest.raises(ScheduleError, match=r"missing BW for stage 0 \(rank 0\), micro-batch 0: it has 0I0 at "
+                                            r"rank 0 \(row 1\), position 1"):
+        from_csv(half).check()
+    dup = "0F0,0F0,0B0\n1F0,1B0\n"
+    with pytest.raises(ScheduleError, match=r"rank 0 \(row 1\), position 1: 0F0 is duplicated"):
+        from_csv(dup).check()
+    with pytest.raises(ScheduleError, match=r"rank 0 \(row 1\), position 1: cannot read '0SEND_F0'.*compute-only"):
+        from_csv("0F0,0SEND_F0,0B0\n")
+    with pytest.raises(ScheduleError, match=r"position 0: cannot read 'F0'"):
+        from_csv("F0\n")
+    with pytest.raises(ScheduleError, match="empty"):
+        from_csv("\n\n")
+    with pytest.raises(ScheduleError, match="3 stages cannot be dealt evenly"):
+        from_csv("0F0,0B0,2F0,2B0\n1F0,1B0\n")

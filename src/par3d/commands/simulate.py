@@ -10,7 +10,17 @@ import json
 import math
 import sys
 
-from par3d.pipeline.schedules import SCHEDULES, ScheduleError, build, check
+from par3d.pipeline.schedules import (
+    SCHEDULES,
+    CsvSchedule,
+    ScheduleError,
+    build,
+    check,
+    default_v,
+    from_csv,
+    peak_inflight,
+    to_csv,
+)
 from par3d.pipeline.simulate import simulate, uniform
 
 # Which flag to blame for a ScheduleError about each request parameter.
@@ -32,22 +42,33 @@ def register(sub) -> None:
                     "and the lecture's idle time over the busiest rank's work, (p-1)/m for 1F1B.",
     )
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                        help="pipeline schedule (default: %(default)s)")
+                        help="pipeline schedule (default: %(default)s); zb-v and dualpipe-v hold two chunks "
+                             "per rank in a V (rank r: stages r and 2p-1-r)")
+    parser.add_argument("--schedule-csv", metavar="FILE", default=None,
+                        help="simulate this schedule instead of a built one: a compute-only CSV in "
+                             "torch.distributed.pipelining's notation, one row per rank, cells like 0F1 "
+                             "(stage 0, forward, micro-batch 1), 1I0 / 1W0 (input / weight half of a "
+                             "backward), 2B3 (full backward); empty cells are bubbles.  p, m and v are read "
+                             "from it (--stages, --microbatches, --virtual-stages, --schedule are ignored)")
+    parser.add_argument("--to-csv", metavar="FILE", default=None,
+                        help="write the schedule as such a CSV (loadable by --schedule-csv, par3d train "
+                             "--schedule-csv, and torch's _PipelineScheduleRuntime._load_csv)")
     parser.add_argument("--stages", type=int, default=4,
                         help="pipeline parallel size p: number of pipeline ranks (default: %(default)s)")
     parser.add_argument("--microbatches", type=int, default=8,
                         help="micro-batches per step m (default: %(default)s)")
     parser.add_argument("--virtual-stages", type=int, default=None,
-                        help="model chunks per rank v: >= 2 for 'interleaved', 1 for the others "
-                             "(default: 2 for interleaved, else 1)")
+                        help="model chunks per rank v: >= 2 for 'interleaved', 2 for zb-v and dualpipe-v, "
+                             "1 for the others (default: 2 for interleaved, zb-v, dualpipe-v, else 1)")
     parser.add_argument("--tf", type=float, default=1.0,
                         help="forward time of one whole pipeline stage per micro-batch; split evenly over "
                              "the v chunks when interleaved (default: %(default)s)")
     parser.add_argument("--tb", type=float, default=2.0,
-                        help="backward time of one whole pipeline stage per micro-batch (default: %(default)s)")
+                        help="backward time of one whole pipeline stage per micro-batch; with --tw, only its "
+                             "input-gradient part (BI), the zero-bubble paper's T_B (default: %(default)s)")
     parser.add_argument("--tw", type=float, default=None,
-                        help="zb-h1 only: weight-gradient (BW) part of --tb; the input-gradient part is tb - tw "
-                             "(default: tb/2)")
+                        help="weight-gradient (BW) time, the paper's T_W: a split backward is BI = --tb plus "
+                             "BW = --tw, a full backward B = tb + tw (default: no split given; BI = BW = tb/2)")
     parser.add_argument("--transfer", type=float, default=0.0,
                         help="time to send an activation or gradient between ranks (default: %(default)s)")
     parser.add_argument("--out", metavar="PNG", default=None, help="write a Gantt chart to this PNG file")
@@ -64,35 +85,95 @@ def _validate(args: argparse.Namespace) -> None:
             raise _UsageError(flag, f"must be a positive number, got {value}")
     if not (math.isfinite(args.transfer) and args.transfer >= 0):
         raise _UsageError("--transfer", f"must be a number >= 0, got {args.transfer}")
-    if args.tw is not None:
-        if args.schedule != "zb-h1":
-            raise _UsageError("--tw", f"only applies to --schedule zb-h1 (got --schedule {args.schedule})")
-        if not (math.isfinite(args.tw) and 0 <= args.tw <= args.tb):
-            raise _UsageError("--tw", f"must be between 0 and --tb ({args.tb}), got {args.tw}")
+    if args.tw is not None and not (math.isfinite(args.tw) and args.tw >= 0):
+        raise _UsageError("--tw", f"must be a number >= 0, got {args.tw}")
+
+
+def _times(args: argparse.Namespace) -> tuple[float, float, float]:
+    """(forward, full backward, weight-gradient part of it) of one whole stage per micro-batch."""
+    if args.tw is None:
+        return args.tf, args.tb, args.tb / 2
+    return args.tf, args.tb + args.tw, args.tw
+
+
+def _chunk_times(args: argparse.Namespace, v: int) -> tuple[float, float, float]:
+    """(F, BI, BW) of one chunk: what zb-v's list scheduling plans with."""
+    tf, tb, tw = _times(args)
+    return tf / v, (tb - tw) / v, tw / v
+
+
+def _load_csv(path: str) -> CsvSchedule:
+    try:
+        with open(path, newline="") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise _UsageError("--schedule-csv", f"cannot read {path}: {e}") from None
+    try:
+        loaded = from_csv(text)
+        loaded.check()
+    except ScheduleError as e:
+        raise _UsageError("--schedule-csv", f"{path} is not a valid schedule: {e}") from None
+    return loaded
+
+
+def _simulate(schedule: list, p: int, m: int, v: int, args: argparse.Namespace) -> tuple:
+    tf, tb, tw = _times(args)
+    report = check(schedule, p, m, v)
+    tl = simulate(schedule, p, m, v, durations=uniform(tf / v, tb / v, tw / v), transfer=args.transfer)
+    return report, tl
+
+
+def comparison(args: argparse.Namespace, p: int, m: int) -> dict:
+    """Every builder at this (p, m) and these times: bubble, makespan, peak activations.  Peak
+    activations are counted in whole-stage micro-batches (a chunk's are 1/v of a stage's), so
+    schedules with different v compare directly; None where a builder cannot run (m % p for
+    interleaved, m < 2p for dualpipe-v)."""
+    rows: dict = {}
+    for name in SCHEDULES:
+        v = default_v(name)
+        try:
+            sched = build(name, p, m, v, times=_chunk_times(args, v))
+        except ScheduleError as e:
+            rows[name] = {"error": str(e)}
+            continue
+        report, tl = _simulate(sched, p, m, v, args)
+        rows[name] = {"v": v, "makespan": tl.makespan, "bubble_wall": tl.bubble_wall,
+                      "bubble_ideal": tl.bubble_ideal,
+                      "peak_activations": max(report.peak_inflight) / v}
+    return rows
 
 
 def _result(args: argparse.Namespace) -> dict:
     _validate(args)
-    p, m, v = args.stages, args.microbatches, args.virtual_stages
-    if v is None:
-        v = 2 if args.schedule == "interleaved" else 1
-    try:
-        schedule = build(args.schedule, p, m, v)
-    except ScheduleError as e:
-        raise _UsageError(_FLAG.get(e.param or "", "--schedule"), str(e)) from None
-    report = check(schedule, p, m, v)
-    durations = None if args.tw is None else uniform(args.tf / v, args.tb / v, args.tw / v)
-    tl = simulate(schedule, p, m, v, durations=durations, tf=args.tf, tb=args.tb, transfer=args.transfer)
-    out = {"schedule": args.schedule, "p": p, "m": m, "v": v,
-           "tf": args.tf, "tb": args.tb, "tw": args.tb / 2 if args.tw is None else args.tw,
+    if args.schedule_csv:
+        loaded = _load_csv(args.schedule_csv)
+        schedule, p, m, v = loaded.schedule, loaded.p, loaded.m, loaded.v
+        name = "csv"
+    else:
+        p, m, v = args.stages, args.microbatches, args.virtual_stages
+        name = args.schedule
+        if v is None:
+            v = default_v(name)
+        try:
+            schedule = build(name, p, m, v, times=_chunk_times(args, v))
+        except ScheduleError as e:
+            raise _UsageError(_FLAG.get(e.param or "", "--schedule"), str(e)) from None
+    report, tl = _simulate(schedule, p, m, v, args)
+    tf, tb, tw = _times(args)
+    out = {"schedule": name, "p": p, "m": m, "v": v, "tf": tf, "tb": tb, "tw": tw,
            "transfer": args.transfer}
+    if args.schedule_csv:
+        out["schedule_csv"] = args.schedule_csv
     out.update({k: val for k, val in tl.to_dict().items() if k not in ("p", "m", "v", "events")})
     out["peak_inflight"] = report.peak_inflight
+    out["peak_activations"] = [x / v for x in peak_inflight(schedule)]
     # Closed forms for GPipe/1F1B with equal stages and no transfer time; interleaving divides the
     # warm-up by v, i.e. m becomes v*m.  zb-h1 beats them: its bubble is about a third of 1F1B's.
     out["ideal_formula"] = {"wall": (p - 1) / (v * m + p - 1), "lecture": (p - 1) / (v * m)}
+    out["comparison"] = comparison(args, p, m)
     out["events"] = [e.to_dict() for e in tl.events]
     out["_timeline"] = tl
+    out["_schedule"] = schedule
     return out
 
 
@@ -101,7 +182,7 @@ def _report(res: dict) -> str:
 
     tl = res["_timeline"]
     pct = "{:.2%}".format
-    tw = f" tw={res['tw']:g}" if res["schedule"] == "zb-h1" else ""
+    tw = f" (BI {res['tb'] - res['tw']:g} + BW {res['tw']:g})"
     vm, vm_wall = ("(v*m)", "v*m") if res["v"] > 1 else ("m", "m")
     lines = [
         f"schedule {res['schedule']}: p={res['p']} stages, m={res['m']} micro-batches, v={res['v']} chunk(s) per rank",
@@ -113,7 +194,17 @@ def _report(res: dict) -> str:
         f"peak in-flight micro-batches per rank: {res['peak_inflight']}",
         "",
         gantt_text(tl),
+        "",
+        f"every schedule at p={res['p']}, m={res['m']} and these times "
+        "(peak activations: in micro-batches of one whole stage):",
+        f"  {'schedule':<12} {'v':>2} {'makespan':>9} {'bubble':>8} {'peak act.':>9}",
     ]
+    for name, row in res["comparison"].items():
+        if "error" in row:
+            lines.append(f"  {name:<12} -- {row['error']}")
+        else:
+            lines.append(f"  {name:<12} {row['v']:>2} {row['makespan']:>9g} {pct(row['bubble_wall']):>8} "
+                         f"{row['peak_activations']:>9g}")
     return "\n".join(lines)
 
 
@@ -124,8 +215,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"par3d simulate: error: {e}", file=sys.stderr)
         return 2
     tl = res.pop("_timeline")
+    schedule = res.pop("_schedule")
     labelled = {f"simulated {res['schedule']} p={res['p']} m={res['m']} v={res['v']}": tl.events}
     try:
+        if args.to_csv:
+            with open(args.to_csv, "w", newline="") as fh:
+                fh.write(to_csv(schedule))
         if args.trace_out:
             from par3d.trace import write_chrome_trace
 
@@ -135,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
 
             gantt_png(labelled, args.out, title=f"{res['schedule']}: bubble {res['bubble_wall']:.1%} of wall time")
     except OSError as e:
-        flag = "--out" if args.out and getattr(e, "filename", None) == args.out else "--trace-out"
+        names = {args.out: "--out", args.to_csv: "--to-csv"}
+        flag = names.get(getattr(e, "filename", None), "--trace-out")
         print(f"par3d simulate: error: {flag}: cannot write file: {e}", file=sys.stderr)
         return 2
     if args.json:
@@ -143,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         res["_timeline"] = tl
         print(_report(res))
-        for flag, path in (("Gantt chart", args.out), ("trace", args.trace_out)):
+        for flag, path in (("Gantt chart", args.out), ("trace", args.trace_out), ("schedule CSV", args.to_csv)):
             if path:
                 print(f"{flag} written to {path}")
     return 0

@@ -4,14 +4,22 @@ A schedule is, for every pipeline rank, the ordered list of `Action`s that rank 
 lists are checked here, timed by `simulate.py` and executed by `runtime.py`, so the bubble the
 planner predicts is the bubble of the order the runtime really follows.
 
-Stages are *global* (virtual) stage indices ``0 .. p*v-1``.  Stage ``s`` lives on pipeline rank
-``s % p`` as model chunk ``s // p``; with ``v == 1`` the stage index is simply the rank.
+Stages are *global* (virtual) stage indices ``0 .. p*v-1``.  Which rank holds a stage is read off
+the schedule itself (`placement`): the builders deal stages round-robin ("loop": stage ``s`` on
+rank ``s % p``, as model chunk ``s // p``; with ``v == 1`` the stage index is simply the rank), except
+the V schedules (ZB-V, DualPipe-V), which hold stages ``r`` and ``2p-1-r`` on rank ``r``.  A rank's
+chunks are its stages in increasing order, so chunk ``k`` is stage ``k*p + r`` (loop) or ``r`` /
+``2p-1-r`` (V).  Schedules also travel as CSV in torch.distributed.pipelining's compute-only
+notation (`to_csv`, `from_csv`).
 
 This module is pure Python: it must never import torch (the planner and the CLI import it).
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import re
 from collections.abc import Container
 from dataclasses import dataclass
 
@@ -19,7 +27,9 @@ KINDS = ("F", "B", "BI", "BW")
 """F: forward.  B: full backward.  BI / BW: the input-gradient and weight-gradient halves of B,
 used by zero-bubble schedules; a (stage, micro-batch) uses either B or the pair BI + BW."""
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "dualpipe-v")
+"""Schedules on the V placement: two chunks per rank, rank r holding stages r and 2p-1-r."""
 
 
 class ScheduleError(ValueError):
@@ -45,8 +55,35 @@ class Action:
 
 
 def stage_rank(stage: int, p: int) -> int:
-    """Pipeline rank that holds global stage ``stage`` (stages are dealt round-robin)."""
+    """Pipeline rank that holds global stage ``stage`` when stages are dealt round-robin (the
+    "loop" placement of every schedule but the V ones; see `placement` for any schedule)."""
     return stage % p
+
+
+def v_stage_rank(stage: int, p: int) -> int:
+    """Pipeline rank of ``stage`` on the V placement: stages 0..p-1 go down the ranks, p..2p-1 come
+    back up, so rank r holds r and 2p-1-r (the first and the last stage are both on rank 0)."""
+    return stage if stage < p else 2 * p - 1 - stage
+
+
+def placement(schedule: list[list[Action]], w: Where | None = None) -> dict[int, int]:
+    """Stage -> rank, read off the schedule (where its actions are).  Raises ScheduleError naming
+    both places when a stage's actions are on two ranks."""
+    w = w or Where()
+    where: dict[int, tuple[int, int, Action]] = {}
+    for r, acts in enumerate(schedule):
+        for j, a in enumerate(acts):
+            first = where.setdefault(a.stage, (r, j, a))
+            if first[0] != r:
+                raise ScheduleError(
+                    f"stage {a.stage} is on two ranks: {w.at(first[0], first[1])} ({w.act(first[2])}) and "
+                    f"{w.at(r, j)} ({w.act(a)}); every stage lives on one rank")
+    return {s: r for s, (r, _, _) in where.items()}
+
+
+def rank_stages(schedule: list[list[Action]], rank: int) -> list[int]:
+    """The stages rank ``rank`` holds, in increasing order: its model chunks 0, 1, ..."""
+    return sorted({a.stage for a in schedule[rank]})
 
 
 def stage_chunk(stage: int, p: int) -> int:
@@ -179,14 +216,177 @@ def zero_bubble_h1(p: int, m: int) -> list[list[Action]]:
     return out
 
 
-def build(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
-    """Build a schedule by name: one of SCHEDULES.  Raises ScheduleError for impossible requests."""
+def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> list[list[Action]]:
+    """ZB-V (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6): two chunks per rank on
+    the V placement (rank r holds stages r and 2p-1-r), every backward split into BI and BW.
+
+    Built by list scheduling on a simulated clock with per-chunk times ``times`` = (F, BI, BW)
+    (default equal, the paper's setting; the planner and `par3d simulate` pass their own): each
+    rank, as soon as it is free, starts the action that can start earliest, and among those
+    that can start at the same moment prefers the oldest BI (it is on the critical path: the
+    previous stage waits for it), then an F while fewer than 2p chunk activations are alive (p
+    whole stages: 1F1B's peak on rank 0, the paper's memory bound; the deeper chunk first), then
+    the oldest pending BW (nothing waits for it: it fills what would be bubble).  Each chunk's
+    forwards and BIs go in micro-batch order, so every channel's messages arrive in the order
+    they are needed, and an order read off a feasible timeline cannot deadlock.  With equal
+    times the only idle time left is the V's warm-up: rank r cannot start before the first
+    micro-batch has passed r chunks (docs/pipeline.md).
+    """
+    _require(p, m)
+    tf, tbi, tbw = (float(t) for t in times)
+    cost = {"F": tf, "BI": tbi, "BW": tbw}
+    prio = {"BI": 0, "F": 1, "BW": 2}
+    limit = 2 * p
+    stages = [(r, 2 * p - 1 - r) for r in range(p)]
+    n_stages = 2 * p
+    ends: dict[Key, float] = {}
+    present: set[Key] = {(k, s, i) for s in range(n_stages) for i in range(m) for k in ("F", "BI", "BW")}
+    out: list[list[Action]] = [[] for _ in range(p)]
+    nf = [[0, 0] for _ in range(p)]  # next micro-batch to forward, per chunk
+    nb = [[0, 0] for _ in range(p)]  # next micro-batch for BI, per chunk
+    pending: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (stage, mb) with BI done, BW not
+    live = [0] * p
+    free = [0.0] * p
+
+    def start_of(a: Action, r: int) -> float | None:
+        """When `a` could start on rank r, or None while an input is not scheduled yet."""
+        t = free[r]
+        for d in dependencies(a, n_stages, present):
+            if d not in ends:
+                return None
+            t = max(t, ends[d])
+        return t
+
+    for _ in range(3 * n_stages * m):
+        best: tuple | None = None
+        for r in range(p):
+            cands = [Action("BI", stages[r][c], nb[r][c]) for c in (1, 0) if nb[r][c] < m]
+            if live[r] < limit:
+                cands += [Action("F", stages[r][c], nf[r][c]) for c in (1, 0) if nf[r][c] < m]
+            if pending[r]:
+                cands.append(Action("BW", *pending[r][0]))
+            for a in cands:
+                t = start_of(a, r)
+                if t is None:
+                    continue
+                # earliest start first; then BI > F > BW; then the older micro-batch, the deeper chunk
+                rank_key = (t, prio[a.kind], a.microbatch, -stages[r].index(a.stage), r)
+                if best is None or rank_key < best[0]:
+                    best = (rank_key, r, a)
+        if best is None:  # cannot happen: the stage holding the oldest unfinished work can go on
+            raise ScheduleError(f"zb-v: list scheduling found nothing to run for p={p}, m={m}")
+        (t, *_), r, a = best
+        c = stages[r].index(a.stage)
+        if a.kind == "F":
+            nf[r][c] += 1
+            live[r] += 1
+        elif a.kind == "BI":
+            nb[r][c] += 1
+            pending[r].append((a.stage, a.microbatch))
+        else:
+            pending[r].pop(0)
+            live[r] -= 1
+        ends[_key(a)] = free[r] = t + cost[a.kind]
+        out[r].append(a)
+    return out
+
+
+def dualpipe_v(p: int, m: int) -> list[list[Action]]:
+    """DualPipe-V: DeepSeek's DualPipe (DeepSeek-V3 technical report, section 3.2.1) cut in half,
+    as published in the DualPipe repository ("DualPipeV") and in torch.distributed.pipelining,
+    on the V placement (rank r holds stages r and 2p-1-r).
+
+    Rank r's phases (chunk 0 = stage r, chunk 1 = stage 2p-1-r; "B" a full backward):
+      1. 2(p-r-1) forwards of chunk 0;              2. r+1 pairs: F chunk 0, F chunk 1;
+      3. p-r-1 times: BI chunk 1, a BW, F chunk 1   (zero-bubble warm-up);
+      4. m-2p+r+1 times: F chunk 0 + B chunk 1, then F chunk 1 + B chunk 0;
+      5. p-r-1 times: B chunk 1, then F chunk 1 + B chunk 0;
+      6. r+1 times: backward chunk 1, backward chunk 0 (split into BI/BW from half-way on);
+      7. p-r-1 times: a BW, BI chunk 0;             8. the r+1 remaining BWs.
+    In phases 4-5 the real DualPipe overlaps each "F + B" pair (two micro-batches, so one's
+    communication hides behind the other's compute); this compute-only list runs the pair's F
+    then its B, which is how a runtime without a second stream executes it.  Needs m >= 2p.
+    """
+    _require(p, m)
+    if m < 2 * p:
+        raise ScheduleError(f"dualpipe-v needs at least 2p micro-batches: m={m} < 2p={2 * p}; use m={2 * p}",
+                            param="m")
+    out = []
+    for r in range(p):
+        s0, s1 = r, 2 * p - 1 - r
+        acts: list[Action] = []
+        nxt = {(s, k): 0 for s in (s0, s1) for k in ("F", "B")}
+        weights: list[tuple[int, int]] = []
+        split = False
+
+        def f(s: int, acts: list[Action] = acts, nxt: dict = nxt) -> None:
+            acts.append(Action("F", s, nxt[(s, "F")]))
+            nxt[(s, "F")] += 1
+
+        def b(s: int, zb: bool, acts: list[Action] = acts, nxt: dict = nxt, weights: list = weights) -> None:
+            i = nxt[(s, "B")]
+            nxt[(s, "B")] += 1
+            acts.append(Action("BI" if zb else "B", s, i))
+            if zb:
+                weights.append((s, i))
+
+        def w(acts: list[Action] = acts, weights: list = weights) -> None:
+            if weights:
+                s, i = weights.pop(0)
+                acts.append(Action("BW", s, i))
+
+        for _ in range(2 * (p - r - 1)):
+            f(s0)
+        for _ in range(r + 1):
+            f(s0)
+            f(s1)
+        for _ in range(p - r - 1):
+            b(s1, True)
+            w()
+            f(s1)
+        for _ in range(m - 2 * p + r + 1):
+            f(s0)
+            b(s1, False)
+            f(s1)
+            b(s0, False)
+        for _ in range(p - r - 1):
+            b(s1, False)
+            f(s1)
+            b(s0, False)
+        half = (r + 1) // 2
+        for k in range(r + 1):
+            if k == half and r % 2 == 1:
+                split = True
+            b(s1, split)
+            if k == half and r % 2 == 0:
+                split = True
+            b(s0, split)
+        for _ in range(p - r - 1):
+            w()
+            b(s0, split)
+        while weights:
+            w()
+        out.append(acts)
+    return out
+
+
+def build(name: str, p: int, m: int, v: int = 1,
+          times: tuple[float, float, float] | None = None) -> list[list[Action]]:
+    """Build a schedule by name: one of SCHEDULES.  Raises ScheduleError for impossible requests.
+    The V schedules (V_SCHEDULES) run v = 2 chunks per rank; interleaved any v >= 2; the others 1.
+    ``times`` (F, BI, BW of one chunk) tunes the builders that schedule by simulation (zb-v);
+    the others have one order for every time."""
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}",
                             param="name")
     _require(p, m)
     if name == "interleaved":
         return interleaved(p, m, v)
+    if name in V_SCHEDULES:
+        if v != 2:
+            raise ScheduleError(f"schedule {name!r} runs two model chunks per rank in a V (v=2), got v={v}; "
+                                "use --virtual-stages 2", param="v")
+        return zero_bubble_v(p, m, times or (1.0, 1.0, 1.0)) if name == "zb-v" else dualpipe_v(p, m)
     if v != 1:
         raise ScheduleError(f"schedule {name!r} runs one model chunk per rank (v=1), got v={v}; "
                             "use the 'interleaved' schedule for v > 1", param="v")
@@ -197,11 +397,27 @@ def build(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     return zero_bubble_h1(p, m)
 
 
+def default_v(name: str) -> int:
+    """Chunks per rank a schedule runs when none is asked for: 2 for interleaved and the V ones."""
+    return 2 if name == "interleaved" or name in V_SCHEDULES else 1
+
+
 # --------------------------------------------------------------------------------------------
 # Dependencies, execution order and the checker
 # --------------------------------------------------------------------------------------------
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
+
+
+class Where:
+    """How the checker names a place and an action in its messages.  The default counts a rank's
+    actions from 0; a schedule read from CSV names the CSV's row and column and torch's notation."""
+
+    def at(self, r: int, j: int) -> str:
+        return f"rank {r}, position {j}"
+
+    def act(self, a: Action) -> str:
+        return str(a)
 
 
 def _key(a: Action) -> Key:
@@ -222,43 +438,54 @@ def dependencies(action: Action, n_stages: int, present: Container[Key]) -> list
     return deps
 
 
-def _validate(schedule: list[list[Action]], p: int, m: int, v: int) -> set[Key]:
-    """Every action well formed, on the right rank, exactly once; returns the set of keys."""
+def _validate(schedule: list[list[Action]], p: int, m: int, v: int, w: Where | None = None) -> set[Key]:
+    """Every action well formed, each stage on one rank, v stages per rank, every (stage,
+    micro-batch) exactly one F and one B or BI + BW; returns the set of keys."""
     if p < 1 or m < 1 or v < 1:
         raise ScheduleError(f"bad schedule shape p={p}, m={m}, v={v}: all must be >= 1")
     if len(schedule) != p:
         raise ScheduleError(f"schedule has {len(schedule)} rank lists, expected p={p}")
+    w = w or Where()
     n_stages = p * v
-    seen: set[Key] = set()
+    seen: dict[Key, tuple[int, int]] = {}
     for r, acts in enumerate(schedule):
-        for a in acts:
+        for j, a in enumerate(acts):
             if a.kind not in KINDS:
-                raise ScheduleError(f"rank {r}: {a} has unknown kind; kinds are {KINDS}")
+                raise ScheduleError(f"{w.at(r, j)}: {a} has unknown kind; kinds are {KINDS}")
             if not 0 <= a.stage < n_stages:
-                raise ScheduleError(f"rank {r}: {a} has a stage outside 0..{n_stages - 1}")
+                raise ScheduleError(f"{w.at(r, j)}: {w.act(a)} has a stage outside 0..{n_stages - 1}")
             if not 0 <= a.microbatch < m:
-                raise ScheduleError(f"rank {r}: {a} has a micro-batch outside 0..{m - 1}")
-            if stage_rank(a.stage, p) != r:
-                raise ScheduleError(f"rank {r}: {a} belongs on rank {stage_rank(a.stage, p)}")
+                raise ScheduleError(f"{w.at(r, j)}: {w.act(a)} has a micro-batch outside 0..{m - 1}")
             if _key(a) in seen:
-                raise ScheduleError(f"rank {r}: {a} is duplicated")
-            seen.add(_key(a))
+                raise ScheduleError(f"{w.at(r, j)}: {w.act(a)} is duplicated (first at {w.at(*seen[_key(a)])})")
+            seen[_key(a)] = (r, j)
+    where_of = placement(schedule, w)
+    for r in range(p):
+        held = rank_stages(schedule, r)
+        if len(held) != v:
+            raise ScheduleError(f"rank {r} holds {len(held)} stage(s) {held}; every rank must hold v={v} "
+                                f"(p={p} ranks x v={v} = {n_stages} stages)")
     for s in range(n_stages):
         for i in range(m):
-            where = f"stage {s} (rank {stage_rank(s, p)}), micro-batch {i}"
+            where = f"stage {s} (rank {where_of.get(s, '?')}), micro-batch {i}"
             if ("F", s, i) not in seen:
                 raise ScheduleError(f"missing F for {where}")
             has_b = ("B", s, i) in seen
             has_bi, has_bw = ("BI", s, i) in seen, ("BW", s, i) in seen
             if has_b and (has_bi or has_bw):
-                raise ScheduleError(f"{where} has both B and a BI/BW split; use one or the other")
+                raise ScheduleError(f"{where} has both B (at {w.at(*seen[('B', s, i)])}) and a BI/BW split; "
+                                    "use one or the other")
             if not has_b and not (has_bi and has_bw):
-                missing = "B" if not (has_bi or has_bw) else ("BW" if has_bi else "BI")
-                raise ScheduleError(f"missing {missing} for {where}")
-    return seen
+                if has_bi or has_bw:
+                    have, missing = ("BI", "BW") if has_bi else ("BW", "BI")
+                    raise ScheduleError(f"missing {missing} for {where}: it has {w.act(Action(have, s, i))} at "
+                                        f"{w.at(*seen[(have, s, i)])} (a split backward needs both halves)")
+                raise ScheduleError(f"missing B for {where}")
+    return set(seen)
 
 
-def execution_order(schedule: list[list[Action]], p: int, m: int, v: int = 1) -> list[Action]:
+def execution_order(schedule: list[list[Action]], p: int, m: int, v: int = 1,
+                    w: Where | None = None) -> list[Action]:
     """A global order in which the per-rank lists can run, each rank strictly in its own order and
     every action after the actions it depends on.  Raises ScheduleError for a violated same-rank
     dependency or for a deadlock (no rank can make progress before all are done).
@@ -266,7 +493,8 @@ def execution_order(schedule: list[list[Action]], p: int, m: int, v: int = 1) ->
     This models blocking point-to-point transfers: a rank that reaches an action whose input is not
     produced yet waits there, and cannot skip ahead.
     """
-    present = _validate(schedule, p, m, v)
+    w = w or Where()
+    present = _validate(schedule, p, m, v, w)
     n_stages = p * v
     position = {_key(a): (r, j) for r, acts in enumerate(schedule) for j, a in enumerate(acts)}
     # Same-rank ordering mistakes get a precise message before the deadlock search.
@@ -276,8 +504,8 @@ def execution_order(schedule: list[list[Action]], p: int, m: int, v: int = 1) ->
                 dr, dj = position[d]
                 if dr == r and dj > j:
                     raise ScheduleError(
-                        f"dependency violated on rank {r}: {a} (position {j}) needs "
-                        f"{Action(*d)} which comes later (position {dj})")
+                        f"dependency violated at {w.at(r, j)}: {w.act(a)} needs {w.act(Action(*d))}, "
+                        f"which comes later on the same rank (at {w.at(r, dj)})")
     done: set[Key] = set()
     nxt = [0] * p
     order: list[Action] = []
@@ -298,9 +526,11 @@ def execution_order(schedule: list[list[Action]], p: int, m: int, v: int = 1) ->
             for r in range(p):
                 if nxt[r] < len(schedule[r]):
                     a = schedule[r][nxt[r]]
-                    waits = [str(Action(*d)) for d in dependencies(a, n_stages, present) if d not in done]
-                    stuck.append(f"rank {r} blocked at {a} waiting for {', '.join(waits)}")
-            raise ScheduleError("deadlock: " + "; ".join(stuck))
+                    waits = [f"{w.act(Action(*d))} ({w.at(*position[d])})"
+                             for d in dependencies(a, n_stages, present) if d not in done]
+                    stuck.append(f"{w.at(r, nxt[r])} blocked at {w.act(a)} waiting for {', '.join(waits)}")
+            raise ScheduleError("deadlock under blocking transfers (every rank waits for another): "
+                                + "; ".join(stuck))
     return order
 
 
@@ -325,12 +555,12 @@ def peak_inflight(schedule: list[list[Action]]) -> list[int]:
     return peaks
 
 
-def check(schedule: list[list[Action]], p: int, m: int, v: int = 1) -> CheckReport:
+def check(schedule: list[list[Action]], p: int, m: int, v: int = 1, w: Where | None = None) -> CheckReport:
     """Check completeness, dependencies and deadlock-freedom; report peak in-flight activations.
 
-    Raises ScheduleError naming the offending action.
+    Raises ScheduleError naming the offending action (rank, position, action).
     """
-    execution_order(schedule, p, m, v)
+    execution_order(schedule, p, m, v, w)
     return CheckReport(peak_inflight=peak_inflight(schedule))
 
 
@@ -346,21 +576,28 @@ def p2p_order_problems(schedule: list[list[Action]], p: int, v: int = 1) -> list
     group).  The runtime sends activations and gradients on two separate groups, so what must hold
     for NCCL is: on each channel ("act" forward, "grad" backward) and each ordered pair of ranks,
     the order in which the sender issues its sends (its action order) equals the order in which the
-    receiver needs them (its action order).  Returns one line per violation; [] means safe."""
+    receiver needs them (its action order).  Transfers between two stages of one rank (the V's
+    turn) are no messages.  Returns one line per violation; [] means safe."""
     last = p * v - 1
+    rank_of = placement(schedule)
     sent: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
     needed: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+
+    def add(table: dict, ch: str, src: int, dst: int, item: tuple[int, int]) -> None:
+        if src != dst:
+            table.setdefault((ch, src, dst), []).append(item)
+
     for r, acts in enumerate(schedule):
         for a in acts:
             s, i = a.stage, a.microbatch
             if a.kind == "F" and s < last:
-                sent.setdefault(("act", r, stage_rank(s + 1, p)), []).append((s + 1, i))
+                add(sent, "act", r, rank_of[s + 1], (s + 1, i))
             if a.kind == "F" and s > 0:
-                needed.setdefault(("act", stage_rank(s - 1, p), r), []).append((s, i))
+                add(needed, "act", rank_of[s - 1], r, (s, i))
             if a.kind in ("B", "BI") and s > 0:
-                sent.setdefault(("grad", r, stage_rank(s - 1, p)), []).append((s - 1, i))
+                add(sent, "grad", r, rank_of[s - 1], (s - 1, i))
             if a.kind in ("B", "BI") and s < last:
-                needed.setdefault(("grad", stage_rank(s + 1, p), r), []).append((s, i))
+                add(needed, "grad", rank_of[s + 1], r, (s, i))
     problems = []
     for key in sorted(set(sent) | set(needed)):
         if sent.get(key, []) != needed.get(key, []):
@@ -368,3 +605,97 @@ def p2p_order_problems(schedule: list[list[Action]], p: int, v: int = 1) -> list
             problems.append(f"{ch} channel {src}->{dst}: sent {sent.get(key, [])[:6]}..., "
                             f"received {needed.get(key, [])[:6]}...")
     return problems
+
+
+# --------------------------------------------------------------------------------------------
+# torch.distributed.pipelining's compute-only CSV
+# --------------------------------------------------------------------------------------------
+
+# Our kinds in torch's action notation "<stage><letter><micro-batch>" (e.g. 0F1: stage 0's forward
+# of micro-batch 1; I / W: the input- and weight-gradient halves of a backward; B: a full one).
+_TORCH_LETTER = {"F": "F", "B": "B", "BI": "I", "BW": "W"}
+_FROM_LETTER = {v: k for k, v in _TORCH_LETTER.items()}
+
+
+def torch_notation(a: Action) -> str:
+    return f"{a.stage}{_TORCH_LETTER[a.kind]}{a.microbatch}"
+
+
+def to_csv(schedule: list[list[Action]]) -> str:
+    """One row per rank, one cell per action in torch's notation: the compute-only CSV that
+    torch.distributed.pipelining's `_PipelineScheduleRuntime` loads (its `_load_csv`)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for acts in schedule:
+        writer.writerow([torch_notation(a) for a in acts])
+    return buf.getvalue()
+
+
+
+
+@dataclass
+class CsvSchedule(Where):
+    schedule: list[list[Action]]
+    p: int
+    m: int
+    v: int
+    columns: list[list[int]]
+    """columns[r][j]: the CSV column (0-based) of rank r's j-th action; empty cells are bubbles,
+    so the two differ after a bubble."""
+
+    def at(self, r: int, j: int) -> str:
+        return f"rank {r} (row {r + 1}), position {self.columns[r][j]}"
+
+    def act(self, a: Action) -> str:
+        return torch_notation(a) if a.kind in _TORCH_LETTER else str(a)
+
+    def check(self) -> CheckReport:
+        """`check`, its messages naming the CSV's rows, columns (bubbles counted) and cells."""
+        return check(self.schedule, self.p, self.m, self.v, self)
+
+
+_CELL = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+
+
+def from_csv(text: str) -> CsvSchedule:
+    """Parse a compute-only CSV in torch's notation (one row per rank; cells F, B, I, W as in
+    ``0F1``; empty cells are bubbles).  p is the number of rows, v the stages per rank, m the
+    micro-batches.  Communication actions (SEND_F, RECV_B, ...) are refused: the runtime derives
+    its transfers from the compute order.  Raises ScheduleError naming rank, position and cell;
+    `CsvSchedule.check` then checks it the same way."""
+    rows = list(csv.reader(io.StringIO(text)))
+    while rows and not any(c.strip() for c in rows[-1]):
+        rows.pop()  # trailing blank lines
+    if not rows:
+        raise ScheduleError("the schedule CSV is empty: expected one row of actions per pipeline rank")
+    schedule: list[list[Action]] = []
+    columns: list[list[int]] = []
+    for r, row in enumerate(rows):
+        acts, cols = [], []
+        for c, cell in enumerate(row):
+            cell = cell.strip()
+            if not cell:
+                continue  # a bubble
+            got = _CELL.match(cell)
+            if got is None or got.group(2) not in _FROM_LETTER or not got.group(3):
+                if got is not None and got.group(2) not in _FROM_LETTER:
+                    why = (f"{got.group(2)!r} is a communication or unknown action; a compute-only CSV holds "
+                           "F, B, I and W")
+                else:
+                    why = "expected <stage><F|B|I|W><micro-batch>, e.g. 0F1"
+                raise ScheduleError(f"rank {r} (row {r + 1}), position {c}: cannot read {cell!r}: {why}")
+            acts.append(Action(_FROM_LETTER[got.group(2)], int(got.group(1)), int(got.group(3))))
+            cols.append(c)
+        schedule.append(acts)
+        columns.append(cols)
+    p = len(schedule)
+    empty = [r for r, acts in enumerate(schedule) if not acts]
+    if empty:
+        raise ScheduleError(f"rank {empty[0]} (row {empty[0] + 1}) has no actions; every pipeline rank "
+                            "must hold at least one stage")
+    n_stages = 1 + max(a.stage for acts in schedule for a in acts)
+    m = 1 + max(a.microbatch for acts in schedule for a in acts)
+    if n_stages % p:
+        raise ScheduleError(f"the CSV uses stages 0..{n_stages - 1} on {p} ranks: {n_stages} stages cannot be "
+                            "dealt evenly (every rank holds the same number of stages)")
+    return CsvSchedule(schedule, p, m, n_stages // p, columns)

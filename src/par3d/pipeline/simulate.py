@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from par3d.pipeline.schedules import Action, dependencies, execution_order, stage_rank
+from par3d.pipeline.schedules import Action, dependencies, execution_order, placement
 
 DurationFn = Callable[[int, str], float]
 
@@ -144,14 +144,15 @@ def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
     n_stages = p * v
     order = execution_order(schedule, p, m, v)  # validates, and gives a dependency-respecting order
     present = {(a.kind, a.stage, a.microbatch) for a in order}
+    rank_of = placement(schedule)  # round-robin, or the V (the last stage back on rank 0)
     end: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     events = []
     for a in order:
-        r = stage_rank(a.stage, p)
+        r = rank_of[a.stage]
         start = free[r]
         for d in dependencies(a, n_stages, present):
-            lag = 0.0 if stage_rank(d[1], p) == r else transfer
+            lag = 0.0 if rank_of[d[1]] == r else transfer
             start = max(start, end[d] + lag)
         t = float(dur(a.stage, a.kind))
         if t < 0:
