@@ -11,7 +11,8 @@ from par3d.calibrate import fit_collectives, fit_gemm, fit_link, lstsq2
 from par3d.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
 from par3d.plan import comm as plan_comm
 from par3d.plan.hardware import GB, US, Link, load_hardware_file
-from par3d.predict import load_profile, predict, predict_step_time
+from par3d.plan.profile import contention, profile_of
+from par3d.predict import predict, predict_step_time
 
 
 def _hardware_dict() -> dict:
@@ -72,8 +73,11 @@ def test_hardware_file_loads_in_planner(hw_file):
     hw = load_hardware_file(hw_file)
     assert hw.device.peak("fp32") == pytest.approx(0.05e12)
     assert hw.extra["overheads"]["step_s"] == 2e-3
-    prof = load_profile(hw_file)
-    assert prof.cores == 2 and prof.p2p is not None and prof.p2p.alpha == pytest.approx(500 * US)
+    prof = profile_of(hw)
+    assert prof is not None and prof.cores == 2 and prof.p2p is not None
+    assert prof.p2p.alpha == pytest.approx(500 * US)
+    # a plain device-and-links file has no runtime profile: the planner's GPU model unchanged
+    assert profile_of(load_hardware_file(_plain_file(hw_file))) is None
 
 
 def test_plan_cli_accepts_calibrated_file(hw_file, capsys):
@@ -99,7 +103,7 @@ def test_predict_positive_and_monotone(hw_file):
 def test_predict_does_not_mutate_config(hw_file):
     cfg = _cfg(pp=2, microbatches=4)
     before = cfg.to_dict()
-    predict(cfg, load_profile(hw_file))
+    predict(cfg, load_hardware_file(hw_file))
     assert cfg.to_dict() == before
 
 
@@ -127,10 +131,23 @@ def test_collective_worker_on_two_ranks():
     assert fits["pooled_all_reduce"]["alpha_us"] > 0 and fits["pooled_all_reduce"]["bw_gbps"] > 0
 
 
-def _profile(tmp_path, **extra) -> object:
+def _plain_file(hw_file: str) -> str:
+    d = json.loads(open(hw_file).read())
+    plain = {k: d[k] for k in ("device", "gpus_per_node", "intra", "inter")}
+    path = hw_file + ".plain.json"
+    with open(path, "w") as fh:
+        json.dump(plain, fh)
+    return path
+
+
+def _hw(tmp_path, **extra):
     path = tmp_path / "hw-extra.json"
     path.write_text(json.dumps({**_hardware_dict(), **extra}))
-    return load_profile(str(path))
+    return load_hardware_file(str(path))
+
+
+def _profile(tmp_path, **extra):
+    return profile_of(_hw(tmp_path, **extra))
 
 
 def test_profile_reads_the_calibrated_terms(tmp_path):
@@ -142,8 +159,6 @@ def test_profile_reads_the_calibrated_terms(tmp_path):
 
 
 def test_contention_follows_the_busy_ranks(tmp_path):
-    from par3d.predict import contention
-
     prof = _profile(tmp_path, corun_slowdown=1.2, oversubscribed_slowdown=1.5)  # 2 cores
     assert contention(prof, 1) == 1.0
     assert contention(prof, 2) == pytest.approx(1.2)  # every core busy: the co-run slowdown
@@ -155,9 +170,9 @@ def test_contention_follows_the_busy_ranks(tmp_path):
 
 def test_sync_and_hop_add_to_the_prediction(tmp_path):
     tp, pp = _cfg(tp=2), _cfg(pp=2, microbatches=4)
-    plain = _profile(tmp_path)
-    with_sync = _profile(tmp_path, collective_sync_us=1000.0)
-    with_hop = _profile(tmp_path, pipeline_hop_us=1000.0)
+    plain = _hw(tmp_path)
+    with_sync = _hw(tmp_path, collective_sync_us=1000.0)
+    with_hop = _hw(tmp_path, pipeline_hop_us=1000.0)
     # TP: 2 all-reduces per layer forward and backward (+ embedding and loss): each pays the sync
     assert predict(tp, with_sync).step_time_s - predict(tp, plain).step_time_s > 4 * 4 * 1e-3
     assert predict(pp, with_hop).step_time_s > predict(pp, plain).step_time_s + 2e-3  # >= 2 hops
@@ -167,50 +182,40 @@ def test_sync_and_hop_add_to_the_prediction(tmp_path):
 def test_waiting_pipeline_ranks_leave_their_cores(tmp_path):
     # 4 pipeline ranks on 2 cores: the bubble leaves cores free, so the stages slow down less than
     # 4 DP ranks (always all busy) do — the model once time-shared every rank all the time
-    from par3d.predict import contention
-
     prof = _profile(tmp_path)
-    pipe = predict(_cfg(pp=4, microbatches=4), prof)
+    pipe = predict(_cfg(pp=4, microbatches=4), _hw(tmp_path))
     assert pipe.bubble_fraction > 0.2
     assert contention(prof, 4, busy=4 * (1 - pipe.bubble_fraction)) < contention(prof, 4)
 
 
-def test_efficiency_follows_the_tokens_per_microbatch(tmp_path):
-    from par3d.predict import efficiency_at
-
-    prof = _profile(tmp_path, efficiency_by_tokens=[[512, 0.6], [128, 0.4], [1024, 0.7]])
-    assert efficiency_at(prof, 64) == 0.4 and efficiency_at(prof, 4096) == 0.7  # flat beyond the ends
-    assert efficiency_at(prof, 256) == pytest.approx(0.5)  # half way in log(tokens)
-    assert efficiency_at(prof, 512) == pytest.approx(0.6)
-    assert efficiency_at(_profile(tmp_path), 256) == 0.5  # none calibrated: the file's one value
-    # the same model cut into micro-batches of fewer tokens is predicted slower per token
-    big, small = _cfg(microbatches=1), _cfg(microbatches=4)
-    flat = _profile(tmp_path, efficiency_by_tokens=[[128, 0.5], [1024, 0.5]])
-    assert predict(small, prof).step_time_s - predict(big, prof).step_time_s > \
-        predict(small, flat).step_time_s - predict(big, flat).step_time_s
-
-
 def test_eager_zero_bubble_weight_pass_costs_a_whole_backward(tmp_path):
+    from dataclasses import replace
+
     from par3d.plan import cost
     from par3d.predict import choice, cluster_of, model_spec
 
-    prof = _profile(tmp_path)
+    hw = _hw(tmp_path)
     zb, ofb = _cfg(pp=2, microbatches=4, schedule="zb-h1"), _cfg(pp=2, microbatches=4)
     # in the runtime BI + BW redo the input-gradient chain: ZB-H1 is predicted slower than 1F1B
     # here, although the planner's ideal (BW = weight GEMMs only) makes it faster
-    assert predict(zb, prof).step_time_s > predict(ofb, prof).step_time_s
-    st = cost.stage_times(model_spec(zb), cluster_of(prof, zb), choice(zb))
-    assert st.bw[0] < st.b[0]  # the planner's ideal: the weight pass is the weight GEMMs only
+    assert predict(zb, hw).step_time_s > predict(ofb, hw).step_time_s
+    cl = cluster_of(hw, zb)
+    st = cost.stage_times(model_spec(zb), cl, choice(zb))
+    assert st.bw[0] == st.b[0]  # the profile's eager weight pass: a whole backward
+    # a runtime with a true split backward turns the profile field off: BW is the weight GEMMs
+    split = replace(cl, profile=replace(cl.profile, bw_full_backward=False))
+    st = cost.stage_times(model_spec(zb), split, choice(zb))
+    assert st.bw[0] < st.b[0]
+    ideal = cost.stage_times(model_spec(zb), replace(cl, profile=None), choice(zb))
+    assert ideal.bw[0] < ideal.b[0]  # the planner's GPU model: the weight pass is the weight GEMMs only
 
 
 def test_collective_sync_fit_recovers_a_known_sync():
     from par3d.calibrate import fit_collective_sync
     from par3d.plan.hardware import hardware_from_dict
-    from par3d.predict import profile_of
-
     hw = _hardware_dict()
     cfg = _cfg(tp=2)
-    measured = predict(cfg, profile_of(hardware_from_dict({**hw, "collective_sync_us": 500.0}))).step_time_s
+    measured = predict(cfg, hardware_from_dict({**hw, "collective_sync_us": 500.0})).step_time_s
     assert fit_collective_sync(hw, cfg.to_dict(), measured) == pytest.approx(500e-6, rel=1e-6)
     assert fit_collective_sync(hw, cfg.to_dict(), measured / 10) == 0.0  # faster than α-β alone: no sync
 
@@ -225,10 +230,44 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert hw["corun_slowdown"] >= 1.0 and hw["oversubscribed_slowdown"] >= 1.0
     assert hw["collective_sync_us"] >= 0.0 and hw["pipeline_hop_us"] >= 0.0
     assert hw["measurements"]["pipeline_hop"]["hops"] > 0
-    tokens = [t for t, _ in hw["efficiency_by_tokens"]]
-    assert tokens == sorted(tokens) and len(tokens) == 3
-    assert all(0 < e <= 1 for _, e in hw["efficiency_by_tokens"])
-    prof = load_profile(str(out))
+    prof = profile_of(load_hardware_file(str(out)))
     assert prof.cores == hw["cores"] and prof.sync == pytest.approx(hw["collective_sync_us"] * 1e-6)
-    assert predict(_cfg(tp=2), prof).step_time_s > 0
+    assert predict(_cfg(tp=2), load_hardware_file(str(out))).step_time_s > 0
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("layout", [
+    dict(tp=1, pp=2, dp=1, schedule="1f1b", micro_batch=1, recompute="none"),
+    dict(tp=2, pp=1, dp=1, schedule="1f1b", micro_batch=2, recompute="full"),
+    dict(tp=1, pp=2, dp=2, schedule="zb-h1", micro_batch=1, recompute="none"),
+    dict(tp=1, pp=1, dp=2, schedule="1f1b", micro_batch=4, recompute="none"),
+])
+def test_plan_and_report_predict_the_same_step_time(hw_file, capsys, layout):
+    """One step-time model: `par3d plan --hardware FILE` with the layout fixed, and the end-of-run
+    report of `par3d train --hardware FILE` on that layout, give the same number."""
+    from par3d.cli import main
+    from par3d.report import build_report, format_report
+
+    lay = dict(layout)
+    mb = lay.pop("micro_batch")
+    gb = 8
+    world = lay["tp"] * lay["pp"] * lay["dp"]
+    rc = main(["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq-len", "32", "--vocab", "256",
+               "--gpus", str(world), "--global-batch", str(gb), "--dtype", "fp32", "--hardware", hw_file,
+               "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--dp", str(lay["dp"]), "--micro-batch", str(mb),
+               "--schedule", lay["schedule"], "--recompute", lay["recompute"], "--zero-stage", "0",
+               "--virtual-stages", "1", "--json"])
+    assert rc == 0
+    planned = json.loads(capsys.readouterr().out)["plans"][0]
+    assert (planned["tp"], planned["pp"], planned["dp"], planned["micro_batch"]) == \
+        (lay["tp"], lay["pp"], lay["dp"], mb)
+    # the same model (plan's custom shapes tie the embeddings) and layout (plan turns SP on with tp > 1)
+    cfg = RunConfig(model=ModelConfig(layers=4, hidden=64, heads=4, seq_len=32, vocab=256, tied_embeddings=True),
+                    parallel=ParallelConfig(tp=lay["tp"], pp=lay["pp"], dp=lay["dp"], schedule=lay["schedule"],
+                                            recompute=lay["recompute"], microbatches=gb // (mb * lay["dp"]),
+                                            sequence_parallel=planned["sequence_parallel"]),
+                    train=TrainConfig(global_batch=gb, micro_batch=mb, dtype="fp32"), hardware=hw_file).validate()
+    rep = build_report(cfg, {"history": [{"loss": 1.0, "step_time_s": 0.1}], "comm_per_step": [], "world": []})
+    assert rep["predicted_step_time_s"] == pytest.approx(planned["step_time_s"], rel=1e-9)
+    # and the report prints it as plan does (ms, one decimal)
+    assert f"{planned['step_time_s'] * 1e3:.1f} ms" in format_report(rep)

@@ -10,7 +10,8 @@ import pytest
 
 from par3d.bench.fidelity import GRID, format_table, layout_config, plot, spearman, summarize
 from par3d.config import RunConfig
-from par3d.predict import load_profile, predict
+from par3d.plan.hardware import load_hardware_file
+from par3d.predict import predict
 
 
 def test_spearman_known_values():
@@ -54,7 +55,7 @@ def test_every_layout_predicts(tmp_path):
 
     path = tmp_path / "hw.json"
     path.write_text(json.dumps(_hardware_dict()))
-    prof = load_profile(str(path))
+    prof = load_hardware_file(str(path))
     for name in GRID:
         assert predict(RunConfig.from_dict(layout_config(name, 3)), prof).step_time_s > 0
 

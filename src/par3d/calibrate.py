@@ -278,11 +278,10 @@ def probe_worker(cfg_dict: dict[str, Any]) -> float:
 
 
 def profile_of(hw: dict[str, Any]) -> Any:
-    """predict.py's view of a hardware file's content not yet written."""
+    """A hardware file's content not yet written, as the planner reads it."""
     from par3d.plan.hardware import hardware_from_dict
-    from par3d.predict import profile_of as profile
 
-    return profile(hardware_from_dict(hw, "calibration"))
+    return hardware_from_dict(hw, "calibration")
 
 
 def fit_collective_sync(hw: dict[str, Any], tp_cfg: dict[str, Any], measured_step_s: float) -> float:

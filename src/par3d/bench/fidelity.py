@@ -150,9 +150,10 @@ def summarize(layouts: list[dict[str, Any]]) -> dict[str, Any]:
 def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = False,
                  progress: bool = True, rounds: int = 1) -> dict[str, Any]:
     from par3d.config import RunConfig
-    from par3d.predict import load_profile, predict
+    from par3d.plan.hardware import load_hardware_file
+    from par3d.predict import predict
 
-    prof = load_profile(hardware)
+    prof = load_hardware_file(hardware)
     measured = measure(names, steps, one_world, progress, rounds)
     rows = []
     for n in names:

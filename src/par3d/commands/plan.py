@@ -168,30 +168,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace):
-    from par3d.plan.hardware import Cluster, HardwareError, get_device, load_hardware_file, make_cluster
+    from par3d.plan.hardware import HardwareError, get_device, load_hardware_file, make_cluster
 
     try:
         if args.hardware:
-            hw = load_hardware_file(args.hardware)
-            dev = hw.device
-            if args.efficiency is not None:
-                from dataclasses import replace
-
-                dev = replace(dev, efficiency=args.efficiency)
-            gpn = args.gpus_per_node or hw.gpus_per_node or 8
-            intra, inter = hw.intra, hw.inter
-            from dataclasses import replace as rep
+            from dataclasses import replace
 
             from par3d.plan.hardware import GB
+            from par3d.plan.profile import cluster_from_file
+
+            hw = load_hardware_file(args.hardware)
+            if args.efficiency is not None:
+                hw = replace(hw, device=replace(hw.device, efficiency=args.efficiency))
             if args.intra_node_bw:
-                intra = rep(intra, beta=args.intra_node_bw * GB)
+                hw = replace(hw, intra=replace(hw.intra, beta=args.intra_node_bw * GB))
             if args.inter_node_bw:
-                inter = rep(inter, beta=args.inter_node_bw * GB)
-            if args.dtype not in dev.peak_flops:
+                hw = replace(hw, inter=replace(hw.inter, beta=args.inter_node_bw * GB))
+            if args.dtype not in hw.device.peak_flops:
                 raise UsageError(f"--dtype {args.dtype}: the hardware file {args.hardware} has no peak for it; "
                                  f"add device.peak_tflops.{args.dtype} or use --dtype "
-                                 f"{next(iter(dev.peak_flops))}")
-            cl = Cluster(dev, args.gpus, min(gpn, args.gpus), intra, inter, args.dtype)
+                                 f"{next(iter(hw.device.peak_flops))}")
+            # the file's runtime profile too: the same model as `par3d train --hardware`'s prediction
+            cl = cluster_from_file(hw, args.gpus, args.dtype, args.gpus_per_node)
         else:
             gpn = args.gpus_per_node or 8
             dev = get_device(args.gpu)

@@ -55,7 +55,7 @@ from .compute import (
     model_flops_per_sequence,
     recompute_flops_per_sequence,
 )
-from .hardware import TFLOPS, Cluster
+from .hardware import TFLOPS, Cluster, Link
 from .memory import (
     ACT_BYTES,
     MemoryBreakdown,
@@ -66,6 +66,7 @@ from .memory import (
     state_bytes_per_param,
 )
 from .models import ModelSpec
+from .profile import Profile, contention
 
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write master, m, v + bf16 weight (14 B)
 
@@ -207,6 +208,10 @@ class StageTimes:
     zero3: list[float]  # exposed ZeRO-3 gathers/scatters, F + B
     transfer: float
     cp_comm: list[float] = field(default_factory=list)  # exposed ring-attention K/V exchange, F + B
+    # with a runtime profile (plan/profile.py): the fixed costs added per stage (F + B), and the
+    # waits inside each action (TP / ZeRO-3 collectives), which need no core
+    fixed: list[float] = field(default_factory=list)
+    waits: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -221,9 +226,18 @@ class Links:
 def links(cluster: Cluster, c: Choice) -> Links:
     tpcp = c.tp * c.cp
     whole = cluster.link_for_span(tpcp * c.pp * c.dp)
-    return Links(cluster.link_for_span(c.tp), cluster.link_for_span(tpcp * c.pp),
-                 whole if c.dp > 1 else cluster.intra, cluster.link_for_span(tpcp),
-                 whole if c.dp > 1 else cluster.link_for_span(tpcp))
+    lk = Links(cluster.link_for_span(c.tp), cluster.link_for_span(tpcp * c.pp),
+               whole if c.dp > 1 else cluster.intra, cluster.link_for_span(tpcp),
+               whole if c.dp > 1 else cluster.link_for_span(tpcp))
+    if cluster.profile is not None and cluster.profile.sync:
+        lk = Links(*(_in_step(k, cluster.profile) for k in (lk.tp, lk.pp, lk.dp, lk.cp, lk.grad)))  # type: ignore[arg-type]
+    return lk
+
+
+def _in_step(link: Link, prof: Profile) -> Link:
+    """A link as a collective inside a training step sees it: each message step also waits for
+    the slowest rank (the profile's calibrated sync joins α)."""
+    return replace(link, alpha=link.alpha + prof.sync)
 
 
 def local_model(model: ModelSpec, cp: int) -> ModelSpec:
@@ -306,7 +320,39 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.zero3.append(z3f + z3b)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     out.transfer = comm.p2p(boundary, lk.pp).total if c.pp > 1 else 0.0  # type: ignore[arg-type]
+    if cluster.profile is not None:
+        _add_runtime_costs(out, model, c, lay, boundary, cluster.profile)
     return out
+
+
+def _add_runtime_costs(st: StageTimes, model: ModelSpec, c: Choice, lay: Layout, boundary: float,
+                       prof: Profile) -> None:
+    """The profile's per-action terms (plan/profile.py): fixed costs per block and per action, the
+    eager runtime's zero-bubble weight pass, the pipeline transport."""
+    st.waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
+                "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
+                "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
+                "bw": [0.0] * len(st.f)}
+    ov = prof.overheads
+    rec_f = 1.0 if c.recompute == "full" else 0.0  # full recompute reruns the blocks' forward
+    for s, n in enumerate(lay.layers):
+        f_fix = ov.action_f_s + n * ov.layer_f_s
+        b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
+        st.f[s] += f_fix
+        st.b[s] += b_fix
+        st.fixed.append(f_fix + b_fix)
+        st.bi[s] += b_fix  # BI and BW are each one autograd pass: each pays B's fixed cost
+        if prof.bw_full_backward:
+            # eager zero-bubble: the weight gradients need every layer's activation gradient, which
+            # BI did not keep, so BW redoes BI's chain (and its TP collectives): a whole B
+            st.bw[s] = st.b[s]
+            st.waits["bw"][s] = st.waits["b"][s]
+        else:
+            st.bw[s] += b_fix
+    if c.pp > 1:
+        if prof.p2p is not None:  # the measured transport between pipeline ranks
+            st.transfer = comm.p2p(boundary, prof.p2p).total
+        st.transfer += prof.hop
 
 
 def durations_of(st: StageTimes, schedule: str) -> dict[tuple[int, str], float]:
@@ -454,11 +500,34 @@ class Plan:
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in
                             ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble",
-                             "optimizer")},
+                             "optimizer", "overhead") if k in self.breakdown},
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
         }
+
+
+def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
+               busy: list[float]) -> tuple[StageTimes, float]:
+    """The stage durations slowed by the host's cores (a copy; `st` may be cached by the search).
+
+    Ranks share the cores only while they compute: a rank waiting in the pipeline bubble, or for
+    its partners inside a TP collective, leaves its core to the others.  So the slowdown follows the
+    average number of computing ranks, read off the schedule's own simulation (busy time less the
+    collective waits, over the makespan, times the ranks of each stage)."""
+    world = c.gpus
+    kinds = ("f", "bi", "bw") if c.schedule == "zb-h1" else ("f", "b")
+    waiting = c.microbatches * sum(sum(st.waits[k]) for k in kinds)  # every stage runs each kind m times
+    busy_ranks = c.dp * c.cp * c.tp * max(0.0, sum(busy) - waiting) / makespan if makespan > 0 else world
+    slow = contention(prof, world, busy_ranks)
+    if slow == 1.0:
+        return st, slow
+
+    def scaled(kind: str, lst: list[float]) -> list[float]:
+        return [slow * (t - w) + w for t, w in zip(lst, st.waits[kind])]
+
+    return replace(st, f=scaled("f", st.f), b=scaled("b", st.b), bi=scaled("bi", st.bi),
+                   bw=scaled("bw", st.bw)), slow
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
@@ -472,15 +541,29 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     makespan, bubble_wall, busy = simulate_stages(st, c)
     if c.pp > 1:
         validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
+    prof = cluster.profile
+    slow, overhead = 1.0, 0.0
+    if prof is not None:
+        st, slow = _contended(st, c, prof, makespan, busy)
+        if slow != 1.0:
+            makespan, bubble_wall, busy = simulate_stages(st, c)
     tail = dp_tail(model, cluster, c, st)
-    opt = optimizer_time(model, cluster, c)
-    step = makespan + tail + opt
+    full = contention(prof, c.gpus)  # the optimizer step runs on every rank at once
+    opt = full * optimizer_time(model, cluster, c)
+    if prof is not None:
+        # per step: the runtime's fixed cost, and the loss and gradient-norm reductions over tp,
+        # pp and dp (small all-reduces, α-bound)
+        small = _in_step(cluster.intra, prof)
+        overhead = full * prof.overheads.step_s + sum(comm.all_reduce(8.0, e, small).total
+                                                      for e in (c.tp, c.pp, c.dp))
+    step = makespan + tail + opt + overhead
     # breakdown on the busiest rank: its work, then the idle time split into PP transfers and bubble
     crit = max(range(c.pp), key=lambda r: busy[r])
     stages = range(crit, len(st.f), c.pp)
     m = c.microbatches
-    compute = m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
-    recompute = m * sum(st.b_recompute[s] for s in stages)
+    compute = slow * m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
+    recompute = slow * m * sum(st.b_recompute[s] for s in stages)
+    actions_fixed = slow * m * sum(st.fixed[s] for s in stages) if st.fixed else 0.0
     tp_comm = m * sum(st.tp_comm[s] for s in stages)
     cp_comm = m * sum(st.cp_comm[s] for s in stages)
     zero3 = m * sum(st.zero3[s] for s in stages)
@@ -489,6 +572,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
                  "pp_comm": pp_comm,
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}
+    if prof is not None:
+        breakdown["overhead"] = overhead + actions_fixed
     global_batch = c.micro_batch * m * c.dp
     tokens = global_batch * model.seq_len
     n = c.gpus
@@ -498,7 +583,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     mtf = model_fl / step / n
     return Plan(c, mem_b, mem_r, mem_b.total <= opts.capacity(cluster), step, breakdown, bubble_wall,
                 tokens / step, mtf / TFLOPS, hw_fl / step / n / TFLOPS, mtf / peak,
-                train_tokens / (tokens / step) / 86400.0)
+                train_tokens / (tokens / step) / 86400.0, extra={"makespan_s": makespan})
 
 
 # ---- the seed's per-layer accounting (§4.2, §4.4, §4.5), for `--explain` and the docs ------------

@@ -26,7 +26,10 @@ import json
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 GB = 1e9
 GiB = 2**30
@@ -112,6 +115,9 @@ class Cluster:
     intra: Link
     inter: Link
     dtype: str = "bf16"
+    # what the host and par3d's runtime add to the step-time model (plan/profile.py); None: a GPU
+    # cluster as the arithmetic alone describes it
+    profile: Profile | None = None
 
     @property
     def nodes(self) -> int:

@@ -1,0 +1,136 @@
+"""The runtime profile: what a machine and par3d's own runtime add to the planner's step-time model.
+
+There is one step-time model (`plan/cost.py`).  On a GPU cluster its arithmetic — GEMMs on a
+roofline, α-β collectives, the schedule's simulated bubble — is the whole story.  On a CPU host
+running par3d's eager runtime, costs that are noise on a GPU dominate small runs.  They are not a
+second predictor but a *profile* that `cost.py` takes through `Cluster.profile` (so `par3d plan
+--hardware FILE` and the end-of-run report of `par3d train --hardware FILE` give the same number):
+
+- `overheads`: fixed costs of one transformer block's forward / backward (Python, autograd, the
+  dispatch of its ~40 kernels), of one pipeline action apart from its blocks, and of one optimizer
+  step — measured by `par3d calibrate` on a GPT so small that its arithmetic is negligible;
+- `kernels`: measured CPU primitives (a GEMM time fit over shapes, elementwise ops over sizes,
+  attention), replacing the GPU roofline of `compute.py` for the time of a block's arithmetic;
+- `p2p` and `hop`: the pipeline transport (α-β of isolated sends, and what a transfer costs
+  inside a running step beyond that: posting the send, waking the receiver);
+- `sync`: what a collective costs inside a step beyond the α-β fit of isolated calls (each is a
+  point where the ranks wait for the slowest), added to every link's α;
+- `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
+  running side by side slow each other (shared caches, memory bandwidth);
+- `bw_full_backward`: eager ZB-H1 in `pipeline/runtime.py` — BW re-walks the graph that BI kept,
+  so it costs a whole backward, not only the weight GEMMs of the ideal schedule.  A property of
+  the runtime, not of the machine (`RUNTIME_BW_FULL_BACKWARD`); a runtime with a true split
+  backward turns it off.
+
+A hardware file without these fields (a catalogue-like GPU description) gives no profile, and the
+planner's model is exactly the GPU one.  Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .hardware import GB, US, Cluster, Link
+
+if TYPE_CHECKING:
+    from .hardware import HardwareFile
+    from .kernels import KernelModel
+
+# pipeline/runtime.py: BI runs autograd to the stage input with the graph kept; BW walks it again to
+# the parameters, so BW costs a whole backward.  A runtime that splits the backward set this False.
+RUNTIME_BW_FULL_BACKWARD = True
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Fixed costs per block, per pipeline action and per step (seconds); zero for a GPU file."""
+
+    layer_f_s: float = 0.0
+    layer_b_s: float = 0.0
+    action_f_s: float = 0.0
+    action_b_s: float = 0.0
+    step_s: float = 0.0
+
+    @staticmethod
+    def from_dict(d: dict[str, Any] | None) -> Overheads:
+        d = d or {}
+        return Overheads(**{k: float(d.get(k, 0.0) or 0.0) for k in Overheads.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The terms above; every default leaves the planner's GPU model unchanged."""
+
+    overheads: Overheads = field(default_factory=Overheads)
+    p2p: Link | None = None
+    hop: float = 0.0
+    sync: float = 0.0
+    cores: int | None = None
+    corun: float = 1.0
+    oversub: float = 1.0
+    bw_full_backward: bool = False
+    kernels: KernelModel | None = None
+
+
+RUNTIME_KEYS = ("overheads", "links", "cores", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
+                "pipeline_hop_us", "kernels")
+
+
+def profile_of(hw: HardwareFile) -> Profile | None:
+    """The profile a hardware file describes (`par3d calibrate` writes every field); None when it
+    has none of them, i.e. a plain device-and-links description."""
+    x = hw.extra
+    if not any(k in x for k in RUNTIME_KEYS):
+        return None
+    p2p = (x.get("links") or {}).get("p2p")
+    corun = float(x.get("corun_slowdown", 1.0) or 1.0)
+    kernels = None
+    if x.get("kernels"):
+        from .kernels import KernelModel
+
+        kernels = KernelModel.from_dict(x["kernels"])
+    rt = x.get("runtime") or {}
+    return Profile(
+        overheads=Overheads.from_dict(x.get("overheads")),
+        p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
+        hop=float(x.get("pipeline_hop_us", 0.0) or 0.0) * US,
+        sync=float(x.get("collective_sync_us", 0.0) or 0.0) * US,
+        cores=int(x["cores"]) if x.get("cores") else None,
+        corun=corun,
+        oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
+        bw_full_backward=bool(rt.get("bw_full_backward", RUNTIME_BW_FULL_BACKWARD)),
+        kernels=kernels)
+
+
+def contention(prof: Profile | None, world: int, busy: float | None = None) -> float:
+    """How much slower each rank computes when `world` ranks share the host's cores, `busy` of them
+    computing at any moment on average (default: all): busy ranks beyond the cores time-share
+    them (busy/cores), and ranks running side by side slow each other — the calibrated co-run
+    slowdown: 1 alone, `corun` with every core busy, `oversub` with twice as many busy ranks as
+    cores; linear in between, flat beyond."""
+    if prof is None or not prof.cores or world == 1:
+        return 1.0
+    busy = world if busy is None else busy
+    k = prof.cores
+    if busy <= k:
+        extra = 1.0 + (prof.corun - 1.0) * max(0.0, busy - 1.0) / max(1, k - 1)
+    else:
+        extra = prof.corun + (prof.oversub - prof.corun) * min(1.0, (busy - k) / k)
+    return max(1.0, busy / k) * extra
+
+
+
+
+def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: int | None = None) -> Cluster:
+    """The cluster a hardware file describes for `gpus` ranks, with its runtime profile: what both
+    `par3d plan --hardware FILE` and the end-of-run prediction of `par3d train --hardware FILE`
+    evaluate, so that they agree.  A file with a host's core count describes one machine: every
+    rank is on it (one node); otherwise `gpus_per_node` (flag, file, or 8)."""
+    prof = profile_of(hw)
+    if gpus_per_node is None:
+        gpus_per_node = gpus if prof is not None and prof.cores else (hw.gpus_per_node or 8)
+    return Cluster(hw.device, gpus, min(gpus_per_node, gpus), hw.intra, hw.inter, dtype, prof)
+
+
+__all__ = ["Overheads", "Profile", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
