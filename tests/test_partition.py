@@ -86,3 +86,31 @@ def test_gpt_partition_gives_the_heavy_head_fewer_blocks():
     assert sum(blocks) == 16
     with pytest.raises(ValueError, match="at least one block"):
         gpt_partition(3, 4, hidden=64, seq_len=16, vocab=100)
+
+
+def test_bisected_programme_matches_the_full_scan():
+    # partition() bisects for the crossing of best[k-1][i] (rising) and seg(i, j) (falling); the full
+    # O(k·n²) scan it replaced must give the same split on any costs, ties and zeros included
+    def full_scan(costs, k):
+        n, prefix = len(costs), [0.0]
+        for c in costs:
+            prefix.append(prefix[-1] + c)
+        best = [[float("inf")] * (n + 1) for _ in range(k + 1)]
+        best[0][0] = 0.0
+        for kk in range(1, k + 1):
+            for j in range(kk, n - (k - kk) + 1):
+                best[kk][j] = min(max(best[kk - 1][i], prefix[j] - prefix[i]) for i in range(kk - 1, j))
+        target, bounds, end = best[k][n], [], n
+        for kk in range(k, 0, -1):
+            start = next(i for i in range(kk - 1, end)
+                         if prefix[end] - prefix[i] <= target and best[kk - 1][i] <= target)
+            bounds.append((start, end))
+            end = start
+        return bounds[::-1]
+
+    rng = random.Random(7)
+    for _ in range(500):
+        n = rng.randint(1, 30)
+        k = rng.randint(1, n)
+        costs = [float(rng.choice([0, 1, 2, 5])) if rng.random() < 0.4 else rng.uniform(0, 10) for _ in range(n)]
+        assert partition(costs, k).bounds == full_scan(costs, k), (costs, k)

@@ -156,3 +156,37 @@ def test_megatron_accounting_and_fp8():
     assert f8.step_time < bf.step_time and f8.memory.total == pytest.approx(bf.memory.total)
     with pytest.raises(ValueError, match="fp8"):
         make_cluster("a100-80gb", 8, dtype="fp8")
+
+
+@pytest.mark.parametrize("sched,p,m,v", [("1f1b", 4, 16, 1), ("1f1b", 1, 3, 1), ("gpipe", 4, 11, 1),
+                                         ("zb-h1", 4, 12, 1), ("zb-h1", 8, 9, 1), ("interleaved", 4, 16, 2),
+                                         ("interleaved", 2, 8, 3), ("interleaved", 8, 16, 4), ("zb-v", 4, 8, 2),
+                                         ("dualpipe-v", 4, 8, 2)])
+def test_replay_is_the_simulator_bit_for_bit(sched, p, m, v):
+    import random
+
+    from par3d.pipeline.simulate import simulate
+    from par3d.plan.replay import program, replay
+
+    rng = random.Random(p * 100 + m * 10 + v)
+    for transfer in (0.0, 0.37):
+        dur = {}
+        for s in range(p * v):
+            f, b = rng.uniform(0.5, 2.0), rng.uniform(1.0, 4.0)
+            dur.update({(s, "F"): f, (s, "B"): b, (s, "BI"): b * rng.uniform(0.3, 0.7), (s, "BW"): b / 2})
+        tl = simulate(build(sched, p, m, v), p, m, v, durations=dur, transfer=transfer)
+        ms, bubble, busy = replay(program(sched, p, m, v), dur, transfer)
+        assert (ms, bubble, busy) == (tl.makespan, tl.bubble_wall, tl.busy)
+
+
+def test_counted_peaks_are_the_checkers():
+    from par3d.plan.cost import counted_peaks
+
+    for p in range(1, 13):
+        for m in range(1, 3 * p + 1):
+            for sched, vs in (("gpipe", [1]), ("1f1b", [1]), ("zb-h1", [1]), ("interleaved", [2, 3, 4])):
+                for v in vs:
+                    if sched == "interleaved" and m % p:
+                        continue
+                    assert counted_peaks(sched, p, m, v) == tuple(check(build(sched, p, m, v), p, m, v).peak_inflight), \
+                        (sched, p, m, v)

@@ -40,7 +40,6 @@ from functools import lru_cache
 
 from par3d.pipeline.partition import gpt_partition
 from par3d.pipeline.schedules import build, check
-from par3d.pipeline.simulate import Timeline, simulate
 
 try:  # the checker's counting step alone (cheap); check() also proves the order deadlock-free
     from par3d.pipeline.schedules import peak_inflight as _count_peaks
@@ -58,6 +57,7 @@ from .compute import (
 from .hardware import TFLOPS, Cluster, Link
 from .memory import (
     ACT_BYTES,
+    FRAGMENTATION,
     MemoryBreakdown,
     RankShape,
     layer_activation_bytes,
@@ -67,6 +67,7 @@ from .memory import (
 )
 from .models import ModelSpec
 from .profile import Profile, contention
+from .replay import program, replay
 
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write master, m, v + bf16 weight (14 B)
 
@@ -149,7 +150,7 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int) -> tuple[RankShape, 
             if lay.embed[s]:
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
-                params += (model.head_params() if (not model.tied or pp > 1) else 2 * model.hidden) / tp
+                params += (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
         out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages)))
     return tuple(out)
 
@@ -167,17 +168,40 @@ def peak_inflight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     if p == 1:
         return (1 if schedule != "gpipe" else m,)
     mm = min(m, 2 * p)
-    peaks = _checked_peaks(schedule, p, mm, v)
+    peaks = counted_peaks(schedule, p, mm, v)
     if schedule == "gpipe" and mm < m:
         return (m,) * p
     return peaks
 
 
 @lru_cache(maxsize=4096)
+def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """The checker's peak counts, counted from the builders' warm-up rules (pipeline/schedules.py)
+    instead of building the lists: building them was most of the search's time.  Rank r:
+    - GPipe: m;  1F1B: w = min(p-r-1, m) warm-up forwards, then F/B pairs: min(p - r, m);
+    - interleaved: w = min(2(p-r-1) + (v-1)p, m·v) warm-up units, then F/B pairs: min(w + 1, m·v);
+    - ZB-H1: w = min(p-r-1, m), then F/BI pairs with up to r BWs deferred: w + 1 + min(r, m-w-1).
+    A test compares them with the checker on every (p, m, v) up to p = 12; `validate_schedule`
+    compares them again on every plan it reports."""
+    out = []
+    for r in range(p):
+        if schedule == "gpipe":
+            out.append(m)
+        elif schedule == "1f1b":
+            out.append(min(p - r, m))
+        elif schedule == "interleaved":
+            out.append(min(min(2 * (p - r - 1) + (v - 1) * p, m * v) + 1, m * v))
+        elif schedule == "zb-h1":
+            w = min(p - r - 1, m)
+            out.append(w if m - w < 1 else w + 1 + min(r, m - w - 1))
+        else:
+            return _checked_peaks(schedule, p, m, v)
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
 def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """The checker's peak counts.  During the search only the counting part runs (the schedule
-    builders are validated by their own tests); `validate_schedule` runs the full check on the
-    plans that are reported."""
+    """The checker's peak counts from the built schedule."""
     sched = build(schedule, p, m, v)
     if _count_peaks is not None:
         return tuple(_count_peaks(sched))
@@ -186,9 +210,14 @@ def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
 
 @lru_cache(maxsize=256)
 def validate_schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Full check (dependencies, deadlock freedom) of a reported plan's schedule, at min(m, 2p)."""
+    """Full check (dependencies, deadlock freedom) of a reported plan's schedule, at min(m, 2p), and
+    the check that the search's peak counts are the checker's."""
     mm = min(m, 2 * p) if p > 1 else m
-    return tuple(check(build(schedule, p, mm, v), p, mm, v).peak_inflight)
+    peaks = tuple(check(build(schedule, p, mm, v), p, mm, v).peak_inflight)
+    if p > 1 and peaks != counted_peaks(schedule, p, mm, v):
+        raise AssertionError(f"{schedule} p={p} m={mm} v={v}: counted peaks {counted_peaks(schedule, p, mm, v)} "
+                             f"differ from the checker's {peaks}")
+    return peaks
 
 
 # ---- per-stage durations -------------------------------------------------------------------------
@@ -395,7 +424,7 @@ _SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...]]] = {}
 
 
 def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float]]:
-    """(makespan, bubble_wall, busy per rank) from pipeline/simulate.py.
+    """(makespan, bubble_wall, busy per rank) of pipeline/simulate.py's recurrence.
 
     Cached on (schedule, p, m, v, durations normalised by their maximum and rounded to 6 significant
     digits): a makespan scales linearly when all durations and the transfer time do.
@@ -407,9 +436,10 @@ def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float
            float(f"{st.transfer / scale:.6g}"))
     hit = _SIM_CACHE.get(key)
     if hit is None:
-        tl: Timeline = simulate(build(c.schedule, c.pp, c.microbatches, c.virtual_stages), c.pp,
-                                c.microbatches, c.virtual_stages, durations=dur, transfer=st.transfer)
-        hit = (tl.makespan / scale, tl.bubble_wall, tuple(b / scale for b in tl.busy))
+        # the simulator's numbers, bit for bit, without building its events (plan/replay.py)
+        ms, bubble_wall, busy = replay(program(c.schedule, c.pp, c.microbatches, c.virtual_stages), dur,
+                                       st.transfer)
+        hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy))
         _SIM_CACHE[key] = hit
     return hit[0] * scale, hit[1], [b * scale for b in hit[2]]
 
@@ -427,10 +457,14 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
                                        cluster.dtype, c.cp, flash)
+    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
+    # this picks the rank rank_memory would find heaviest
+    act_scale = 1.0 + FRAGMENTATION
+    logits = logits_bytes(model, c.micro_batch, c.tp, c.cp)
     arg, top = 0, -1.0
     for r, shape in enumerate(shapes):
-        est = (w + g + o) * shape.params + peaks[r] * per_layer * sum(shape.layers) / len(shape.layers) \
-            + (logits_bytes(model, c.micro_batch, c.tp, c.cp) if shape.head else 0.0)
+        est = (w + g + o) * shape.params + act_scale * (
+            peaks[r] * (sum(shape.layers) / len(shape.layers)) * per_layer + (logits if shape.head else 0.0))
         if est > top:
             arg, top = r, est
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
@@ -532,14 +566,15 @@ def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
 
 def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
              st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None,
-             opts: Options | None = None) -> Plan:
+             opts: Options | None = None, validate: bool = True) -> Plan:
     """Memory and simulated step time of one configuration; it fits when the heaviest rank leaves
-    `opts.memory_headroom` of the GPU free."""
+    `opts.memory_headroom` of the GPU free.  `validate` runs the schedule checker (the search runs
+    it on the plans it reports only)."""
     opts = opts or DEFAULT_OPTIONS
     st = st or stage_times(model, cluster, c)
     mem_b, mem_r = mem or memory(model, cluster, c, opts)
     makespan, bubble_wall, busy = simulate_stages(st, c)
-    if c.pp > 1:
+    if c.pp > 1 and validate:
         validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     prof = cluster.profile
     slow, overhead = 1.0, 0.0

@@ -34,6 +34,7 @@ from .cost import (
     optimizer_time,
     rank_busy,
     stage_times,
+    validate_schedule,
 )
 from .hardware import Cluster
 from .models import ModelSpec
@@ -89,7 +90,9 @@ class Result:
     simulated: int = 0
     rejected: Counter = field(default_factory=Counter)
     fastest_unfit: Plan | None = None  # the fastest candidate ruled out by memory alone, if faster
-    per_layout: dict = field(default_factory=dict)  # (tp, pp, dp) -> the fitting candidate of least bound
+    nearest_unfit: Plan | None = None  # with nothing fitting: the candidate needing the least memory
+    per_layout: dict = field(default_factory=dict)  # (tp, cp, pp, dp) -> its fitting candidates (queue items)
+    limits: Limits | None = None  # the limits searched under
 
 
 def divisors(n: int) -> list[int]:
@@ -185,13 +188,14 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     fixed = fixed or Fixed()
     limits = limits or Limits()
     opts = opts or DEFAULT_OPTIONS
-    res = Result([])
+    res = Result([], limits=limits)
     cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
     # (lower bound of step time, tie-breaker, choice, stage times, memory)
     queue: list[tuple[float, int, Choice, object, object]] = []
     unfit: list[tuple[float, int, Choice, object, object]] = []
+    nearest: tuple[float, Choice, object] | None = None  # least memory among the candidates that do not fit
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
                                                              res.rejected):
         local = model.seq_len // cp  # SP splits this rank's tokens over tp
@@ -203,24 +207,41 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
             sps = [tp > 1 and local % tp == 0]
         for sp in sps:
             for rec in recs:
-                smallest = None
+                first = None  # the least-ZeRO candidate, when none fits
+                st = None  # stage times do not depend on ZeRO stages 0-2
+                fitted = False
                 for z in zeros:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
                     c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
-                    if smallest is None:
-                        smallest = (c, mem)
-                    if mem[0].total <= cap:
-                        smallest = None
-                        _push(queue, model, cluster, c, mem, limits, res, top)
-                        break
-                else:
+                    total = mem[0].total
+                    if total <= cap:
+                        # every fitting stage is a candidate: a higher stage needs less memory but is not
+                        # always slower (ZeRO-1 shards the optimizer step and reduce-scatters half of an
+                        # all-reduce), so keeping only the smallest would change what the search returns
+                        fitted = True
+                        if z >= 3 or st is None:
+                            st_z = stage_times(model, cluster, c)
+                            if z < 3:
+                                st = st_z
+                        else:
+                            st_z = st
+                        _push(queue, model, cluster, c, mem, limits, res, top, st_z)
+                        continue
+                    if first is None:
+                        first = (c, mem)
+                    if nearest is None or total < nearest[0]:
+                        nearest = (total, c, mem)
+                if not fitted:
                     res.rejected["does not fit in memory"] += 1
-                if smallest is not None and report_unfit:  # remember the fastest-looking configurations that do not fit
-                    unfit.append(_bound(model, cluster, smallest[0], smallest[1]))
+                    if first is not None and report_unfit:  # the fastest-looking configurations that do not fit
+                        unfit.append(_bound(model, cluster, first[0], first[1]))
     res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens, opts)
+    if not res.plans and nearest is not None:
+        res.nearest_unfit = evaluate(model, cluster, nearest[1], train_tokens, mem=nearest[2], opts=opts)  # type: ignore
+        res.simulated += 1
     if unfit:
         unfit.sort(key=lambda t: t[0])
         best_unfit = evaluate(model, cluster, unfit[0][2], train_tokens, unfit[0][3], unfit[0][4],  # type: ignore
@@ -234,16 +255,17 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
 _counter = [0]
 
 
-def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object) -> tuple[float, int, Choice, object, object]:
-    st = stage_times(model, cluster, c)
+def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object,
+           st: object = None) -> tuple[float, int, Choice, object, object]:
+    st = st or stage_times(model, cluster, c)
     lb = makespan_lower_bound(st, c) + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
     _counter[0] += 1
     return (lb, _counter[0], c, st, mem)
 
 
 def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: object, limits: Limits,
-          res: Result, top: int) -> None:
-    item = _bound(model, cluster, c, mem)
+          res: Result, top: int, st: object = None) -> None:
+    item = _bound(model, cluster, c, mem, st)
     if limits.max_bubble is not None:
         # bubble_wall >= 1 - max busy / makespan >= 1 - max busy / bound: a safe early rejection
         st = item[3]
@@ -253,9 +275,7 @@ def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: objec
             res.rejected["bubble above --max-bubble"] += 1
             return
     heapq.heappush(queue, item)
-    key = (c.tp, c.cp, c.pp, c.dp)
-    if key not in res.per_layout or item[0] < res.per_layout[key][0]:
-        res.per_layout[key] = item
+    res.per_layout.setdefault((c.tp, c.cp, c.pp, c.dp), []).append(item)
 
 
 def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limits, res: Result, top: int,
@@ -263,24 +283,40 @@ def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limi
     best: list[Plan] = []
     while queue:
         lb, _, c, st, mem = heapq.heappop(queue)
-        if len(best) >= top and lb >= best[-1].step_time:
+        if len(best) >= top and lb > best[-1].step_time:  # ties may still rank above: simulate them
             break
-        plan = evaluate(model, cluster, c, train_tokens, st, mem, opts)
+        plan = evaluate(model, cluster, c, train_tokens, st, mem, opts, validate=False)
         res.simulated += 1
         if limits.max_bubble is not None and plan.bubble_fraction > limits.max_bubble:
             res.rejected["bubble above --max-bubble"] += 1
             continue
         best.append(plan)
-        best.sort(key=lambda p: (p.step_time, p.memory.total))
+        best.sort(key=lambda p: (p.step_time, p.choice.zero_stage, p.memory.total))
         del best[top:]
+    for plan in best:  # the full check of what is reported
+        c = plan.choice
+        if c.pp > 1:
+            validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     return best
 
 
 def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int = 8,
                     train_tokens: float = 300e9, opts: Options | None = None) -> list[Plan]:
-    """For `--explain`: the simulated best-bound plan of each (tp, cp, pp, dp) layout, fastest first."""
-    items = sorted(res.per_layout.values(), key=lambda t: t[0])[:limit]
-    plans = [evaluate(model, cluster, c, train_tokens, st, mem, opts) for _, _, c, st, mem in items]
+    """For `--explain`: the fastest plan of each (tp, cp, pp, dp) layout (the `limit` layouts of least
+    bound), found by the same bound-ordered simulation as the search, so the winner's layout shows
+    the winner itself (same v, micro-batch, recompute, ...)."""
+    layouts = sorted(res.per_layout.items(), key=lambda kv: min(t[0] for t in kv[1]))[:limit]
+    win = res.plans[0].choice if res.plans else None
+    plans = []
+    for key, items in layouts:
+        if win is not None and key == (win.tp, win.cp, win.pp, win.dp):
+            plans.append(res.plans[0])
+            continue
+        queue = list(items)
+        heapq.heapify(queue)
+        scratch = Result([])
+        best = _simulate_best(queue, model, cluster, res.limits or Limits(), scratch, 1, train_tokens, opts)
+        plans.extend(best)
     return sorted(plans, key=lambda p: p.step_time)
 
 

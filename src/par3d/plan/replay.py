@@ -1,0 +1,136 @@
+"""The simulator's recurrence, compiled once per schedule and replayed for many duration sets.
+
+`pipeline/simulate.py` times a schedule action by action: an action starts when its rank is free
+and its inputs have arrived (`transfer` later when they come from another rank), and it builds an
+`Event` for each action.  The search times thousands of duration sets on a few dozen schedules, so
+here the schedule is turned once into a flat program — per action its rank, the index of its
+duration and the indices of what it waits for — and replayed with plain float arithmetic.
+
+The numbers are the simulator's, bit for bit: every start is the same `max` of the same sums, busy
+time is accumulated per rank as `(start + t) - start` in start order, the makespan is the largest
+end, and the bubble is `1 - sum(busy) / (p · makespan)` (tests/test_plan_model.py compares them
+with `simulate` on every schedule).  Start times do not depend on which dependency-respecting order
+the actions are visited in, so the program uses a cheap topological order rather than the
+checker's; `cost.validate_schedule` still runs the full check on every reported plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from par3d.pipeline.schedules import ScheduleError, build, placement
+
+
+@dataclass(frozen=True)
+class Program:
+    p: int
+    keys: tuple[tuple[int, str], ...]  # (stage, kind) of each duration slot
+    ranks: tuple[int, ...]  # per action, in a dependency-respecting order
+    slots: tuple[int, ...]  # per action, index into `keys`
+    deps: tuple[tuple[tuple[int, bool], ...], ...]  # per action: (action index, from another rank?)
+
+
+KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
+
+
+@lru_cache(maxsize=128)
+def program(schedule: str, p: int, m: int, v: int) -> Program:
+    """Compile `build(schedule, p, m, v)`: each rank runs its list in order; an action runs once all
+    its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
+    waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
+    int so the compile is list indexing rather than tuple hashing."""
+    sched = build(schedule, p, m, v)
+    n_stages = p * v
+    span = n_stages * m
+    f0, b0, bi0, bw0 = (KIND_CODE[k] * span for k in ("F", "B", "BI", "BW"))
+    flat = [a for acts in sched for a in acts]
+    where = placement(sched)  # the rank of each stage, read off the schedule (round-robin or V)
+    rank_of = [where[st] for st in range(n_stages)]
+    codes = [KIND_CODE[a.kind] * span + a.stage * m + a.microbatch for a in flat]
+    present = bytearray(4 * span)
+    for c in codes:
+        present[c] = 1
+    # the rule of schedules.dependencies, on codes: F waits for F of the previous stage; BW for its
+    # BI; B and BI for their own F and for the next stage's BI (when it split its B) or B
+    dep_codes: list[tuple[int, ...]] = []
+    for a in flat:
+        sm = a.stage * m + a.microbatch
+        if a.kind == "F":
+            dep_codes.append((f0 + sm - m,) if a.stage > 0 else ())
+        elif a.kind == "BW":
+            dep_codes.append((bi0 + sm,))
+        elif a.stage < n_stages - 1:
+            nb = bi0 + sm + m
+            dep_codes.append((f0 + sm, nb if present[nb] else b0 + sm + m))
+        else:
+            dep_codes.append((f0 + sm,))
+    slot_codes = [KIND_CODE[a.kind] * n_stages + a.stage for a in flat]
+    starts = [0]
+    for acts in sched:
+        starts.append(starts[-1] + len(acts))
+    index = [-1] * (4 * span)  # code -> position in the program
+    slot_of: dict[int, int] = {}
+    ranks: list[int] = []
+    slots: list[int] = []
+    deps: list[tuple[tuple[int, bool], ...]] = []
+    waiting: dict[int, list[int]] = {}
+    nxt = starts[:-1]
+    todo = list(range(p - 1, -1, -1))
+    while todo:
+        r = todo.pop()
+        j, stop = nxt[r], starts[r + 1]
+        while j < stop:
+            ds = dep_codes[j]
+            blocked = -1
+            for d in ds:
+                if index[d] < 0:
+                    blocked = d
+                    break
+            if blocked >= 0:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            c = codes[j]
+            index[c] = len(ranks)
+            ranks.append(r)
+            sc = slot_codes[j]
+            k = slot_of.get(sc)
+            if k is None:
+                k = slot_of[sc] = len(slot_of)
+            slots.append(k)
+            # a code's stage is (code % span) // m
+            deps.append(tuple((index[d], rank_of[(d % span) // m] != r) for d in ds))
+            j += 1
+            w = waiting.pop(c, None)
+            if w is not None:
+                todo.extend(w)
+        nxt[r] = j
+    if len(ranks) != starts[-1]:
+        raise ScheduleError(f"{schedule} p={p} m={m} v={v}: the schedule deadlocks")
+    kinds = ("F", "B", "BI", "BW")
+    keys = tuple((sc % n_stages, kinds[sc // n_stages]) for sc in sorted(slot_of, key=slot_of.__getitem__))
+    return Program(p, keys, tuple(ranks), tuple(slots), tuple(deps))
+
+
+def replay(prog: Program, durations: dict[tuple[int, str], float],
+           transfer: float) -> tuple[float, float, list[float]]:
+    """(makespan, bubble_wall, busy per rank) exactly as `simulate(...)` reports them."""
+    dur = [float(durations[k]) for k in prog.keys]
+    free = [0.0] * prog.p
+    busy = [0.0] * prog.p
+    end = [0.0] * len(prog.ranks)
+    makespan = 0.0
+    for i, (r, k, ds) in enumerate(zip(prog.ranks, prog.slots, prog.deps)):
+        start = free[r]
+        for d, cross in ds:
+            e = end[d] + transfer if cross else end[d] + 0.0
+            if e > start:
+                start = e
+        stop = start + dur[k]
+        end[i] = stop
+        free[r] = stop
+        busy[r] += stop - start
+        if stop > makespan:
+            makespan = stop
+    bubble = 1.0 - sum(busy) / (prog.p * makespan) if makespan > 0 else 0.0
+    return makespan, bubble, busy

@@ -1,0 +1,77 @@
+"""The pruned search (bounds, cached simulations, counted peaks, replayed timelines) returns what an
+exhaustive search returns: every configuration of the same space, memory from every rank with the
+checker's peaks, time from pipeline/simulate.py itself."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from par3d.pipeline.schedules import build, check
+from par3d.pipeline.simulate import simulate
+from par3d.plan.cost import (
+    DEFAULT_OPTIONS,
+    Choice,
+    dp_tail,
+    durations_of,
+    optimizer_time,
+    rank_shapes,
+    stage_times,
+)
+from par3d.plan.hardware import make_cluster
+from par3d.plan.memory import rank_memory
+from par3d.plan.models import CATALOGUE, ModelSpec
+from par3d.plan.search import RECOMPUTE_ORDER, Fixed, Limits, enumerate_choices, search
+
+
+def exhaustive(model, cluster, batch, limits):
+    cap = DEFAULT_OPTIONS.capacity(cluster)
+    rows = []
+    for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, batch, Fixed(), limits, Counter()):
+        sp = tp > 1 and (model.seq_len // cp) % tp == 0
+        for rec in RECOMPUTE_ORDER:
+            for z in range(limits.max_zero_stage + 1):
+                if z > 0 and dp * cp == 1:
+                    continue
+                c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
+                peaks = check(build(sched, pp, m, v), pp, m, v).peak_inflight
+                mem = max(rank_memory(model, shape, peaks[r], tp=tp, dp=dp, b=mb, sp=sp, recompute=rec, zero=z,
+                                      dtype=cluster.dtype, v=v, cp=cp).total
+                          for r, shape in enumerate(rank_shapes(model, tp, pp, v)))
+                if mem > cap:
+                    continue
+                st = stage_times(model, cluster, c)
+                tl = simulate(build(sched, pp, m, v), pp, m, v, durations=durations_of(st, sched),
+                              transfer=st.transfer)
+                if limits.max_bubble is not None and tl.bubble_wall > limits.max_bubble:
+                    continue
+                step = tl.makespan + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
+                rows.append((step, z, mem, c))
+    rows.sort(key=lambda t: t[:3])
+    return rows
+
+
+CASES = [
+    ("gpt3-1.3b on 16 A100-40GB", CATALOGUE["gpt3-1.3b"], make_cluster("a100-40gb", 16), 32, Limits()),
+    ("13B on 16 A100, max bubble", ModelSpec("13b", 40, 5120, 40, 2048, 51200), make_cluster("a100-80gb", 16), 32,
+     Limits(max_bubble=0.2, max_virtual_stages=4)),
+    ("llama3-8b at 16K tokens on 16 H100 (cp searched)", replace(CATALOGUE["llama3-8b"], seq_len=16384),
+     make_cluster("h100-sxm", 16), 8, Limits(max_virtual_stages=4)),
+]
+
+
+@pytest.mark.parametrize("name,model,cluster,batch,limits", CASES, ids=[c[0] for c in CASES])
+def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, batch, limits):
+    top = 8
+    every = exhaustive(model, cluster, batch, limits)
+    ref = every[:top]
+    got = search(model, cluster, batch, limits=limits, top=top).plans
+    assert ref, "the exhaustive search found nothing: the case tests nothing"
+    assert [p.choice for p in got] == [c for *_, c in ref]
+    for p, (step, _, mem, _c) in zip(got, ref):
+        assert p.step_time == pytest.approx(step, rel=1e-6)
+        assert p.memory.total == pytest.approx(mem, rel=1e-9)
+    if "cp searched" in name:
+        assert any(c.cp > 1 for *_, c in every), "no plan with cp > 1 fits: the case does not test CP"
