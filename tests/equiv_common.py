@@ -11,14 +11,14 @@ TOL = 1e-5  # fp32: losses, gradients and parameters must agree to floating-poin
 def case(dp: int = 1, pp: int = 1, tp: int = 1, schedule: str = "1f1b", m: int | None = None, v: int = 1,
          zero: int = 0, sp: bool = False, vocab: int = 256, layers: int = 8, steps: int = 3,
          recompute: str = "none", tied: bool = False, global_batch: int = 16, seq_len: int = 16,
-         heads: int = 4, hidden: int = 32, dtype: str = "fp32", p2p: str = "auto") -> dict[str, Any]:
+         heads: int = 4, hidden: int = 32, dtype: str = "fp32", p2p: str = "auto", cp: int = 1) -> dict[str, Any]:
     m = m if m is not None else (1 if pp == 1 else 2 * pp)
     return {
         "model": {"vocab": vocab, "seq_len": seq_len, "layers": layers, "hidden": hidden, "heads": heads,
                   "tied_embeddings": tied},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": schedule, "microbatches": m,
                      "virtual_stages": v, "zero_stage": zero, "recompute": recompute, "sequence_parallel": sp,
-                     "p2p": p2p},
+                     "p2p": p2p, "cp": cp},
         "train": {"global_batch": global_batch, "micro_batch": global_batch // (m * dp), "steps": steps,
                   "lr": 2e-3, "min_lr": 2e-4, "warmup": 0, "seed": 0, "grad_clip": 1.0, "dtype": dtype,
                   "eps": 1e-6},  # Adam divides by sqrt(v): eps bounds how far it amplifies rounding,
@@ -31,7 +31,7 @@ def reference_of(cfg: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     ref = copy.deepcopy(cfg)
-    ref["parallel"].update(dp=1, pp=1, tp=1, schedule="1f1b", microbatches=1, virtual_stages=1, zero_stage=0,
+    ref["parallel"].update(dp=1, pp=1, tp=1, cp=1, schedule="1f1b", microbatches=1, virtual_stages=1, zero_stage=0,
                            sequence_parallel=False, recompute="none")
     ref["train"]["micro_batch"] = ref["train"]["global_batch"]
     return ref

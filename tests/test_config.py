@@ -43,12 +43,12 @@ def test_heads_not_divisible_by_tp_names_both_and_suggests_divisors():
 
 def test_every_violation_is_listed_at_once():
     with pytest.raises(ConfigError) as e:
-        make(model={"heads": 4, "hidden": 30}, parallel={"tp": 3, "schedule": "nope", "zero_stage": 3},
+        make(model={"heads": 4, "hidden": 30}, parallel={"tp": 3, "schedule": "nope", "zero_stage": 4},
              train={"dtype": "fp8", "lr": -1}).validate()
     probs = e.value.problems
     assert len(probs) >= 5
     joined = "\n".join(probs)
-    for needle in ("schedule='nope'", "zero_stage=3", "dtype='fp8'", "lr=-1", "heads=4"):
+    for needle in ("schedule='nope'", "zero_stage=4", "dtype='fp8'", "lr=-1", "heads=4"):
         assert needle in joined
 
 
@@ -148,3 +148,13 @@ def test_cli_rejects_unknown_p2p_before_spawning(capsys):
     assert main(["train", "--pp", "2", "--p2p", "rdma"]) == 2
     err = capsys.readouterr().err
     assert "parallel.p2p='rdma'" in err and "auto, shm, backend" in err
+
+
+def test_context_parallel_needs_two_chunks_per_rank_and_no_dropout():
+    with pytest.raises(ConfigError) as e:
+        make(model={"seq_len": 12, "dropout": 0.1}, parallel={"cp": 4}).validate()
+    joined = "\n".join(e.value.problems)
+    assert "cp=4: seq_len=12 is not divisible by 2 x cp = 8" in joined
+    assert "dropout" in joined
+    cfg = make(model={"seq_len": 16}, parallel={"cp": 2, "dp": 2, "zero_stage": 3}).validate()
+    assert cfg.parallel.world_size == 4

@@ -1,4 +1,4 @@
-"""Rank arithmetic: TP fastest, then PP, then DP (seed 2.5) — no processes needed."""
+"""Rank arithmetic: TP fastest, then CP, then PP, then DP (seed 2.5) — no processes needed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,34 @@ from par3d.mesh import Mesh
 
 def test_tp_is_innermost_then_pp_then_dp():
     m = Mesh(dp=2, pp=2, tp=2)
-    assert [tuple(vars(m.coord(r)).values()) for r in range(8)] == [
+    assert [(c.dp, c.pp, c.tp) for c in map(m.coord, range(8))] == [
         (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+
+
+def test_cp_sits_between_tp_and_pp():
+    """rank = ((dp·pp + pp_rank)·cp + cp_rank)·tp + tp_rank (DESIGN.md idea 3)."""
+    m = Mesh(dp=2, pp=2, tp=2, cp=2)
+    assert [(c.dp, c.pp, c.cp, c.tp) for c in map(m.coord, range(16))] == [
+        (d, p, k, t) for d in range(2) for p in range(2) for k in range(2) for t in range(2)]
+    assert m.cp_group(5) == [5, 7]
+    assert m.tp_group(5) == [4, 5]
+    assert m.pp_group(5) == [1, 5]
+    assert m.dp_group(5) == [5, 13]
+    assert m.dpcp_group(5) == [5, 7, 13, 15]  # the ranks holding rank 5's parameters
+    assert m.embed_group(5) == [1, 5]
+    assert m.pp_rank_to_global(5, 0) == 1
+
+
+@pytest.mark.parametrize("dp,pp,cp,tp", [(2, 2, 2, 1), (1, 3, 2, 2), (2, 1, 4, 1), (3, 2, 3, 2)])
+def test_groups_with_cp_partition_the_world(dp, pp, cp, tp):
+    m = Mesh(dp, pp, tp, cp)
+    for r in range(m.world_size):
+        c = m.coord(r)
+        assert m.rank(c.dp, c.pp, c.tp, c.cp) == r
+    for kind, size in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("dpcp", dp * cp)):
+        groups = m.all_groups(kind)
+        assert all(len(g) == size for g in groups)
+        assert sorted(itertools.chain.from_iterable(groups)) == list(range(m.world_size)), kind
 
 
 @pytest.mark.parametrize("dp,pp,tp", [(1, 1, 1), (2, 3, 4), (4, 2, 1), (1, 4, 2), (3, 1, 5)])

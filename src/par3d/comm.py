@@ -143,6 +143,21 @@ def irecv(t: torch.Tensor, src: int, group: Group, tag: int = 0) -> Any:
     return _timed(group, "recv", t, lambda: dist.irecv(t, src=src, group=group.pg, tag=tag))
 
 
+def exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group: Group, tag: int = 0) -> list[Any]:
+    """Send `send` to global rank `dst` and receive into `recv` from `src`, posted together (one
+    batched call: a ring's send and receive must not wait for each other under NCCL).  Returns
+    the work handles to wait on; nothing to do on a group of one."""
+    if group.size == 1:
+        return []
+    t0 = time.perf_counter()
+    ops = [dist.P2POp(dist.isend, send, dst, group.pg, tag), dist.P2POp(dist.irecv, recv, src, group.pg, tag)]
+    works = dist.batch_isend_irecv(ops)
+    dt = time.perf_counter() - t0
+    COUNTER.add(group.name, "send", send, dt)
+    COUNTER.add(group.name, "recv", recv, 0.0)
+    return list(works)
+
+
 # ---- the f and g operators ---------------------------------------------------------------------
 
 class _CopyToTP(torch.autograd.Function):

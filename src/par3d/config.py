@@ -71,7 +71,8 @@ class ParallelConfig:
     schedule: str = "1f1b"
     microbatches: int | None = None  # m; derived from global_batch when None
     virtual_stages: int = 1  # v, only for the interleaved schedule
-    zero_stage: int = 0  # 0 (plain DP) or 1 (sharded optimizer state)
+    zero_stage: int = 0  # 0 plain DP; ZeRO 1 optimizer state, 2 + gradients, 3 + parameters sharded
+    cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention)
     recompute: str = "none"
     sequence_parallel: bool = False
     # pipeline transfers: "auto" = shared memory between CPU ranks on one host, the backend's
@@ -80,7 +81,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
 
 @dataclass
@@ -173,7 +174,7 @@ class RunConfig:
         if not (isinstance(m.dropout, (int, float)) and 0.0 <= m.dropout < 1.0):
             errs.append(f"model.dropout={m.dropout!r} must be in [0, 1); use --dropout 0")
         ok_par = all([pos("parallel", "dp", p.dp), pos("parallel", "pp", p.pp), pos("parallel", "tp", p.tp),
-                      pos("parallel", "virtual_stages", p.virtual_stages)])
+                      pos("parallel", "cp", p.cp), pos("parallel", "virtual_stages", p.virtual_stages)])
         if ok_model and m.hidden % m.heads != 0:
             errs.append(f"model.hidden={m.hidden} is not divisible by heads={m.heads}; "
                         f"heads may be {_fmt_choices(divisors(m.hidden)[:12])}")
@@ -185,9 +186,17 @@ class RunConfig:
             if m.ffn % p.tp != 0:
                 errs.append(f"parallel.tp={p.tp}: ffn_hidden={m.ffn} is not divisible by tp={p.tp}; "
                             f"choose tp from {_fmt_choices(divisors(m.ffn)[:12])} or change --ffn-hidden")
-            if p.sequence_parallel and m.seq_len % p.tp != 0:
-                errs.append(f"parallel.sequence_parallel: seq_len={m.seq_len} is not divisible by tp={p.tp}; "
-                            f"use a seq_len that is a multiple of {p.tp} or drop --sequence-parallel")
+            if p.cp > 1 and m.seq_len % (2 * p.cp) != 0:
+                errs.append(f"parallel.cp={p.cp}: seq_len={m.seq_len} is not divisible by 2 x cp = {2 * p.cp} "
+                            f"(each CP rank holds two mirrored chunks of the sequence); use a --seq-len that "
+                            f"is a multiple of {2 * p.cp} or a smaller --cp")
+            elif p.sequence_parallel and (m.seq_len // p.cp) % p.tp != 0:
+                errs.append(f"parallel.sequence_parallel: seq_len={m.seq_len} / cp={p.cp} is not divisible by "
+                            f"tp={p.tp}; use a seq_len that is a multiple of {p.cp * p.tp} or drop "
+                            f"--sequence-parallel")
+            if p.cp > 1 and isinstance(m.dropout, (int, float)) and m.dropout > 0:
+                errs.append(f"parallel.cp={p.cp} with model.dropout={m.dropout}: ring attention has no "
+                            f"attention dropout; use --dropout 0 or --cp 1")
             n_chunks = p.pp * p.virtual_stages
             if m.layers < n_chunks:
                 errs.append(f"parallel.pp={p.pp} x virtual_stages={p.virtual_stages} = {n_chunks} pipeline "
@@ -210,8 +219,9 @@ class RunConfig:
                 errs.append(f"parallel.virtual_stages={p.virtual_stages} only applies to the interleaved "
                             f"schedule (schedule={p.schedule!r}); use --schedule interleaved or "
                             f"--virtual-stages 1")
-        if p.zero_stage not in (0, 1):
-            errs.append(f"parallel.zero_stage={p.zero_stage!r} is not supported by the runtime; use 0 or 1")
+        if p.zero_stage not in (0, 1, 2, 3):
+            errs.append(f"parallel.zero_stage={p.zero_stage!r} is unknown; use 0 (plain DP), 1 (optimizer "
+                        f"state sharded), 2 (+ gradients) or 3 (+ parameters)")
         if p.recompute not in RECOMPUTE:
             errs.append(f"parallel.recompute={p.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
         if p.p2p not in P2P:
@@ -262,7 +272,8 @@ class RunConfig:
                 errs.append(f"train.data={t.data!r} holds fewer than seq_len+1={m.seq_len + 1} bytes; "
                             f"give more text or a smaller --seq-len")
         if self.nproc is not None and ok_par and self.nproc != p.world_size:
-            errs.append(f"nproc={self.nproc} != dp x pp x tp = {p.world_size}; drop --nproc or make them equal")
+            errs.append(f"nproc={self.nproc} != dp x pp x cp x tp = {p.world_size}; drop --nproc or make them "
+                        f"equal")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
             errs.append(f"timeout_s={self.timeout_s!r} must be > 0 seconds")
         if self.synthetic_stage_ms is not None:

@@ -84,7 +84,7 @@ class DataParallel:
     def __init__(self, chunks: list[nn.Module], groups: Groups, train: TrainConfig, zero_stage: int = 0,
                  bucket_numel: int = 1 << 20):
         self.groups, self.train, self.zero = groups, train, zero_stage
-        self.dp = groups.dp
+        self.dp = groups.grad_group  # dp x cp: every rank holding these parameters
         self.sync = [False] * len(chunks)
         self.bufs: list[ChunkBuffers] = []
         self.step_count = 0

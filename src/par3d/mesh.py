@@ -1,12 +1,19 @@
-"""The layout of ranks: global rank <-> (dp, pp, tp) coordinates, in one place.
+"""The layout of ranks: global rank <-> (dp, pp, cp, tp) coordinates, in one place.
 
-TP varies fastest (consecutive ranks share a node's fast links), then PP, then DP — the seed's
-rule (section 2.5) that the most frequent communication gets the fastest link:
+TP varies fastest (consecutive ranks share a node's fast links), then CP (its ring passes K/V
+blocks in every attention layer, forward and backward), then PP, then DP — the seed's rule
+(section 2.5) that the most frequent communication gets the fastest link:
 
-    rank = (dp_rank * pp + pp_rank) * tp + tp_rank
+    rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 
-Nothing else in par3d does rank arithmetic.  The pure part (this class) needs no processes and
-no torch; `build_groups` creates the torch process groups from it.
+With cp = 1 this is the (dp, pp, tp) layout of before.  Nothing else in par3d does rank
+arithmetic.  The pure part (this class) needs no processes and no torch; `build_groups` creates
+the torch process groups from it.
+
+Groups (each the ranks that differ in one coordinate only): tp, cp, pp, dp; `dpcp` joins dp and
+cp — the ranks that hold the same parameters (a CP rank sees part of every sequence, a DP rank
+part of the batch), so gradients are reduced and ZeRO shards over it (as Megatron-LM's
+data-parallel-with-context group); `embed` is the first and last pipeline stage of a column.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ class Coord:
     dp: int
     pp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -27,55 +35,66 @@ class Mesh:
     dp: int
     pp: int
     tp: int
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "pp", "tp"):
+        for name in ("dp", "pp", "tp", "cp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"Mesh.{name}={v!r} must be an integer >= 1")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
-    def rank(self, dp: int, pp: int, tp: int) -> int:
-        if not (0 <= dp < self.dp and 0 <= pp < self.pp and 0 <= tp < self.tp):
-            raise ValueError(f"coordinate (dp={dp}, pp={pp}, tp={tp}) outside mesh {self}")
-        return (dp * self.pp + pp) * self.tp + tp
+    def rank(self, dp: int, pp: int, tp: int, cp: int = 0) -> int:
+        if not (0 <= dp < self.dp and 0 <= pp < self.pp and 0 <= tp < self.tp and 0 <= cp < self.cp):
+            raise ValueError(f"coordinate (dp={dp}, pp={pp}, cp={cp}, tp={tp}) outside mesh {self}")
+        return ((dp * self.pp + pp) * self.cp + cp) * self.tp + tp
 
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world of size {self.world_size}")
         tp = rank % self.tp
-        pp = (rank // self.tp) % self.pp
-        dp = rank // (self.tp * self.pp)
-        return Coord(dp, pp, tp)
+        cp = (rank // self.tp) % self.cp
+        pp = (rank // (self.tp * self.cp)) % self.pp
+        dp = rank // (self.tp * self.cp * self.pp)
+        return Coord(dp, pp, tp, cp)
 
     # ---- groups: each is a list of global ranks, ordered by the varying coordinate ----------
     def tp_group(self, rank: int) -> list[int]:
         c = self.coord(rank)
-        return [self.rank(c.dp, c.pp, t) for t in range(self.tp)]
+        return [self.rank(c.dp, c.pp, t, c.cp) for t in range(self.tp)]
+
+    def cp_group(self, rank: int) -> list[int]:
+        c = self.coord(rank)
+        return [self.rank(c.dp, c.pp, c.tp, k) for k in range(self.cp)]
 
     def pp_group(self, rank: int) -> list[int]:
         c = self.coord(rank)
-        return [self.rank(c.dp, p, c.tp) for p in range(self.pp)]
+        return [self.rank(c.dp, p, c.tp, c.cp) for p in range(self.pp)]
 
     def dp_group(self, rank: int) -> list[int]:
         c = self.coord(rank)
-        return [self.rank(d, c.pp, c.tp) for d in range(self.dp)]
+        return [self.rank(d, c.pp, c.tp, c.cp) for d in range(self.dp)]
+
+    def dpcp_group(self, rank: int) -> list[int]:
+        """Every rank holding the same parameters as `rank` (same pp and tp), in rank order."""
+        c = self.coord(rank)
+        return sorted(self.rank(d, c.pp, c.tp, k) for d in range(self.dp) for k in range(self.cp))
 
     def embed_group(self, rank: int) -> list[int]:
-        """First and last pipeline stage of this (dp, tp) column: they hold the two copies of a
+        """First and last pipeline stage of this (dp, cp, tp) column: they hold the two copies of a
         tied embedding and sum its gradient.  A single rank when pp == 1."""
         c = self.coord(rank)
-        ends = sorted({self.rank(c.dp, 0, c.tp), self.rank(c.dp, self.pp - 1, c.tp)})
+        ends = sorted({self.rank(c.dp, 0, c.tp, c.cp), self.rank(c.dp, self.pp - 1, c.tp, c.cp)})
         return ends
 
     def all_groups(self, kind: str) -> list[list[int]]:
         """Every distinct group of one kind, in a fixed order (all ranks must create groups in
         the same order)."""
-        fn = {"tp": self.tp_group, "pp": self.pp_group, "dp": self.dp_group,
-              "embed": self.embed_group}[kind]
+        fn = {"tp": self.tp_group, "cp": self.cp_group, "pp": self.pp_group, "dp": self.dp_group,
+              "dpcp": self.dpcp_group, "embed": self.embed_group}[kind]
         seen: list[list[int]] = []
         for r in range(self.world_size):
             g = fn(r)
@@ -86,14 +105,14 @@ class Mesh:
     def stage_neighbours(self, rank: int) -> tuple[int | None, int | None]:
         """(previous, next) rank along the pipeline, None at the ends (no wrap-around)."""
         c = self.coord(rank)
-        prev_r = self.rank(c.dp, c.pp - 1, c.tp) if c.pp > 0 else None
-        next_r = self.rank(c.dp, c.pp + 1, c.tp) if c.pp < self.pp - 1 else None
+        prev_r = self.rank(c.dp, c.pp - 1, c.tp, c.cp) if c.pp > 0 else None
+        next_r = self.rank(c.dp, c.pp + 1, c.tp, c.cp) if c.pp < self.pp - 1 else None
         return prev_r, next_r
 
     def pp_rank_to_global(self, rank: int, pp_rank: int) -> int:
-        """Global rank of pipeline rank `pp_rank` in this rank's (dp, tp) column."""
+        """Global rank of pipeline rank `pp_rank` in this rank's (dp, cp, tp) column."""
         c = self.coord(rank)
-        return self.rank(c.dp, pp_rank % self.pp, c.tp)
+        return self.rank(c.dp, pp_rank % self.pp, c.tp, c.cp)
 
 
 @dataclass
@@ -122,8 +141,17 @@ class Groups:
     embed: Group
     world: Group
     pp_grad: Group | None = None  # same ranks as pp; a second channel for backward transfers
+    cp: Group | None = None  # None only for Groups built by hand; build_groups always sets it
+    dpcp: Group | None = None  # dp x cp: where gradients are reduced and ZeRO shards (= dp when cp == 1)
 
+    @property
+    def cp_group(self) -> Group:
+        return self.cp if self.cp is not None else Group("cp", [self.global_rank], 0, None)
 
+    @property
+    def grad_group(self) -> Group:
+        """The ranks that hold this rank's parameters: gradients are summed over it."""
+        return self.dpcp if self.dpcp is not None else self.dp
 
 
 def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -> Groups | None:
@@ -139,7 +167,8 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
     # collective whose peer died fails within the run's --timeout
     kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    for kind in ("tp", "pp", "dp", "embed", "pp_grad"):
+    kinds = ["tp", "cp", "pp", "dp", "embed", "pp_grad"] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
+    for kind in kinds:
         for ranks in mesh.all_groups("pp" if kind == "pp_grad" else kind):
             pg = dist.new_group(ranks, **kw) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
@@ -156,6 +185,9 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     # middle pipeline stages hold no embedding copy: a group of their own
     made.setdefault("embed", Group("embed", [global_rank], 0, None))
     made["world"] = Group("world", world_ranks, global_rank, world_pg)
+    # dp x cp is the dp group when cp == 1 and the cp group when dp == 1: no second communicator
+    dpcp = made.get("dpcp") or (made["dp"] if mesh.cp == 1 else made["cp"])
+    dpcp = Group("dp", dpcp.ranks, dpcp.rank, dpcp.pg)  # counted as DP traffic either way
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"], made["pp_grad"])
+                  made["embed"], made["world"], made["pp_grad"], made["cp"], dpcp)
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from par3d import comm
+from par3d import comm, context_parallel
 from par3d.config import ModelConfig
 from par3d.mesh import Group
 from par3d.tensor_parallel import (
@@ -53,6 +53,11 @@ class ModelContext:
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective (attention core) | full (whole block)
     dtype: torch.dtype = torch.float32
+    cp: Group | None = None  # context parallelism (context_parallel.py); None or size 1: whole sequences
+
+    @property
+    def cp_size(self) -> int:
+        return 1 if self.cp is None else self.cp.size
 
 
 def _layer_norm(hidden: int, ctx: ModelContext) -> nn.LayerNorm:
@@ -81,12 +86,14 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)  # [b, s, h], or [b, s/E, h] with sequence parallelism
         s = tokens.shape[1]
+        pos = self.pos[:s]
+        if self.ctx.cp_size > 1:  # this CP rank's two chunks of the sequence (context_parallel.py)
+            pos = self.pos[context_parallel.local_positions(s * self.ctx.cp_size, self.ctx.cp_size,
+                                                            self.ctx.cp.rank)]  # type: ignore[union-attr]
         if self.sp:
             n = s // self.ctx.tp.size
-            x = x + self.pos[self.ctx.tp.rank * n:(self.ctx.tp.rank + 1) * n]
-        else:
-            x = x + self.pos[:s]
-        return self.drop(x)
+            pos = pos[self.ctx.tp.rank * n:(self.ctx.tp.rank + 1) * n]
+        return self.drop(x + pos)
 
 
 class Attention(nn.Module):
@@ -105,6 +112,8 @@ class Attention(nn.Module):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(QKᵀ/√d)V per head — the part selective recomputation drops and redoes."""
+        if self.ctx.cp_size > 1:  # the sequence is split over CP ranks: a ring of K/V blocks
+            return context_parallel.ring_attention(q, k, v, self.ctx.cp)  # type: ignore[arg-type]
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               dropout_p=self.p_drop if self.training else 0.0)
 

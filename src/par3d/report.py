@@ -73,7 +73,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     world = r0.get("world", [])
     bs = int(cfg.train.micro_batch or 1) * cfg.model.seq_len  # tokens per micro-batch (the seed's b·s)
     rep: dict[str, Any] = {
-        "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "schedule": pc.schedule, "microbatches": pc.microbatches,
+        "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "cp": pc.cp, "schedule": pc.schedule, "microbatches": pc.microbatches,
                    "virtual_stages": pc.virtual_stages, "zero_stage": pc.zero_stage, "recompute": pc.recompute,
                    "sequence_parallel": pc.sequence_parallel, "dtype": cfg.train.dtype,
                    "p2p_transport": r0.get("p2p_transport", "none")},

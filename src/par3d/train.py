@@ -83,8 +83,9 @@ class _Rank:
 
     @property
     def first_in_replica(self) -> bool:
-        """dp = 0, tp = 0: the rank that returns timelines and full tensors."""
-        return self.groups.coord.dp == 0 and self.groups.coord.tp == 0
+        """dp = 0, cp = 0, tp = 0: the rank that returns timelines and full tensors."""
+        c = self.groups.coord
+        return c.dp == 0 and c.tp == 0 and c.cp == 0
 
 
 @dataclass
@@ -116,7 +117,7 @@ def worker(cfg_dict: dict[str, Any], options: RunOptions | Mapping[str, Any] | N
     _start_pipeline(r)
     hooks = opts.faults or FaultInjector.from_env() or RunHooks()
     tally = _Tally()
-    if opts.capture_logits and cfg.parallel.pp == 1:
+    if opts.capture_logits and cfg.parallel.pp == 1 and cfg.parallel.cp == 1:
         _capture_logits(r, tally)
     _reset_counter(opts.keep_sizes or cfg.comm_report)
     last_step = cfg.train.steps if opts.stop_at_step is None else min(cfg.train.steps, opts.stop_at_step)
@@ -159,7 +160,7 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
 
-    mesh = Mesh(pc.dp, pc.pp, pc.tp)
+    mesh = Mesh(pc.dp, pc.pp, pc.tp, pc.cp)
     groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s)
     if groups is None:
         return None
@@ -170,7 +171,7 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
 
     part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
-                       recompute=pc.recompute, dtype=dtype)
+                       recompute=pc.recompute, dtype=dtype, cp=groups.cp)
     chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]).to(device) for k in range(v)]
     dpar = DataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
     return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data), part)
@@ -185,7 +186,8 @@ def _start_pipeline(r: _Rank) -> None:
     p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
     schedule = build(pc.schedule, p, m, v)
     r.report = check(schedule, p, m, v)
-    s_local = mc.seq_len // pc.tp if r.chunks[0].ctx.sequence_parallel else mc.seq_len
+    s_local = mc.seq_len // pc.cp  # this CP rank's two chunks of every sequence
+    s_local = s_local // pc.tp if r.chunks[0].ctx.sequence_parallel else s_local
     r.runtime = PipelineRuntime(r.chunks, schedule[r.groups.coord.pp], r.groups, p, m, v,
                                 (tc.micro_batch, s_local, mc.hidden), r.dtype, r.device,
                                 set_sync=r.dpar.set_sync, synthetic_ms=r.cfg.synthetic_stage_ms,
@@ -251,13 +253,15 @@ def _train_step(r: _Rank, step: int, loss_scale: float) -> tuple[dict[str, Any],
     import torch
 
     from par3d import comm
+    from par3d.context_parallel import split_sequence
     from par3d.data import rank_microbatches
 
     cfg, c, dpar = r.cfg, r.groups.coord, r.dpar
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
     t0 = time.perf_counter()
-    mbs = [(torch.from_numpy(np.ascontiguousarray(x)).to(r.device),
-            torch.from_numpy(np.ascontiguousarray(y)).to(r.device))
+    cp = r.groups.cp_group  # each CP rank takes its two chunks of every sequence
+    mbs = [(split_sequence(torch.from_numpy(np.ascontiguousarray(x)).to(r.device), cp),
+            split_sequence(torch.from_numpy(np.ascontiguousarray(y)).to(r.device), cp))
            for x, y in rank_microbatches(r.corpus, tc.seed, step, tc.global_batch, mc.seq_len,
                                          pc.dp, c.dp, pc.microbatches)]
     dpar.start_step()
@@ -265,7 +269,7 @@ def _train_step(r: _Rank, step: int, loss_scale: float) -> tuple[dict[str, Any],
     dpar.finish()
     loss_t = torch.tensor([res.loss_sum], dtype=torch.float64, device=r.device)  # NCCL needs device tensors
     comm.all_reduce(loss_t, r.groups.pp)
-    comm.all_reduce(loss_t, r.groups.dp)
+    comm.all_reduce(loss_t, r.groups.grad_group)  # dp x cp: every token of the global batch
     loss = float(loss_t)
     if math.isfinite(loss):  # every rank holds the same loss, so all ranks skip together
         info = dpar.step(step)
@@ -341,7 +345,7 @@ def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -
 
     c, p, v, part = r.groups.coord, r.cfg.parallel.pp, r.cfg.parallel.virtual_stages, r.part
     out: dict[str, Any] = {
-        "rank": r.rank, "coord": [c.dp, c.pp, c.tp], "history": tally.history,
+        "rank": r.rank, "coord": [c.dp, c.pp, c.tp, c.cp], "history": tally.history,
         "comm_per_step": tally.comm_per_step,
         "peak_activation_bytes": tally.peak_act, "activation_bytes_per_microbatch": tally.act_per_mb,
         "p2p_transport": r.runtime.transport,

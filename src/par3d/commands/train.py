@@ -20,7 +20,11 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
                                                        "from the global batch when omitted"),
     ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
                                                            "interleaved schedule (default 1)"),
-    ("--zero-stage", "parallel", "zero_stage", int, "0: plain DP; 1: ZeRO-1 sharded optimizer state"),
+    ("--cp", "parallel", "cp", int, "context-parallel degree: the sequence split over cp ranks (each holds two "
+                                    "mirrored chunks; ring attention); --seq-len must be a multiple of 2 x cp"),
+    ("--zero-stage", "parallel", "zero_stage", int, "ZeRO stage over the DP (x CP) group: 0 plain DP; 1 optimizer "
+                                                    "state sharded; 2 + gradients (reduce-scattered per bucket "
+                                                    "in backward); 3 + parameters (gathered per layer)"),
     ("--recompute", "parallel", "recompute", str, "activation recomputation: none | selective (attention "
                                                   "core) | full (whole block)"),
     ("--p2p", "parallel", "p2p", str, "pipeline transfers: auto (shared memory between CPU ranks on one "
@@ -52,9 +56,9 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
 
 
 def register(sub: Any) -> None:
-    ap = sub.add_parser("train", help="train a GPT on dp x pp x tp processes",
+    ap = sub.add_parser("train", help="train a GPT on dp x pp x cp x tp processes",
                         description="Train a GPT with data, pipeline and tensor parallelism. Starts "
-                                    "dp*pp*tp local processes on gloo (CPU) / nccl (GPU), or joins a "
+                                    "dp*pp*cp*tp local processes on gloo (CPU) / nccl (GPU), or joins a "
                                     "torchrun world when launched by torchrun.")
     ap.add_argument("--config", help="TOML file with [model], [parallel], [train] tables; flags override it")
     for flag, _sec, _field, typ, hlp in FIELDS:
@@ -63,7 +67,7 @@ def register(sub: Any) -> None:
                     help="shard LayerNorm/dropout regions along the sequence (needs tp>1 to matter)")
     ap.add_argument("--tied-embeddings", action="store_true", default=None,
                     help="share the token embedding with the LM head")
-    ap.add_argument("--nproc", type=int, default=None, help="local processes to start (default dp*pp*tp)")
+    ap.add_argument("--nproc", type=int, default=None, help="local processes to start (default dp*pp*cp*tp)")
     ap.add_argument("--metrics-out", default=None,
                     help="write one JSON line per step (step, loss, lr, tokens, step_time_s) from rank 0")
     ap.add_argument("--trace-out", default=None,
