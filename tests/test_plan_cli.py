@@ -110,7 +110,58 @@ def test_argparse_type_errors(capsys):
 def test_nothing_fits(capsys):
     rc, out, err = run(capsys, "--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb")
     assert rc == 1
-    assert "no configuration" in err and "fix:" in err
+    assert "no configuration" in err and "fix:" in err and "nearest to fitting" in err
+    # the GPU count offered was searched and has a plan
+    fix = next(line for line in err.splitlines() if "--gpus" in line)
+    n = int(fix.split("--gpus ")[1].split(":")[0])
+    rc, out, _ = run(capsys, "--model", "gpt3-175b", "--gpus", str(n), "--gpu", "a100-40gb", "--json")
+    assert rc == 0 and json.loads(out)["plans"]
+    rc, out, err = run(capsys, "--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb", "--json")
+    d = json.loads(out)
+    assert rc == 1 and d["plans"] == [] and d["nearest_unfit"]["cp"] == 1 and d["fixes"]
+
+
+def test_nearest_unfit_is_the_least_memory():
+    from collections import Counter
+
+    from par3d.plan.cost import Choice, memory
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import CATALOGUE
+    from par3d.plan.search import Fixed, Limits, enumerate_choices, search
+
+    model, cl = CATALOGUE["gpt3-175b"], make_cluster("a100-40gb", 16)
+    res = search(model, cl, 32)
+    assert not res.plans and res.nearest_unfit is not None
+    least = min(memory(model, cl, Choice(tp, pp, dp, mb, m, s, v, rec, z, tp > 1, cp))[0].total
+                for tp, cp, pp, dp, mb, m, s, v in enumerate_choices(model, cl, 32, Fixed(), Limits(), Counter())
+                for rec in ("none", "selective", "full") for z in range(4) if z == 0 or dp > 1)
+    assert res.nearest_unfit.memory.total == least
+
+
+def test_fix_follows_the_rejections(capsys):
+    # 1000 GPUs: every layout's dp has a factor 5 (or pp > layers), so the batch of 512 is the problem,
+    # not the GPU count
+    rc, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpus", "1000", "--global-batch", "512")
+    assert rc == 1
+    fix = err.split("fix:")[1]
+    assert "--global-batch" in fix and "--gpus" not in fix
+    batch = int(fix.split("--global-batch ")[1].split()[0])
+    rc, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpus", "1000", "--global-batch", str(batch), "--json")
+    assert rc == 0 and json.loads(out)["plans"]
+    # a 131K-token run without CP: the fix offers a context-parallel degree that was searched and fits
+    rc, out, err = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--seq-len", "131072",
+                       "--cp", "1", "--tp", "8", "--pp", "16", "--global-batch", "128")
+    assert rc == 1 and "--cp " in err.split("fix:")[1]
+    nearest = float(err.split("nearest to fitting:")[1].split(" needs ")[1].split(" GiB")[0])
+    assert nearest < 200  # the least-memory candidate, not the fastest (which needs thousands of GiB)
+
+
+def test_explain_layout_line_is_the_winner(capsys):
+    rc, out, _ = run(capsys, "--model", "gpt3-175b", "--gpus", "512", "--global-batch", "384", "--explain")
+    assert rc == 0
+    best = next(line for line in out.splitlines() if line.startswith("best: ")).split(": ")[1]
+    mine = [line for line in out.splitlines() if "<- winner's layout" in line]
+    assert len(mine) == 1 and mine[0].strip().startswith(best + ":")
 
 
 @pytest.mark.parametrize("extra", [["--cp", "1", "--global-batch", "2048"],

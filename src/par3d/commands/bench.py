@@ -1,15 +1,15 @@
-"""`par3d bench peers | fidelity | synthetic`: measured comparisons (see benchmarks/)."""
+"""`par3d bench peers | fidelity | synthetic | planner`: measured comparisons (see benchmarks/)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-BENCHES = ("peers", "fidelity", "synthetic")
+BENCHES = ("peers", "fidelity", "synthetic", "planner")
 
 
 def register(sub: Any) -> None:
-    ap = sub.add_parser("bench", help="run a benchmark (peers, fidelity, synthetic)",
+    ap = sub.add_parser("bench", help="run a benchmark (peers, fidelity, synthetic, planner)",
                         description="Side-by-side measurements; each writes a results file under "
                                     "benchmarks/results/ and --json prints it.")
     bsub = ap.add_subparsers(dest="bench", metavar="BENCH")

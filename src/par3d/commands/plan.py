@@ -287,7 +287,7 @@ def runtime_support() -> tuple[int, bool]:
 def _run(args: argparse.Namespace) -> int:
     from par3d.plan.cost import Options
     from par3d.plan.models import ModelError, resolve_model
-    from par3d.plan.search import Fixed, Limits, PlanError, search
+    from par3d.plan.search import Fixed, Limits, PlanError, search, suggest_fixes
 
     try:
         model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
@@ -307,13 +307,18 @@ def _run(args: argparse.Namespace) -> int:
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
                      report_unfit=args.explain, opts=opts)
-        if not res.plans and not args.explain:  # again, to name the closest configuration
-            res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
-                         report_unfit=True, opts=opts)
     except PlanError as e:
         raise UsageError(str(e)) from None
     if not res.plans:
-        print(_no_plan_message(args, model, cluster, res), file=sys.stderr)
+        fixes = suggest_fixes(model, cluster, args.global_batch, fixed, limits, res, opts)
+        if args.json:
+            u = res.nearest_unfit
+            print(json.dumps({"model": model.to_dict(), "hardware": cluster.to_dict(),
+                              "global_batch": args.global_batch, "plans": [],
+                              "nearest_unfit": u.to_dict() if u is not None else None, "fixes": fixes,
+                              "search": {"considered": res.considered, "simulated": res.simulated,
+                                         "rejected": dict(res.rejected)}}, indent=2))
+        print(_no_plan_message(model, cluster, res, opts, fixes), file=sys.stderr)
         return 1
     if args.json:
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
@@ -330,19 +335,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _no_plan_message(args, model, cluster, res) -> str:
+def _no_plan_message(model, cluster, res, opts, fixes: list[str]) -> str:
     from par3d.plan.hardware import GiB
 
-    cap = cluster.device.mem_bytes / GiB
     why = ", ".join(f"{k}: {v}" for k, v in res.rejected.most_common()) or "no candidate passed the rules"
     lines = [f"par3d plan: no configuration of {model.name} on {cluster.gpus} x {cluster.device.name} satisfies "
-             f"the constraints ({why})."]
-    if res.fastest_unfit is not None:
-        u = res.fastest_unfit
-        lines.append(f"  closest: {u.choice.label()} needs {u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
-    lines.append("  fix: more GPUs (--gpus), a bigger GPU (--gpu h200), drop fixed choices (e.g. --zero-stage, "
-                 "--recompute) so the search can use ZeRO and recomputation, or relax --max-bubble")
+             f"the constraints (rejected: {why})."]
+    if res.nearest_unfit is not None:
+        u = res.nearest_unfit
+        lines.append(f"  nearest to fitting: {u.choice.label()} needs {u.memory.total / GiB:.1f} GiB > "
+                     f"{opts.capacity(cluster) / GiB:.1f} GiB usable ({cluster.device.mem_bytes / GiB:.0f} GiB less "
+                     f"{opts.memory_headroom:.0%} headroom)")
+    lines.append("  fix: " + lines_join(fixes))
     return "\n".join(lines)
+
+
+def lines_join(fixes: list[str]) -> str:
+    return "\n       ".join(fixes)
 
 
 def _emit(args, model, plan) -> None:

@@ -320,7 +320,16 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
+    seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
     for s, n in enumerate(lay.layers):
+        chunk_params = shapes[s % c.pp].params / len(shapes[s % c.pp].layers) if c.zero_stage >= 3 else 0.0
+        key = (n, lay.embed[s], lay.head[s], chunk_params)
+        row = seen.get(key)
+        if row is not None:
+            for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
+                                 out.tp_comm, out.cp_comm, out.zero3), row):
+                lst.append(val)
+            continue
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
         br = n * rec
@@ -329,7 +338,6 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1:
-            chunk_params = shapes[s % c.pp].params / len(shapes[s % c.pp].layers)
             ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             rs = comm.reduce_scatter(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             z3f = max(0.0, ag - fc)
@@ -347,6 +355,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.tp_comm.append(f_tp + b_tp)
         out.cp_comm.append(f_cp + b_cp)
         out.zero3.append(z3f + z3b)
+        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp, z3f + z3b)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     out.transfer = comm.p2p(boundary, lk.pp).total if c.pp > 1 else 0.0  # type: ignore[arg-type]
     if cluster.profile is not None:
@@ -462,15 +471,31 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     act_scale = 1.0 + FRAGMENTATION
     logits = logits_bytes(model, c.micro_batch, c.tp, c.cp)
     arg, top = 0, -1.0
-    for r, shape in enumerate(shapes):
-        est = (w + g + o) * shape.params + act_scale * (
-            peaks[r] * (sum(shape.layers) / len(shape.layers)) * per_layer + (logits if shape.head else 0.0))
+    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, peaks):
+        est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc)
     return mb, arg
+
+
+@lru_cache(maxsize=8192)
+def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int,
+                 peaks: tuple[int, ...]) -> tuple[tuple[int, float, float, bool], ...]:
+    """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest.
+
+    A rank's memory estimate rises with each of the three (the coefficients are >= 0, and rounding
+    is monotone), and the scan keeps the first of equal estimates, so a rank that an earlier rank
+    matches or exceeds in all three never wins: dropping it changes no answer.  Under 1F1B that
+    leaves the first two ranks and the last."""
+    kept: list[tuple[int, float, float, bool]] = []
+    for r, shape in enumerate(rank_shapes(model, tp, pp, v)):
+        row = (r, shape.params, peaks[r] * (sum(shape.layers) / len(shape.layers)), shape.head)
+        if not any(k[1] >= row[1] and k[2] >= row[2] and (k[3] or not row[3]) for k in kept):
+            kept.append(row)
+    return tuple(kept)
 
 
 # ---- DP tail and optimizer -----------------------------------------------------------------------
@@ -483,15 +508,20 @@ def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> fl
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     worst = 0.0
+    costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
         if c.zero_stage >= 3:
             break  # reduced per micro-batch inside the stage durations
-        if c.zero_stage == 0:
+        hit = costs.get(g)
+        if hit is not None:
+            red, gather = hit
+        elif c.zero_stage == 0:
             red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
         else:
             red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
             gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
+        costs[g] = (red, gather)
         window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
         n_layers = max(sum(shape.layers), 1)
         exposed = max(red / n_layers, red - window) + gather

@@ -28,7 +28,12 @@ class Program:
     keys: tuple[tuple[int, str], ...]  # (stage, kind) of each duration slot
     ranks: tuple[int, ...]  # per action, in a dependency-respecting order
     slots: tuple[int, ...]  # per action, index into `keys`
-    deps: tuple[tuple[tuple[int, bool], ...], ...]  # per action: (action index, from another rank?)
+    # per action, its (at most two) dependencies in `dependencies`' order: the action index (-1:
+    # none) and whether it ran on another rank (then its output arrives `transfer` later)
+    dep1: tuple[int, ...]
+    cross1: tuple[bool, ...]
+    dep2: tuple[int, ...]
+    cross2: tuple[bool, ...]
 
 
 KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
@@ -73,7 +78,10 @@ def program(schedule: str, p: int, m: int, v: int) -> Program:
     slot_of: dict[int, int] = {}
     ranks: list[int] = []
     slots: list[int] = []
-    deps: list[tuple[tuple[int, bool], ...]] = []
+    dep1: list[int] = []
+    cross1: list[bool] = []
+    dep2: list[int] = []
+    cross2: list[bool] = []
     waiting: dict[int, list[int]] = {}
     nxt = starts[:-1]
     todo = list(range(p - 1, -1, -1))
@@ -99,7 +107,20 @@ def program(schedule: str, p: int, m: int, v: int) -> Program:
                 k = slot_of[sc] = len(slot_of)
             slots.append(k)
             # a code's stage is (code % span) // m
-            deps.append(tuple((index[d], rank_of[(d % span) // m] != r) for d in ds))
+            if ds:
+                d = ds[0]
+                dep1.append(index[d])
+                cross1.append(rank_of[(d % span) // m] != r)
+            else:
+                dep1.append(-1)
+                cross1.append(False)
+            if len(ds) > 1:
+                d = ds[1]
+                dep2.append(index[d])
+                cross2.append(rank_of[(d % span) // m] != r)
+            else:
+                dep2.append(-1)
+                cross2.append(False)
             j += 1
             w = waiting.pop(c, None)
             if w is not None:
@@ -109,7 +130,7 @@ def program(schedule: str, p: int, m: int, v: int) -> Program:
         raise ScheduleError(f"{schedule} p={p} m={m} v={v}: the schedule deadlocks")
     kinds = ("F", "B", "BI", "BW")
     keys = tuple((sc % n_stages, kinds[sc // n_stages]) for sc in sorted(slot_of, key=slot_of.__getitem__))
-    return Program(p, keys, tuple(ranks), tuple(slots), tuple(deps))
+    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(cross1), tuple(dep2), tuple(cross2))
 
 
 def replay(prog: Program, durations: dict[tuple[int, str], float],
@@ -120,12 +141,17 @@ def replay(prog: Program, durations: dict[tuple[int, str], float],
     busy = [0.0] * prog.p
     end = [0.0] * len(prog.ranks)
     makespan = 0.0
-    for i, (r, k, ds) in enumerate(zip(prog.ranks, prog.slots, prog.deps)):
+    for i, (r, k, d1, c1, d2, c2) in enumerate(zip(prog.ranks, prog.slots, prog.dep1, prog.cross1, prog.dep2,
+                                                   prog.cross2)):
         start = free[r]
-        for d, cross in ds:
-            e = end[d] + transfer if cross else end[d] + 0.0
+        if d1 >= 0:
+            e = end[d1] + transfer if c1 else end[d1] + 0.0
             if e > start:
                 start = e
+            if d2 >= 0:
+                e = end[d2] + transfer if c2 else end[d2] + 0.0
+                if e > start:
+                    start = e
         stop = start + dur[k]
         end[i] = stop
         free[r] = stop

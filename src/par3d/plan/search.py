@@ -19,8 +19,9 @@ How it stays fast (`par3d plan` for 1024 GPUs answers in well under 2 s on two c
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cost import (
     DEFAULT_OPTIONS,
@@ -343,3 +344,104 @@ def min_microbatches(p: int, max_bubble: float, schedule: str = "1f1b", v: int =
         else:
             lo = mid + 1
     return lo * step
+
+
+# ---- when nothing fits: a fix from what the search actually rejected --------------------------
+
+def feasible_dps(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
+    """The DP degrees of every (tp, cp, pp) layout that passes the structural rules other than the
+    batch's divisibility."""
+    n, out = cluster.gpus, set()
+    try:
+        tps = tp_choices(model, cluster, fixed, limits)
+    except PlanError:
+        return []
+    for tp in tps:
+        for cp in cp_choices(model, n // tp, fixed, limits):
+            for pp in divisors(n // (tp * cp)):
+                dp = n // (tp * cp * pp)
+                if pp <= model.layers and (fixed.pp in (None, pp)) and (fixed.dp in (None, dp)):
+                    out.add(dp)
+    return sorted(out)
+
+
+def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed, limits: Limits,
+                  res: Result, opts: Options | None = None) -> list[str]:
+    """Fixes for an empty result, most frequent rejection first, each derived from that rejection:
+    a batch no layout divides gets batch sizes that some layout does (not more GPUs); plans that do
+    not fit get what would hold the nearest one (its memory over the usable capacity)."""
+    from .hardware import DEVICES, GiB
+
+    opts = opts or DEFAULT_OPTIONS
+    fixes: list[str] = []
+    for reason, _count in res.rejected.most_common():
+        if reason == "global batch not divisible by dp":
+            dps = feasible_dps(model, cluster, fixed, limits)
+            if dps:
+                below = max((global_batch // d * d for d in dps if global_batch >= d), default=None)
+                above = min(-(-global_batch // d) * d for d in dps)
+                opts_txt = " or ".join(str(b) for b in sorted({b for b in (below, above) if b}))
+                fixes.append(f"--global-batch {opts_txt}: every layout's dp ({', '.join(map(str, dps[:8]))}"
+                             f"{', ...' if len(dps) > 8 else ''}) must divide the global batch, and none divides "
+                             f"{global_batch}")
+        elif reason == "does not fit in memory" and res.nearest_unfit is not None:
+            u = res.nearest_unfit
+            need, usable = u.memory.total, opts.capacity(cluster)
+            over = need / usable
+            fixed_mem = [f for f, v, full in (("--zero-stage", fixed.zero_stage, 3), ("--recompute", fixed.recompute,
+                                                                                      "full"),
+                                              ("--micro-batch", fixed.micro_batch, 1))
+                         if v is not None and v != full]
+            if fixed_mem:
+                fixes.append(f"drop {' '.join(fixed_mem)} so the search may use ZeRO-3, full recomputation and "
+                             f"micro-batch 1")
+            if need <= cluster.device.mem_bytes:
+                fixes.append(f"--memory-headroom {max(0.0, 1 - need / cluster.device.mem_bytes):.2f}: the nearest "
+                             f"plan fits the GPU's {cluster.device.mem_bytes / GiB:.0f} GiB but not the "
+                             f"{opts.memory_headroom:.0%} headroom")
+            bigger = sorted((d for d in DEVICES.values() if d.mem_bytes * (1 - opts.memory_headroom) >= need),
+                            key=lambda d: d.mem_bytes)
+            if bigger:
+                fixes.append(f"--gpu {bigger[0].name} ({bigger[0].mem_bytes / GiB:.0f} GiB holds the nearest plan's "
+                             f"{need / GiB:.1f} GiB)")
+            # long sequences: activations over the excess shrink with context parallelism (tried too)
+            act, excess = u.memory.activations, need - usable
+            if act > excess and u.choice.cp == 1 and fixed.cp in (None, 1):
+                want = act / max(act - excess, 1.0)
+                rest = cluster.gpus // u.choice.tp
+                for cp in [c for c in divisors(rest) if c >= want and cp_valid(model, c)][:3]:
+                    r2 = search(model, cluster, global_batch, replace(fixed, cp=cp, dp=None), limits, top=1,
+                                opts=opts)
+                    if r2.plans:
+                        p2 = r2.plans[0]
+                        fixes.append(f"--cp {cp}: activations are {act / GiB:.1f} GiB of the nearest plan's "
+                                     f"{need / GiB:.1f} GiB; with context parallelism {p2.choice.label()} fits "
+                                     f"({p2.memory.total / GiB:.1f} GiB)")
+                        break
+            # more GPUs: tried, not guessed (a count no layout can use, e.g. for the batch, is no fix)
+            f0 = 1 << max(1, math.ceil(math.log2(over)))
+            tried = [cluster.gpus * f for f in (f0, 2 * f0, 4 * f0)]
+            for n2 in tried:
+                r2 = search(model, replace(cluster, gpus=n2), global_batch, fixed, limits, top=1, opts=opts)
+                if r2.plans:
+                    p2 = r2.plans[0]
+                    fixes.append(f"--gpus {n2}: the nearest plan needs {over:.2f}x the usable memory; on {n2} GPUs "
+                                 f"{p2.choice.label()} fits ({p2.memory.total / GiB:.1f} GiB)")
+                    break
+            else:
+                fixes.append(f"more GPUs alone do not help: --gpus {', '.join(map(str, tried))} give no plan either")
+        elif reason == "bubble above --max-bubble" and limits.max_bubble is not None:
+            fixes.append(f"--max-bubble above {limits.max_bubble:g}, or a larger --global-batch (more "
+                         f"micro-batches per pipeline)")
+        elif reason.startswith("interleaved") and fixed.schedule == "interleaved":
+            fixes.append("--schedule 1f1b (interleaving needs m % pp == 0 and pp·v <= layers)")
+        elif reason == "pp > layers" and fixed.pp is not None:
+            fixes.append(f"--pp <= {model.layers}")
+    if not fixes:
+        fixes.append("drop some fixed choices (--tp --cp --pp --dp --micro-batch --schedule --zero-stage "
+                     "--recompute): together they exclude every layout")
+    seen: list[str] = []
+    for f in fixes:
+        if f not in seen:
+            seen.append(f)
+    return seen

@@ -1,0 +1,120 @@
+"""`par3d bench planner`: how long `par3d plan`'s full search takes on large clusters.
+
+Each case runs the unconstrained search (every tp, cp, pp, dp, micro-batch, schedule, v, recompute,
+ZeRO stage) in a fresh Python process, `--repeat` times, so no cache survives from one run to the
+next; the medians of the search's wall and CPU time are reported, with the import time apart.
+`--baseline REV` runs the same cases on the code of a git revision (a temporary `git worktree`),
+side by side, and says whether both return the same top plans.
+
+Cases: the 1T-parameter row of Narayanan et al. 2021 Table 1 (1008B: 128 layers, h = 25,600,
+160 heads) on 3,072 A100-80GB with batch 3,072 — issue 12's target, < 2 s on two cores; GPT-3 175B
+on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+# name, (layers, hidden, heads, seq, vocab) or a catalogue name, gpu, gpus, global batch
+CASES: list[tuple[str, Any, str, int, int]] = [
+    ("1T (1008B) on 3072 A100", (128, 25600, 160, 2048, 51200), "a100-80gb", 3072, 3072),
+    ("GPT-3 175B on 1024 A100", "gpt3-175b", "a100-80gb", 1024, 1536),
+    ("Llama 3 405B on 16384 H100", "llama3-405b", "h100-sxm", 16384, 2048),
+]
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from par3d.plan.hardware import make_cluster
+from par3d.plan.models import CATALOGUE, ModelSpec
+from par3d.plan.search import search
+t1 = time.perf_counter()
+spec, gpu, gpus, batch = json.loads(sys.argv[1])
+model = CATALOGUE[spec] if isinstance(spec, str) else ModelSpec("m", *spec)
+c0 = time.process_time()
+w0 = time.perf_counter()
+res = search(model, make_cluster(gpu, gpus), batch)
+w1 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "search_s": w1 - w0, "search_cpu_s": time.process_time() - c0,
+                  "considered": res.considered, "simulated": res.simulated,
+                  "top": [[p.choice.label(), p.step_time] for p in res.plans]}))
+"""
+
+
+def register(bsub: Any) -> None:
+    ap = bsub.add_parser("planner", help="time of par3d plan's full search on large clusters",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=5, help="fresh-process runs per case (default 5)")
+    ap.add_argument("--baseline", metavar="REV", default=None,
+                    help="also run the cases on git revision REV, side by side")
+    ap.add_argument("--quick", action="store_true", help="one run per case, no baseline (a smoke run)")
+    ap.add_argument("--out", default="benchmarks/results/planner.json", help="results file (JSON)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.set_defaults(func=run)
+
+
+def _runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
+    _name, spec, gpu, gpus, batch = case
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([spec, gpu, gpus, batch])], env=env,
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout))
+    return {"search_s_median": statistics.median(r["search_s"] for r in rows),
+            "search_cpu_s_median": statistics.median(r["search_cpu_s"] for r in rows),
+            "import_s_median": statistics.median(r["import_s"] for r in rows),
+            "search_s": [r["search_s"] for r in rows], "considered": rows[0]["considered"],
+            "simulated": rows[0]["simulated"], "top": rows[0]["top"]}
+
+
+def run(args: argparse.Namespace) -> int:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../src
+    repeat = 1 if args.quick else args.repeat
+    baseline_src, tmp = None, None
+    if args.baseline and not args.quick:
+        tmp = tempfile.mkdtemp(prefix="par3d-baseline-")
+        subprocess.run(["git", "worktree", "add", "--detach", tmp, args.baseline], check=True,
+                       capture_output=True)
+        baseline_src = os.path.join(tmp, "src")
+    try:
+        cases = []
+        for case in CASES:
+            row: dict[str, Any] = {"case": case[0], "gpu": case[2], "gpus": case[3], "global_batch": case[4],
+                                   "now": _runs(here, case, repeat)}
+            if baseline_src:
+                base = _runs(baseline_src, case, repeat)
+                row["baseline"] = base
+                row["speedup"] = base["search_s_median"] / row["now"]["search_s_median"]
+                row["same_top"] = [t[0] for t in base["top"]] == [t[0] for t in row["now"]["top"]]
+            cases.append(row)
+    finally:
+        if tmp:
+            subprocess.run(["git", "worktree", "remove", "--force", tmp], capture_output=True)
+    result = {"repeat": repeat, "baseline": args.baseline if baseline_src else None,
+              "cpus": os.cpu_count(), "cases": cases}
+    if not args.quick:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for r in cases:
+            line = (f"{r['case']:<28} search {r['now']['search_s_median']:.2f} s wall, "
+                    f"{r['now']['search_cpu_s_median']:.2f} s CPU (median of {repeat}), "
+                    f"{r['now']['considered']} configurations, {r['now']['simulated']} simulated")
+            if "baseline" in r:
+                line += (f"; {args.baseline}: {r['baseline']['search_s_median']:.2f} s -> {r['speedup']:.1f}x, "
+                         f"same top plans: {r['same_top']}")
+            print(line)
+        if not args.quick:
+            print(f"wrote {args.out}")
+    return 0
