@@ -221,3 +221,11 @@ def test_emit_config_carries_what_the_runtime_runs(tmp_path, capsys):
     rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--zero-stage", str(max_zero + 1),
                        "--emit-config", str(path)) if max_zero < 3 else (2, "", "--zero-stage")
     assert rc == 2 and "--zero-stage" in err
+    rc, out, err = run(capsys, "--model", "gpt3-1.3b", "--seq-len", "8192", "--gpus", "16", "--cp", "2",
+                       "--global-batch", "16", "--emit-config", str(path))
+    if has_cp:
+        assert rc == 0, err
+        cfg = RunConfig.load_toml(str(path)).validate()
+        assert cfg.parallel.cp == 2 and cfg.parallel.world_size == 16
+    else:
+        assert rc == 2 and "--cp" in err
