@@ -11,11 +11,17 @@ TOL = 1e-5  # fp32: losses, gradients and parameters must agree to floating-poin
 def case(dp: int = 1, pp: int = 1, tp: int = 1, schedule: str = "1f1b", m: int | None = None, v: int = 1,
          zero: int = 0, sp: bool = False, vocab: int = 256, layers: int = 8, steps: int = 3,
          recompute: str = "none", tied: bool = False, global_batch: int = 16, seq_len: int = 16,
-         heads: int = 4, hidden: int = 32, dtype: str = "fp32", p2p: str = "auto", cp: int = 1) -> dict[str, Any]:
+         heads: int = 4, hidden: int = 32, dtype: str = "fp32", p2p: str = "auto", cp: int = 1,
+         arch: str = "gpt", kv_heads: int | None = None) -> dict[str, Any]:
     m = m if m is not None else (1 if pp == 1 else 2 * pp)
+    model: dict[str, Any] = {"vocab": vocab, "seq_len": seq_len, "layers": layers, "hidden": hidden,
+                             "heads": heads, "tied_embeddings": tied}
+    if arch != "gpt":
+        model["arch"] = arch
+    if kv_heads is not None:
+        model["kv_heads"] = kv_heads
     return {
-        "model": {"vocab": vocab, "seq_len": seq_len, "layers": layers, "hidden": hidden, "heads": heads,
-                  "tied_embeddings": tied},
+        "model": model,
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": schedule, "microbatches": m,
                      "virtual_stages": v, "zero_stage": zero, "recompute": recompute, "sequence_parallel": sp,
                      "p2p": p2p, "cp": cp},

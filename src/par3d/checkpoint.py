@@ -48,7 +48,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Model fields that fix the tensors' shapes or meaning.  Dropout may change on resume.
-_MODEL_FIELDS = ("vocab", "seq_len", "layers", "hidden", "heads", "ffn_hidden", "tied_embeddings")
+_MODEL_FIELDS = ("vocab", "seq_len", "layers", "hidden", "heads", "ffn_hidden", "tied_embeddings", "arch",
+                 "kv_heads", "norm", "position", "max_positions", "gated_mlp", "activation", "bias")
 # Training fields whose change makes a resumed run differ from the uninterrupted one: allowed
 # (fine-tuning with another learning rate is legitimate) but reported.
 _TRAIN_FIELDS = ("seed", "global_batch", "steps", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
@@ -186,9 +187,16 @@ def resolve(resume: str, out: str, warn: bool = True) -> str:
 
 
 def _model_value(model: dict[str, Any], name: str) -> Any:
-    if name == "ffn_hidden":  # compare the resolved size: None means 4 x hidden
-        return model.get("ffn_hidden") or 4 * model.get("hidden", 0)
-    return model.get(name)
+    from par3d.config import ModelConfig
+
+    # compare resolved values: ffn_hidden None means 4 x hidden, kv_heads None means heads, the
+    # architecture's switches None mean its defaults (checkpoints older than them are GPTs)
+    known = {k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__}
+    try:
+        mc = ModelConfig(**known).fill_arch()
+    except TypeError:
+        return model.get(name)
+    return {"ffn_hidden": mc.ffn, "kv_heads": mc.kv, "max_positions": mc.positions}.get(name, getattr(mc, name))
 
 
 def _flag_hint(name: str, value: Any) -> str:
@@ -503,4 +511,39 @@ def load(path: str, chunks: list[Any], dpar: Any, groups: Any, cfg: RunConfig) -
         # another layout: no rank's stream exists there.  Re-seed from (seed, coordinates, step) so
         # the run is still reproducible; only dropout draws from it (0 by default).
         torch.manual_seed(cfg.train.seed + 1000 * c.dp + c.pp + 1_000_003 * int(man["step"]))
+    return man
+
+
+def load_weights(path: str, chunks: list[Any], groups: Any, cfg: RunConfig) -> dict[str, Any]:
+    """Only the model's weights from checkpoint `path` into this rank's parameters (any layout
+    wrote it), for evaluation: no optimizer state, no RNG.  Each rank reads the full tensors it
+    holds a slice of and cuts them as `load` does.  Returns the manifest."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from par3d.model import global_named_parameters
+
+    man = read_manifest(path)
+    check_compatible(man, cfg, path)
+    mc = cfg.model
+    todo: list[tuple[str, Any]] = []
+    state: dict[str, Any] = {}
+    for chunk in chunks:
+        for name, p in global_named_parameters(chunk):
+            key = "embedding.tok.weight" if (name == "head.weight" and mc.tied_embeddings) else name
+            e = _Entry(key, 0, p, 0, False)
+            shape = _full_shape(e, groups.tp.size, mc.vocab)
+            if list(man["tensors"].get(f"model/{key}", [])) != shape:
+                raise CheckpointError(f"checkpoint {path!r}: model/{key} is missing or not of shape {shape}")
+            state[f"model/{key}"] = torch.empty(shape, dtype=torch.float32)
+            todo.append((key, p))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=FileSystemReader(path), no_dist=True)
+    with torch.no_grad():
+        for key, p in todo:
+            p.copy_(_cut_local(state[f"model/{key}"], _Entry(key, 0, p, 0, False), groups, mc.vocab).to(p.dtype))
     return man

@@ -1,4 +1,4 @@
-"""`par3d train | plan | simulate | calibrate | bench`.
+"""`par3d train | plan | simulate | calibrate | bench | eval | export`.
 
 Each subcommand lives in `par3d/commands/<name>.py` with `register(subparsers)`; registering must
 not import torch so `par3d plan` and `--help` stay fast.
@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import Any
 
-COMMANDS = ("train", "plan", "simulate", "calibrate", "bench")
+COMMANDS = ("train", "plan", "simulate", "calibrate", "bench", "eval", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

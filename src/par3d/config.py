@@ -43,8 +43,27 @@ def _fmt_choices(xs: list[int]) -> str:
     return ", ".join(xs[:-1]) + " or " + xs[-1]
 
 
+ARCHS = ("gpt", "llama")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
+# What `arch` means for the fields left unset (None).  gpt: GPT-2's block (Radford et al. 2019);
+# llama: Touvron et al. 2023 (RMSNorm, rotary positions, SwiGLU, no biases); the epsilons are the
+# defaults of the two families' Hugging Face configs (layer_norm_epsilon, rms_norm_eps).
+ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt": {"norm": "layernorm", "norm_eps": 1e-5, "position": "learned", "gated_mlp": False,
+            "activation": "gelu", "bias": True},
+    "llama": {"norm": "rmsnorm", "norm_eps": 1e-6, "position": "rope", "gated_mlp": True,
+              "activation": "silu", "bias": False},
+}
+
+
 @dataclass
 class ModelConfig:
+    """What model: shapes plus the architecture's switches.  `arch` fills every switch left None
+    (ARCH_DEFAULTS); `fill_arch()` (called by RunConfig.resolve) writes them in.  Field names
+    follow the planner's description (plan/models.py): kv_heads, ffn_hidden, tied_embeddings."""
+
     vocab: int = 256  # byte-level tokenizer
     seq_len: int = 64
     layers: int = 4
@@ -53,6 +72,16 @@ class ModelConfig:
     ffn_hidden: int | None = None  # None -> 4 * hidden
     dropout: float = 0.0
     tied_embeddings: bool = False
+    arch: str = "gpt"
+    kv_heads: int | None = None  # None -> heads (multi-head attention); fewer: grouped-query attention
+    norm: str | None = None  # layernorm | rmsnorm
+    norm_eps: float | None = None
+    position: str | None = None  # learned | rope
+    rope_theta: float = 10000.0
+    max_positions: int | None = None  # rows of a learned position table; None -> seq_len
+    gated_mlp: bool | None = None  # SwiGLU-style act(x W_gate) * (x W_up)
+    activation: str | None = None  # gelu (exact) | gelu_tanh (GPT-2's gelu_new) | silu
+    bias: bool | None = None  # biases in the linear layers
 
     @property
     def ffn(self) -> int:
@@ -61,6 +90,21 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def positions(self) -> int:
+        return self.max_positions if self.max_positions is not None else self.seq_len
+
+    def fill_arch(self) -> ModelConfig:
+        """Write the architecture's defaults into the switches left None (idempotent)."""
+        for k, v in ARCH_DEFAULTS.get(self.arch, ARCH_DEFAULTS["gpt"]).items():
+            if getattr(self, k) is None:
+                setattr(self, k, v)
+        return self
 
 
 @dataclass
@@ -102,6 +146,7 @@ class TrainConfig:
     data: str | None = None  # text file or folder; None -> the Python standard library's source
     out: str = "runs/latest"
     on_nonfinite: str = "skip"
+    tokenizer: str | None = None  # a Hugging Face tokenizer.json; None -> bytes (data.py)
 
 
 @dataclass
@@ -123,11 +168,13 @@ class RunConfig:
     progress: bool = True
     json: bool = False
     hardware: str | None = None  # calibrated hardware file for the end-of-run prediction
+    init_from: str | None = None  # a Hugging Face model folder (safetensors) to start from
 
     # ---- derived quantities -------------------------------------------------------------
     def resolve(self) -> RunConfig:
         """Fill micro_batch / microbatches from global_batch = micro_batch * m * dp."""
         p, t = self.parallel, self.train
+        self.model.fill_arch()
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
@@ -178,7 +225,16 @@ class RunConfig:
         if ok_model and m.hidden % m.heads != 0:
             errs.append(f"model.hidden={m.hidden} is not divisible by heads={m.heads}; "
                         f"heads may be {_fmt_choices(divisors(m.hidden)[:12])}")
+        if ok_model:
+            ok_model &= _check_arch(m, errs)
         if ok_model and ok_par:
+            if m.kv_heads is not None and m.kv < p.tp and p.tp % m.kv:
+                errs.append(f"parallel.tp={p.tp}: kv_heads={m.kv} neither is divisible by tp nor divides it "
+                            f"(K/V heads are split over TP ranks, or replicated when tp > kv_heads); "
+                            f"tp may be {_fmt_choices([d for d in divisors(m.heads) if d % m.kv == 0 or m.kv % d == 0])}")
+            elif m.kv_heads is not None and m.kv >= p.tp and m.kv % p.tp:
+                errs.append(f"parallel.tp={p.tp}: kv_heads={m.kv} is not divisible by tp={p.tp}; "
+                            f"tp may be {_fmt_choices(divisors(m.kv))} or a multiple of {m.kv} dividing heads")
             if m.heads % p.tp != 0:
                 errs.append(f"parallel.tp={p.tp}: heads={m.heads} is not divisible by tp={p.tp} "
                             f"(each TP rank must own whole attention heads); "
@@ -353,6 +409,59 @@ def dict_to_toml(d: dict[str, Any]) -> str:
             out += [f"{kk} = {val(vv)}" for kk, vv in v.items() if vv is not None]
             out.append("")
     return "\n".join(out)
+
+
+# rope_theta of the catalogue's Llama families (their config.json files: Llama 2 10000, Llama 3 500000)
+_ROPE_THETA = {"llama2": 10000.0, "llama3": 500000.0}
+
+
+def model_config_from_name(name: str, seq_len: int | None = None) -> ModelConfig:
+    """`--model NAME|PATH`: a planner catalogue name (plan/models.py) or a Hugging Face config.json
+    (a file, or a folder holding one) as the runtime's ModelConfig.  Raises ConfigError."""
+    from par3d.plan.models import CATALOGUE, model_names
+
+    spec = CATALOGUE.get(name.lower())
+    if spec is not None:
+        arch = "llama" if spec.gated else "gpt"
+        return ModelConfig(arch=arch, vocab=spec.vocab, seq_len=seq_len or spec.seq_len, layers=spec.layers,
+                           hidden=spec.hidden, heads=spec.heads, ffn_hidden=spec.ffn,
+                           kv_heads=spec.kv_heads if spec.kv != spec.heads else None,
+                           tied_embeddings=spec.tied,
+                           rope_theta=_ROPE_THETA.get(name.lower().split("-")[0], 10000.0)).fill_arch()
+    if os.path.exists(name):
+        from par3d import hf  # the config half of the HF edge imports nothing optional
+
+        return hf.model_config_from_hf(hf.read_hf_config(name), seq_len, name)
+    raise ConfigError([f"--model {name!r} is neither a catalogue name nor a file; choose one of "
+                       f"{', '.join(model_names())} or give a Hugging Face config.json (or its folder)"])
+
+
+def _check_arch(m: ModelConfig, errs: list[str]) -> bool:
+    """The architecture switches (after fill_arch); appends problems, returns False on any."""
+    n = len(errs)
+    if m.arch not in ARCHS:
+        errs.append(f"model.arch={m.arch!r} is unknown; choose one of {', '.join(ARCHS)} (--arch)")
+    for name, choices in (("norm", NORMS), ("position", POSITIONS), ("activation", ACTIVATIONS)):
+        v = getattr(m, name)
+        if v is not None and v not in choices:
+            errs.append(f"model.{name}={v!r} is unknown; choose one of {', '.join(choices)}")
+    if m.kv_heads is not None:
+        if not isinstance(m.kv_heads, int) or isinstance(m.kv_heads, bool) or m.kv_heads < 1:
+            errs.append(f"model.kv_heads={m.kv_heads!r} must be an integer >= 1; set --kv-heads")
+        elif m.heads % m.kv_heads:
+            errs.append(f"model.kv_heads={m.kv_heads} must divide heads={m.heads} (each K/V head serves "
+                        f"heads/kv_heads query heads); kv_heads may be {_fmt_choices(divisors(m.heads))}")
+    if m.norm_eps is not None and not (isinstance(m.norm_eps, (int, float)) and m.norm_eps > 0):
+        errs.append(f"model.norm_eps={m.norm_eps!r} must be a positive number")
+    if not (isinstance(m.rope_theta, (int, float)) and m.rope_theta > 0):
+        errs.append(f"model.rope_theta={m.rope_theta!r} must be a positive number")
+    if m.position == "rope" and m.head_dim % 2:
+        errs.append(f"model.position='rope' needs an even head dimension, hidden/heads = {m.head_dim}; "
+                    f"change --hidden or --heads")
+    if m.max_positions is not None and m.max_positions < m.seq_len:
+        errs.append(f"model.max_positions={m.max_positions} < seq_len={m.seq_len}: the learned position "
+                    f"table has no row for the later positions; use --seq-len <= {m.max_positions}")
+    return len(errs) == n
 
 
 def _check_data_path(path: str) -> list[str]:

@@ -1,8 +1,16 @@
-"""Byte-level tokenizer, a corpus that exists on every machine, and layout-free sampling.
+"""Tokenizers, a corpus that exists on every machine, and layout-free sampling.
 
 The default corpus is the source text of the Python standard library that runs par3d (the
 `.py` files next to `os.py`, in sorted order, up to `DEFAULT_CORPUS_BYTES`): no download, and
 real text with structure a small GPT can learn.
+
+Tokenizers: bytes by default (token = byte, vocabulary 256, no download; a single text file is
+memory-mapped as it is).  `--tokenizer PATH` takes a Hugging Face `tokenizer.json` (through the
+`tokenizers` library, the `hf` extra): every file of --data is a document, documents are packed
+back to back with the tokenizer's end-of-text token after each, and the token ids are written
+ONCE to a `.bin` next to the text (or, when that folder is not writable, to the cache folder
+$PAR3D_CACHE, default ~/.cache/par3d) and memory-mapped; the `.bin` is reused while the text
+files and the tokenizer are unchanged (sizes and modification times, and a hash of tokenizer.json).
 
 Sampling is a pure function of (seed, step): step k's global batch is the same list of
 sequences whatever the layout.  A DP rank takes a contiguous slice of it and cuts that slice
@@ -11,8 +19,12 @@ into micro-batches, so the set of sequences a step trains on never depends on dp
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,19 +62,124 @@ def _read_paths(paths: list[str], limit: int | None) -> bytes:
     return data[:limit] if limit is not None else data
 
 
+# the names end-of-text goes by in common tokenizer.json files (GPT-2, Llama 2, Llama 3, Gemma, ...)
+EOT_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
+_CACHE_TAG = ".par3d-"
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json` (the `tokenizers` library)."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("--tokenizer needs the tokenizers package: pip install 'par3d[hf]'") from None
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        try:
+            self.tok = Tokenizer.from_file(file)
+        except Exception as e:  # the library raises its own exception types
+            raise ValueError(f"--tokenizer {path!r}: not a readable tokenizer.json ({e})") from None
+        with open(file, "rb") as fh:
+            self.digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+        self.vocab = int(self.tok.get_vocab_size(with_added_tokens=True))
+        ids = [self.tok.token_to_id(n) for n in EOT_NAMES]
+        found = [i for i in ids if i is not None]
+        if not found:
+            raise ValueError(f"--tokenizer {path!r} has no end-of-text token (looked for {', '.join(EOT_NAMES)})")
+        self.eot = int(found[0])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+
+def _doc_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        return sorted(os.path.join(r, f) for r, _d, fs in os.walk(path) for f in fs if _CACHE_TAG not in f)
+    return [path]
+
+
+def _cache_paths(path: str, tok: HFTokenizer) -> list[str]:
+    """Where the token .bin may live: next to the text, else in the cache folder."""
+    name = os.path.basename(os.path.normpath(path)) + f"{_CACHE_TAG}{tok.digest}.bin"
+    here = os.path.join(os.path.dirname(os.path.abspath(os.path.normpath(path))), name)
+    cache = os.environ.get("PAR3D_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "par3d")
+    key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:12]
+    return [here, os.path.join(cache, f"{key}-{name}")]
+
+
+def _stamp(files: list[str], tok: HFTokenizer) -> dict[str, Any]:
+    return {"tokenizer": tok.digest, "eot": tok.eot,
+            "files": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]}
+
+
+def tokenized(path: str, tok: HFTokenizer) -> tuple[np.ndarray, str]:
+    """The token ids of the documents under `path` (memory-mapped), tokenizing only when no
+    up-to-date .bin exists.  Returns (tokens, the .bin's path)."""
+    files = _doc_files(path)
+    stamp = _stamp(files, tok)
+    dtype = np.uint16 if tok.vocab <= 1 << 16 else np.uint32
+    candidates = _cache_paths(path, tok)
+    for bin_path in candidates:
+        try:
+            with open(bin_path + ".json", encoding="utf-8") as fh:
+                if json.load(fh) == stamp and os.path.getsize(bin_path) > 0:
+                    return np.memmap(bin_path, dtype=dtype, mode="r"), bin_path
+        except (OSError, ValueError):
+            continue
+    ids: list[int] = []
+    for f in files:
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            ids.extend(tok.encode(fh.read()))
+        ids.append(tok.eot)  # documents packed back to back, each closed by end-of-text
+    arr = np.asarray(ids, dtype=dtype)
+    for bin_path in candidates:
+        try:
+            os.makedirs(os.path.dirname(bin_path), exist_ok=True)
+            # written under temporary names and renamed: ranks tokenizing at once never see half a file
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(bin_path), prefix=".par3d-tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(arr.tobytes())
+            os.replace(tmp, bin_path)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(bin_path), prefix=".par3d-tmp-")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(stamp, fh)
+            os.replace(tmp, bin_path + ".json")
+            return np.memmap(bin_path, dtype=dtype, mode="r"), bin_path
+        except OSError:
+            continue
+    return arr, ""
+
+
 @dataclass
 class Corpus:
-    tokens: np.ndarray  # uint8
+    tokens: np.ndarray  # uint8 (bytes) or uint16/uint32 (a tokenizer's ids), possibly memory-mapped
     source: str
+    vocab: int = VOCAB  # the tokenizer's vocabulary
+    eot: int | None = None  # end-of-text id (None: bytes, no separator)
 
     @staticmethod
-    def load(path: str | None = None, limit: int | None = None) -> Corpus:
+    def load(path: str | None = None, tokenizer: str | None = None, limit: int | None = None) -> Corpus:
+        if tokenizer is not None:
+            tok = HFTokenizer(tokenizer)
+            if path is None:
+                raise ValueError("--tokenizer needs --data (the default corpus is bytes)")
+            if not os.path.exists(path):
+                raise ValueError(f"data={path!r} does not exist")
+            tokens, _ = tokenized(path, tok)
+            if limit is not None:
+                tokens = tokens[:limit]
+            if len(tokens) == 0:
+                raise ValueError(f"data={path!r} holds no text; give a non-empty text file or folder")
+            return Corpus(tokens, path, tok.vocab, tok.eot)
         if path is None:
             return Corpus(np.frombuffer(_read_paths(_stdlib_files(), limit or DEFAULT_CORPUS_BYTES),
                                         dtype=np.uint8), "python-stdlib")
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            mm = np.memmap(path, dtype=np.uint8, mode="r")  # bytes are tokens: the file as it is
+            return Corpus(mm[:limit] if limit is not None else mm, path)
         if os.path.isdir(path):
-            files = sorted(os.path.join(r, f) for r, _d, fs in os.walk(path) for f in fs)
-            data = _read_paths(files, limit)
+            data = _read_paths(_doc_files(path), limit)
         else:
             data = _read_paths([path], limit)
         if not data:
@@ -71,6 +188,23 @@ class Corpus:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def eval_batch(corpus: Corpus, index: int, batch: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Evaluation batch `index`: sequences index·batch .. (index+1)·batch-1 of the text cut into
+    consecutive, non-overlapping windows of seq_len tokens (targets: the next token of each)."""
+    first, n = index * batch, len(corpus)
+    need = (first + batch) * seq_len + 1
+    if need > n:
+        raise ValueError(f"evaluation batch {index} needs {need} tokens of data, it has {n}; use fewer "
+                         f"--eval-batches, a smaller --global-batch or more text")
+    starts = (first + np.arange(batch)) * seq_len
+    seqs = corpus.tokens[starts[:, None] + np.arange(seq_len + 1)[None, :]].astype(np.int64)
+    return seqs[:, :-1], seqs[:, 1:]
+
+
+def eval_tokens_needed(eval_batches: int, batch: int, seq_len: int) -> int:
+    return eval_batches * batch * seq_len + 1
 
 
 def batch_offsets(seed: int, step: int, global_batch: int, n_tokens: int, seq_len: int) -> np.ndarray:

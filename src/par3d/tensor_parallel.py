@@ -51,6 +51,13 @@ def mark_sequence_parallel(p: nn.Parameter) -> nn.Parameter:
     return p
 
 
+def mark_tp_partial(p: nn.Parameter) -> nn.Parameter:
+    """A parameter replicated on every TP rank whose use differs per rank (K/V heads replicated when
+    tp > kv_heads: each rank uses the rows of its own group's head).  Like a sequence-parallel
+    replica its gradient is partial and is summed over TP after backward (the same marker)."""
+    return mark_sequence_parallel(p)
+
+
 def mark_tp_sharded(p: nn.Parameter, dim: int = 0, stride: int = 1) -> nn.Parameter:
     """A parameter each TP rank holds a different slice of, along `dim` (in `stride` blocks).
     Sharded parameters count on every rank in the gradient norm, replicated ones on TP rank 0

@@ -36,6 +36,18 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--seq-len", "model", "seq_len", int, "tokens per sequence"),
     ("--vocab", "model", "vocab", int, "vocabulary size (byte tokenizer: 256; larger pads, smaller "
                                        "is invalid for byte data)"),
+    ("--arch", "model", "arch", str, "architecture: gpt (LayerNorm, learned positions, GeLU, biases) | llama "
+                                     "(RMSNorm, rotary positions, SwiGLU, no biases); the switches below "
+                                     "override single parts"),
+    ("--kv-heads", "model", "kv_heads", int, "K/V heads for grouped-query attention (must divide --heads; "
+                                             "default: --heads)"),
+    ("--norm", "model", "norm", str, "layernorm | rmsnorm (default: the arch's)"),
+    ("--norm-eps", "model", "norm_eps", float, "epsilon of the norms (default: gpt 1e-5, llama 1e-6)"),
+    ("--position", "model", "position", str, "learned | rope (default: the arch's)"),
+    ("--rope-theta", "model", "rope_theta", float, "base of the rotary frequencies (default 10000)"),
+    ("--max-positions", "model", "max_positions", int, "rows of a learned position table (default --seq-len)"),
+    ("--activation", "model", "activation", str, "MLP activation: gelu (exact) | gelu_tanh (GPT-2's gelu_new) "
+                                                 "| silu (default: the arch's)"),
     ("--dropout", "model", "dropout", float, "dropout probability (default 0; >0 is not layout-invariant)"),
     ("--global-batch", "train", "global_batch", int, "sequences per optimizer step over all DP ranks"),
     ("--micro-batch", "train", "micro_batch", int, "sequences per micro-batch per DP rank; derived when omitted"),
@@ -50,6 +62,8 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
                                        "reduced and optimizer state in fp32)"),
     ("--data", "train", "data", str, "text file or folder to train on (default: the Python standard "
                                      "library's source)"),
+    ("--tokenizer", "train", "tokenizer", str, "a Hugging Face tokenizer.json (needs par3d[hf]); default: "
+                                               "bytes, no download"),
     ("--out", "train", "out", str, "output directory (checkpoints, traces, reports)"),
     ("--on-nonfinite", "train", "on_nonfinite", str, "skip | stop: what a NaN/Inf loss or gradient does"),
 ]
@@ -67,6 +81,7 @@ def register(sub: Any) -> None:
                     help="shard LayerNorm/dropout regions along the sequence (needs tp>1 to matter)")
     ap.add_argument("--tied-embeddings", action="store_true", default=None,
                     help="share the token embedding with the LM head")
+    add_model_source_flags(ap)
     ap.add_argument("--nproc", type=int, default=None, help="local processes to start (default dp*pp*cp*tp)")
     ap.add_argument("--metrics-out", default=None,
                     help="write one JSON line per step (step, loss, lr, tokens, step_time_s) from rank 0")
@@ -94,10 +109,45 @@ def register(sub: Any) -> None:
     ap.set_defaults(func=run)
 
 
+def add_model_source_flags(ap: Any) -> None:
+    ap.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
+                    help="gated (SwiGLU-style) MLP: act(x W_gate) * (x W_up) (default: the arch's)")
+    ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+                    help="biases in the linear layers (default: gpt yes, llama no)")
+    ap.add_argument("--model", default=None, metavar="NAME|PATH",
+                    help="the model's shapes and architecture from a catalogue name (par3d plan --list-models) "
+                         "or a Hugging Face config.json / model folder; model flags override it")
+    ap.add_argument("--init-from", default=None, metavar="PATH",
+                    help="start from a Hugging Face checkpoint folder (LlamaForCausalLM or GPT2LMHeadModel "
+                         "saved with save_pretrained; safetensors, single or sharded): the model is its "
+                         "config.json's, and each rank reads only its slices (needs par3d[hf])")
+
+
+def apply_model_source(cfg: Any, args: argparse.Namespace) -> None:
+    """--model / --init-from set the whole [model] section (before the single model flags)."""
+    from par3d.config import ConfigError, model_config_from_name
+
+    if args.model and args.init_from:
+        raise ConfigError(["--model and --init-from both describe the model; give one (--init-from reads "
+                           "its folder's config.json)"])
+    source = args.init_from or args.model
+    if source:
+        seq = args.seq_len or (cfg.model.seq_len if args.config else None)
+        cfg.model = model_config_from_name(source, seq)
+        cfg.model.dropout = 0.0
+    if args.init_from:
+        cfg.init_from = args.init_from
+    if args.gated_mlp is not None:
+        cfg.model.gated_mlp = args.gated_mlp
+    if args.bias is not None:
+        cfg.model.bias = args.bias
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     from par3d.config import ConfigError, RunConfig
 
     cfg = RunConfig.load_toml(args.config) if args.config else RunConfig()
+    apply_model_source(cfg, args)
     layout_given = any(getattr(args, k) is not None for k in ("dp", "pp", "tp"))
     if not args.config and not layout_given:
         # the demo: all three dimensions on 8 local processes
