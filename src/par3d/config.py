@@ -415,6 +415,35 @@ def dict_to_toml(d: dict[str, Any]) -> str:
 _ROPE_THETA = {"llama2": 10000.0, "llama3": 500000.0}
 
 
+def model_config_from_spec(spec: Any) -> ModelConfig:
+    """The runtime's ModelConfig of a planner ModelSpec (plan/models.py): the same model."""
+    llama = spec.gated and not spec.learned_pos
+    return ModelConfig(
+        arch="llama" if llama else "gpt", vocab=spec.vocab, seq_len=spec.seq_len, layers=spec.layers,
+        hidden=spec.hidden, heads=spec.heads, ffn_hidden=spec.ffn,
+        kv_heads=spec.kv_heads if spec.kv != spec.heads else None, tied_embeddings=spec.tied,
+        norm="rmsnorm" if spec.norm == "rms" else "layernorm", position="learned" if spec.learned_pos else "rope",
+        gated_mlp=spec.gated, activation="silu" if spec.gated else "gelu", bias=spec.bias,
+        rope_theta=_ROPE_THETA.get(spec.name.lower().split("-")[0], 10000.0)).fill_arch()
+
+
+def smoke_model(mc: ModelConfig, tp: int, chunks: int) -> ModelConfig:
+    """The same architecture at CPU size, valid under the same TP degree and pipeline chunks: one
+    layer per chunk, 16 channels per head, the GQA ratio kept (capped at 4), vocabulary 256, 64
+    tokens per sequence — for a smoke test of a planned layout (`par3d plan --emit-smoke`)."""
+    kv = mc.kv
+    group = min(mc.heads // kv, 4)
+    if kv >= tp:
+        kv_s, heads_s = tp, tp * group
+    else:  # tp > kv: the planner only proposes tp a multiple of kv (replicated K/V heads)
+        kv_s, heads_s = kv, tp
+    hidden = 16 * heads_s
+    return dataclasses.replace(
+        mc, vocab=256, seq_len=64, layers=chunks, hidden=hidden, heads=heads_s,
+        kv_heads=kv_s if kv_s != heads_s else None, ffn_hidden=(3 if mc.gated_mlp else 4) * hidden,
+        max_positions=None)
+
+
 def model_config_from_name(name: str, seq_len: int | None = None) -> ModelConfig:
     """`--model NAME|PATH`: a planner catalogue name (plan/models.py) or a Hugging Face config.json
     (a file, or a folder holding one) as the runtime's ModelConfig.  Raises ConfigError."""
@@ -422,12 +451,9 @@ def model_config_from_name(name: str, seq_len: int | None = None) -> ModelConfig
 
     spec = CATALOGUE.get(name.lower())
     if spec is not None:
-        arch = "llama" if spec.gated else "gpt"
-        return ModelConfig(arch=arch, vocab=spec.vocab, seq_len=seq_len or spec.seq_len, layers=spec.layers,
-                           hidden=spec.hidden, heads=spec.heads, ffn_hidden=spec.ffn,
-                           kv_heads=spec.kv_heads if spec.kv != spec.heads else None,
-                           tied_embeddings=spec.tied,
-                           rope_theta=_ROPE_THETA.get(name.lower().split("-")[0], 10000.0)).fill_arch()
+        mc = model_config_from_spec(spec)
+        mc.seq_len = seq_len or mc.seq_len
+        return mc
     if os.path.exists(name):
         from par3d import hf  # the config half of the HF edge imports nothing optional
 

@@ -67,39 +67,13 @@ EOT_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", 
 _CACHE_TAG = ".par3d-"
 
 
-class HFTokenizer:
-    """A Hugging Face `tokenizer.json` (the `tokenizers` library)."""
-
-    def __init__(self, path: str):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ValueError("--tokenizer needs the tokenizers package: pip install 'par3d[hf]'") from None
-        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-        try:
-            self.tok = Tokenizer.from_file(file)
-        except Exception as e:  # the library raises its own exception types
-            raise ValueError(f"--tokenizer {path!r}: not a readable tokenizer.json ({e})") from None
-        with open(file, "rb") as fh:
-            self.digest = hashlib.sha256(fh.read()).hexdigest()[:16]
-        self.vocab = int(self.tok.get_vocab_size(with_added_tokens=True))
-        ids = [self.tok.token_to_id(n) for n in EOT_NAMES]
-        found = [i for i in ids if i is not None]
-        if not found:
-            raise ValueError(f"--tokenizer {path!r} has no end-of-text token (looked for {', '.join(EOT_NAMES)})")
-        self.eot = int(found[0])
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-
 def _doc_files(path: str) -> list[str]:
     if os.path.isdir(path):
         return sorted(os.path.join(r, f) for r, _d, fs in os.walk(path) for f in fs if _CACHE_TAG not in f)
     return [path]
 
 
-def _cache_paths(path: str, tok: HFTokenizer) -> list[str]:
+def _cache_paths(path: str, tok: Any) -> list[str]:
     """Where the token .bin may live: next to the text, else in the cache folder."""
     name = os.path.basename(os.path.normpath(path)) + f"{_CACHE_TAG}{tok.digest}.bin"
     here = os.path.join(os.path.dirname(os.path.abspath(os.path.normpath(path))), name)
@@ -108,12 +82,12 @@ def _cache_paths(path: str, tok: HFTokenizer) -> list[str]:
     return [here, os.path.join(cache, f"{key}-{name}")]
 
 
-def _stamp(files: list[str], tok: HFTokenizer) -> dict[str, Any]:
+def _stamp(files: list[str], tok: Any) -> dict[str, Any]:
     return {"tokenizer": tok.digest, "eot": tok.eot,
             "files": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files]}
 
 
-def tokenized(path: str, tok: HFTokenizer) -> tuple[np.ndarray, str]:
+def tokenized(path: str, tok: Any) -> tuple[np.ndarray, str]:
     """The token ids of the documents under `path` (memory-mapped), tokenizing only when no
     up-to-date .bin exists.  Returns (tokens, the .bin's path)."""
     files = _doc_files(path)
@@ -161,6 +135,8 @@ class Corpus:
     @staticmethod
     def load(path: str | None = None, tokenizer: str | None = None, limit: int | None = None) -> Corpus:
         if tokenizer is not None:
+            from par3d.hf import HFTokenizer  # the Hugging Face edge
+
             tok = HFTokenizer(tokenizer)
             if path is None:
                 raise ValueError("--tokenizer needs --data (the default corpus is bytes)")

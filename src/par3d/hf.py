@@ -27,6 +27,7 @@ safetensors' lazy slicing, so no rank ever holds a full copy of a tensor it shar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -35,6 +36,37 @@ from typing import Any
 from par3d.config import ConfigError, ModelConfig
 
 _VOCAB_PARAMS = ("embedding.tok.weight", "head.weight")
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------------------
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json` (the `tokenizers` library); `data.Corpus` packs documents with
+    its end-of-text token (the first of data.EOT_NAMES it knows)."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("--tokenizer needs the tokenizers package: pip install 'par3d[hf]'") from None
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        try:
+            self.tok = Tokenizer.from_file(file)
+        except Exception as e:  # the library raises its own exception types
+            raise ValueError(f"--tokenizer {path!r}: not a readable tokenizer.json ({e})") from None
+        with open(file, "rb") as fh:
+            self.digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+        self.vocab = int(self.tok.get_vocab_size(with_added_tokens=True))
+        from par3d.data import EOT_NAMES
+
+        ids = [self.tok.token_to_id(n) for n in EOT_NAMES]
+        found = [i for i in ids if i is not None]
+        if not found:
+            raise ValueError(f"--tokenizer {path!r} has no end-of-text token (looked for {', '.join(EOT_NAMES)})")
+        self.eot = int(found[0])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
 
 
 # ---- config.json <-> ModelConfig (no torch) ---------------------------------------------------------

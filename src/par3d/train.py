@@ -172,9 +172,14 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
                        recompute=pc.recompute, dtype=dtype, cp=groups.cp)
-    chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]).to(device) for k in range(v)]
+    chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]) for k in range(v)]
+    if cfg.init_from:  # Hugging Face weights: each rank reads its own slices (before the fp32 masters)
+        from par3d import hf
+
+        hf.load_into(cfg.init_from, chunks, groups.tp, mc)
+    chunks = [ch.to(device) for ch in chunks]
     dpar = DataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
-    return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data), part)
+    return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data, tc.tokenizer), part)
 
 
 def _start_pipeline(r: _Rank) -> None:
@@ -468,14 +473,24 @@ def preflight(cfg: RunConfig) -> str | None:
     mc, tc = cfg.model, cfg.train
     errs = []
     try:
-        corpus = Corpus.load(tc.data)
+        corpus = Corpus.load(tc.data, tc.tokenizer)  # with a tokenizer: tokenized here, once, for every rank
     except (OSError, ValueError) as e:
         raise ConfigError([f"train.data={tc.data!r}: {e}"]) from None
-    # (too little text for one sequence is already a validate() error)
-    top = int(corpus.tokens.max()) if len(corpus) else 0
-    if top >= mc.vocab:
-        errs.append(f"model.vocab={mc.vocab}: the data holds token {top} (bytes are tokens 0..255); "
-                    f"use --vocab 256")
+    # (too little text for one sequence is already a validate() error for bytes)
+    if len(corpus) < mc.seq_len + 1:
+        errs.append(f"train.data={tc.data!r} holds {len(corpus)} tokens, fewer than seq_len+1={mc.seq_len + 1}; "
+                    f"give more text or a smaller --seq-len")
+    if tc.tokenizer is not None:
+        if corpus.vocab > mc.vocab:
+            errs.append(f"model.vocab={mc.vocab}: the tokenizer {tc.tokenizer!r} has {corpus.vocab} tokens; "
+                        f"use --vocab {corpus.vocab} (or a model whose vocabulary covers the tokenizer's)")
+    else:
+        top = int(corpus.tokens.max()) if len(corpus) else 0
+        if top >= mc.vocab:
+            errs.append(f"model.vocab={mc.vocab}: the data holds token {top} (bytes are tokens 0..255); "
+                        f"use --vocab 256")
+    if cfg.init_from:
+        errs.extend(check_init_from(cfg))
     launched = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None
     if launched is not None and int(launched) != cfg.parallel.world_size:
         errs.append(f"the launcher started {launched} processes but dp x pp x tp = "
@@ -491,6 +506,22 @@ def preflight(cfg: RunConfig) -> str | None:
         for note in notes:
             print(f"par3d: {note}", file=sys.stderr)
     return path
+
+
+def check_init_from(cfg: RunConfig) -> list[str]:
+    """Problems with `--init-from` found without starting a process: the folder, its config.json
+    against the run's model, the safetensors files, the optional dependency."""
+    from par3d import hf
+
+    try:
+        hf.check_matches(hf.model_config_from_hf(hf.read_hf_config(cfg.init_from), cfg.model.seq_len,
+                                                 cfg.init_from), cfg.model, cfg.init_from)
+        hf.SafetensorsReader(cfg.init_from)
+    except ImportError:
+        return ["--init-from needs the safetensors package: pip install 'par3d[hf]'"]
+    except ConfigError as e:
+        return e.problems
+    return []
 
 
 def run(cfg: RunConfig, options: RunOptions | Mapping[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -156,6 +156,11 @@ def register(sub) -> None:
     g.add_argument("--emit-config", metavar="FILE", default=None,
                    help="write a `par3d train` TOML config of the best plan (restricted to the ZeRO stages "
                         "and context parallelism the runtime supports)")
+    g.add_argument("--emit-smoke", action="store_true",
+                   help="with --emit-config: the same architecture and layout at CPU size (one layer per "
+                        "pipeline chunk, 16 channels per head, vocab 256, seq 64, micro-batch 1, at most 8 "
+                        "micro-batches, 3 steps, fp32) "
+                        "for a smoke test of the plan with `par3d train --config FILE`")
     p.set_defaults(func=run)
 
 
@@ -249,6 +254,8 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         args.schedule = "interleaved"
     if args.schedule == "interleaved" and args.virtual_stages == 1:
         raise UsageError("--schedule interleaved needs --virtual-stages >= 2 (or omit it to search v)")
+    if getattr(args, "emit_smoke", False) and not args.emit_config:
+        raise UsageError("--emit-smoke shrinks the config --emit-config writes; add --emit-config FILE")
     if args.emit_config:
         max_zero, has_cp = runtime_support()
         if args.zero_stage is not None and args.zero_stage > max_zero:
@@ -357,7 +364,15 @@ def lines_join(fixes: list[str]) -> str:
 def _emit(args, model, plan) -> None:
     import dataclasses
 
-    from par3d.config import DTYPES, ConfigError, ModelConfig, ParallelConfig, RunConfig, TrainConfig
+    from par3d.config import (
+        DTYPES,
+        ConfigError,
+        ParallelConfig,
+        RunConfig,
+        TrainConfig,
+        model_config_from_spec,
+        smoke_model,
+    )
 
     c = plan.choice
     par = dict(dp=c.dp, pp=c.pp, tp=c.tp, schedule=c.schedule, microbatches=c.microbatches,
@@ -366,13 +381,19 @@ def _emit(args, model, plan) -> None:
     if any(f.name == "cp" for f in dataclasses.fields(ParallelConfig)):
         par["cp"] = c.cp  # the search keeps cp = 1 while the runtime lacks it (runtime_support)
     dtype = args.dtype if args.dtype in DTYPES else "bf16"
+    mc = model_config_from_spec(model)  # the planner's model, architecture and all
+    smoke = bool(getattr(args, "emit_smoke", False))
+    if smoke:
+        mc = smoke_model(mc, c.tp, c.pp * c.virtual_stages)
+    mb = 1 if smoke else c.micro_batch
+    if smoke and c.microbatches > 8:  # a few micro-batches still exercise the schedule
+        par["microbatches"] = max(c.pp, 8 // c.pp * c.pp)
     rc = RunConfig(
-        model=ModelConfig(vocab=model.vocab, seq_len=model.seq_len, layers=model.layers, hidden=model.hidden,
-                          heads=model.heads, ffn_hidden=model.ffn, tied_embeddings=model.tied),
+        model=mc,
         parallel=ParallelConfig(**par),
-        train=TrainConfig(global_batch=c.micro_batch * c.microbatches * c.dp, micro_batch=c.micro_batch,
-                          dtype=dtype),
-        hardware=args.hardware,
+        train=TrainConfig(global_batch=mb * par["microbatches"] * c.dp, micro_batch=mb,
+                          dtype="fp32" if smoke else dtype, **({"steps": 3} if smoke else {})),
+        hardware=None if smoke else args.hardware,
     )
     try:
         rc.validate()
@@ -385,8 +406,9 @@ def _emit(args, model, plan) -> None:
             if dtype != args.dtype:
                 fh.write(f"# note: planned for --dtype {args.dtype}; par3d train runs {', '.join(DTYPES)}, so "
                          f"the config trains in {dtype}\n")
-            if model.gated or model.kv != model.heads:
-                fh.write("# note: par3d's GPT has no gated MLP / grouped-query attention; shapes are approximate\n")
+            if smoke:
+                fh.write(f"# smoke test: {model.name}'s architecture and the plan's layout at CPU size "
+                         f"(--emit-smoke)\n")
             fh.write(rc.to_toml())
     except OSError as e:
         raise UsageError(f"--emit-config {args.emit_config}: cannot write ({e.strerror}); give a writable path") \
