@@ -1,7 +1,7 @@
 """The Llama-style architecture (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no
 biases, untied embeddings) against its single-process reference, under DP, PP (every schedule),
-TP with K/V heads split (tp <= kv_heads) and replicated (tp > kv_heads), SP, recomputation and
-ZeRO-1 — in ONE world of 8 gloo ranks: 3 steps' losses, step-1 gradients and the parameters after
+TP with K/V heads split (tp <= kv_heads) and replicated (tp > kv_heads), SP, recomputation,
+ZeRO-1 and context parallelism — in ONE world of 8 gloo ranks: 3 steps' losses, step-1 gradients and the parameters after
 step 3 equal the one-process run within TOL = 1e-5 (fp32), as for the GPT (tests/test_equiv_*.py)."""
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ LAYOUTS = {
     "tp4_recompute_selective": llama(tp=4, recompute="selective"),
     "mha_tp2": llama(tp=2, kv_heads=4),  # kv_heads = heads: the fused Q|K|V projection with rotary
     "tied_pp2_tp2": llama(pp=2, tp=2, tied=True),
+    # context parallelism: rotary angles at each CP rank's global positions, GQA K/V in the ring
+    "cp2_tp2_kv_split": llama(cp=2, tp=2),
+    "cp2_tp4_kv_replicated": llama(cp=2, tp=4),
 }
 REFS: dict[str, tuple[str, dict]] = {}
 for _n, _c in LAYOUTS.items():
