@@ -31,7 +31,7 @@ def choice(cfg: RunConfig) -> cost.Choice:
     return cost.Choice(tp=pc.tp, pp=pc.pp, dp=pc.dp, micro_batch=int(tc.micro_batch or 1),
                        microbatches=int(pc.microbatches or 1), schedule=pc.schedule,
                        virtual_stages=pc.virtual_stages, recompute=pc.recompute, zero_stage=pc.zero_stage,
-                       sequence_parallel=pc.sequence_parallel)
+                       sequence_parallel=pc.sequence_parallel, cp=getattr(pc, "cp", 1))
 
 
 def cluster_of(hw: HardwareFile, cfg: RunConfig) -> Cluster:
