@@ -74,13 +74,19 @@ def test_1f1b_peaks():
 
 
 def test_more_memory_less_time_monotone():
-    model, cl = CATALOGUE["gpt3-13b"], make_cluster("a100-80gb", 64)
+    # without FlashAttention: the s² scores are stored unless selective recompute drops them
+    model, cl = CATALOGUE["gpt3-13b"], make_cluster("a100-80gb", 64, flash_attention=False)
     plans = [evaluate(model, cl, Choice(8, 2, 4, 1, 32, "1f1b", 1, r, 0, True)) for r in ("none", "selective", "full")]
     assert plans[0].memory.activations > plans[1].memory.activations > plans[2].memory.activations
     assert plans[0].step_time <= plans[1].step_time < plans[2].step_time
     assert plans[2].hardware_tflops_per_gpu > plans[2].model_tflops_per_gpu
     z = [evaluate(model, cl, Choice(8, 2, 4, 1, 32, "1f1b", 1, "none", k, True)) for k in (0, 1, 2, 3)]
     assert z[0].memory.total > z[1].memory.total > z[2].memory.total > z[3].memory.total
+    # with FlashAttention no s² tensor is stored: selective recompute saves nothing more
+    fl = make_cluster("a100-80gb", 64)
+    assert fl.flash
+    f = [evaluate(model, fl, Choice(8, 2, 4, 1, 32, "1f1b", 1, r, 0, True)) for r in ("none", "selective")]
+    assert f[0].memory.activations == f[1].memory.activations < plans[0].memory.activations
 
 
 def test_bubble_from_simulator_and_interleaving_helps():

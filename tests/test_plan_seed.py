@@ -8,15 +8,20 @@ from par3d.pipeline.schedules import build
 from par3d.pipeline.simulate import simulate
 from par3d.plan.compute import Gemm, roofline
 from par3d.plan.cost import Choice, layer_accounting, memory, rank_shapes
-from par3d.plan.hardware import make_cluster
+from par3d.plan.hardware import SEED_EFFICIENCY, make_cluster
 from par3d.plan.models import CATALOGUE
 from par3d.plan.search import Fixed, Limits, min_microbatches, search
+
+
+def seed_cluster(gpus: int):
+    """The seed's hardware description: every GEMM at 48 % of peak, flat rings, no FlashAttention."""
+    return make_cluster("a100-80gb", gpus, efficiency=SEED_EFFICIENCY, flash_attention=False)
 
 
 @pytest.fixture(scope="module")
 def seed_layer():
     # seed §4.2: A100-80GB, NVLink 300 GB/s, micro-batch 8 x seq 1024 = 8192 tokens, H=4096, E=8
-    return layer_accounting(CATALOGUE["seed-96l"], make_cluster("a100-80gb", 512), micro_batch=8, tp=8)
+    return layer_accounting(CATALOGUE["seed-96l"], seed_cluster(512), micro_batch=8, tp=8)
 
 
 def test_42_layer_compute_and_tp_comm(seed_layer):
@@ -41,7 +46,7 @@ def test_42_slowdown_on_25_gbps(seed_layer):
 
 
 def test_44_roofline():
-    dev = make_cluster("a100-80gb").device
+    dev = seed_cluster(8).device
     small = roofline(Gemm("fc1", 64, 2048, 4096), dev, "bf16")
     big = roofline(Gemm("fc1", 8192, 2048, 4096), dev, "bf16")
     assert small.intensity == pytest.approx(61, rel=0.01)
@@ -78,7 +83,7 @@ def test_q1_min_microbatches():
 
 def test_q3_model_states():
     model = CATALOGUE["gpt3-175b"]
-    cl = make_cluster("a100-80gb", 512)
+    cl = seed_cluster(512)
     c = Choice(8, 8, 8, 1, 48, "1f1b", 1, "none", 0, False)
     mem, _ = memory(model, cl, c)
     # the seed: 175e9 / 64 = 2.73e9 params x 16 B = 43.8 GB (decimal).  Our heaviest stage also
@@ -93,7 +98,7 @@ def test_q3_model_states():
 
 def test_q3_search():
     model = CATALOGUE["gpt3-175b"]
-    cl = make_cluster("a100-80gb", 512)
+    cl = seed_cluster(512)
     # Q3's constraints: states fit, bubble <= ~15%, TP inside a node; the seed's setting has no ZeRO.
     res = search(model, cl, 384, Fixed(zero_stage=0), Limits(max_bubble=0.15), top=5)
     best = res.plans[0].choice

@@ -58,3 +58,89 @@ def all_gather(nbytes: float, e: int, link: Link) -> Cost:
 def p2p(nbytes: float, link: Link) -> Cost:
     """Point-to-point send: α + n/β (seed §4.5)."""
     return Cost(link.alpha, nbytes / link.beta)
+
+
+# ---- collectives as NCCL runs them on a cluster of nodes ------------------------------------------
+#
+# A group of E ranks whose consecutive members are `stride` global ranks apart (mesh.py: TP stride
+# 1, CP stride tp, PP stride tp·cp, DP stride tp·cp·pp) has g = min(E, gpus_per_node / stride)
+# members in each node and spans N = E / g nodes.
+# - Inside one node (N = 1): a ring over NVLink/NVSwitch at the achieved NVLink bandwidth.
+# - Across nodes: NCCL runs one ring per channel, each channel leaving a node through one NIC, so
+#   a node's link to the rest carries the whole ring traffic (E-1)/E·n (×2 for all-reduce) through
+#   the NICs its g members own: bandwidth g × (per-GPU NIC share) × NIC efficiency.  Inside the
+#   node the same traffic moves over NVLink; the two stages pipeline, so the bandwidth term is the
+#   slower of the two — the group's real bottleneck.  A group with one member per node (TP inside
+#   nodes, DP across them) is thus priced at one GPU's NIC share, a group of all eight GPUs of each
+#   node at the whole node's NICs (hierarchical reduction).
+# - Latency: a ring pays (E-1) steps (α of the slowest link); NCCL's tree all-reduce pays
+#   2·log2(N) inter-node and 2(g-1) intra-node steps at about the ring's bandwidth; NCCL picks the
+#   faster by message size, so the all-reduce here is the smaller of the two.  All-gather and
+#   reduce-scatter are rings.
+
+def _group_shape(e: int, stride: int, gpn: int) -> tuple[int, int]:
+    """(members per node g, nodes spanned N) of a group of e ranks `stride` apart."""
+    g = max(1, min(e, gpn // max(stride, 1)))
+    return g, -(-e // g)
+
+
+def collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:  # cluster: hardware.Cluster
+    """Time of one collective on `cluster` (kind: all_reduce, all_gather, reduce_scatter).
+
+    With `cluster.hier` False this is the seed's flat ring over the slowest link crossed.
+    """
+    if e <= 1:
+        return ZERO
+    return _collective(kind, float(nbytes), e, max(stride, 1), cluster)
+
+
+_CACHE: dict[tuple, Cost] = {}
+
+
+def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
+    key = (kind, nbytes, e, stride, cluster)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    from .hardware import NIC_EFF, NVLINK_EFF
+
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    gpn = cluster.gpus_per_node
+    span = e * stride
+    if not cluster.hier:
+        link = cluster.intra if span <= gpn else cluster.inter
+        out = all_reduce(nbytes, e, link) if kind == "all_reduce" else reduce_scatter(nbytes, e, link)
+    else:
+        g, nodes = _group_shape(e, stride, gpn)
+        nvl = cluster.intra.beta * NVLINK_EFF
+        vol = factor * (e - 1) / e * nbytes  # what each rank sends (ring) = what crosses each cut
+        if nodes <= 1:
+            out = Cost(factor * (e - 1) * cluster.intra.alpha, vol / nvl)
+        else:
+            nic = g * cluster.inter.beta * NIC_EFF  # the group's share of one node's NICs
+            beta = max(vol / nic, vol / nvl if g > 1 else 0.0)
+            a_ring = factor * (e - 1) * max(cluster.inter.alpha, cluster.intra.alpha)
+            if kind == "all_reduce":
+                import math
+
+                a_tree = 2 * math.ceil(math.log2(nodes)) * cluster.inter.alpha + 2 * (g - 1) * cluster.intra.alpha
+                out = Cost(min(a_ring, a_tree), beta)
+            else:
+                out = Cost(a_ring, beta)
+    if len(_CACHE) > 200_000:
+        _CACHE.clear()
+    _CACHE[key] = out
+    return out
+
+
+def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
+    """Point-to-point between pipeline neighbours `stride` ranks apart: NVLink inside a node, else
+    the sender's NIC share (rail-aligned neighbours: every GPU of a node sends at once).  Flat
+    (seed) clusters: the link of the whole pipeline group's `span`."""
+    from .hardware import NIC_EFF, NVLINK_EFF
+
+    if not cluster.hier:
+        return p2p(nbytes, cluster.link_for_span(span))
+    if stride < cluster.gpus_per_node and 2 * stride <= cluster.gpus_per_node:
+        return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * NVLINK_EFF))
+    return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))

@@ -14,8 +14,25 @@ with bytes = (M·K + K·N + M·N)·dtype bytes (each operand read once, output w
 seed's "forced DRAM traffic") and wave_eff the wave quantization of seed §3.2: the output is cut
 into 128×128 tiles, one per SM at a time; ceil(tiles/SMs) waves run, the last one partly empty.
 When there are fewer tiles than SMs we assume split-K (as cuBLAS does) up to K/512 ways.
-`efficiency` (hardware.py) is the calibratable achievable fraction of peak; it also stands in for
-the elementwise kernels (layer norm, GeLU, softmax, dropout) that are not modelled one by one.
+In the **flat** kernel model (the seed's), `efficiency` (hardware.py) is the achievable fraction
+of peak for every GEMM; it also stands in for the elementwise kernels (layer norm, GeLU, softmax,
+dropout) that are not modelled one by one.
+
+In the **table** kernel model (catalogue GPUs by default):
+- a GEMM takes  max(FLOPs / (peak · f_dtype · wave_eff), bytes / (HBM · mem_eff)) + t_kernel:
+  f_dtype is the GPU's sustained achievable share of peak for large GEMMs (gemm_table.py:
+  measured MAMF × sustained clock), wave_eff the same tile/wave quantization, t_kernel = 3 µs the
+  fill/drain of one kernel.  Achieved throughput therefore rises with size: small GEMMs are
+  bound by HBM traffic, by partly empty waves and by the fixed cost, large ones approach f_dtype.
+- non-GEMM work is HBM traffic at `mem_eff` of the bandwidth (`elementwise_bytes`): two norms,
+  two bias+dropout+residual blocks, the activation (GeLU or SwiGLU), rotary embeddings, and —
+  without FlashAttention — the softmax and dropout over the b·a/t·s² attention scores;
+  backward moves twice the forward's bytes.
+- with FlashAttention (default where the GPU has it; `--no-flash-attention` turns it off) the
+  attention core is one fused kernel at `attn_eff` of peak doing the causal half of the FLOPs
+  the formulas above count (FlashAttention skips masked tiles), and no s² tensor is written.
+- the output head adds the cross-entropy over the logits: 14 B of HBM traffic per logit
+  (bf16 write and read, fp32 softmax write and read, bf16 gradient write).
 """
 
 from __future__ import annotations
@@ -28,6 +45,8 @@ from .models import ModelSpec
 
 TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
 SPLIT_K_MIN = 512  # smallest K slice per split-K CTA
+KERNEL_S = 3e-6  # fill and drain of one GEMM kernel (table model): a few µs, an assumption
+LOGIT_BYTES = 14.0  # HBM bytes per logit for the loss (see the module docstring)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
@@ -77,7 +96,10 @@ def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
     ai = g.flops / nbytes
     attainable = min(peak, ai * dev.mem_bw)
     we = wave_efficiency(g, dev.sms)
-    t = max(g.flops / (peak * dev.efficiency * we), nbytes / dev.mem_bw)
+    if dev.kernel_model == "table":
+        t = max(g.flops / (peak * dev.gemm_fraction(dtype) * we), nbytes / (dev.mem_bw * dev.mem_eff)) + KERNEL_S
+    else:
+        t = max(g.flops / (peak * dev.efficiency * we), nbytes / dev.mem_bw)
     return Roofline(g.flops, nbytes, ai, dev.balance(dtype), "memory" if ai < dev.balance(dtype) else "compute",
                     attainable, attainable / peak, we, t)
 
@@ -117,24 +139,65 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
     return 24.0 * tokens * model.hidden**2 / tp
 
 
+def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16") -> float:
+    """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
+
+    Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
+    residual, write the sum, write a 1-byte mask: 3 elements + 1 B per T·h); the activation (GeLU:
+    read + write T·f/t; SwiGLU: read 2, write 1); rotary embeddings on Q and K (read + write) for
+    models without learned positions; without FlashAttention the softmax (read + write) and the
+    attention dropout (read + write + mask; models with biases, i.e. GPT-style, train with dropout)
+    over b·(a/t)·s² scores.  The T·h terms are replicated on TP ranks unless sequence parallelism
+    shards them.
+    """
+    d = DTYPE_BYTES.get(dtype, 2)
+    s, h, t = model.seq_len, model.hidden, tp
+    tok = b * s
+    rep = 1.0 / t if sp else 1.0
+    drop = 1.0 if model.bias else 0.0
+    by = 2 * 2 * tok * h * d * rep  # two norms
+    by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
+    by += (3 if model.gated else 2) * tok * model.ffn / t * d  # activation
+    if not model.learned_pos:
+        by += 2 * tok * (h + model.kv_dim) / t * d  # rotary on Q and K
+    if not flash:
+        scores = b * (model.heads / t) * s * s
+        by += scores * (2 * d + drop * (2 * d + 1))
+    return by
+
+
 @dataclass(frozen=True)
 class LayerTimes:
-    fwd: float  # one layer forward, one micro-batch, seconds (roofline + waves)
+    fwd: float  # one layer forward, one micro-batch, seconds (roofline + waves [+ elementwise])
     core: float  # the attention-core part of fwd (what selective recompute redoes)
-    head_fwd: float  # the output head's forward GEMM (last stage only)
+    head_fwd: float  # the output head's forward GEMM [+ the loss's traffic] (last stage only)
     fwd_flops: float
     core_flops: float
     head_flops: float
+    elementwise: float = 0.0  # the non-GEMM part of fwd (table model)
 
 
-@lru_cache(maxsize=4096)
-def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int) -> LayerTimes:
+@lru_cache(maxsize=8192)
+def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
+                flash: bool = False) -> LayerTimes:
     gs = layer_gemms(model, b, tp)
-    times = {g.name: gemm_time(g, dev, dtype) for g in gs}
-    core = times["attn_scores"] + times["attn_values"]
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp)
-    return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops)
+    if dev.kernel_model != "table":
+        times = {g.name: gemm_time(g, dev, dtype) for g in gs}
+        core = times["attn_scores"] + times["attn_values"]
+        return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops)
+    times = {g.name: gemm_time(g, dev, dtype) for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
+    if flash:  # one fused kernel doing the causal half of the counted core FLOPs
+        core = 0.5 * core_f / (dev.peak(dtype) * dev.attn_eff) + KERNEL_S
+    else:
+        core = times["attn_scores"] + times["attn_values"]
+    elem = elementwise_bytes(model, b, tp, sp, flash, dtype) / (dev.mem_bw * dev.mem_eff)
+    others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
+    loss = LOGIT_BYTES / 3 * b * model.seq_len  # the forward's third (backward = 2 × forward)
+    loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
+    return LayerTimes(others + core + elem, core, gemm_time(hg, dev, dtype) + loss, gemm + core_f, core_f,
+                      hg.flops, elem)
 
 
 def model_flops_per_sequence(model: ModelSpec) -> float:

@@ -28,9 +28,26 @@ block i+1 overlaps the attention of block i, so the exposed part per layer is
 max(0, ring time − attention time of the cp − 1 remote blocks).  CP ranks hold the same weights:
 their gradients are reduced (and ZeRO shards) over dp × cp ranks.
 
-Link choice follows the rank layout of mesh.py (TP fastest, then CP, then PP, then DP): a group
-whose ranks span ≤ gpus_per_node consecutive ranks uses the intra-node link, otherwise the
-inter-node one (TP spans tp ranks, CP tp·cp, PP tp·cp·pp, DP all of them).
+Link choice follows the rank layout of mesh.py (TP fastest, then CP, then PP, then DP).  On a
+hierarchical cluster (catalogue GPUs: `Cluster.hier`) every TP/DP collective is `comm.collective`:
+NVLink inside a node, the group's share of the node's NICs across nodes, the slower of the two
+being the group's bottleneck; PP and CP hops are `comm.send_recv`.  Flat clusters (the seed's,
+calibrated hardware files) keep the seed's rule: a group whose ranks span ≤ gpus_per_node
+consecutive ranks uses the intra-node link, otherwise the inter-node one (TP spans tp ranks, CP
+tp·cp, PP tp·cp·pp, DP all of them).
+
+Overlap costs something on hierarchical clusters (`Device.sigma`: σ = NCCL channels / SMs by
+default, calibratable as `overlap_slowdown`): compute of c seconds running while a collective of k
+seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
+- ZeRO-3 prefetches one layer ahead: each pass over a chunk exposes its first all-gather, each
+  later layer costs overlapped(its compute, the next gather), the backward's last reduce-scatter
+  is exposed; the backward re-gathers the weights (twice with full recompute: once for the
+  recomputed forward).  ZeRO-3's parameter collectives are priced at one GPU's NIC share, as
+  DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did not fall when
+  768 GPUs became 1,536, i.e. no gain from the node's other NICs); docs/planner.md.
+- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket) behind the last
+  micro-batch's backward: bucket i starts when layer i's backward ends, buckets queue on the
+  network, the tail after the backward is exposed and the backward slows by σ while buckets fly.
 """
 
 from __future__ import annotations
@@ -269,16 +286,64 @@ def _in_step(link: Link, prof: Profile) -> Link:
     return replace(link, alpha=link.alpha + prof.sync)
 
 
+def strides(c: Choice) -> tuple[int, int, int, int]:
+    """Global-rank distance between neighbours of a TP, CP, PP and DP group (mesh.py's order)."""
+    return 1, c.tp, c.tp * c.cp, c.tp * c.cp * c.pp
+
+
+def overlapped(compute: float, comm_s: float, sigma: float) -> float:
+    """Wall time of `compute` seconds of kernels running while `comm_s` seconds of a collective
+    proceed: the longer of the two, plus the slowdown σ of the overlapped part."""
+    return max(compute, comm_s) + sigma * min(compute, comm_s)
+
+
+def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object) -> float:
+    """One TP all-reduce of `nbytes` (with SP an all-gather + reduce-scatter: the same ring bytes)."""
+    if c.tp <= 1:
+        return 0.0
+    if not cluster.hier:
+        return comm.all_reduce(nbytes, c.tp, link).total  # type: ignore[arg-type]
+    if c.sequence_parallel:
+        return (comm.collective("all_gather", nbytes, c.tp, 1, cluster)
+                + comm.collective("reduce_scatter", nbytes, c.tp, 1, cluster)).total
+    return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
+
+
+def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_gpu_nic: bool = False) -> float:
+    """A collective over the dp × cp ranks that hold the same weights (hierarchical clusters);
+    `per_gpu_nic` prices it at one GPU's NIC share (ZeRO-3's parameter collectives)."""
+    ng = c.dp * c.cp
+    if ng <= 1:
+        return 0.0
+    stride = strides(c)[1] if c.dp == 1 else strides(c)[3]  # dp × cp: the wider stride bounds members per node
+    if per_gpu_nic:
+        stride = max(stride, cluster.gpus_per_node)
+    return comm.collective(kind, nbytes, ng, stride, cluster).total
+
+
+def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
+                   sigma: float) -> tuple[float, float]:
+    """Extra forward and backward time of one chunk of n layers under ZeRO-3 with one-layer
+    prefetch: f, b = one layer's forward and backward (+ recompute) time; ag, rs = one layer's
+    all-gather and reduce-scatter."""
+    n = max(n, 1)
+    fwd = ag + (n - 1) * overlapped(f, ag, sigma) + f
+    gathers = ag * (2 if full else 1)  # backward re-gathers (and again for the recomputed forward)
+    bwd = gathers + (n - 1) * overlapped(b, gathers + rs, sigma) + b + rs
+    return fwd - n * f, bwd - n * b
+
+
 def local_model(model: ModelSpec, cp: int) -> ModelSpec:
     """The model as one CP rank's GEMMs see it: s/cp tokens per sequence."""
     return model if cp == 1 else replace(model, seq_len=model.seq_len // cp)
 
 
 @lru_cache(maxsize=4096)
-def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int) -> LayerTimes:
+def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
+                   flash: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core."""
-    lt = layer_times(local_model(model, cp), dev, dtype, b, tp)  # type: ignore[arg-type]
+    lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash)  # type: ignore[arg-type]
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
@@ -293,7 +358,7 @@ def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: s
     if c.cp <= 1:
         return 0.0, 0.0
     kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[dtype]
-    hop = comm.p2p(kv, link).total  # type: ignore[arg-type]
+    hop = comm.p2p(kv, link).total if not isinstance(link, comm.Cost) else link.total  # type: ignore[arg-type]
     ring = (c.cp - 1) * hop
     window = core * (c.cp - 1) / c.cp
     fwd = max(0.0, ring - window)
@@ -304,16 +369,22 @@ def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: s
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
-    lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp)
+    hier = cluster.hier
+    lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
+                                    cluster.flash)
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
     # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
-    ar = comm.all_reduce(act, c.tp, lk.tp).total  # type: ignore[arg-type]
+    ar = tp_collective(cluster, c, act, lk.tp)
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     rec_comm = 2 * ar if c.recompute == "full" else 0.0
-    ce = 3 * comm.all_reduce(4.0 * c.micro_batch * s_local, c.tp, lk.tp).total  # type: ignore[arg-type]
-    cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
+    ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
+    if hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
+        kv = c.micro_batch * s_local * 2 * model.kv_dim_per_rank(c.tp) * db
+        cpf, cpb = cp_exchange(model, c, comm.send_recv(kv, c.tp, cluster, c.tp * c.cp), lt.core, dtype)
+    else:
+        cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
     # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange
     cpr = cpf if c.recompute in ("full", "selective") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
@@ -337,7 +408,13 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         b_tp = n * 2 * ar + n * rec_comm
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
-        if c.zero_stage >= 3 and g > 1:
+        if c.zero_stage >= 3 and g > 1 and hier:
+            layer_bytes = 2.0 * model.layer_params_per_rank(c.tp)
+            ag = grad_collective(cluster, c, "all_gather", layer_bytes, per_gpu_nic=True)
+            rs = grad_collective(cluster, c, "reduce_scatter", layer_bytes, per_gpu_nic=True)
+            z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs,
+                                      c.recompute == "full", dev.sigma)
+        elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
             ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             rs = comm.reduce_scatter(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             z3f = max(0.0, ag - fc)
@@ -357,7 +434,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.zero3.append(z3f + z3b)
         seen[key] = (f, b, fc + br + b_tp + b_cp + z3b, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp, z3f + z3b)
     boundary = act / (c.tp if c.sequence_parallel else 1)
-    out.transfer = comm.p2p(boundary, lk.pp).total if c.pp > 1 else 0.0  # type: ignore[arg-type]
+    if c.pp <= 1:
+        out.transfer = 0.0
+    elif hier:
+        out.transfer = comm.send_recv(boundary, strides(c)[2], cluster, c.tp * c.cp * c.pp).total
+    else:
+        out.transfer = comm.p2p(boundary, lk.pp).total  # type: ignore[arg-type]
     if cluster.profile is not None:
         _add_runtime_costs(out, model, c, lay, boundary, cluster.profile)
     return out
@@ -462,7 +544,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
-    acc, flash = opts.memory_accounting, opts.flash_attention
+    acc, flash = opts.memory_accounting, opts.flash_attention or cluster.flash
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
                                        cluster.dtype, c.cp, flash)
@@ -500,10 +582,38 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int,
 
 # ---- DP tail and optimizer -----------------------------------------------------------------------
 
+def bucketed_tail(n: int, b: float, r: float, sigma: float) -> float:
+    """Exposed time after a backward of n layers (b s each) whose gradients are reduced one layer's
+    bucket at a time (r s each): bucket i starts when layer i's backward ends and the network takes
+    the buckets in turn; the backward slows by σ while a bucket is in flight."""
+    n = max(n, 1)
+    if r <= b:  # every bucket but the last hides behind the next layer's backward
+        return r + sigma * (n - 1) * r
+    return n * r - (n - 1) * b + sigma * (n - 1) * b
+
+
+def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+    if c.zero_stage >= 3:
+        return 0.0  # reduced per micro-batch inside the stage durations
+    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    worst = 0.0
+    for r, shape in enumerate(shapes):
+        g = gbytes * shape.params
+        n_layers = max(sum(shape.layers), 1)
+        red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
+        gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
+        window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
+        worst = max(worst, bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma) + gather)
+    return worst
+
+
 def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
     ng = c.dp * c.cp  # DP and CP ranks reduce their gradients together
     if ng <= 1:
         return 0.0
+    if cluster.hier:
+        return _dp_tail_bucketed(model, cluster, c, st)
     lk = links(cluster, c)
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
@@ -532,7 +642,9 @@ def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> fl
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     params = max(s.params for s in shapes) / (c.dp * c.cp if c.zero_stage >= 1 else 1)
-    return ADAM_BYTES_PER_PARAM * params / cluster.device.mem_bw
+    dev = cluster.device
+    bw = dev.mem_bw * (dev.mem_eff if dev.kernel_model == "table" else 1.0)
+    return ADAM_BYTES_PER_PARAM * params / bw
 
 
 # ---- the full evaluation -------------------------------------------------------------------------

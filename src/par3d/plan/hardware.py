@@ -14,10 +14,31 @@ Sources
   GPU as in a DGX; PCIe Gen4 x16 ≈ 32 GB/s (the seed's §1 list), Gen5 ≈ 64 GB/s.
   Latencies α: NVLink ~3 µs and IB ~2 µs per collective step are the seed's §4.2 / §3.1 values.
 
-`efficiency` is the achievable fraction of dense peak for large, compute-bound GEMMs in a real
-training step (kernels, launch gaps, elementwise ops folded in).  The A100 default is the seed's
-§4.2 assumption, 150 TFLOP/s = 48% of 312; the others are the same fraction.  `par3d calibrate`
-measures it and writes a hardware file that replaces these defaults (`--hardware FILE`).
+- B200 (DGX B200 datasheet): 2250 TFLOP/s dense BF16, 4500 FP8, 8 TB/s HBM3e, 180 GB per GPU
+  (1440 GB per 8-GPU system), 148 SMs; NVLink 5 = 1800 GB/s bidirectional = 900 per direction;
+  ConnectX-7 400 Gb/s NICs, eight per system.
+
+Two kernel models (compute.py):
+- **table** (the default for catalogue GPUs): each GEMM from its shape and the GPU's measured
+  achievable throughput (`gemm`, from gemm_table.py), non-GEMM work as HBM traffic at `mem_eff`
+  of the bandwidth, FlashAttention's core at `attn_eff` of peak.
+- **flat** (when a fixed `efficiency` is given: `--efficiency`, a hardware file's
+  `device.efficiency` without a `gemm` table, the seed's examples): every GEMM at
+  `efficiency` of peak, elementwise work folded into it.  The seed's §4.2 assumption is
+  150 TFLOP/s = 48% of 312 (`SEED_EFFICIENCY`).
+
+Achieved bandwidths (the `*_eff` factors):
+- `mem_eff` 0.80: elementwise kernels reach about 80 % of HBM bandwidth (STREAM-like copy kernels
+  reach ~90 %; layer norm / softmax / dropout kernels with reductions or masks less; a rounded
+  middle, not fitted).
+- NVLink: `nccl-tests` all_reduce_perf on one 8×A100 node reaches 232.5 GB/s bus bandwidth of
+  the 300 GB/s per direction (NVIDIA/nccl-tests issue #175, NVIDIA/nccl issue #1048) → 0.78,
+  used for every NVLink generation.
+- InfiniBand/RoCE: one HDR NIC reaches its 24 GB/s line rate of 25 in the same thread; 4 NICs
+  per node give 86-96 GB/s bus bandwidth of 100 across nodes (NVIDIA/nccl-tests issue #119) → 0.90.
+- `overlap_slowdown` σ = 16 NCCL channels / SMs: a collective that overlaps compute occupies one
+  SM per channel (NCCL's default for NVLink/IB rings tops out at 16 channels), so the compute
+  it overlaps slows by that share (compute.py, cost.py); calibratable in a hardware file.
 """
 
 from __future__ import annotations
@@ -31,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .profile import Profile
 
+from . import gemm_table as _gt
+
 GB = 1e9
 GiB = 2**30
 TFLOPS = 1e12
@@ -43,6 +66,12 @@ class HardwareError(ValueError):
     """A hardware description that cannot be used; the message names the field and a fix."""
 
 
+NCCL_CHANNELS = 16  # NCCL's ring channel count on NVLink/IB systems: one SM each while a collective runs
+MEM_EFF = 0.80  # elementwise kernels' share of HBM bandwidth (see the module docstring)
+NVLINK_EFF = 232.5 / 300.0  # nccl-tests all_reduce busbw on 8×A100 / NVLink 3 per direction
+NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96 of 100 GB/s)
+
+
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
 class Device:
     name: str
@@ -50,7 +79,35 @@ class Device:
     mem_bw: float  # HBM bytes/s
     mem_bytes: float  # capacity in bytes
     sms: int  # streaming multiprocessors (for wave quantization, seed §3.2)
-    efficiency: float = SEED_EFFICIENCY  # achievable fraction of peak for big GEMMs
+    efficiency: float = SEED_EFFICIENCY  # flat model: achievable fraction of peak for every GEMM
+    # table model: dtype -> sustained achievable fraction of peak for a large GEMM (gemm_table.py);
+    # empty -> the flat model
+    gemm: dict[str, float] = field(default_factory=dict)
+    mem_eff: float = MEM_EFF
+    attn_eff: float = 0.0  # FlashAttention's fwd+bwd share of peak; 0: no FlashAttention on this GPU
+    overlap_slowdown: float | None = None  # σ; None -> NCCL_CHANNELS / sms
+
+    @property
+    def kernel_model(self) -> str:
+        return "table" if self.gemm else "flat"
+
+    @property
+    def flash(self) -> bool:
+        return self.attn_eff > 0
+
+    @property
+    def sigma(self) -> float:
+        if self.overlap_slowdown is not None:
+            return self.overlap_slowdown
+        return min(0.5, NCCL_CHANNELS / max(self.sms, 1))
+
+    def gemm_fraction(self, dtype: str) -> float:
+        """Achievable share of peak for a large GEMM of this dtype (table model; flat: efficiency)."""
+        if not self.gemm:
+            return self.efficiency
+        if dtype in self.gemm:
+            return self.gemm[dtype]
+        return self.gemm.get("bf16", self.efficiency)
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -82,33 +139,58 @@ def _peaks(bf16: float, fp32: float, fp8: float | None = None) -> dict[str, floa
     return out
 
 
+def _gemm(family: str) -> dict[str, float]:
+    return {dt: f for dt in _gt.TABLE[family] if (f := _gt.achievable_fraction(family, dt)) is not None}
+
+
+# FlashAttention's forward+backward throughput as a share of dense peak, head dim 128, causal
+# (FLOPs counted as FlashAttention counts them: the causal half):
+# - A100: FlashAttention-2 reaches ~190 TFLOP/s fwd+bwd at 2K-8K tokens (Dao 2023, "FlashAttention-2",
+#   Fig. 6) → 0.60 of 312;
+# - H100/H200/B200: FlashAttention-3 reaches ~500-550 TFLOP/s fwd+bwd BF16 (Shah et al. 2024,
+#   "FlashAttention-3", backward and forward benchmarks) → 0.53 of 989; B200 takes the same share.
+FA_A100, FA_HOPPER = 0.60, 0.53
+
 DEVICES: dict[str, Device] = {
-    "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108),
-    "a100-80gb": Device("a100-80gb", _peaks(312, 19.5), 2039 * GB, 80 * GiB, 108),
-    # fp8: 1979 TFLOP/s dense on H100 SXM and H200 (datasheets: 3958 "with sparsity")
-    "h100-sxm": Device("h100-sxm", _peaks(989, 67, 1979), 3350 * GB, 80 * GiB, 132),
-    "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132),
+    "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
+                        attn_eff=FA_A100),
+    "a100-80gb": Device("a100-80gb", _peaks(312, 19.5), 2039 * GB, 80 * GiB, 108, gemm=_gemm("a100"),
+                        attn_eff=FA_A100),
+    "h100-sxm": Device("h100-sxm", _peaks(989, 67, 1979), 3350 * GB, 80 * GiB, 132, gemm=_gemm("h100"),
+                       attn_eff=FA_HOPPER),
+    "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132, gemm=_gemm("h200"),
+                   attn_eff=FA_HOPPER),
+    "b200": Device("b200", _peaks(2250, 80, 4500), 8000 * GB, 180 * GB, 148, gemm=_gemm("b200"),
+                   attn_eff=FA_HOPPER),
 }
-ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb"}
+ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
+           "h100-80gb": "h100-sxm", "b200-sxm": "b200"}
 
 LINKS: dict[str, Link] = {
     "nvlink3": Link("nvlink3", 3 * US, 300 * GB),  # A100 NVLink/NVSwitch, per direction per GPU
     "nvlink4": Link("nvlink4", 3 * US, 450 * GB),  # H100/H200 NVLink/NVSwitch
     "ib-hdr": Link("ib-hdr", 2 * US, 25 * GB),  # 200 Gb/s per GPU
     "ib-ndr": Link("ib-ndr", 2 * US, 50 * GB),  # 400 Gb/s per GPU
+    "nvlink5": Link("nvlink5", 3 * US, 900 * GB),  # B200 NVLink 5
     "pcie4": Link("pcie4", 5 * US, 32 * GB),
     "pcie5": Link("pcie5", 5 * US, 64 * GB),
 }
-DEFAULT_LINKS = {  # (intra-node, inter-node) for a DGX/HGX-style node
+DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one NIC per GPU
     "a100-40gb": ("nvlink3", "ib-hdr"),
     "a100-80gb": ("nvlink3", "ib-hdr"),
     "h100-sxm": ("nvlink4", "ib-ndr"),
     "h200": ("nvlink4", "ib-ndr"),
+    "b200": ("nvlink5", "ib-ndr"),
 }
 
 
 @dataclass(frozen=True)
 class Cluster:
+    """GPUs, nodes and links.  `inter` is the inter-node bandwidth *per GPU* (the node's NICs shared
+    by its GPUs: nics_per_node × NIC bandwidth / gpus_per_node); `nics_per_node` None means one NIC
+    per GPU (a DGX), so `inter` is also one NIC.  `hierarchical` prices collectives as NCCL runs
+    them (comm.collective); False keeps the seed's flat ring over the slowest link."""
+
     device: Device
     gpus: int
     gpus_per_node: int
@@ -118,10 +200,26 @@ class Cluster:
     # what the host and par3d's runtime add to the step-time model (plan/profile.py); None: a GPU
     # cluster as the arithmetic alone describes it
     profile: Profile | None = None
+    nics_per_node: int | None = None
+    flash_attention: bool = True  # use FlashAttention where the device has it
+    hierarchical: bool | None = None  # None: NCCL-like with the table kernel model, flat with the flat one
 
     @property
     def nodes(self) -> int:
         return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def flash(self) -> bool:
+        return self.flash_attention and self.device.flash and self.device.kernel_model == "table"
+
+    @property
+    def hier(self) -> bool:
+        """Collectives priced as NCCL runs them (comm.collective) rather than the seed's flat ring."""
+        return self.hierarchical if self.hierarchical is not None else self.device.kernel_model == "table"
+
+    @property
+    def nics(self) -> int:
+        return self.nics_per_node if self.nics_per_node is not None else self.gpus_per_node
 
     def link_for_span(self, span: int) -> Link:
         """A group whose consecutive-rank span fits inside a node talks over the intra-node link."""
@@ -132,8 +230,10 @@ class Cluster:
         return {
             "device": {"name": d.name, "peak_tflops": {k: v / TFLOPS for k, v in d.peak_flops.items()},
                        "mem_bw_gbps": d.mem_bw / GB, "mem_gib": d.mem_bytes / GiB, "sms": d.sms,
-                       "efficiency": d.efficiency},
+                       "efficiency": d.efficiency, "gemm_fraction": dict(d.gemm), "mem_eff": d.mem_eff,
+                       "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
+            "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }
@@ -153,18 +253,39 @@ def get_device(name: str) -> Device:
 
 def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
                  intra_bw_gbps: float | None = None, inter_bw_gbps: float | None = None,
-                 dtype: str = "bf16", efficiency: float | None = None) -> Cluster:
+                 dtype: str = "bf16", efficiency: float | None = None, nics_per_node: int | None = None,
+                 nic_bw_gbps: float | None = None, flash_attention: bool = True,
+                 hierarchical: bool | None = None) -> Cluster:
+    """A catalogue GPU in DGX-style nodes.  `efficiency` switches to the flat kernel model (and,
+    unless `hierarchical` says otherwise, the seed's flat rings).  `nics_per_node` × `nic_bw_gbps`
+    (default: the GPU's NIC, one per GPU) is the node's inter-node bandwidth; `inter_bw_gbps`
+    instead gives the per-GPU share directly (the older flag)."""
     dev = get_device(gpu)
     if efficiency is not None:
-        dev = replace(dev, efficiency=efficiency)
+        dev = replace(dev, efficiency=efficiency, gemm={})
     li, le = DEFAULT_LINKS[dev.name]
     intra, inter = LINKS[li], LINKS[le]
     if intra_bw_gbps is not None:
         intra = replace(intra, name=f"{intra.name}@{intra_bw_gbps:g}GBps", beta=intra_bw_gbps * GB)
+    if nic_bw_gbps is not None:
+        inter = replace(inter, name=f"nic@{nic_bw_gbps:g}GBps", beta=nic_bw_gbps * GB)
+    if nics_per_node is not None:  # the per-GPU share of the node's NICs
+        inter = replace(inter, name=f"{nics_per_node}x{inter.name}/{gpus_per_node}",
+                        beta=inter.beta * nics_per_node / gpus_per_node)
     if inter_bw_gbps is not None:
         inter = replace(inter, name=f"{inter.name}@{inter_bw_gbps:g}GBps", beta=inter_bw_gbps * GB)
     dev.peak(dtype)
-    return Cluster(dev, gpus, gpus_per_node, intra, inter, dtype)
+    return Cluster(dev, gpus, gpus_per_node, intra, inter, dtype, nics_per_node=nics_per_node,
+                   flash_attention=flash_attention, hierarchical=hierarchical)
+
+
+def gemm_entry_from_points(points: list[tuple[float, float]], peak_tflops: float) -> float:
+    """The `device.gemm[dtype]` value a calibration writes: the best measured (FLOPs, TFLOP/s) point's
+    share of the dtype's peak (the asymptote the table model's curve rises to).  `par3d calibrate`
+    on a GPU writes `{"device": {"gemm": {"bf16": f, ...}}}` with this; docs/planner.md."""
+    if not points:
+        raise HardwareError("gemm_entry_from_points: no measured points")
+    return max(t for _, t in points) / peak_tflops
 
 
 # ---- hardware files (written by `par3d calibrate`, read by `--hardware FILE`) ---------------------
@@ -235,6 +356,17 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
             raise HardwareError(f"--hardware {path}: device.{key} is missing")
         return fallback
 
+    gemm_raw = dv.get("gemm")
+    if gemm_raw is not None:
+        if not isinstance(gemm_raw, dict) or not all(isinstance(v, (int, float)) and 0 < v <= 1
+                                                     for v in gemm_raw.values()):
+            raise HardwareError(f"--hardware {path}: device.gemm must map dtype -> achievable share of peak "
+                                f"in (0, 1], e.g. {{\"bf16\": 0.8}}")
+        gemm = {k: float(v) for k, v in gemm_raw.items()}
+    elif "efficiency" in dv or base is None:
+        gemm = {}  # a fixed efficiency (or no base GPU): the flat kernel model
+    else:
+        gemm = dict(base.gemm)
     dev = Device(
         name=str(dv.get("name", base.name if base else os.path.basename(path))),
         peak_flops=peak_flops,
@@ -242,26 +374,41 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
         mem_bytes=get("mem_gib", GiB, base.mem_bytes if base else None),
         sms=int(get("sms", 1, base.sms if base else None)),
         efficiency=get("efficiency", 1, base.efficiency if base else SEED_EFFICIENCY),
+        gemm=gemm,
+        mem_eff=get("mem_eff", 1, base.mem_eff if base else MEM_EFF),
+        attn_eff=float(dv["attn_eff"]) if "attn_eff" in dv else (base.attn_eff if base else 0.0),
+        overlap_slowdown=(float(dv["overlap_slowdown"]) if "overlap_slowdown" in dv
+                          else (base.overlap_slowdown if base else None)),
     )
-    if not 0 < dev.efficiency <= 1:
-        raise HardwareError(f"--hardware {path}: device.efficiency={dev.efficiency} must be in (0, 1]")
+    for key, val in (("efficiency", dev.efficiency), ("mem_eff", dev.mem_eff)):
+        if not 0 < val <= 1:
+            raise HardwareError(f"--hardware {path}: device.{key}={val} must be in (0, 1]")
+    if not 0 <= dev.attn_eff <= 1 or not 0 <= (dev.overlap_slowdown or 0.0) < 1:
+        raise HardwareError(f"--hardware {path}: device.attn_eff must be in [0, 1] and "
+                            f"device.overlap_slowdown in [0, 1)")
     li, le = DEFAULT_LINKS.get(base.name if base else "", ("nvlink3", "ib-hdr"))
     intra = _link(d["intra"], "intra", path) if "intra" in d else LINKS[li]
     inter = _link(d["inter"], "inter", path) if "inter" in d else LINKS[le]
     gpn = d.get("gpus_per_node")
     if gpn is not None and (not isinstance(gpn, int) or gpn < 1):
         raise HardwareError(f"--hardware {path}: gpus_per_node={gpn!r} must be an integer >= 1")
-    return HardwareFile(dev, intra, inter, gpn, {k: v for k, v in d.items()
-                                                 if k not in ("device", "intra", "inter", "gpus_per_node")})
+    nics = d.get("nics_per_node")
+    if nics is not None and (not isinstance(nics, int) or nics < 1):
+        raise HardwareError(f"--hardware {path}: nics_per_node={nics!r} must be an integer >= 1")
+    extra = {k: v for k, v in d.items() if k not in ("device", "intra", "inter", "gpus_per_node")}
+    return HardwareFile(dev, intra, inter, gpn, extra)
 
 
 def describe(c: Cluster) -> str:
     d = c.device
+    eff = (f"GEMMs up to {d.gemm_fraction(c.dtype):.0%} of peak (table), HBM at {d.mem_eff:.0%}"
+           + (", FlashAttention" if c.flash else "")) if d.kernel_model == "table" else         f"{d.efficiency:.0%} achievable"
     return (f"{c.gpus} x {d.name} ({d.peak(c.dtype) / TFLOPS:.0f} TFLOP/s {c.dtype} peak, "
-            f"{d.efficiency:.0%} achievable, {d.mem_bw / GB:.0f} GB/s HBM, {d.mem_bytes / GiB:.0f} GiB), "
+            f"{eff}, {d.mem_bw / GB:.0f} GB/s HBM, {d.mem_bytes / GiB:.0f} GiB), "
             f"{c.gpus_per_node}/node; intra {c.intra.beta / GB:g} GB/s α={c.intra.alpha / US:g} µs, "
-            f"inter {c.inter.beta / GB:g} GB/s α={c.inter.alpha / US:g} µs")
+            f"inter {c.inter.beta / GB:g} GB/s per GPU ({c.nics} NICs/node) α={c.inter.alpha / US:g} µs")
 
 
 __all__ = ["Cluster", "Device", "Link", "DEVICES", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
-           "get_device", "make_cluster", "load_hardware_file", "hardware_from_dict", "describe"]
+           "get_device", "make_cluster", "load_hardware_file", "hardware_from_dict", "describe",
+           "gemm_entry_from_points", "SEED_EFFICIENCY"]
