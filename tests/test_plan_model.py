@@ -86,7 +86,8 @@ def test_more_memory_less_time_monotone():
     fl = make_cluster("a100-80gb", 64)
     assert fl.flash
     f = [evaluate(model, fl, Choice(8, 2, 4, 1, 32, "1f1b", 1, r, 0, True)) for r in ("none", "selective")]
-    assert f[0].memory.activations == f[1].memory.activations < plans[0].memory.activations
+    assert f[0].memory.activations == pytest.approx(f[1].memory.activations, rel=0.01)  # fp32 log-sum-exp only
+    assert f[0].memory.activations < plans[0].memory.activations
 
 
 def test_bubble_from_simulator_and_interleaving_helps():

@@ -38,7 +38,7 @@ def exhaustive(model, cluster, batch, limits):
                 c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
                 peaks = check(build(sched, pp, m, v), pp, m, v).peak_inflight
                 mem = max(rank_memory(model, shape, peaks[r], tp=tp, dp=dp, b=mb, sp=sp, recompute=rec, zero=z,
-                                      dtype=cluster.dtype, v=v, cp=cp).total
+                                      dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash).total
                           for r, shape in enumerate(rank_shapes(model, tp, pp, v)))
                 if mem > cap:
                     continue
