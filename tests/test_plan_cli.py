@@ -148,9 +148,10 @@ def test_fix_follows_the_rejections(capsys):
     batch = int(fix.split("--global-batch ")[1].split()[0])
     rc, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpus", "1000", "--global-batch", str(batch), "--json")
     assert rc == 0 and json.loads(out)["plans"]
-    # a 131K-token run without CP: the fix offers a context-parallel degree that was searched and fits
+    # a 131K-token run without CP (and without FlashAttention, so its s² scores are stored): the fix
+    # offers a context-parallel degree that was searched and fits
     rc, out, err = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--seq-len", "131072",
-                       "--cp", "1", "--tp", "8", "--pp", "16", "--global-batch", "128")
+                       "--cp", "1", "--tp", "8", "--pp", "16", "--global-batch", "128", "--no-flash-attention")
     assert rc == 1 and "--cp " in err.split("fix:")[1]
     nearest = float(err.split("nearest to fitting:")[1].split(" needs ")[1].split(" GiB")[0])
     assert nearest < 200  # the least-memory candidate, not the fastest (which needs thousands of GiB)

@@ -106,6 +106,15 @@ def register(sub) -> None:
     g.add_argument("--inter-node-bw", type=_positive_float, default=None,
                    help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
                         "A100, 50 NDR for H100/H200)")
+    g.add_argument("--nics-per-node", type=_int_at_least(1), default=None,
+                   help="inter-node NICs per node, each at the GPU's NIC rate (default: one per GPU, as in a "
+                        "DGX; e.g. 4 for 4 x 200 Gb/s on 8 GPUs); the node's NICs are shared by its GPUs")
+    g.add_argument("--nic-bw", type=_positive_float, default=None, metavar="GBPS",
+                   help="bandwidth of one NIC, one direction, GB/s (default: 25 HDR for A100, 50 NDR for "
+                        "H100/H200/B200)")
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
+                        "unfused attention (s² scores written, softmax and dropout over them) and stores them")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
@@ -195,6 +204,13 @@ def _cluster(args: argparse.Namespace):
                                  f"{next(iter(hw.device.peak_flops))}")
             # the file's runtime profile too: the same model as `par3d train --hardware`'s prediction
             cl = cluster_from_file(hw, args.gpus, args.dtype, args.gpus_per_node)
+            if args.efficiency is not None:  # a fixed efficiency: the flat kernel model
+                cl = replace(cl, device=replace(cl.device, gemm={}))
+            nic = args.nic_bw * GB if args.nic_bw else cl.inter.beta
+            if args.nics_per_node or args.nic_bw:  # the file's inter link is one NIC per GPU
+                cl = replace(cl, inter=replace(cl.inter, beta=nic * (args.nics_per_node or cl.gpus_per_node)
+                                               / cl.gpus_per_node), nics_per_node=args.nics_per_node)
+            cl = replace(cl, flash_attention=args.flash_attention)
         else:
             gpn = args.gpus_per_node or 8
             dev = get_device(args.gpu)
@@ -204,7 +220,8 @@ def _cluster(args: argparse.Namespace):
                                  f"--dtype {have.split(', ')[0]} (it has {have}) or a GPU that has it "
                                  f"(--gpu h100)")
             cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
-                              args.dtype, args.efficiency)
+                              args.dtype, args.efficiency, nics_per_node=args.nics_per_node,
+                              nic_bw_gbps=args.nic_bw, flash_attention=args.flash_attention)
     except HardwareError as e:
         flag = "--hardware" if args.hardware else "--gpu"
         msg = str(e)
