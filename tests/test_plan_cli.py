@@ -178,6 +178,10 @@ def test_llama3_405b_16k_h100(capsys, extra):
         assert (p["tp"], p["cp"], p["pp"], p["dp"]) == (8, cp, 16, 16384 // (128 * cp))
         assert p["fits"] and p["memory_gib"]["total"] <= 0.95 * 80
     assert d["memory"]["headroom"] == 0.05
+    if cp > 1:  # tp 8 fills a node, so the CP ring crosses nodes; --explain prices it
+        rc, out, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                         "--pp", "16", *extra, "--explain", "--top", "1")
+        assert rc == 0 and f"CP ring (cp = {cp}, across nodes" in out and "tp=8 cp=16 pp=16" in out
 
 
 def test_dtypes_and_model_flags(capsys):

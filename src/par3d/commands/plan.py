@@ -478,14 +478,15 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"{best.bubble_fraction:.1%} of wall time")
     # -- the seed's accounting at this plan's micro-batch and tp --
     from par3d.plan.compute import Gemm, roofline
-    from par3d.plan.cost import layer_accounting
+    from par3d.plan.cost import layer_accounting, local_model
 
     c = best.choice
-    la = layer_accounting(model, cluster, c.micro_batch, c.tp)
+    la = layer_accounting(local_model(model, c.cp), cluster, c.micro_batch, c.tp)
     dev = cluster.device
     eff = dev.peak(cluster.dtype) * dev.efficiency
-    out += ["", f"per-layer accounting, forward, one micro-batch of T = {la.tokens} tokens, tp = {c.tp} "
-                f"(seed §4.2):",
+    out += ["", f"per-layer accounting, forward, one micro-batch of T = {la.tokens} tokens"
+                + (f" (this rank's seq_len/cp = {model.seq_len}/{c.cp} per sequence)" if c.cp > 1 else "")
+                + f", tp = {c.tp} (seed §4.2):",
             f"  GEMM FLOPs 24·T·h²/tp = {la.gemm_flops / 1e9:.0f} GFLOP/GPU -> {_ms(la.flat_time)} at "
             f"{eff / TFLOPS:.0f} TFLOP/s; with the attention core, roofline and waves: {_ms(la.model_time)}",
             f"  TP: 2 all-reduces of T·h·2 B = {la.message_bytes / 1e6:.1f} MB; ring traffic "
@@ -498,6 +499,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
             f" TP bandwidth term {la.layers * la.tp_beta * 1e3:.0f} ms "
             f"({la.tp_beta / (la.tp_beta + la.flat_time):.0%}), with α {la.layers * la.tp_time * 1e3:.0f} ms "
             f"({la.tp_time / (la.tp_time + la.flat_time):.0%})"]
+    if c.cp > 1:
+        out.append(_cp_line(model, cluster, c))
     g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
     r = roofline(g, dev, cluster.dtype)
     out.append(f"  roofline of the MLP's first GEMM M={g.m} K={g.k} N={g.n} (seed §4.4): intensity "
@@ -525,6 +528,24 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  faster but does not fit: {u.choice.label()}: {u.step_time:.3f} s needs "
                    f"{u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
     return "\n".join(out)
+
+
+def _cp_line(model, cluster, c) -> str:
+    """The ring attention of one layer: K/V block, hops, the attention that hides them."""
+    from par3d.plan import comm
+    from par3d.plan.cost import cp_exchange, cp_layer_times, links
+    from par3d.plan.hardware import GB
+    from par3d.plan.memory import ACT_BYTES
+
+    link = links(cluster, c).cp
+    kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
+    hop = comm.p2p(kv, link).total
+    core = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp).core
+    fwd, bwd = cp_exchange(model, c, link, core, cluster.dtype)
+    return (f"  CP ring (cp = {c.cp}, {'inside a node' if link is cluster.intra else 'across nodes'}, "
+            f"{link.beta / GB:g} GB/s): K/V block {kv / 1e6:.1f} MB, {c.cp - 1} hops x {_ms(hop)} = "
+            f"{_ms((c.cp - 1) * hop)} per layer forward against {_ms(core * (c.cp - 1) / c.cp)} of remote-block "
+            f"attention -> exposed {_ms(fwd)} forward, {_ms(bwd)} backward")
 
 
 def _diff(best, other) -> str:

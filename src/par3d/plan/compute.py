@@ -114,7 +114,8 @@ def layer_gemms(model: ModelSpec, b: int, tp: int) -> list[Gemm]:
     tok = b * s
     f_out = (2 if model.gated else 1) * model.ffn // t
     return [
-        Gemm("qkv", tok, (h + 2 * model.kv_dim) // t, h),
+        # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
+        Gemm("qkv", tok, h // t + 2 * round(model.kv_dim_per_rank(t)), h),
         Gemm("attn_scores", s, s, model.head_dim, b * model.heads // t),
         Gemm("attn_values", s, model.head_dim, s, b * model.heads // t),
         Gemm("attn_out", tok, h, h // t),
