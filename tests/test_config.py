@@ -88,7 +88,7 @@ def test_unknown_fields_in_toml_are_errors(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text("[model]\nlayerz = 3\n[parallel]\ntp = 2\n")
     with pytest.raises(ConfigError, match="model.layerz is not a known field"):
-        RunConfig.load_toml(str(f))
+        RunConfig.load_toml(str(f)).validate()  # reported with every other problem (issue 14, item 7)
 
 
 def test_toml_round_trip(tmp_path):

@@ -204,7 +204,9 @@ class RunConfig:
         """Raise one ConfigError listing every violated rule; return self when valid."""
         self.resolve()
         m, p, t = self.model, self.parallel, self.train
-        errs: list[str] = []
+        # problems found while reading a TOML file (unknown sections or fields) come first, so one
+        # round trip reports them together with the type and range errors below
+        errs: list[str] = list(getattr(self, "_load_problems", []))
 
         def pos(obj: str, name: str, value: Any, minimum: int = 1) -> bool:
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -286,7 +288,11 @@ class RunConfig:
         pos("train", "global_batch", t.global_batch)
         if t.micro_batch is not None:
             pos("train", "micro_batch", t.micro_batch)
-        pos("train", "steps", t.steps, 0)
+        if isinstance(t.steps, int) and not isinstance(t.steps, bool) and t.steps == 0:
+            errs.append("train.steps=0 would start every process and train nothing; set --steps to the "
+                        "number of optimizer steps to run (>= 1)")
+        else:
+            pos("train", "steps", t.steps, 1)
         batch_split_ok = True
         if ok_par and isinstance(t.global_batch, int) and t.global_batch > 0 and t.global_batch % p.dp:
             batch_split_ok = False
@@ -348,7 +354,10 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> RunConfig:
+    def from_dict(d: dict[str, Any], strict: bool = True) -> RunConfig:
+        """The configuration `d` describes.  Unknown sections and fields raise ConfigError; with
+        `strict=False` they are kept on the result and reported by `validate()` with every other
+        problem (a TOML file with a bad section and a badly typed value reports both at once)."""
         errs: list[str] = []
         sections = {"model": ModelConfig, "parallel": ParallelConfig, "train": TrainConfig}
         kwargs: dict[str, Any] = {}
@@ -358,7 +367,7 @@ class RunConfig:
                 cls = sections[key]
                 names = {f.name for f in dataclasses.fields(cls)}
                 if not isinstance(value, dict):
-                    errs.append(f"[{key}] must be a table")
+                    errs.append(f"[{key}] must be a table; write it as a [{key}] section")
                     continue
                 bad = sorted(set(value) - names)
                 for b in bad:
@@ -368,9 +377,11 @@ class RunConfig:
                 kwargs[key] = tuple(value) if key == "synthetic_stage_ms" and value is not None else value
             else:
                 errs.append(f"{key} is not a known section or field; sections: model, parallel, train")
-        if errs:
+        if errs and strict:
             raise ConfigError(errs)
-        return RunConfig(**kwargs)
+        cfg = RunConfig(**kwargs)
+        cfg._load_problems = errs  # type: ignore[attr-defined]  # not a field: never serialised
+        return cfg
 
     @staticmethod
     def load_toml(path: str) -> RunConfig:
@@ -381,7 +392,7 @@ class RunConfig:
                 d = tomllib.load(fh)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError([f"config={path!r} is not valid TOML: {e}"]) from e
-        return RunConfig.from_dict(d)
+        return RunConfig.from_dict(d, strict=False)
 
     def to_toml(self) -> str:
         return dict_to_toml(self.to_dict())
@@ -491,28 +502,40 @@ def _check_arch(m: ModelConfig, errs: list[str]) -> bool:
 
 
 def _check_data_path(path: str) -> list[str]:
+    from par3d.textcheck import binary_reason, text_files
+
     if not os.path.exists(path):
         return [f"train.data={path!r} does not exist; give a text file or a folder of text files, "
                 f"or omit --data to use the built-in corpus"]
     if os.path.isfile(path):
         if os.path.getsize(path) == 0:
             return [f"train.data={path!r} is empty; give a file with text in it"]
+        try:
+            why = binary_reason(path)
+        except OSError as e:
+            return [f"train.data={path!r} cannot be read ({e.strerror}); give a readable text file"]
+        if why:
+            return [f"train.data={path!r} is not text: it {why}; give a text file (the byte tokenizer "
+                    f"trains on text)"]
         return []
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            if os.path.getsize(os.path.join(root, f)) > 0:
-                return []
+    text, binary = text_files(path)
+    if text:
+        return []
+    if binary:
+        return [f"train.data={path!r} holds only binary files ({len(binary)}, e.g. {binary[0]!r}); "
+                f"put text files in it"]
     return [f"train.data={path!r} is a folder with no non-empty files; put text files in it"]
 
 
 def _data_bytes(path: str, enough: int) -> int:
-    """Bytes of text under `path`, counting only until `enough` is reached."""
+    """Bytes of text under `path` (a folder's binary files are skipped, as `data.Corpus` does)."""
     if os.path.isfile(path):
         return os.path.getsize(path)
+    from par3d.textcheck import text_files
+
     total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            total += os.path.getsize(os.path.join(root, f))
-            if total >= enough:
-                return total
+    for f in text_files(path)[0]:
+        total += os.path.getsize(f)
+        if total >= enough:
+            return total
     return total

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from par3d.textcheck import binary_reason, text_files
+
 DEFAULT_CORPUS_BYTES = 2_000_000
 VOCAB = 256  # bytes
 
@@ -68,9 +70,17 @@ _CACHE_TAG = ".par3d-"
 
 
 def _doc_files(path: str) -> list[str]:
+    """The text files of a folder (binary ones, e.g. __pycache__'s, skipped; textcheck.py), or the file."""
     if os.path.isdir(path):
-        return sorted(os.path.join(r, f) for r, _d, fs in os.walk(path) for f in fs if _CACHE_TAG not in f)
+        return [f for f in text_files(path)[0] if _CACHE_TAG not in os.path.basename(f)]
     return [path]
+
+
+def _refuse_binary(path: str | None) -> None:
+    if path is not None and os.path.isfile(path):
+        why = binary_reason(path)
+        if why:
+            raise ValueError(f"data={path!r} is not text: it {why}; give a text file")
 
 
 def _cache_paths(path: str, tok: Any) -> list[str]:
@@ -138,6 +148,7 @@ class Corpus:
             from par3d.hf import HFTokenizer  # the Hugging Face edge
 
             tok = HFTokenizer(tokenizer)
+            _refuse_binary(path)
             if path is None:
                 raise ValueError("--tokenizer needs --data (the default corpus is bytes)")
             if not os.path.exists(path):
@@ -151,6 +162,7 @@ class Corpus:
         if path is None:
             return Corpus(np.frombuffer(_read_paths(_stdlib_files(), limit or DEFAULT_CORPUS_BYTES),
                                         dtype=np.uint8), "python-stdlib")
+        _refuse_binary(path)
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             mm = np.memmap(path, dtype=np.uint8, mode="r")  # bytes are tokens: the file as it is
             return Corpus(mm[:limit] if limit is not None else mm, path)

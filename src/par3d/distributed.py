@@ -30,6 +30,7 @@ import atexit
 import ctypes
 import os
 import pickle
+import secrets
 import signal
 import socket
 import sys
@@ -407,10 +408,14 @@ def _launch_once(
     port = free_port()
     procs: list[Any] = []
     conns: list[mp_connection.Connection] = []
+    # the world's id: its ranks' shared-memory files carry it, so they can be removed below however
+    # the world ended (a rank SIGKILLed, or Ctrl-C, before the ranks removed them themselves)
+    run_id = os.environ.get("PAR3D_RUN_ID") or secrets.token_hex(4)
+    tracker_was_running = _tracker_running()
     try:
         for rank in range(nproc):
             recv_end, send_end = ctx.Pipe(duplex=False)
-            spec = _RankSpec(rank, nproc, port, timeout_s, threads, dict(env), os.getpid())
+            spec = _RankSpec(rank, nproc, port, timeout_s, threads, dict(env, PAR3D_RUN_ID=run_id), os.getpid())
             p = ctx.Process(target=_rank_main, args=(spec, payload, send_end), name=f"par3d-rank{rank}")
             p.start()
             send_end.close()  # the child holds its own copy; ours would hide its EOF
@@ -422,3 +427,27 @@ def _launch_once(
         _stop(procs)
         for c in conns:
             c.close()
+        from par3d.pipeline.shm import remove_files
+
+        remove_files(run_id + "-")
+        if not tracker_was_running:
+            _stop_tracker()
+
+
+def _tracker_running() -> bool:
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_pid", None) is not None
+
+
+def _stop_tracker() -> None:
+    """Stop the resource tracker that spawning the ranks started, now that they are gone: else it
+    outlives the launcher by a moment (it exits when it notices the last writer has gone)."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # Python >= 3.11.? has it
+    if stop is not None:
+        try:
+            stop()
+        except (OSError, ChildProcessError):
+            pass

@@ -390,6 +390,9 @@ class _Progress:
         if is_rank0 and cfg.progress and not opts.quiet:
             from tqdm import tqdm
 
+            # a thread lock, not tqdm's default multiprocessing one: that is a named semaphore, which
+            # a rank killed mid-run cannot release and the resource tracker then reports as leaked
+            tqdm.set_lock(threading.RLock())
             self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", unit="step",
                             file=sys.stderr, dynamic_ncols=True)
 
@@ -495,6 +498,8 @@ def preflight(cfg: RunConfig) -> str | None:
     if launched is not None and int(launched) != cfg.parallel.world_size:
         errs.append(f"the launcher started {launched} processes but dp x pp x tp = "
                     f"{cfg.parallel.world_size}; make them equal")
+    errs += _output_problems(cfg)
+    errs += _memory_problems(cfg)
     if errs:
         raise ConfigError(errs)
     if cfg.resume is None:
@@ -506,6 +511,43 @@ def preflight(cfg: RunConfig) -> str | None:
         for note in notes:
             print(f"par3d: {note}", file=sys.stderr)
     return path
+
+
+def _output_problems(cfg: RunConfig) -> list[str]:
+    """Every output the run will write, tried now (outputs.py): --out, and the checkpoints under
+    it with --save-every; on global rank 0 (the one that writes them) --metrics-out and --trace-out."""
+    from par3d import checkpoint
+    from par3d.outputs import check_outputs
+
+    folders = [("--out", cfg.train.out)]
+    if cfg.save_every:
+        folders.append(("--save-every (checkpoints under --out)", checkpoint.checkpoints_root(cfg.train.out)))
+    files = []
+    if os.environ.get("RANK", "0") == "0":
+        if cfg.trace_out:
+            folders.append(("--trace-out", cfg.trace_out))
+        if cfg.metrics_out:
+            files.append(("--metrics-out", cfg.metrics_out))
+    return check_outputs(folders, files, clean_up="RANK" not in os.environ)
+
+
+def _memory_problems(cfg: RunConfig) -> list[str]:
+    """The planner's memory estimate against this host's RAM (CPU ranks) or one GPU's memory
+    (memcheck.py): a problem when it cannot fit, a warning on rank 0 over 80 %."""
+    import torch
+
+    from par3d import memcheck
+
+    if torch.cuda.is_available():
+        capacity, sharing, device = float(torch.cuda.mem_get_info()[0]), 1, "cuda"
+    else:
+        capacity, sharing, device = memcheck.host_memory()[1], memcheck.ranks_on_this_host(cfg), "cpu"
+    if capacity <= 0:  # unknown (not Linux): nothing to compare with
+        return []
+    refusal, warning = memcheck.judge(memcheck.estimate(cfg, capacity, sharing, device), cfg)
+    if warning and os.environ.get("RANK", "0") == "0":
+        print(f"par3d: {warning}", file=sys.stderr)
+    return [refusal] if refusal else []
 
 
 def check_init_from(cfg: RunConfig) -> list[str]:

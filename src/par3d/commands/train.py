@@ -106,6 +106,9 @@ def register(sub: Any) -> None:
     ap.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                     help="no progress bar")
     ap.add_argument("--json", action="store_true", default=None, help="print the end-of-run report as JSON")
+    ap.add_argument("--dry-run", action="store_true", default=False,
+                    help="run every check made before the processes start (configuration, data, outputs, "
+                         "the memory estimate), print the resolved layout and exit without training")
     ap.set_defaults(func=run)
 
 
@@ -186,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"par3d train: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return _dry_run(cfg)
     from par3d.distributed import RankFailure
     from par3d.report import finish_run
 
@@ -203,4 +208,22 @@ def run(args: argparse.Namespace) -> int:
     if report is not None:
         if cfg.json:
             print(json.dumps(report, indent=2))
+    return 0
+
+
+def _dry_run(cfg: Any) -> int:
+    """--dry-run: the parent's checks (train.preflight), then one line on what would start."""
+    from par3d.config import ConfigError
+    from par3d.train import preflight
+
+    try:
+        preflight(cfg)
+    except ConfigError as e:
+        print(f"par3d train: {e}", file=sys.stderr)
+        return 2
+    pc, tc = cfg.parallel, cfg.train
+    v = f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else ""
+    print(f"par3d train: configuration ok: {pc.world_size} processes (dp={pc.dp} pp={pc.pp} tp={pc.tp}), "
+          f"{pc.schedule}{v}, m={pc.microbatches}, micro-batch {tc.micro_batch}, {tc.steps} steps; "
+          f"not started (--dry-run)")
     return 0

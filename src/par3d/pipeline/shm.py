@@ -46,11 +46,13 @@ A peer that never sends is an error after the run's timeout, naming the peer and
 from __future__ import annotations
 
 import ctypes
+import glob
 import math
 import mmap
 import os
 import platform
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -146,19 +148,28 @@ class ShmTransport:
         self._received = {what: [0] * (v * m) for what in receives}  # messages taken per (chunk, mb)
         self._sent = {what: [0] * (v * m) for what in sends}
         self._paths = [_path(token, me, what) for what in sorted(receives)]
+        self.token = token
         try:
-            for what in sorted(receives):
-                self._inbox[what] = _Segment(_path(token, me, what), 2 * v * m, shape, dtype, create=True)
-            ok = 1
-        except OSError:
-            ok = 0
-        self.ok = _all_ok(ok, group)
-        if self.ok:
-            dst = {"act": self.next, "grad": self.prev}
-            for what in sorted(sends):
-                self._outbox[what] = _Segment(_path(token, dst[what], what), 2 * v * m, shape, dtype,
-                                              create=False)
-        dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
+            try:
+                for what in sorted(receives):
+                    self._inbox[what] = _Segment(_path(token, me, what), 2 * v * m, shape, dtype, create=True)
+                ok = 1
+            except OSError:
+                ok = 0
+            _test_fault(me)
+            self.ok = _all_ok(ok, group)
+            if self.ok:
+                dst = {"act": self.next, "grad": self.prev}
+                for what in sorted(sends):
+                    self._outbox[what] = _Segment(_path(token, dst[what], what), 2 * v * m, shape, dtype,
+                                                  create=False)
+            dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
+        except BaseException:
+            # a peer failed or vanished before every rank had mapped its segments: remove this
+            # group's names (ours and a dead peer's; the mappings stay valid), so nothing outlives
+            # the run in /dev/shm.  The local launcher removes what a killed world leaves as well.
+            remove_files(token)
+            raise
         self.unlink()
 
     def unlink(self) -> None:
@@ -254,6 +265,40 @@ def _path(token: str, rank: int, what: str) -> str:
     return os.path.join(_DIR, f"par3d-{token}-r{rank}-{what}")
 
 
+def remove_files(prefix: str) -> list[str]:
+    """Unlink every segment whose token starts with `prefix` (a run's id, or one group's token);
+    the names removed.  Mapped segments stay valid until unmapped: only the names go."""
+    removed = []
+    for path in glob.glob(os.path.join(_DIR, f"par3d-{glob.escape(prefix)}*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+_FAULT_VAR = "PAR3D_TEST_SHM_FAULT"
+
+
+def _test_fault(rank: int) -> None:
+    """TEST-ONLY: PAR3D_TEST_SHM_FAULT="RANK:raise|kill|hang" makes global rank RANK fail while its
+    segments exist and before its peers have mapped them (the window in which a failure could
+    leave files in /dev/shm).  Never set it in a real run."""
+    spec = os.environ.get(_FAULT_VAR)
+    if not spec:
+        return
+    r, how = spec.split(":")
+    if int(r) != rank:
+        return
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} in the shared-memory set-up ({_FAULT_VAR})")
+    while True:
+        time.sleep(1)
+
+
 def _wait_until(seg: _Segment, word: int, want: int, spin_s: float, timeout_s: float, waiting_for: str,
                 doorbell: bool = True) -> None:
     """Until `seg.words[word] == want`: yield for `spin_s`, then sleep — on the segment's doorbell
@@ -321,7 +366,10 @@ def agree(group: Group, device: torch.device, mode: str) -> str | None:
     every other, else None.  `mode` "shm" makes "cannot" an error instead of a fallback."""
     if mode == "auto" and device.type != "cpu":
         return None  # GPU tensors: the backend (NCCL) is the transport; every rank decides alike
-    mine = (host_key(), eligible_here(device), secrets.token_hex(6))
+    # the token starts with the local launcher's run id, so the launcher can find what its world
+    # left in /dev/shm however the world ended (distributed.py)
+    run_id = os.environ.get("PAR3D_RUN_ID", "")
+    mine = (host_key(), eligible_here(device), f"{run_id}-{secrets.token_hex(6)}" if run_id else secrets.token_hex(6))
     everyone: list[Any] = [None] * group.size
     dist.all_gather_object(everyone, mine, group=group.pg)
     same_host = len({h for h, _, _ in everyone}) == 1
