@@ -35,6 +35,10 @@ HOW: dict[str, str] = {
     "par3d simulate": "run",
     "par3d calibrate": "parse",
     "par3d bench": "parse",
+    # these need a Hugging Face checkpoint folder (hf_llama/) or a trained run: tests/test_hf.py runs them
+    "par3d eval": "parse",
+    "par3d export": "parse",
+    "par3d train --init-from": "parse",
 }
 
 # files README's commands read, made in the scratch folder before the first command
