@@ -52,13 +52,18 @@ COPIED = ["benchmarks/results/hardware-cpu.json"]
 
 def readme_commands() -> list[str]:
     """Every line of a fenced code block that starts with `par3d `, without its trailing comment."""
-    out, in_block = [], False
+    out, in_block, cont = [], False, None
     for line in README.read_text().splitlines():
         if line.startswith("```"):
-            in_block = not in_block
+            in_block, cont = not in_block, None
+            continue
+        if in_block and cont is not None:  # a continued line (trailing backslash)
+            out[-1] += " " + re.sub(r"\s+#.*$", "", line).strip().removesuffix("\\").strip()
+            cont = line.rstrip().endswith("\\") or None
             continue
         if in_block and line.startswith("par3d "):
-            out.append(re.sub(r"\s+#.*$", "", line).strip())
+            out.append(re.sub(r"\s+#.*$", "", line).strip().removesuffix("\\").strip())
+            cont = line.rstrip().endswith("\\") or None
     return out
 
 
