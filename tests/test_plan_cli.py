@@ -155,6 +155,12 @@ def test_fix_follows_the_rejections(capsys):
     assert rc == 1 and "--cp " in err.split("fix:")[1]
     nearest = float(err.split("nearest to fitting:")[1].split(" needs ")[1].split(" GiB")[0])
     assert nearest < 200  # the least-memory candidate, not the fastest (which needs thousands of GiB)
+    # fixed choices that keep memory up are named only when the search without them has a plan
+    rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64", "--zero-stage", "0",
+                       "--recompute", "none", "--micro-batch", "8", "--tp", "1", "--pp", "1")
+    assert rc == 1 and "drop --zero-stage --recompute --micro-batch: then" in err
+    rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "1", "--global-batch", "8", "--zero-stage", "0")
+    assert rc == 1 and "drop --zero-stage" not in err  # ZeRO over one GPU changes nothing
 
 
 def test_explain_layout_line_is_the_winner(capsys):

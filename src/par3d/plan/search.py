@@ -392,11 +392,15 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                                                                                       "full"),
                                               ("--micro-batch", fixed.micro_batch, 1))
                          if v is not None and v != full]
-            if fixed_mem:
-                fixes.append(f"drop {' '.join(fixed_mem)} so the search may use ZeRO-3, full recomputation and "
-                             f"micro-batch 1")
+            if fixed_mem:  # offered only when the search without them finds a plan
+                free = replace(fixed, **{f[2:].replace("-", "_"): None for f in fixed_mem})
+                r2 = search(model, cluster, global_batch, free, limits, top=1, opts=opts)
+                if r2.plans:
+                    fixes.append(f"drop {' '.join(fixed_mem)}: then {r2.plans[0].choice.label()} fits "
+                                 f"({r2.plans[0].memory.total / GiB:.1f} GiB)")
             if need <= cluster.device.mem_bytes:
-                fixes.append(f"--memory-headroom {max(0.0, 1 - need / cluster.device.mem_bytes):.2f}: the nearest "
+                room = math.floor(100 * (1 - need / cluster.device.mem_bytes)) / 100  # down: it must still fit
+                fixes.append(f"--memory-headroom {room:.2f}: the nearest "
                              f"plan fits the GPU's {cluster.device.mem_bytes / GiB:.0f} GiB but not the "
                              f"{opts.memory_headroom:.0%} headroom")
             bigger = sorted((d for d in DEVICES.values() if d.mem_bytes * (1 - opts.memory_headroom) >= need),
