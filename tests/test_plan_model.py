@@ -16,6 +16,7 @@ from par3d.plan.models import CATALOGUE, ModelSpec, resolve_model
 
 def test_catalogue_sizes():
     assert CATALOGUE["gpt3-175b"].params() == pytest.approx(175e9, rel=0.01)
+    assert CATALOGUE["megatron-1t"].params() == pytest.approx(1008e9, rel=0.01)  # Narayanan 2021 Table 1
     assert CATALOGUE["llama2-7b"].params() == pytest.approx(6.74e9, rel=0.01)
     assert CATALOGUE["llama2-70b"].params() == pytest.approx(69.0e9, rel=0.01)
     assert CATALOGUE["llama3-8b"].params() == pytest.approx(8.03e9, rel=0.01)

@@ -129,6 +129,8 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     _gpt3("gpt3-6.7b", 32, 4096, 32),
     _gpt3("gpt3-13b", 40, 5120, 40),
     _gpt3("gpt3-175b", 96, 12288, 96),
+    # Narayanan et al. 2021 (Megatron-LM, SC'21) Table 1's largest row: 1008B, seq 2048, vocab 51200
+    _gpt3("megatron-1t", 128, 25600, 160),
     # Llama 2 (Touvron et al. 2023) and Llama 3 (Meta 2024) model cards / config.json
     _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
