@@ -1,46 +1,77 @@
-"""Predictions at the published configuration of large training runs vs the published numbers.
+"""The public validation set (src/par3d/plan/validation.toml): every published run predicted at its
+published layout, with one description of each GPU and cluster.  docs/planner.md tables the errors.
 
-Source: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM" (SC'21), Table 1 (weak scaling on A100-80GB, HDR InfiniBand, seq 2048, vocab 51200,
-activation recomputation on) and §5.1's GPT-3 175B on 1024 GPUs with batch 1536 (140 TFLOP/s).
-Megatron's TFLOP/s count the recomputation, so they compare with our hardware TFLOP/s per GPU.
-Assumed where the paper's table is silent: micro-batch 1, the non-interleaved 1F1B schedule, no
-sequence parallelism, no ZeRO.  docs/planner.md lists the errors; the bound here is 25%.
+Each row is asserted within its bound (10 % unless the row is a documented miss with a note); the
+set must hold the rows issue 12 names; and the searches of the acceptance criteria rank as measured.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from par3d.plan import validation
 from par3d.plan.hardware import make_cluster
-from par3d.plan.models import ModelSpec
+from par3d.plan.models import CATALOGUE
 from par3d.plan.search import Fixed, Limits, search
 
-# name, layers, hidden, heads, tp, pp, gpus, global batch, published TFLOP/s per GPU
-ROWS = [
-    ("18.4B", 40, 6144, 48, 8, 1, 256, 1024, 135),
-    ("39.1B", 48, 8192, 64, 8, 2, 512, 1536, 138),
-    ("76.1B", 60, 10240, 80, 8, 4, 1024, 1792, 140),
-    ("145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148),
-    ("310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155),
-    ("GPT-3 175B", 96, 12288, 96, 8, 8, 1024, 1536, 140),
-]
-BOUND = 0.25
+ROWS = validation.rows()
 
 
-def predict(layers, hidden, heads, tp, pp, gpus, batch, name="m"):
-    model = ModelSpec(name, layers, hidden, heads, 2048, 51200)
-    fixed = Fixed(tp=tp, pp=pp, micro_batch=1, recompute="full", zero_stage=0, sequence_parallel=False,
-                  schedule="1f1b")
-    res = search(model, make_cluster("a100-80gb", gpus), batch, fixed, Limits(), top=1)
-    return res.plans[0]
+@pytest.fixture(scope="module")
+def predictions():
+    return {r["name"]: validation.predict(r) for r in ROWS}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_megatron_2021(row):
-    name, layers, hidden, heads, tp, pp, gpus, batch, published = row
-    plan = predict(layers, hidden, heads, tp, pp, gpus, batch, name)
-    assert plan.fits
-    assert (plan.choice.tp, plan.choice.pp, plan.choice.dp) == (tp, pp, gpus // (tp * pp))
-    err = plan.hardware_tflops_per_gpu / published - 1
-    assert abs(err) <= BOUND, f"{name}: predicted {plan.hardware_tflops_per_gpu:.1f} vs {published} ({err:+.1%})"
+def test_the_set_holds_the_named_runs():
+    names = {r["name"] for r in ROWS}
+    assert sum(n.startswith("narayanan2021-t1-") for n in names) == 10  # all ten rows of Table 1
+    assert "narayanan2021-gpt3-175B-1024" in names
+    assert sum(n.startswith("narayanan2021-t2-zero3-") for n in names) == 6
+    assert {"bloom-176B", "llama3-405B-8192", "llama3-405B-16384"} <= names
+    for r in ROWS:
+        assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model")
+        assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
+
+
+@pytest.mark.parametrize("name", [r["name"] for r in ROWS])
+def test_row_within_its_bound(predictions, name):
+    p = predictions[name]
+    assert abs(p.error) <= p.bound, f"{name}: predicted {p.value:.1f} vs {p.row['published']} ({p.error:+.1%})"
+    assert p.fits or p.row.get("evaluate_unfit")
+
+
+def test_most_rows_within_ten_percent(predictions):
+    errs = sorted(abs(p.error) for p in predictions.values())
+    assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.05
+
+
+def test_zero3_without_model_parallelism_ranks_below_tp_pp():
+    model = CATALOGUE["gpt3-175b"]
+    for gpus in (768, 1536):
+        cl = make_cluster("a100-80gb", gpus)
+        best = search(model, cl, 1536, Fixed(), Limits(), top=1).plans[0]
+        z3 = search(model, cl, 1536, Fixed(tp=1, pp=1, zero_stage=3), Limits(), top=1).plans[0]
+        assert best.choice.tp > 1 and best.choice.pp > 1
+        assert z3.step_time > 1.5 * best.step_time  # measured: 40-70 % slower
+
+
+def test_unconstrained_gpt3_search_ranks_tp_pp_first():
+    res = search(CATALOGUE["gpt3-175b"], make_cluster("a100-80gb", 1024), 1536, Fixed(), Limits(), top=5)
+    assert all(p.choice.tp > 1 and p.choice.pp > 1 for p in res.plans)
+    # with the software of the paper (no FlashAttention, full recomputation, no SP) the best plan found
+    # is TP+PP too, at least the published layout's prediction and within 20 % of the published 140
+    # TFLOP/s: the search finds layouts faster than the paper's (tp 4, more chunks), docs/planner.md
+    paper = search(CATALOGUE["gpt3-175b"], make_cluster("a100-80gb", 1024, flash_attention=False), 1536,
+                   Fixed(recompute="full", sequence_parallel=False, zero_stage=0), Limits(), top=1).plans[0]
+    assert paper.choice.tp > 1 and paper.choice.pp > 1
+    published_layout = validation.predict(next(r for r in ROWS if r["name"] == "narayanan2021-gpt3-175B-1024"))
+    assert published_layout.value <= paper.hardware_tflops_per_gpu * (1 + 1e-9) <= 1.2 * 140
+
+
+def test_llama3_long_context_plans():
+    model = CATALOGUE["llama3-405b"]
+    from dataclasses import replace
+
+    res = search(replace(model, seq_len=131072), make_cluster("h100-sxm", 16384), 128,
+                 Fixed(tp=8, pp=16, cp=16), Limits(), top=1)
+    assert res.plans and res.plans[0].choice.cp == 16

@@ -134,13 +134,14 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
 
 
 def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
-    """Point-to-point between pipeline neighbours `stride` ranks apart: NVLink inside a node, else
-    the sender's NIC share (rail-aligned neighbours: every GPU of a node sends at once).  Flat
-    (seed) clusters: the link of the whole pipeline group's `span`."""
+    """Point-to-point between group neighbours `stride` ranks apart, the group spanning `span` ranks:
+    NVLink when the group is inside one node, else the sender's NIC share (the boundaries that
+    cross nodes set the pace; every GPU of a node sends at once, so each has its share).  Flat
+    (seed) clusters: the link of the group's span."""
     from .hardware import NIC_EFF, NVLINK_EFF
 
     if not cluster.hier:
         return p2p(nbytes, cluster.link_for_span(span))
-    if stride < cluster.gpus_per_node and 2 * stride <= cluster.gpus_per_node:
+    if span <= cluster.gpus_per_node:  # the whole group inside one node
         return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * NVLINK_EFF))
     return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))

@@ -87,6 +87,11 @@ from .profile import Profile, contention
 from .replay import program, replay
 
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write master, m, v + bf16 weight (14 B)
+# The table kernel model's optimizer step, as Megatron-LM's mixed-precision optimizer runs it, in HBM
+# bytes per parameter: unscale the fp32 main gradient (read 4, write 4), check it for inf/NaN (read
+# 4), its norm for clipping (read 4), fused Adam (read master, grad, m, v: 16; write master, m, v: 12),
+# copy the master to the 16-bit weight (read 4, write 2), zero the gradient buffer (write 4).
+OPTIMIZER_STEP_BYTES = 4 + 4 + 4 + 4 + 16 + 12 + 4 + 2 + 4
 
 
 @dataclass(frozen=True)
@@ -604,7 +609,9 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
         gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
         window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
-        worst = max(worst, bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma) + gather)
+        if cluster.overlap_grad_reduce:
+            red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
+        worst = max(worst, red + gather)
     return worst
 
 
@@ -643,8 +650,9 @@ def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     params = max(s.params for s in shapes) / (c.dp * c.cp if c.zero_stage >= 1 else 1)
     dev = cluster.device
-    bw = dev.mem_bw * (dev.mem_eff if dev.kernel_model == "table" else 1.0)
-    return ADAM_BYTES_PER_PARAM * params / bw
+    if dev.kernel_model == "table":
+        return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff)
+    return ADAM_BYTES_PER_PARAM * params / dev.mem_bw
 
 
 # ---- the full evaluation -------------------------------------------------------------------------

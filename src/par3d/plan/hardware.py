@@ -203,6 +203,9 @@ class Cluster:
     nics_per_node: int | None = None
     flash_attention: bool = True  # use FlashAttention where the device has it
     hierarchical: bool | None = None  # None: NCCL-like with the table kernel model, flat with the flat one
+    # the framework reduces gradients bucket by bucket during the backward (PyTorch DDP/FSDP, Megatron-LM
+    # with --overlap-grad-reduce); False: after it (Megatron-LM before 2023, DeepSpeed's default)
+    overlap_grad_reduce: bool = True
 
     @property
     def nodes(self) -> int:

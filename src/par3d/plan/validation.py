@@ -1,0 +1,104 @@
+"""The public validation set (validation.toml): published training runs predicted at their layout.
+
+`rows()` reads the file; `predict(row)` runs the planner's search with the row's fixed choices on the
+row's cluster (the catalogue GPU, plus the row's NICs where its network is not a DGX's) and returns the
+planner's number in the row's metric.  `python -m par3d.plan.validation` prints the table that
+docs/planner.md quotes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .cost import Choice, Plan, evaluate
+from .hardware import Cluster, make_cluster
+from .models import CATALOGUE, ModelSpec
+from .search import Fixed, Limits, search
+
+PATH = os.path.join(os.path.dirname(__file__), "validation.toml")
+DEFAULT_BOUND = 0.10
+
+
+@dataclass
+class Prediction:
+    row: dict[str, Any]
+    plan: Plan
+    value: float  # TFLOP/s per GPU in the row's metric
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return self.value / float(self.row["published"]) - 1.0
+
+    @property
+    def bound(self) -> float:
+        return float(self.row.get("bound", DEFAULT_BOUND))
+
+
+def rows(path: str = PATH) -> list[dict[str, Any]]:
+    with open(path, "rb") as fh:
+        return list(tomllib.load(fh)["row"])
+
+
+def model_of(row: dict[str, Any]) -> ModelSpec:
+    m = row["model"]
+    spec = CATALOGUE[m] if isinstance(m, str) else ModelSpec(row["name"], **m)
+    if "seq_len" in row:
+        spec = replace(spec, seq_len=int(row["seq_len"]))
+    return spec
+
+
+def cluster_of(row: dict[str, Any]) -> Cluster:
+    cl = make_cluster(row["gpu"], int(row["gpus"]), 8, nics_per_node=row.get("nics_per_node"),
+                      nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)))
+    return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)))
+
+
+def predict(row: dict[str, Any]) -> Prediction:
+    model, cluster = model_of(row), cluster_of(row)
+    fixed = Fixed(**row["fixed"])
+    res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1)
+    if res.plans:
+        plan, fits = res.plans[0], True
+    elif row.get("evaluate_unfit"):  # the published layout, every field given, even if memory.py says no
+        f = row["fixed"]
+        dp = int(row["gpus"]) // (f["tp"] * f.get("cp", 1) * f["pp"])
+        m = int(row["global_batch"]) // (dp * f["micro_batch"])
+        c = Choice(f["tp"], f["pp"], dp, f["micro_batch"], m, f.get("schedule", "1f1b"), f.get("virtual_stages", 1),
+                   f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1))
+        plan, fits = evaluate(model, cluster, c), False
+    else:
+        raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
+    value = plan.hardware_tflops_per_gpu if row["metric"] == "hardware" else plan.model_tflops_per_gpu
+    return Prediction(row, plan, value, fits)
+
+
+def table(preds: list[Prediction]) -> str:
+    out = ["| run | layout | published | predicted | error |", "|---|---|---:|---:|---:|"]
+    for p in preds:
+        c = p.plan.choice
+        cp = f" × cp {c.cp}" if c.cp > 1 else ""
+        lay = f"tp {c.tp}{cp} × pp {c.pp} × dp {c.dp}, mb {c.micro_batch}, {c.schedule}" + (
+            f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", rec {c.recompute}, zero {c.zero_stage}"
+        miss = "" if abs(p.error) <= DEFAULT_BOUND else " (miss)"
+        out.append(f"| {p.row['name']} | {lay}{'' if p.fits else ' (over memory)'} | {p.row['published']:g} | "
+                   f"{p.value:.1f} | {p.error:+.1%}{miss} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    preds = [predict(r) for r in rows()]
+    print(table(preds))
+    errs = sorted(abs(p.error) for p in preds)
+    within = sum(e <= DEFAULT_BOUND for e in errs)
+    print(f"\n{len(preds)} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {errs[len(errs) // 2]:.1%}, "
+          f"max {errs[-1]:.1%}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
