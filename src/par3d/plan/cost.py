@@ -603,11 +603,16 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
     worst = 0.0
+    costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
         n_layers = max(sum(shape.layers), 1)
-        red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
-        gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
+        hit = costs.get(g)
+        if hit is None:
+            red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
+            gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
+            hit = costs[g] = (red, gather)
+        red, gather = hit
         window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
         if cluster.overlap_grad_reduce:
             red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
