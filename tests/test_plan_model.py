@@ -198,3 +198,61 @@ def test_counted_peaks_are_the_checkers():
                         continue
                     assert counted_peaks(sched, p, m, v) == tuple(check(build(sched, p, m, v), p, m, v).peak_inflight), \
                         (sched, p, m, v)
+
+
+# ---- the table kernel model, NCCL-like collectives, overlap (issue 12) ----------------------------
+
+def test_gemm_throughput_rises_with_size():
+    from par3d.plan.compute import Gemm, gemm_time
+
+    dev = make_cluster("h100-sxm", 8).device
+    rates = [Gemm("g", n, n, n).flops / gemm_time(Gemm("g", n, n, n), dev, "bf16") for n in (256, 1024, 4096, 16384)]
+    assert rates == sorted(rates) and rates[0] < 0.3 * rates[-1]
+    assert rates[-1] <= dev.peak("bf16") * dev.gemm_fraction("bf16") * (1 + 1e-9)
+    assert dev.gemm_fraction("fp8") * dev.peak("fp8") > dev.gemm_fraction("bf16") * dev.peak("bf16")
+    for gpu in ("a100-80gb", "h100-sxm", "h200", "b200"):
+        d = make_cluster(gpu, 8).device
+        assert d.kernel_model == "table" and 0.5 < d.gemm_fraction("bf16") < 0.9 and d.flash
+
+
+def test_flash_attention_drops_the_s2_traffic():
+    from par3d.plan.compute import layer_times
+
+    m, dev = CATALOGUE["gpt3-13b"], make_cluster("a100-80gb", 8).device
+    flash, plain = layer_times(m, dev, "bf16", 1, 8, True, True), layer_times(m, dev, "bf16", 1, 8, True, False)
+    assert flash.fwd < plain.fwd and flash.elementwise < plain.elementwise
+
+
+def test_collectives_priced_by_their_bottleneck():
+    cl = make_cluster("a100-80gb", 64)
+    n = 256e6
+    inside = comm.collective("all_reduce", n, 8, 1, cl).total
+    two_nodes = comm.collective("all_reduce", n, 16, 1, cl).total  # TP 16 over two nodes: 8 NICs
+    flat = comm.all_reduce(n, 16, cl.inter).total  # the old flat ring at one NIC's 25 GB/s
+    one_per_node = comm.collective("all_reduce", n, 8, 8, cl).total  # DP with TP 8 inside: one NIC
+    assert inside < two_nodes < flat / 3
+    assert one_per_node == pytest.approx(2 * 7 / 8 * n / (25e9 * 0.9), rel=0.01)
+    few_nics = make_cluster("a100-80gb", 64, nics_per_node=4)
+    assert comm.collective("all_reduce", n, 8, 8, few_nics).total == pytest.approx(2 * one_per_node, rel=0.01)
+
+
+def test_overlap_costs_something():
+    from par3d.plan.cost import _zero3_exposed, bucketed_tail, overlapped
+
+    assert overlapped(1.0, 0.5, 0.1) == pytest.approx(1.05)
+    f, fb = _zero3_exposed(10, 1.0, 2.0, 0.5, 0.5, False, 0.1)
+    assert f == pytest.approx(0.5 + 9 * 0.05)  # first gather exposed, then σ on each overlap
+    assert fb > 0.5  # the first gather and the last reduce-scatter
+    assert bucketed_tail(10, 1.0, 0.5, 0.0) == pytest.approx(0.5)  # only the last bucket
+    assert bucketed_tail(10, 1.0, 2.0, 0.0) == pytest.approx(20 - 9)  # network-bound
+
+
+def test_hardware_dict_round_trip_keeps_the_table():
+    from par3d.plan.hardware import hardware_from_dict
+
+    cl = make_cluster("h100-sxm", 16, nics_per_node=4)
+    hw = hardware_from_dict(cl.to_dict())
+    assert hw.device.gemm == cl.device.gemm and hw.device.kernel_model == "table"
+    assert hw.inter.beta == pytest.approx(cl.inter.beta)
+    flat = hardware_from_dict({"device": {"base": "a100-80gb", "efficiency": 0.5}})
+    assert flat.device.kernel_model == "flat"

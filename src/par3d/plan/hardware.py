@@ -233,7 +233,7 @@ class Cluster:
         return {
             "device": {"name": d.name, "peak_tflops": {k: v / TFLOPS for k, v in d.peak_flops.items()},
                        "mem_bw_gbps": d.mem_bw / GB, "mem_gib": d.mem_bytes / GiB, "sms": d.sms,
-                       "efficiency": d.efficiency, "gemm_fraction": dict(d.gemm), "mem_eff": d.mem_eff,
+                       "efficiency": d.efficiency, "gemm": dict(d.gemm), "mem_eff": d.mem_eff,
                        "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
