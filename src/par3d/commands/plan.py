@@ -533,14 +533,15 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
 def _cp_line(model, cluster, c) -> str:
     """The ring attention of one layer: K/V block, hops, the attention that hides them."""
     from par3d.plan import comm
-    from par3d.plan.cost import cp_exchange, cp_layer_times, links
+    from par3d.plan.cost import blockwise_attention, cp_exchange, cp_layer_times, links
     from par3d.plan.hardware import GB
     from par3d.plan.memory import ACT_BYTES
 
     link = links(cluster, c).cp
     kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
     hop = comm.p2p(kv, link).total
-    core = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp).core
+    core = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
+                          blockwise_attention(cluster, c)).core
     fwd, bwd = cp_exchange(model, c, link, core, cluster.dtype)
     return (f"  CP ring (cp = {c.cp}, {'inside a node' if link is cluster.intra else 'across nodes'}, "
             f"{link.beta / GB:g} GB/s): K/V block {kv / 1e6:.1f} MB, {c.cp - 1} hops x {_ms(hop)} = "

@@ -356,6 +356,12 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
                    core_flops=lt.core_flops * cp)
 
 
+def blockwise_attention(cluster: Cluster, c: Choice) -> bool:
+    """FlashAttention kernels priced: where the cluster has them on, and always for ring attention
+    (cp > 1 runs blockwise by construction) on GPUs the kernel table has them for."""
+    return cluster.flash or (c.cp > 1 and cluster.device.flash and cluster.device.kernel_model == "table")
+
+
 def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: str) -> tuple[float, float]:
     """Exposed ring-attention time per layer (forward, backward): cp − 1 hops of this rank's K/V
     block, overlapped with the attention of the remote blocks (core · (cp − 1)/cp); backward moves
@@ -376,7 +382,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     lk = links(cluster, c)
     hier = cluster.hier
     lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                                    cluster.flash)
+                                    blockwise_attention(cluster, c))
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
