@@ -14,7 +14,9 @@ import pytest
 from par3d.cli import main
 
 ROW_KEYS = {"case", "ours_s", "theirs_s", "ratio", "same_loss"}
-CASES_2 = {"tp_block_2", "pp_gpipe_2", "pp_1f1b_2", "pp_interleaved_2", "dp_2"}
+# CPU ranks: ours over shared memory and over the backend, each against the same torch pipeline
+CASES_2 = {"tp_block_2", "dp_2"} | {f"pp_{s}_2_{t}" for s in ("gpipe", "1f1b", "interleaved")
+                                    for t in ("shm", "backend")}
 
 
 @pytest.fixture(scope="module")
