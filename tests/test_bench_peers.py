@@ -57,3 +57,24 @@ def test_results_files_written(quick_run: tuple[dict, Path]) -> None:
     assert json.loads((out / "peers.json").read_text())["rows"] == result["rows"]
     md = (out / "peers.md").read_text()
     assert all(case in md for case in CASES_2)
+
+
+def test_default_output_is_not_the_committed_results() -> None:
+    from par3d.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "peers"])
+    assert not Path(args.out).resolve().is_relative_to(Path("benchmarks/results").resolve()), args.out
+
+
+def test_repeated_runs_keep_the_median_run_of_each_row() -> None:
+    from par3d.bench.peers import _median_runs
+
+    def row(case: str, ours: float, theirs: float) -> dict:
+        return {"case": case, "ours_s": ours, "theirs_s": theirs, "ratio": round(ours / theirs, 3)}
+
+    runs = [[row("a", 1.0, 2.0), row("b", 3.0, 2.0)], [row("a", 1.8, 2.0), row("b", 1.0, 2.0)],
+            [row("a", 1.2, 2.0), row("b", 2.0, 2.0)]]
+    a, b = _median_runs(runs)
+    assert (a["ours_s"], a["ratio"], a["ratio_runs"], a["ratio_range"]) == (1.2, 0.6, [0.5, 0.9, 0.6], [0.5, 0.9])
+    assert (b["ours_s"], b["ratio"], b["median_of_run"]) == (2.0, 1.0, 3)
+    assert _median_runs(runs[:1]) == runs[0]

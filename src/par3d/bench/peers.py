@@ -98,6 +98,9 @@ def register(bsub: Any) -> None:
     ap.add_argument("--cases", default="tp,pp,dp",
                     help="comma-separated families to run: tp (one block), pp (gpipe, 1f1b, interleaved), "
                          "dp (a training step) (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="whole runs back to back (default: %(default)s); with more than one, each row "
+                         "reports the run with its median ratio, plus every run's ratio and their range")
     ap.add_argument("--quick", action="store_true",
                     help="smaller shapes and fewer steps: a smoke run of a few tens of seconds")
     ap.add_argument("--out", default=DEFAULT_OUT,
@@ -135,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = dict(QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     steps = args.steps if args.steps is not None else (4 if args.quick else 10)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    if steps < 1 or warmup < 0:
-        raise SystemExit("--steps must be >= 1 and --warmup >= 0")
+    if steps < 1 or warmup < 0 or args.repeat < 1:
+        raise SystemExit("--steps and --repeat must be >= 1 and --warmup >= 0")
     for n in ranks:
         if shapes["heads"] % n or shapes["layers"] < 2 * n:
             raise SystemExit(f"--ranks {n}: the benchmark model has {shapes['heads']} heads and "
@@ -148,17 +151,24 @@ def run(args: argparse.Namespace) -> int:
             "families": families}
     t_start = time.perf_counter()
     load0 = os.getloadavg()[0]
-    rows: list[dict[str, Any]] = []
+    runs: list[list[dict[str, Any]]] = []
     where: dict[str, str] = {}
-    for n in ranks:
-        # one world per rank count; one thread per CPU rank (the ranks share the machine's cores)
-        res = launch(_worker, n, (spec,), timeout_s=120.0, wall_timeout_s=900.0, threads=1)
-        rows += res[0]["rows"]
-        where = {"backend": res[0]["backend"], "device": res[0]["device"]}
+    for k in range(args.repeat):
+        if args.repeat > 1 and not args.json:
+            print(f"run {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
+        rows: list[dict[str, Any]] = []
+        for n in ranks:
+            # one world per rank count; one thread per CPU rank (the ranks share the machine's cores)
+            res = launch(_worker, n, (spec,), timeout_s=120.0, wall_timeout_s=900.0, threads=1)
+            rows += res[0]["rows"]
+            where = {"backend": res[0]["backend"], "device": res[0]["device"]}
+        runs.append(rows)
+    rows = _median_runs(runs)
     for row in rows:
         if row["ratio"] is not None and row["ratio"] > 1.0 and not row.get("note"):
             row["note"] = _why_slower(row)
     result = {"rows": rows, "meta": _meta(spec, ranks, time.perf_counter() - t_start, load0, where)}
+    result["meta"]["repeat"] = args.repeat
     json_path, md_path = _out_paths(args.out)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
@@ -169,6 +179,26 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(result), end="")
         print(f"wrote {json_path} and {md_path}", file=sys.stderr)
     return 0
+
+
+def _median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per case: from a single run, that run's row; from several, the row of the run whose
+    ratio is the median (a real run's numbers, so ratio = ours_s / theirs_s still holds), with
+    `ratio_runs` (every run's ratio, in order) and `ratio_range` ([min, max]) added."""
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    for i, first in enumerate(runs[0]):
+        same = [run[i] for run in runs]
+        assert all(r["case"] == first["case"] for r in same)
+        ratios = [r["ratio"] for r in same]
+        if any(x is None for x in ratios):
+            out.append(dict(first, ratio_runs=ratios, ratio_range=None))
+            continue
+        pick = sorted(range(len(same)), key=lambda j: ratios[j])[(len(same) - 1) // 2]
+        out.append(dict(same[pick], ratio_runs=ratios, ratio_range=[min(ratios), max(ratios)],
+                        median_of_run=pick + 1))
+    return out
 
 
 def _why_slower(row: dict[str, Any]) -> str:
@@ -214,15 +244,25 @@ def markdown(result: dict[str, Any]) -> str:
         f"heads={sh['heads']}; median of {meta['steps']} interleaved steps per side after "
         f"{meta['warmup']} warm-up steps.  ratio = ours / theirs (< 1: par3d faster).",
         "",
-        "| case | ours (ms) | theirs (ms) | ratio | CPU ratio | spread | same loss | note |",
-        "|---|---:|---:|---:|---:|---:|:---:|---|",
     ]
+    repeat = meta.get("repeat", 1)
+    if repeat > 1:
+        lines[2] += (f"  {repeat} whole runs back to back: each row is the run with that row's median "
+                     f"ratio; 'ratio in each run' gives every run's ratio and their range.")
+    lines += ["| case | ours (ms) | theirs (ms) | ratio | CPU ratio | spread | same loss |"
+              + (" ratio in each run [range] |" if repeat > 1 else "") + " note |",
+              "|---|---:|---:|---:|---:|---:|:---:|" + ("---|" if repeat > 1 else "") + "---|"]
     for r in result["rows"]:
         note = (r.get("note") or "").replace("|", "\\|").replace("\n", " ")
         spread = f"{r['spread']:.0%}" if r.get("spread") is not None else "—"
+        each = ""
+        if repeat > 1:
+            rng = r.get("ratio_range")
+            each = (", ".join(_fmt(x, "x") for x in r.get("ratio_runs", []))
+                    + (f" [{_fmt(rng[0], 'x')}–{_fmt(rng[1], 'x')}]" if rng else "") + " | ")
         lines.append(f"| {r['case']} | {_fmt(r['ours_s'])} | {_fmt(r['theirs_s'])} | "
                      f"{_fmt(r['ratio'], 'x')} | {_fmt(r.get('cpu_ratio'), 'x')} | {spread} | "
-                     f"{'yes' if r['same_loss'] else 'no'} | {note} |")
+                     f"{'yes' if r['same_loss'] else 'no'} | {each}{note} |")
     lines += ["", "ratio: median wall time of a step (slowest rank), ours / theirs.  CPU ratio: the same "
               "for CPU seconds summed over ranks.  spread: the larger inter-quartile range of the two "
               "sides' step times, relative to the median — a ratio within 1 ± spread is not a difference.",
