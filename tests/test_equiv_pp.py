@@ -1,7 +1,8 @@
-"""Pipeline parallelism against the single-process reference (issue 4).
+"""Pipeline parallelism against the single-process reference (issues 4 and 17).
 
-Every schedule x pp in {2, 4} x m in {p, 2p} (interleaved with v = 2), alone and combined with
-TP = 2 and DP = 2, in ONE world of 8 gloo ranks: losses of 3 steps, step-1 gradients and the
+Every schedule x pp in {2, 4} x m in {p, 2p} (interleaved, zb-v and dualpipe-v with v = 2;
+dualpipe-v needs m >= 2p, so it runs m in {2p, 4p}), alone and combined with TP = 2 and DP = 2,
+in ONE world of 8 gloo ranks: losses of 3 steps, step-1 gradients and the
 parameters after step 3 equal the one-process run within TOL = 1e-5 (fp32).  Also: tied
 embeddings across stages, recomputation, sequence parallelism inside stages, and activation
 memory that follows the schedule."""
@@ -19,14 +20,15 @@ from equiv_common import (
     run_cases,
 )
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2), ("dualpipe-v", 2)]
 LAYOUTS: dict[str, dict] = {}
 for sched, v in SCHEDULES:
+    k = 2 if sched == "dualpipe-v" else 1  # dualpipe-v: m >= 2p
     for pp in (2, 4):
-        for m in (pp, 2 * pp):
+        for m in (k * pp, 2 * k * pp):
             LAYOUTS[f"{sched}_pp{pp}_m{m}"] = case(pp=pp, schedule=sched, m=m, v=v)
         # combined with TP=2 and with DP=2 (m = p keeps the world at <= 8 ranks)
-        LAYOUTS[f"{sched}_pp{pp}_m{pp}_tp2"] = case(pp=pp, tp=2, schedule=sched, m=pp, v=v)
+        LAYOUTS[f"{sched}_pp{pp}_m{k * pp}_tp2"] = case(pp=pp, tp=2, schedule=sched, m=k * pp, v=v)
         LAYOUTS[f"{sched}_pp{pp}_m{2 * pp}_dp2"] = case(pp=pp, dp=2, schedule=sched, m=2 * pp, v=v)
     LAYOUTS[f"{sched}_dp2_pp2_tp2"] = case(dp=2, pp=2, tp=2, schedule=sched, m=4, v=v)
 LAYOUTS.update({
@@ -41,6 +43,9 @@ LAYOUTS.update({
     "1f1b_pp4_m8_backend": case(pp=4, m=8, p2p="backend"),
     "interleaved_pp2_m4_backend": case(pp=2, schedule="interleaved", v=2, m=4, p2p="backend"),
     "zb-h1_pp2_m4_dp2_backend": case(pp=2, dp=2, schedule="zb-h1", m=4, p2p="backend"),
+    "zb-v_pp4_m8_backend": case(pp=4, schedule="zb-v", v=2, m=8, p2p="backend"),
+    "zb-v_pp2_recompute_full": case(pp=2, schedule="zb-v", v=2, m=4, recompute="full"),
+    "zb-h1_pp2_tp2_sp": case(pp=2, tp=2, schedule="zb-h1", m=4, sp=True),
     "gpipe_dp2_pp2_tp2_backend": case(dp=2, pp=2, tp=2, schedule="gpipe", m=4, p2p="backend"),
     "1f1b_pp2_m4_shm": case(pp=2, m=4, p2p="shm"),
 })
@@ -97,6 +102,16 @@ def test_no_shared_memory_left_behind(world):
 
 def _per_rank(world, name):
     return sorted((r[name] for r in world if name in r), key=lambda x: x["coord"][1])
+
+
+@pytest.mark.parametrize("sched", ["zb-h1", "zb-v", "dualpipe-v"])
+def test_split_backward_memory_follows_the_schedule(world, sched):
+    """A split backward frees a micro-batch's activations at BW, so what a rank keeps alive is
+    bounded by the checker's in-flight count (F done, B or BW not) times one forward's bytes."""
+    p, m = 4, 8
+    for r in _per_rank(world, f"{sched}_pp{p}_m{m}"):
+        assert r["activation_bytes_per_microbatch"] > 0
+        assert r["peak_activation_bytes"] <= r["peak_inflight_predicted"] * r["activation_bytes_per_microbatch"]
 
 
 @pytest.mark.parametrize("sched", ["gpipe", "1f1b"])

@@ -16,7 +16,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V (pipeline/schedules.py)
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "bf16")
 ON_NONFINITE = ("skip", "stop")
@@ -114,7 +115,8 @@ class ParallelConfig:
     tp: int = 1
     schedule: str = "1f1b"
     microbatches: int | None = None  # m; derived from global_batch when None
-    virtual_stages: int = 1  # v, only for the interleaved schedule
+    virtual_stages: int = 1  # v: >= 2 for interleaved; 2 (set by resolve) for zb-v / dualpipe-v
+    schedule_csv: str | None = None  # a compute-only schedule in torch's CSV notation; sets m and v
     zero_stage: int = 0  # 0 plain DP; ZeRO 1 optimizer state, 2 + gradients, 3 + parameters sharded
     cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention)
     recompute: str = "none"
@@ -179,6 +181,10 @@ class RunConfig:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
+        if p.schedule in V_SCHEDULES and p.virtual_stages == 1:
+            p.virtual_stages = 2  # the V: stages r and 2p-1-r on rank r
+        if p.schedule_csv and isinstance(p.schedule_csv, str):
+            self._resolve_csv()
         # derive only from well-typed values; validate() reports the others
         if not all(is_int(v) for v in (p.dp, p.pp, p.virtual_stages, t.global_batch)) or \
                 not all(v is None or is_int(v) for v in (p.microbatches, t.micro_batch)):
@@ -199,6 +205,33 @@ class RunConfig:
             denom = p.microbatches * dp
             t.micro_batch = t.global_batch // denom if denom and t.global_batch % denom == 0 else 1
         return self
+
+    def _resolve_csv(self) -> None:
+        """A schedule CSV fixes m and v (and stands in for parallel.schedule); errors in it are
+        kept for validate()."""
+        from par3d.pipeline.schedules import ScheduleError, from_csv
+
+        p = self.parallel
+        self._csv_error: str | None = None
+        try:
+            with open(p.schedule_csv, newline="") as fh:  # type: ignore[arg-type]
+                loaded = from_csv(fh.read())
+        except OSError as e:
+            self._csv_error = f"parallel.schedule_csv={p.schedule_csv!r}: cannot read it: {e}"
+            return
+        except ScheduleError as e:
+            self._csv_error = f"parallel.schedule_csv={p.schedule_csv!r} is not a valid schedule: {e}"
+            return
+        if loaded.p != p.pp:
+            self._csv_error = (f"parallel.schedule_csv={p.schedule_csv!r} has {loaded.p} rows (pipeline ranks) but "
+                               f"pp={p.pp}; use --pp {loaded.p}")
+            return
+        try:
+            loaded.check()
+        except ScheduleError as e:
+            self._csv_error = f"parallel.schedule_csv={p.schedule_csv!r} is not a valid schedule: {e}"
+            return
+        p.microbatches, p.virtual_stages = loaded.m, loaded.v
 
     def validate(self) -> RunConfig:
         """Raise one ConfigError listing every violated rule; return self when valid."""
@@ -260,7 +293,10 @@ class RunConfig:
                 errs.append(f"parallel.pp={p.pp} x virtual_stages={p.virtual_stages} = {n_chunks} pipeline "
                             f"chunks but model.layers={m.layers}; every chunk needs at least one layer: "
                             f"use --layers >= {n_chunks} or a smaller --pp/--virtual-stages")
-        if p.schedule not in SCHEDULES:
+        if p.schedule_csv:
+            if getattr(self, "_csv_error", None):
+                errs.append(self._csv_error)  # type: ignore[arg-type]
+        elif p.schedule not in SCHEDULES:
             errs.append(f"parallel.schedule={p.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
         elif ok_par:
             if p.schedule == "interleaved":
@@ -273,6 +309,17 @@ class RunConfig:
                     errs.append(f"parallel.microbatches={p.microbatches}: the interleaved schedule needs "
                                 f"m to be a multiple of pp={p.pp}; use --microbatches "
                                 f"{max(p.pp, (p.microbatches // p.pp) * p.pp)}")
+            elif p.schedule in V_SCHEDULES:
+                if p.virtual_stages != 2:
+                    errs.append(f"parallel.schedule={p.schedule!r} holds two chunks per rank in a V; "
+                                f"virtual_stages={p.virtual_stages} must be 2: use --virtual-stages 2")
+                if p.schedule == "dualpipe-v" and p.microbatches is not None and p.microbatches < 2 * p.pp:
+                    errs.append(f"parallel.microbatches={p.microbatches}: dualpipe-v needs m >= 2 x pp = "
+                                f"{2 * p.pp}; use --microbatches {2 * p.pp}")
+                if m.tied_embeddings and p.pp > 1:
+                    errs.append(f"parallel.schedule={p.schedule!r} with model.tied_embeddings: the V puts the "
+                                "embedding and the head on rank 0 as two chunks, whose shared weight the "
+                                "runtime does not tie yet; drop --tied-embeddings or use zb-h1")
             elif p.virtual_stages != 1:
                 errs.append(f"parallel.virtual_stages={p.virtual_stages} only applies to the interleaved "
                             f"schedule (schedule={p.schedule!r}); use --schedule interleaved or "

@@ -55,6 +55,7 @@ from par3d.tensor_parallel import (
     unshard,
     vocab_parallel_cross_entropy,
 )
+from par3d.weight_grad import linear
 
 
 @dataclass
@@ -302,7 +303,7 @@ class Head(nn.Module):
     def logits_local(self, x: torch.Tensor) -> torch.Tensor:
         x = self.ln_f(x)
         x = comm.gather_from_seq(x, self.ctx.tp) if self.sp else comm.copy_to_tp(x, self.ctx.tp)
-        return F.linear(x, self.weight)  # [b, s, V_pad/E]
+        return linear(x, self.weight)  # [b, s, V_pad/E]
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(self.logits_local(x), targets, self.ctx.tp,

@@ -28,15 +28,18 @@ def _measured_timeline(world: list[dict[str, Any]], p: int, m: int, v: int) -> A
     return timeline_from_events(events, p, m, v)
 
 
-def _simulated_from(measured: Any, schedule_name: str, p: int, m: int, v: int) -> Any:
-    from par3d.pipeline.schedules import build
+def _simulated_from(measured: Any, cfg: Any) -> Any:
     from par3d.pipeline.simulate import simulate
+    from par3d.train import pipeline_schedule
+
+    pc = cfg.parallel
+    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
 
     by: dict[tuple[int, str], list[float]] = {}
     for e in measured.events:
         by.setdefault((e.stage, e.kind), []).append(e.end - e.start)
     durations = {k: statistics.median(v_) for k, v_ in by.items()}
-    return simulate(build(schedule_name, p, m, v), p, m, v, durations=durations, transfer=0.0)
+    return simulate(pipeline_schedule(cfg), p, m, v, durations=durations, transfer=0.0)
 
 
 def _size_histogram(sizes: dict[str, list[int]]) -> dict[str, dict[int, int]]:
@@ -93,7 +96,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     }
     measured = _measured_timeline(world, pc.pp, pc.microbatches, pc.virtual_stages)
     if measured is not None:
-        sim = _simulated_from(measured, pc.schedule, pc.pp, pc.microbatches, pc.virtual_stages)
+        sim = _simulated_from(measured, cfg)
         rep["pipeline"] = {
             "measured": {"makespan_s": measured.makespan, "bubble_wall": measured.bubble_wall,
                          "bubble_ideal": measured.bubble_ideal},

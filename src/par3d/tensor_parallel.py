@@ -25,6 +25,7 @@ from torch import nn
 
 from par3d import comm
 from par3d.mesh import Group
+from par3d.weight_grad import linear  # F.linear whose weight GEMM a split backward can defer
 
 
 def full_init(shape: tuple[int, ...], std: float, seed: int, name: str) -> torch.Tensor:
@@ -103,7 +104,7 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enter:
             x = comm.gather_from_seq(x, self.group) if self.sp else comm.copy_to_tp(x, self.group)
-        y = F.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         return comm.gather_last(y, self.group) if self.gather_output else y
 
 
@@ -126,7 +127,7 @@ class RowParallelLinear(nn.Module):
             mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight)
         y = comm.reduce_scatter_to_seq(y, self.group) if self.sp else comm.reduce_from_tp(y, self.group)
         return y + self.bias if self.bias is not None else y
 

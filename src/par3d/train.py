@@ -78,6 +78,8 @@ class _Rank:
     dpar: Any
     corpus: Any
     part: Any  # the layer partition over pipeline stages
+    schedule: Any  # every pipeline rank's actions (built, or read from --schedule-csv)
+    stages: list[int]  # the stages this rank holds, in chunk order (round-robin or the V)
     runtime: Any = None  # `_start_pipeline`
     report: Any = None  # the schedule checker's report (predicted in-flight activations)
 
@@ -154,6 +156,7 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     from par3d.mesh import Mesh, build_groups
     from par3d.model import GPTStage, ModelContext
     from par3d.pipeline.partition import gpt_partition
+    from par3d.pipeline.schedules import rank_stages
 
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -172,31 +175,46 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
                        recompute=pc.recompute, dtype=dtype, cp=groups.cp)
-    chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]) for k in range(v)]
+    schedule = pipeline_schedule(cfg)
+    stages = rank_stages(schedule, c.pp)
+    chunks = [GPTStage(mc, ctx, *part.bounds[s]) for s in stages]
     if cfg.init_from:  # Hugging Face weights: each rank reads its own slices (before the fp32 masters)
         from par3d import hf
 
         hf.load_into(cfg.init_from, chunks, groups.tp, mc)
     chunks = [ch.to(device) for ch in chunks]
     dpar = DataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
-    return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data, tc.tokenizer), part)
+    return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data, tc.tokenizer), part,
+                 schedule, stages)
+
+
+def pipeline_schedule(cfg: RunConfig) -> Any:
+    """Every pipeline rank's actions: `parallel.schedule` built, or `parallel.schedule_csv` read
+    (validated before any process started, `RunConfig.validate`)."""
+    from par3d.pipeline.schedules import build, from_csv
+
+    pc = cfg.parallel
+    if pc.schedule_csv:
+        with open(pc.schedule_csv, newline="") as fh:
+            return from_csv(fh.read()).schedule
+    return build(pc.schedule, pc.pp, pc.microbatches, pc.virtual_stages)
 
 
 def _start_pipeline(r: _Rank) -> None:
     """The schedule of this rank's pipeline position (checked) and the runtime that executes it."""
     from par3d.pipeline.runtime import PipelineRuntime
-    from par3d.pipeline.schedules import build, check
+    from par3d.pipeline.schedules import check, placement
 
     mc, pc, tc = r.cfg.model, r.cfg.parallel, r.cfg.train
     p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
-    schedule = build(pc.schedule, p, m, v)
+    schedule = r.schedule
     r.report = check(schedule, p, m, v)
     s_local = mc.seq_len // pc.cp  # this CP rank's two chunks of every sequence
     s_local = s_local // pc.tp if r.chunks[0].ctx.sequence_parallel else s_local
     r.runtime = PipelineRuntime(r.chunks, schedule[r.groups.coord.pp], r.groups, p, m, v,
                                 (tc.micro_batch, s_local, mc.hidden), r.dtype, r.device,
                                 set_sync=r.dpar.set_sync, synthetic_ms=r.cfg.synthetic_stage_ms,
-                                p2p=pc.p2p, timeout_s=r.cfg.timeout_s)
+                                p2p=pc.p2p, timeout_s=r.cfg.timeout_s, placement=placement(schedule))
 
 
 def _resume(r: _Rank, opts: RunOptions) -> tuple[int, str | None]:
@@ -348,7 +366,7 @@ def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -
     """This rank's return value; `world` holds every rank's timeline and memory."""
     import torch.distributed as dist
 
-    c, p, v, part = r.groups.coord, r.cfg.parallel.pp, r.cfg.parallel.virtual_stages, r.part
+    c, part = r.groups.coord, r.part
     out: dict[str, Any] = {
         "rank": r.rank, "coord": [c.dp, c.pp, c.tp, c.cp], "history": tally.history,
         "comm_per_step": tally.comm_per_step,
@@ -357,7 +375,7 @@ def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -
         "peak_inflight_predicted": r.report.peak_inflight[c.pp],
         "events": [e.to_dict() for e in tally.events_last] if r.first_in_replica else [],
         "events_by_step": tally.events_by_step,
-        "bounds": [part.bounds[k * p + c.pp] for k in range(v)], "imbalance": part.imbalance,
+        "bounds": [part.bounds[s] for s in r.stages], "imbalance": part.imbalance,
         "resumed_from": resume_dir, "start_step": start_step, "checkpoints": tally.saved,
     }
     out.update(tally.captured)

@@ -15,11 +15,19 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
                                     "is given (the 2x2x2 demo), else 1"),
     ("--pp", "parallel", "pp", int, "pipeline-parallel degree (stages). Default as for --dp"),
     ("--tp", "parallel", "tp", int, "tensor-parallel degree; must divide --heads. Default as for --dp"),
-    ("--schedule", "parallel", "schedule", str, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 (default 1f1b)"),
+    ("--schedule", "parallel", "schedule", str, "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | "
+                                                "dualpipe-v (default 1f1b; zb-v and dualpipe-v hold stages r and "
+                                                "2p-1-r on rank r)"),
+    ("--schedule-csv", "parallel", "schedule_csv", str, "run this schedule instead of --schedule: a compute-only "
+                                                        "CSV in torch.distributed.pipelining's notation (one row "
+                                                        "per rank, cells like 0F1, 1I0, 1W0, 2B3; empty cells are "
+                                                        "bubbles), e.g. from par3d simulate --to-csv; sets "
+                                                        "--microbatches and --virtual-stages"),
     ("--microbatches", "parallel", "microbatches", int, "micro-batches per step per DP rank (m); derived "
                                                        "from the global batch when omitted"),
     ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
-                                                           "interleaved schedule (default 1)"),
+                                                           "interleaved schedule (default 1; 2 for zb-v and "
+                                                           "dualpipe-v)"),
     ("--cp", "parallel", "cp", int, "context-parallel degree: the sequence split over cp ranks (each holds two "
                                     "mirrored chunks; ring attention); --seq-len must be a multiple of 2 x cp"),
     ("--zero-stage", "parallel", "zero_stage", int, "ZeRO stage over the DP (x CP) group: 0 plain DP; 1 optimizer "

@@ -21,10 +21,15 @@ ignores tags and matches by order per communicator: activations and gradients th
 two communicators, and `schedules.p2p_order_problems` proves (and a test checks, for every
 schedule) that on each of them the receiver needs messages in the order the sender sends them.
 
-Zero-bubble actions: BI computes only the input gradient (autograd restricted to the stage's
-input, graph retained) so the previous stage can go on; BW later computes the weight gradients.
-In eager PyTorch BW re-walks the retained graph, so BI + BW costs more than one B here — the
-schedule's order is kept, its saving is not fully realised (documented in docs/pipeline.md).
+Zero-bubble actions split a backward for real (`par3d.weight_grad`): BI walks the graph once,
+computing the input gradient and every gradient but the linear layers' weight GEMMs, for which
+it keeps (W, x, dy); the graph is freed.  BW then runs only those GEMMs.  So BI + BW costs one B
+(docs/pipeline.md has the measurement), and the previous stage gets its gradient a weight-GEMM
+sooner.
+
+Placement: which pipeline rank holds each stage comes with the schedule (round-robin, or the V of
+ZB-V / DualPipe-V, where the last stage is on rank 0 with the first).  Two consecutive stages on
+one rank (the V's turn) hand their tensor over in memory: no message.
 """
 
 from __future__ import annotations
@@ -39,10 +44,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from par3d import comm
+from par3d import comm, weight_grad
 from par3d.mesh import Groups
 from par3d.pipeline import shm
-from par3d.pipeline.schedules import Action, stage_chunk, stage_rank
+from par3d.pipeline.schedules import Action, stage_rank
 from par3d.pipeline.simulate import Event
 
 _KIND_CODE = {"act": 0, "grad": 1}
@@ -57,8 +62,8 @@ class _Slot:
     """What a forward leaves for its backward."""
 
     inp: torch.Tensor | None
-    out: torch.Tensor  # activation (to send) or the scaled loss (last stage)
-    grad_out: torch.Tensor | None = None
+    out: torch.Tensor | None  # activation (to send) or the scaled loss (last stage); None after BI
+    deferred: list = field(default_factory=list)  # BI's (W, x, dy) for BW (weight_grad)
     saved_bytes: int = 0
 
 
@@ -108,8 +113,9 @@ class ModelStage:
     """Runs this rank's model chunks: forwards with saved-tensor hooks (activation memory), the
     loss on the last stage, backwards (whole, or split into BI and BW for zero-bubble)."""
 
-    def __init__(self, chunks: list[nn.Module], p: int, n_stages: int):
+    def __init__(self, chunks: list[nn.Module], p: int, n_stages: int, chunk_of: dict[int, int]):
         self.chunks, self.p, self.last = chunks, p, n_stages - 1
+        self.chunk_of = chunk_of  # this rank's stage -> index into chunks
         self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t)
 
@@ -132,8 +138,8 @@ class ModelStage:
         inp = None if received is None else received.detach().requires_grad_(True)
         self.meter.begin()
         with self.hooks:
-            out = self.chunks[stage_chunk(a.stage, self.p)](x if inp is None else inp,
-                                                            targets if a.stage == self.last else None)
+            out = self.chunks[self.chunk_of[a.stage]](x if inp is None else inp,
+                                                      targets if a.stage == self.last else None)
         saved = self.meter.end()
         self.per_mb = max(self.per_mb, saved)
         if a.stage == self.last:
@@ -143,34 +149,35 @@ class ModelStage:
         return None if a.stage == self.last else out
 
     def backward(self, a: Action, grad_out: torch.Tensor | None) -> torch.Tensor | None:
-        """B: both gradients; BI: the input's only (graph kept); BW: the weights'.  Returns the
-        input gradient to send back (None on the first stage and for BW)."""
+        """B: every gradient; BI: all but the linear weights' (kept for BW, graph freed); BW: the
+        weight GEMMs.  Returns the input gradient to send back (None on the first stage and for BW)."""
         key = (a.stage, a.microbatch)
         slot = self.slots[key]
         if a.kind == "BW":
-            params = [q for q in self.chunks[stage_chunk(a.stage, self.p)].parameters() if q.requires_grad]
-            self._autograd(slot.out, slot.grad_out, params, retain=False)  # BI kept the gradient
-        elif a.kind == "BI":
-            slot.grad_out = grad_out  # BW needs it again
-            if slot.inp is None:
-                return None
-            self._autograd(slot.out, grad_out, [slot.inp], retain=True)
-        else:
-            self._autograd(slot.out, grad_out, None, retain=False)
-        if a.kind != "BI":
+            weight_grad.apply(slot.deferred)
             self.meter.free(slot.saved_bytes)
             del self.slots[key]
-        if a.kind == "BW" or a.stage == 0 or slot.inp is None:
             return None
-        return slot.inp.grad if slot.inp.grad is not None else torch.zeros_like(slot.inp)
+        out, slot.out = slot.out, None
+        assert out is not None, f"{a}: no forward output (a second backward?)"
+        if a.kind == "BI":
+            with weight_grad.deferring(slot.deferred):
+                self._autograd(out, grad_out)
+        else:
+            self._autograd(out, grad_out)
+            self.meter.free(slot.saved_bytes)
+            del self.slots[key]
+        inp, slot.inp = slot.inp, None
+        if inp is None:  # the first stage: nothing to send back
+            return None
+        return inp.grad if inp.grad is not None else torch.zeros_like(inp)
 
     @staticmethod
-    def _autograd(out: torch.Tensor, grad_out: torch.Tensor | None, inputs: list[torch.Tensor] | None,
-                  retain: bool) -> None:
+    def _autograd(out: torch.Tensor, grad_out: torch.Tensor | None) -> None:
         if grad_out is None:
-            torch.autograd.backward(out, inputs=inputs, retain_graph=retain)
+            torch.autograd.backward(out)
         else:
-            torch.autograd.backward(out, grad_tensors=grad_out, inputs=inputs, retain_graph=retain)
+            torch.autograd.backward(out, grad_tensors=grad_out)
 
 
 class SyntheticStage:
@@ -205,23 +212,32 @@ class PipelineRuntime:
                  v: int, act_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  set_sync: Callable[[int, bool], None] | None = None,
                  synthetic_ms: tuple[float, float] | None = None, p2p: str = "auto",
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, placement: dict[int, int] | None = None):
+        """`placement`: stage -> pipeline rank of the whole schedule (`schedules.placement`);
+        default round-robin."""
         self.actions, self.groups = actions, groups
         self.p, self.m, self.v = p, m, v
         self.n_stages = p * v
+        self.rank_of = placement or {s: stage_rank(s, p) for s in range(self.n_stages)}
+        # a stage's chunk index on the rank that holds it: its rank's stages in increasing order
+        held: dict[int, list[int]] = {}
+        for s_, r_ in sorted(self.rank_of.items()):
+            held.setdefault(r_, []).append(s_)
+        self.chunk_index = {s_: held[r_].index(s_) for s_, r_ in self.rank_of.items()}
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
         self.set_sync = set_sync
         self.synthetic_ms = synthetic_ms
         zero_bubble = any(a.kind in ("BI", "BW") for a in actions)
+        self.split_backward = zero_bubble and synthetic_ms is None
         self.stage: ModelStage | SyntheticStage = (
-            ModelStage(chunks, p, self.n_stages) if synthetic_ms is None else
+            ModelStage(chunks, p, self.n_stages, self.chunk_index) if synthetic_ms is None else
             SyntheticStage(synthetic_ms, act_shape, dtype, device, self.n_stages, zero_bubble))
         self.pp_rank = groups.coord.pp
         # the last backward (B or BW) of each chunk in this step: its gradients are final then
         self.last_backward: dict[int, int] = {}
         for idx, a in enumerate(actions):
             if a.kind in ("B", "BW"):
-                self.last_backward[stage_chunk(a.stage, p)] = idx
+                self.last_backward[self.chunk_index[a.stage]] = idx
         self._recv_keys = [self._recv_key(a) for a in actions]
         self.lookahead = 2  # receives posted ahead of the action that needs them
         self._shm = self._shared_memory(p2p, timeout_s) if p > 1 else None
@@ -235,15 +251,20 @@ class PipelineRuntime:
         token = shm.agree(self.groups.pp, self.device, mode)
         if token is None:
             return None
-        # the channels this rank receives on (as run_step will) and sends on (F sends an activation
-        # unless last, B/BI a gradient unless first)
-        receives = {key[0] for key in self._recv_keys if key is not None}
-        sends = {"act" if a.kind == "F" else "grad" for a in self.actions
+        # the channels (what, peer pipeline rank) this rank receives on, as run_step will, and sends
+        # on: F sends an activation unless last, B/BI a gradient unless first; none between two
+        # stages of this rank
+        receives = {(key[0], self.rank_of[key[1]]) for key in self._recv_keys
+                    if key is not None and not self._local(key[1])}
+        sends = {("act", self.rank_of[a.stage + 1]) if a.kind == "F" else ("grad", self.rank_of[a.stage - 1])
+                 for a in self.actions
                  if (a.kind == "F" and a.stage < self.n_stages - 1) or (a.kind in ("B", "BI") and a.stage > 0)}
+        sends = {ch for ch in sends if ch[1] != self.pp_rank}
         # synthetic stages only wait: their ranks need no core while polling
         spin_s, handoff = shm.waiting_policy(ranks_compute=self.synthetic_ms is None)
         t = shm.ShmTransport(self.groups.pp, self.pp_rank, self.p, self.v, self.m, self.act_shape,
-                             self.dtype, token, timeout_s, receives, sends, spin_s=spin_s, handoff=handoff)
+                             self.dtype, token, timeout_s, receives, sends, spin_s=spin_s, handoff=handoff,
+                             chunk_of=self.chunk_index.__getitem__)
         if not t.ok:
             if mode == "shm":
                 raise RuntimeError(f"parallel.p2p='shm': could not reserve shared memory in {shm._DIR} "
@@ -253,7 +274,11 @@ class PipelineRuntime:
 
     # ---- transfers -----------------------------------------------------------------------------
     def _peer(self, stage: int) -> int:
-        return self.groups.mesh.pp_rank_to_global(self.groups.global_rank, stage_rank(stage, self.p))
+        return self.groups.mesh.pp_rank_to_global(self.groups.global_rank, self.rank_of[stage])
+
+    def _local(self, stage: int) -> bool:
+        """`stage` is on this rank too: its tensor is handed over in memory (the V's turn)."""
+        return self.rank_of[stage] == self.pp_rank
 
     def _recv_key(self, a: Action) -> tuple[str, int, int, int] | None:
         """(what, from_stage, tag_stage, microbatch) of the tensor action `a` waits for, if any."""
@@ -270,7 +295,7 @@ class PipelineRuntime:
         while self._posted_upto < min(upto, len(self.actions)):
             key = self._recv_keys[self._posted_upto]
             self._posted_upto += 1
-            if key is None:
+            if key is None or self._local(key[1]):
                 continue
             what, from_stage, tag_stage, mb = key
             t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
@@ -278,16 +303,21 @@ class PipelineRuntime:
             self._inbox[key] = (t, work)
 
     def _recv(self, key: tuple[str, int, int, int]) -> torch.Tensor:
-        what, _, tag_stage, mb = key
+        what, from_stage, tag_stage, mb = key
+        if self._local(from_stage):
+            return self._handed.pop((what, tag_stage, mb))
         if self._shm is not None:
-            return self._shm.recv(what, tag_stage, mb)
+            return self._shm.recv(what, tag_stage, mb, self.rank_of[from_stage])
         t, work = self._inbox.pop(key)
         work.wait()
         return t
 
     def _send(self, what: str, t: torch.Tensor, to_stage: int, stage_tag: int, mb: int) -> None:
+        if self._local(to_stage):
+            self._handed[(what, stage_tag, mb)] = t.detach()  # same rank: no copy, no message
+            return
         if self._shm is not None:
-            self._shm.send(t, what, stage_tag, mb)  # copies the bytes, never records autograd
+            self._shm.send(t, what, stage_tag, mb, self.rank_of[to_stage])  # copies the bytes, never records autograd
             return
         self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
                                         _tag(what, stage_tag, mb, self.m)))
@@ -305,7 +335,8 @@ class PipelineRuntime:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return self._walk(microbatches, loss_scale, record)
+            with weight_grad.splittable(self.split_backward):
+                return self._walk(microbatches, loss_scale, record)
         finally:
             if collecting:
                 gc.enable()
@@ -314,6 +345,7 @@ class PipelineRuntime:
               record: bool) -> StepResult:
         self._pending: list[Any] = []
         self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
+        self._handed: dict[tuple[str, int, int], torch.Tensor] = {}  # between two stages of this rank
         self._posted_upto = 0
         times: list[tuple[float, float]] = []  # (start, end) of each action; Events made after the step
         stage = self.stage
@@ -329,8 +361,8 @@ class PipelineRuntime:
                 if out is not None:
                     self._send("act", out, a.stage + 1, a.stage + 1, a.microbatch)
             else:
-                if self.set_sync is not None and self.last_backward.get(stage_chunk(a.stage, self.p)) == idx:
-                    self.set_sync(stage_chunk(a.stage, self.p), True)
+                if self.set_sync is not None and self.last_backward.get(self.chunk_index[a.stage]) == idx:
+                    self.set_sync(self.chunk_index[a.stage], True)
                 grad_in = stage.backward(a, received)
                 if grad_in is not None:
                     self._send("grad", grad_in, a.stage - 1, a.stage - 1, a.microbatch)

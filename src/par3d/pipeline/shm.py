@@ -8,7 +8,8 @@ P2P transports); this is the CPU counterpart, chosen by `parallel.p2p = "auto"` 
 rank of a pipeline group is on one x86-64 host with CPU tensors, and by nothing else.
 
 Layout.  Each rank owns one segment per inbound channel — "act" from the rank of the previous
-stage, "grad" from the rank of the next — with two slots per (local chunk, micro-batch), used by
+stage, "grad" from the rank of the next (on the V placement from both neighbours: one segment
+per (what, sender), so every segment has one writer) — with two slots per (local chunk, micro-batch), used by
 turns (message k of a channel's (chunk, micro-batch) goes to slot k mod 2).  Every message of a
 step therefore has a place of its own, so a send never waits for a receive (the property the
 schedule checker assumes of `isend`), and a received tensor is handed over in place, without a
@@ -56,6 +57,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -125,8 +127,14 @@ class ShmTransport:
     """send / recv between pipeline neighbours through shared memory (see the module doc)."""
 
     def __init__(self, group: Group, rank_in_pp: int, p: int, v: int, m: int, shape: tuple[int, ...],
-                 dtype: torch.dtype, token: str, timeout_s: float, receives: set[str], sends: set[str],
-                 spin_s: float = 2e-3, handoff: bool = False):
+                 dtype: torch.dtype, token: str, timeout_s: float, receives: set, sends: set,
+                 spin_s: float = 2e-3, handoff: bool = False, chunk_of: Callable[[int], int] | None = None):
+        """`receives` / `sends`: the channels, each ``(what, peer)`` with ``peer`` the other end's
+        pipeline rank, or just ``what`` for the round-robin neighbours (activations from the
+        previous rank and to the next, gradients the other way).  On the V placement a rank takes
+        activations from both sides (chunk 0 from r-1, chunk 1 from r+1), so channels are per
+        (what, peer): one sender per segment.  `chunk_of(stage)`: the local chunk index of a stage
+        on the rank that holds it (default stage // p, true of round-robin and of the V)."""
         self.group, self.p, self.v, self.m = group, p, v, m
         self.spin_s, self.handoff = spin_s, handoff
         self._ring = math.isfinite(spin_s)  # receivers that may sleep need their doorbell rung
@@ -140,29 +148,33 @@ class ShmTransport:
         self._plain: torch.Tensor | None = None  # see _plain_bytes
         self._plain_ptr = 0
         self.timeout_s = timeout_s
-        self.prev = group.ranks[(rank_in_pp - 1) % p]  # sends us activations
-        self.next = group.ranks[(rank_in_pp + 1) % p]  # sends us gradients
+        self.me = rank_in_pp
+        self._chunk_of = chunk_of or (lambda stage: stage // p)
+        # the default peers: activations come from the previous rank, gradients from the next
+        self._from = {"act": (rank_in_pp - 1) % p, "grad": (rank_in_pp + 1) % p}
+        self._to = {"act": (rank_in_pp + 1) % p, "grad": (rank_in_pp - 1) % p}
+        inbound = sorted({c if isinstance(c, tuple) else (c, self._from[c]) for c in receives})
+        outbound = sorted({c if isinstance(c, tuple) else (c, self._to[c]) for c in sends})
         me = group.ranks[rank_in_pp]
-        self._inbox: dict[str, _Segment] = {}
-        self._outbox: dict[str, _Segment] = {}
-        self._received = {what: [0] * (v * m) for what in receives}  # messages taken per (chunk, mb)
-        self._sent = {what: [0] * (v * m) for what in sends}
-        self._paths = [_path(token, me, what) for what in sorted(receives)]
+        self._inbox: dict[tuple[str, int], _Segment] = {}
+        self._outbox: dict[tuple[str, int], _Segment] = {}
+        self._received = {ch: [0] * (v * m) for ch in inbound}  # messages taken per (chunk, mb)
+        self._sent = {ch: [0] * (v * m) for ch in outbound}
+        self._paths = [_path(token, me, what, src) for what, src in inbound]
         self.token = token
         try:
             try:
-                for what in sorted(receives):
-                    self._inbox[what] = _Segment(_path(token, me, what), 2 * v * m, shape, dtype, create=True)
+                for (what, src), path in zip(inbound, self._paths):
+                    self._inbox[(what, src)] = _Segment(path, 2 * v * m, shape, dtype, create=True)
                 ok = 1
             except OSError:
                 ok = 0
             _test_fault(me)
             self.ok = _all_ok(ok, group)
             if self.ok:
-                dst = {"act": self.next, "grad": self.prev}
-                for what in sorted(sends):
-                    self._outbox[what] = _Segment(_path(token, dst[what], what), 2 * v * m, shape, dtype,
-                                                  create=False)
+                for what, dst in outbound:
+                    self._outbox[(what, dst)] = _Segment(_path(token, group.ranks[dst], what, rank_in_pp),
+                                                         2 * v * m, shape, dtype, create=False)
             dist.barrier(group=group.pg)  # everyone has mapped what it needs: the names can go
         except BaseException:
             # a peer failed or vanished before every rank had mapped its segments: remove this
@@ -181,8 +193,8 @@ class ShmTransport:
         self._paths = []
 
     def _slot(self, tag_stage: int, mb: int) -> int:
-        # every stage a rank receives for lives on that rank: local chunk = stage // p
-        return (tag_stage // self.p) * self.m + mb
+        # every stage a rank receives for lives on that rank: its local chunk's slots
+        return self._chunk_of(tag_stage) * self.m + mb
 
     def _next(self, counts: list[int], tag_stage: int, mb: int) -> tuple[int, int, int, int]:
         """Where the next message of (stage, micro-batch) goes, given the channel's message counts:
@@ -192,16 +204,17 @@ class ShmTransport:
         # message k uses slot k mod 2 of its pair; it is that slot's (k // 2 + 1)-th message
         return logical, 2 * logical + (k & 1), k // 2 + 1, k
 
-    def send(self, t: torch.Tensor, what: str, tag_stage: int, mb: int) -> None:
-        """Copy `t` into the receiver's slot and publish it; returns at once (never waits for the
-        receiver, see the module doc)."""
-        seg = self._outbox[what]
-        n = self._sent[what]
+    def send(self, t: torch.Tensor, what: str, tag_stage: int, mb: int, peer: int | None = None) -> None:
+        """Copy `t` into the slot of pipeline rank `peer` (default: the round-robin neighbour) and
+        publish it; returns at once (never waits for the receiver, see the module doc)."""
+        ch = (what, self._to[what] if peer is None else peer)
+        seg = self._outbox[ch]
+        n = self._sent[ch]
         logical, slot, seq, k = self._next(n, tag_stage, mb)
         h = seg.heads[slot]
         if seg.words[h + 1] != seq - 1:  # its previous message not taken yet (see the module doc)
             _wait_until(seg, h + 1, seq - 1, 2e-3, self.timeout_s,
-                        f"{what} slot {slot} to be freed by rank {self.next if what == 'act' else self.prev}",
+                        f"{what} slot {slot} to be freed by rank {self.group.ranks[ch[1]]}",
                         doorbell=False)
         src = self._plain_ptr if t is self._plain else self._plain_bytes(t)
         if src:
@@ -231,18 +244,19 @@ class ShmTransport:
             self._plain, self._plain_ptr = t, ptr
         return ptr
 
-    def recv(self, what: str, tag_stage: int, mb: int) -> torch.Tensor:
-        """Wait for the message and return it in place: a view of the slot, valid until the end of
-        the next step (read it, do not write it)."""
-        seg = self._inbox[what]
-        n = self._received[what]
+    def recv(self, what: str, tag_stage: int, mb: int, peer: int | None = None) -> torch.Tensor:
+        """Wait for the message from pipeline rank `peer` (default: the round-robin neighbour) and
+        return it in place: a view of the slot, valid until the end of the next step (read it, do
+        not write it)."""
+        ch = (what, self._from[what] if peer is None else peer)
+        seg = self._inbox[ch]
+        n = self._received[ch]
         logical, slot, seq, k = self._next(n, tag_stage, mb)
         h = seg.heads[slot]
         if seg.words[h] != seq:
             t0 = time.perf_counter()
             _wait_until(seg, h, seq, self.spin_s, self.timeout_s,
-                        f"{what} (stage/micro-batch slot {logical}) from rank "
-                        f"{self.prev if what == 'act' else self.next}")
+                        f"{what} (stage/micro-batch slot {logical}) from rank {self.group.ranks[ch[1]]}")
             self.waited += time.perf_counter() - t0
         seg.words[h + 1] = seq  # ack
         n[logical] = k + 1
@@ -261,8 +275,9 @@ class ShmTransport:
         self.waited = 0.0
 
 
-def _path(token: str, rank: int, what: str) -> str:
-    return os.path.join(_DIR, f"par3d-{token}-r{rank}-{what}")
+def _path(token: str, rank: int, what: str, src: int) -> str:
+    """The segment global rank `rank` receives `what` on from pipeline rank `src`."""
+    return os.path.join(_DIR, f"par3d-{token}-r{rank}-{what}-from{src}")
 
 
 def remove_files(prefix: str) -> list[str]:
