@@ -335,14 +335,19 @@ class PipelineRuntime:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            with weight_grad.splittable(self.split_backward):
-                return self._walk(microbatches, loss_scale, record)
+            return self._walk(microbatches, loss_scale, record)
         finally:
             if collecting:
                 gc.enable()
 
     def _walk(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
               record: bool) -> StepResult:
+        # linear layers use the deferrable op for the whole walk when BI/BW split backwards
+        with weight_grad.splittable(self.split_backward):
+            return self._walk_actions(microbatches, loss_scale, record)
+
+    def _walk_actions(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
+                      record: bool) -> StepResult:
         self._pending: list[Any] = []
         self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
         self._handed: dict[tuple[str, int, int], torch.Tensor] = {}  # between two stages of this rank
