@@ -99,7 +99,10 @@ _CACHE: dict[tuple, Cost] = {}
 
 def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
     key = (kind, nbytes, e, stride, cluster)
-    hit = _CACHE.get(key)
+    try:
+        hit = _CACHE.get(key)
+    except TypeError:  # a cluster whose profile holds unhashable fields: price without the cache
+        key, hit = None, None
     if hit is not None:
         return hit
     from .hardware import NIC_EFF, NVLINK_EFF
@@ -127,9 +130,10 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
                 out = Cost(min(a_ring, a_tree), beta)
             else:
                 out = Cost(a_ring, beta)
-    if len(_CACHE) > 200_000:
-        _CACHE.clear()
-    _CACHE[key] = out
+    if key is not None:
+        if len(_CACHE) > 200_000:
+            _CACHE.clear()
+        _CACHE[key] = out
     return out
 
 
