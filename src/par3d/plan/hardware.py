@@ -36,9 +36,11 @@ Achieved bandwidths (the `*_eff` factors):
   used for every NVLink generation.
 - InfiniBand/RoCE: one HDR NIC reaches its 24 GB/s line rate of 25 in the same thread; 4 NICs
   per node give 86-96 GB/s bus bandwidth of 100 across nodes (NVIDIA/nccl-tests issue #119) → 0.90.
-- `overlap_slowdown` σ = 16 NCCL channels / SMs: a collective that overlaps compute occupies one
-  SM per channel (NCCL's default for NVLink/IB rings tops out at 16 channels), so the compute
-  it overlaps slows by that share (compute.py, cost.py); calibratable in a hardware file.
+- `overlap_slowdown` σ = 16 NCCL channels / SMs: a collective that overlaps compute runs one
+  thread block (one SM) per NCCL channel, so the compute it overlaps slows by that share of the SMs
+  (cost.py).  16 channels is an assumption (NCCL picks 8-32 by topology; NCCL_MIN/MAX_NCHANNELS
+  tune it); the HBM traffic a collective adds is not counted separately.  Calibratable as
+  `device.overlap_slowdown` in a hardware file.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class HardwareError(ValueError):
     """A hardware description that cannot be used; the message names the field and a fix."""
 
 
-NCCL_CHANNELS = 16  # NCCL's ring channel count on NVLink/IB systems: one SM each while a collective runs
+NCCL_CHANNELS = 16  # assumed NCCL channels (one SM each) while a collective runs; see the docstring
 MEM_EFF = 0.80  # elementwise kernels' share of HBM bandwidth (see the module docstring)
 NVLINK_EFF = 232.5 / 300.0  # nccl-tests all_reduce busbw on 8×A100 / NVLink 3 per direction
 NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96 of 100 GB/s)
