@@ -105,7 +105,7 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
         key, hit = None, None
     if hit is not None:
         return hit
-    from .hardware import NIC_EFF, NVLINK_EFF
+    from .hardware import NIC_EFF, nvlink_eff
 
     factor = 2.0 if kind == "all_reduce" else 1.0
     gpn = cluster.gpus_per_node
@@ -115,8 +115,9 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
         out = all_reduce(nbytes, e, link) if kind == "all_reduce" else reduce_scatter(nbytes, e, link)
     else:
         g, nodes = _group_shape(e, stride, gpn)
-        nvl = cluster.intra.beta * NVLINK_EFF
         vol = factor * (e - 1) / e * nbytes  # what each rank sends (ring) = what crosses each cut
+        # inside one node NVLink SHARP may run the all-reduce (NVLink 4+); across nodes the rings
+        nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, kind if nodes <= 1 else "ring")
         if nodes <= 1:
             out = Cost(factor * (e - 1) * cluster.intra.alpha, vol / nvl)
         else:
@@ -142,10 +143,10 @@ def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
     NVLink when the group is inside one node, else the sender's NIC share (the boundaries that
     cross nodes set the pace; every GPU of a node sends at once, so each has its share).  Flat
     (seed) clusters: the link of the group's span."""
-    from .hardware import NIC_EFF, NVLINK_EFF
+    from .hardware import NIC_EFF, nvlink_eff
 
     if not cluster.hier:
         return p2p(nbytes, cluster.link_for_span(span))
     if span <= cluster.gpus_per_node:  # the whole group inside one node
-        return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * NVLINK_EFF))
+        return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")))
     return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))

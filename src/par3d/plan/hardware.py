@@ -31,9 +31,12 @@ Achieved bandwidths (the `*_eff` factors):
 - `mem_eff` 0.80: elementwise kernels reach about 80 % of HBM bandwidth (STREAM-like copy kernels
   reach ~90 %; layer norm / softmax / dropout kernels with reductions or masks less; a rounded
   middle, not fitted).
-- NVLink: `nccl-tests` all_reduce_perf on one 8×A100 node reaches 232.5 GB/s bus bandwidth of
-  the 300 GB/s per direction (NVIDIA/nccl-tests issue #175, NVIDIA/nccl issue #1048) → 0.78,
-  used for every NVLink generation.
+- NVLink 3 (A100): `nccl-tests` all_reduce_perf on one 8×A100 node reaches 232.5 GB/s bus bandwidth
+  of the 300 GB/s per direction (NVIDIA/nccl-tests issue #175, NVIDIA/nccl issue #1048) → 0.775.
+- NVLink 4 (H100/H200; NVLink 5 takes the same shares): NCCL's maintainer, NVIDIA/nccl-tests issue
+  #212: with ~20 % protocol overhead NCCL reaches 370 of the 450 GB/s line rate in rings, all-gather
+  and reduce-scatter (→ 0.822), and all-reduce with NVLink SHARP reaches ~480 GB/s bus bandwidth on
+  8 GPUs (→ 480/450 for an all-reduce inside one node).
 - InfiniBand/RoCE: one HDR NIC reaches its 24 GB/s line rate of 25 in the same thread; 4 NICs
   per node give 86-96 GB/s bus bandwidth of 100 across nodes (NVIDIA/nccl-tests issue #119) → 0.90.
 - `overlap_slowdown` σ = 16 NCCL channels / SMs: a collective that overlaps compute runs one
@@ -71,6 +74,15 @@ class HardwareError(ValueError):
 NCCL_CHANNELS = 16  # assumed NCCL channels (one SM each) while a collective runs; see the docstring
 MEM_EFF = 0.80  # elementwise kernels' share of HBM bandwidth (see the module docstring)
 NVLINK_EFF = 232.5 / 300.0  # nccl-tests all_reduce busbw on 8×A100 / NVLink 3 per direction
+NVLINK4_EFF = 370.0 / 450.0  # NCCL ring / all-gather / reduce-scatter on NVLink 4 (nccl-tests #212)
+NVLS_ALLREDUCE_EFF = 480.0 / 450.0  # all-reduce bus bandwidth with NVLink SHARP on 8 H100 (same issue)
+
+
+def nvlink_eff(link_name: str, kind: str) -> float:
+    """Achieved share of an intra-node link's bandwidth for one collective kind (see the docstring)."""
+    if link_name.startswith(("nvlink4", "nvlink5")):
+        return NVLS_ALLREDUCE_EFF if kind == "all_reduce" else NVLINK4_EFF
+    return NVLINK_EFF
 NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96 of 100 GB/s)
 
 
