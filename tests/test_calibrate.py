@@ -221,7 +221,8 @@ def test_collective_sync_fit_recovers_a_known_sync():
 
 
 def test_quick_calibration_end_to_end(tmp_path):
-    """The whole `calibrate --quick` on 2 ranks: every field the predictor reads is written and sane."""
+    """The whole `calibrate --quick` on 2 ranks: every field the predictor reads is written and sane,
+    the host is recorded, and the primitives' fits drive the prediction."""
     from par3d.cli import main
 
     out = tmp_path / "hw.json"
@@ -230,10 +231,137 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert hw["corun_slowdown"] >= 1.0 and hw["oversubscribed_slowdown"] >= 1.0
     assert hw["collective_sync_us"] >= 0.0 and hw["pipeline_hop_us"] >= 0.0
     assert hw["measurements"]["pipeline_hop"]["hops"] > 0
-    prof = profile_of(load_hardware_file(str(out)))
+    prims = hw["kernels"]["primitives"]
+    assert set(prims) == {"linear", "attention", "layer_norm", "gelu", "add", "embedding", "cross_entropy"}
+    assert prims["linear"]["forward_rel_rms"] < 0.5  # a GEMM's time is well described by its shape
+    assert {"cpu", "cores", "torch", "date"} <= set(hw["host"]) and hw["host"]["cores"] >= 1
+    refs = hw["calibrated"]["references"]
+    assert {"layers": 4, "hidden": 128, "seq_len": 64} in refs
+    file = load_hardware_file(str(out))
+    prof = profile_of(file)
     assert prof.cores == hw["cores"] and prof.sync == pytest.approx(hw["collective_sync_us"] * 1e-6)
-    assert predict(_cfg(tp=2), load_hardware_file(str(out))).step_time_s > 0
+    assert prof.kernels is not None and prof.kernels.dtype == "fp32"
+    assert predict(_cfg(tp=2), file).step_time_s > 0
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def _kernels(coef: float = 1e-6) -> dict:
+    """A kernel table whose every primitive costs `coef` seconds forward and 2·coef backward."""
+    from par3d.plan.kernels import FEATURES
+
+    return {"dtype": "fp32", "primitives": {k: {"forward": [coef] + [0.0] * (len(f) - 1),
+                                                "backward": [2 * coef] + [0.0] * (len(f) - 1)}
+                                            for k, f in FEATURES.items()}}
+
+
+def test_fit_primitives_recovers_known_coefficients():
+    from par3d.calibrate import fit_primitives
+    from par3d.plan.kernels import KernelModel, features
+
+    true_f, true_b = (4e-6, 1e-11, 6e-11, 4e-11, 1e-11), (4e-5, 2e-11, 2e-10, 1e-10, 1e-10)
+    pts = []
+    for m in (32, 128, 512, 2048):
+        for n, k in ((96, 32), (128, 128), (512, 128), (128, 512), (1536, 512)):
+            x = features("linear", m=m, n=n, k=k)
+            pts.append({"kind": "linear", "m": m, "n": n, "k": k,
+                        "forward_s": sum(a * b for a, b in zip(true_f, x)),
+                        "backward_s": sum(a * b for a, b in zip(true_b, x))})
+    table = fit_primitives(pts)
+    got = table["primitives"]["linear"]
+    assert got["forward"] == pytest.approx(true_f, rel=1e-6) and got["backward"] == pytest.approx(true_b, rel=1e-6)
+    # a shape that was not measured is predicted from the fit
+    km = KernelModel.from_dict(table)
+    x = features("linear", m=1000, n=300, k=96)
+    assert km.time("linear", m=1000, n=300, k=96)[0] == pytest.approx(sum(a * b for a, b in zip(true_f, x)))
+
+
+def test_kernel_block_is_the_sum_of_its_primitives():
+    from par3d.plan.kernels import KernelModel
+
+    km = KernelModel.from_dict(_kernels(1e-6))
+    blk = km.block(64, 256, 4, 32, 2, 1, False)
+    # 4 linears + attention + 2 layer norms + GeLU + 2 residual adds + the heads' merge copy
+    assert blk.fwd == pytest.approx(11e-6) and blk.bwd == pytest.approx(22e-6)
+    assert blk.core_fwd == pytest.approx(1e-6)
+    assert km.head(64, 256, 32, 2, 1, False) == pytest.approx((3e-6, 6e-6))  # norm, GEMM, loss
+
+
+def test_kernels_replace_the_roofline_in_the_planner(tmp_path):
+    """With measured primitives, a layer's arithmetic comes from them (here: a constant per call,
+    so the stage's compute is independent of the width)."""
+    from par3d.plan import cost
+    from par3d.predict import choice, cluster_of, model_spec
+
+    hw = _hw(tmp_path, kernels=_kernels(1e-6))
+    narrow, wide = _cfg(hidden=64), _cfg(hidden=256)
+    st_n = cost.stage_times(model_spec(narrow), cluster_of(hw, narrow), choice(narrow))
+    st_w = cost.stage_times(model_spec(wide), cluster_of(hw, wide), choice(wide))
+    # 4 blocks of 11 primitives + embedding (lookup + add) + head (3): forward 49 µs per micro-batch
+    assert st_n.f_compute[0] == pytest.approx(49e-6) and st_w.f_compute[0] == pytest.approx(49e-6)
+    assert st_n.b_compute[0] == pytest.approx(98e-6)
+
+
+def test_residual_overheads_take_out_the_primitives():
+    from par3d.calibrate import residual_overheads
+
+    measured = {"layer_f_s": 300e-6, "layer_b_s": 400e-6, "action_f_s": 200e-6, "action_b_s": 100e-6,
+                "step_s": 1e-3}
+    tiny = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1, "vocab": 256}
+    got = residual_overheads(measured, _kernels(10e-6), tiny)
+    assert got["layer_f_s"] == pytest.approx(300e-6 - 110e-6)
+    assert got["layer_b_s"] == pytest.approx(400e-6 - 220e-6)
+    assert got["action_f_s"] == pytest.approx(200e-6 - 50e-6)  # embedding 2, head 3 primitives
+    assert got["action_b_s"] == 0.0  # never below zero
+    assert got["step_s"] == 1e-3
+
+
+def test_contention_fit_recovers_a_known_slowdown():
+    from par3d.calibrate import fit_contention
+    from par3d.plan.hardware import hardware_from_dict
+
+    hw = _hardware_dict()
+    cfg = _cfg(dp=2)
+    measured = predict(cfg, hardware_from_dict({**hw, "corun_slowdown": 1.3})).step_time_s
+    assert fit_contention(hw, cfg.to_dict(), measured, "corun_slowdown") == pytest.approx(1.3, rel=1e-6)
+    assert fit_contention(hw, cfg.to_dict(), measured / 2, "corun_slowdown") == 1.0  # never below 1
+
+
+def test_host_is_recorded_and_another_host_warned_in_one_line(hw_file, tmp_path, capsys):
+    from par3d import host
+    from par3d.cli import main
+
+    here = host.describe()
+    assert host.mismatch(here) == [] and host.mismatch(None) == []
+    other = {**here, "cpu": "Some Other CPU", "cores": here["cores"] + 6}
+    assert len(host.mismatch(other)) == 2
+    d = {**_hardware_dict(), "host": other}
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(d))
+    rc = main(["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq-len", "32", "--vocab", "256",
+               "--gpus", "2", "--global-batch", "8", "--dtype", "fp32", "--hardware", str(path), "--json"])
+    assert rc == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and "another host" in err[0] and "Some Other CPU" in err[0]
+    # this host's file: no warning
+    path.write_text(json.dumps({**_hardware_dict(), "host": here}))
+    assert main(["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq-len", "32", "--vocab", "256",
+                 "--gpus", "2", "--global-batch", "8", "--dtype", "fp32", "--hardware", str(path), "--json"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_outputs_default_under_runs():
+    """`calibrate` and every `bench` write under runs/ unless --out is given (the committed results
+    under benchmarks/results/ change only when named)."""
+    from par3d.cli import build_parser
+    from par3d.commands.bench import BENCHES
+
+    ap = build_parser()
+    outs = {"calibrate": ap.parse_args(["calibrate"]).out}
+    for b in BENCHES:
+        outs[b] = ap.parse_args(["bench", b]).out
+    for name, out in outs.items():
+        assert out.startswith("runs"), (name, out)
+        assert "benchmarks" not in out, (name, out)
 
 
 @pytest.mark.parametrize("layout", [

@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
-from par3d.bench.fidelity import GRID, format_table, layout_config, plot, spearman, summarize
+from par3d.bench.fidelity import (
+    GRID,
+    SHAPES,
+    figure,
+    format_table,
+    layout_config,
+    parse_model,
+    plot,
+    pooled,
+    role,
+    spearman,
+    summarize,
+    valid_layouts,
+)
 from par3d.config import RunConfig
 from par3d.plan.hardware import load_hardware_file
 from par3d.predict import predict
@@ -56,8 +70,52 @@ def test_every_layout_predicts(tmp_path):
     path = tmp_path / "hw.json"
     path.write_text(json.dumps(_hardware_dict()))
     prof = load_hardware_file(str(path))
-    for name in GRID:
-        assert predict(RunConfig.from_dict(layout_config(name, 3)), prof).step_time_s > 0
+    for shape in SHAPES.values():
+        names = valid_layouts(shape, list(GRID))
+        assert len(names) >= 12
+        for name in names:
+            assert predict(RunConfig.from_dict(layout_config(name, 3, shape=shape)), prof).step_time_s > 0
+
+
+def test_default_shapes_are_held_out_from_the_calibration():
+    """The default run scores the calibration's own shape and at least three that differ from every
+    model the calibration ran in width, depth and sequence length."""
+    from par3d.calibrate.probes import REFERENCE, TINY, TINY_LAYERS
+
+    refs = [{"layers": REFERENCE["layers"], "hidden": REFERENCE["hidden"], "seq_len": REFERENCE["seq"]}]
+    refs += [{"layers": n, "hidden": TINY["hidden"], "seq_len": TINY["seq"]} for n in TINY_LAYERS]
+    refs += [{"layers": 2, "hidden": 8, "seq_len": 8}]  # the synthetic pipeline of the hop probe
+    roles = [role(s, refs) for s in SHAPES.values()]
+    assert roles.count("in-sample") == 1 and roles.count("held-out") >= 3
+    held = [s for s in SHAPES.values() if role(s, refs) == "held-out"]
+    for key in ("hidden", "layers", "seq_len"):  # they also differ among themselves
+        assert len({s[key] for s in held}) == len(held)
+    assert role({"layers": 4, "hidden": 64, "seq_len": 32}, refs) == "partly"
+
+
+def test_parse_model():
+    assert parse_model("wide") == ("wide", SHAPES["wide"])
+    name, shape = parse_model("mine:layers=3,hidden=48,heads=4,seq_len=96,vocab=512")
+    assert name == "mine" and shape == {"layers": 3, "hidden": 48, "heads": 4, "seq_len": 96, "vocab": 512,
+                                        "global_batch": 8}
+    assert parse_model("l=2,h=32,a=2,s=16")[0] == "L2-h32-s16"
+    for bad in ("layers=2,hidden=30,heads=4,seq_len=8", "layers=2,hidden=32", "depth=3", "layers=x,hidden=8"):
+        with pytest.raises(ValueError, match="--model"):
+            parse_model(bad)
+
+
+def test_pooled_held_out_summary():
+    a = summarize([{"name": "x", "predicted_s": 1.1, "measured_s": 1.0},
+                   {"name": "y", "predicted_s": 2.0, "measured_s": 2.0}])
+    b = summarize([{"name": "x", "predicted_s": 3.0, "measured_s": 2.0},
+                   {"name": "y", "predicted_s": 2.0, "measured_s": 2.2}])
+    a["name"], b["name"] = "a", "b"
+    p = pooled([a, b])
+    assert p["median_abs_error"] == pytest.approx(statistics.median([0.1, 0.0, 0.5, 0.2 / 2.2]))
+    assert p["spearman"] == pytest.approx(0.0) and p["spearman_min"] == pytest.approx(-1.0)  # +1 and -1
+    assert not p["pick_is_fastest"] and p["pick_regret"] == pytest.approx(0.1)  # b's pick is 10 % slower
+    assert not p["pick_within_5pct"] and pooled([a])["pick_within_5pct"]
+    assert pooled([]) == {}
 
 
 def test_plot_and_table(tmp_path):
@@ -68,20 +126,49 @@ def test_plot_and_table(tmp_path):
     plot(res, str(png))
     assert png.stat().st_size > 1000
     assert "median |error|" in format_table(res)
+    # every marker visible: the ±15 % band and the diagonal lie beneath every point
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    ax = figure(res).axes[0]
+    band = max(c.get_zorder() for c in ax.collections if isinstance(c, PolyCollection))
+    points = [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets())]
+    assert len(points) == len(rows) and all(c.get_zorder() > band for c in points)
+    assert all(line.get_zorder() < min(c.get_zorder() for c in points) for line in ax.get_lines())
 
 
-def test_fidelity_runs_two_layouts(tmp_path):
-    """End to end on a 1-rank and a 2-rank layout, 2 steps each: the JSON has the promised keys."""
+def _results_snapshot() -> dict[str, str]:
+    import hashlib
+    import os
+
+    root = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+    return {f: hashlib.sha256(open(os.path.join(root, f), "rb").read()).hexdigest() for f in sorted(os.listdir(root))}
+
+
+def test_fidelity_and_synthetic_without_out_leave_the_committed_results(tmp_path, monkeypatch, capsys):
+    """End to end, run from the repository root without --out: `bench fidelity` (two shapes, a 1-rank
+    and a 2-rank layout, 2 steps) and `bench synthetic` write under runs/bench/, say so, and no file
+    under benchmarks/results/ changes.  The fidelity JSON has in-sample and held-out keys apart."""
+    import os
+
     from test_calibrate import _hardware_dict
 
     from par3d.cli import main
 
+    monkeypatch.chdir(os.path.join(os.path.dirname(__file__), ".."))
+    before = _results_snapshot()
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(_hardware_dict()))
-    out = tmp_path / "fid.json"
     assert main(["bench", "fidelity", "--hardware", str(hw), "--layouts", "single,dp2", "--steps", "2",
-                 "--out", str(out), "--json"]) == 0
-    d = json.loads(out.read_text())
-    assert {"layouts", "median_abs_error", "spearman", "pick_is_fastest"} <= set(d)
+                 "--model", "reference", "--model", "narrow-deep"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote runs/bench/fidelity.json" in out
+    d = json.loads(open("runs/bench/fidelity.json").read())
+    assert {"layouts", "median_abs_error", "spearman", "pick_is_fastest", "in_sample", "heldout"} <= set(d)
+    assert {"median_abs_error", "spearman", "pick_is_fastest"} <= set(d["heldout"])
+    assert d["heldout"]["shapes"] == ["narrow-deep"] and d["in_sample"]["shapes"] == ["reference"]
     assert all({"predicted_s", "measured_s"} <= set(r) for r in d["layouts"])
-    assert (tmp_path / "fid.png").exists()
+    assert os.path.exists("runs/bench/fidelity.png")
+    assert main(["bench", "synthetic", "--stages", "2", "--microbatches", "2", "--steps", "2", "--tf", "0.2",
+                 "--tb", "0.2"]) == 0
+    assert "wrote runs/bench/synthetic.json" in capsys.readouterr().out
+    assert _results_snapshot() == before

@@ -55,7 +55,9 @@ def register(bsub: Any) -> None:
     ap.add_argument("--baseline", metavar="REV", default=None,
                     help="also run the cases on git revision REV, side by side")
     ap.add_argument("--quick", action="store_true", help="one run per case, no baseline (a smoke run)")
-    ap.add_argument("--out", default="benchmarks/results/planner.json", help="results file (JSON)")
+    ap.add_argument("--out", default="runs/bench/planner.json",
+                    help="results file (JSON; default %(default)s; the committed one changes only when named: "
+                         "--out benchmarks/results/planner.json)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.set_defaults(func=run)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from typing import Any
+
+from par3d.commands.bench import default_out
 
 
 def register(bsub: Any) -> None:
@@ -28,52 +29,27 @@ def register(bsub: Any) -> None:
     ap.add_argument("--tb", type=float, default=2.0, help="backward wait per stage and micro-batch, ms")
     ap.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated schedules (default gpipe,1f1b)")
     ap.add_argument("--steps", type=int, default=20, help="steps per schedule; the first is discarded")
-    ap.add_argument("--out", default="benchmarks/results/synthetic.json", help="results file (JSON)")
+    ap.add_argument("--out", default=default_out("synthetic"), metavar="FILE",
+                    help=f"results file (JSON; default {default_out('synthetic')}); the committed results "
+                         "change only when given explicitly, e.g. --out benchmarks/results/synthetic.json")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.set_defaults(func=run)
 
 
 def measure(schedule: str, p: int, m: int, tf: float, tb: float, steps: int) -> dict[str, Any]:
-    from par3d.config import RunConfig
-    from par3d.pipeline.schedules import build
-    from par3d.pipeline.simulate import Event, simulate, timeline_from_events
-    from par3d.train import RunOptions
-    from par3d.train import run as train_run
+    """One schedule's run (the probe `par3d calibrate` also uses for the pipeline hop)."""
+    from par3d.calibrate.probes import measure_synthetic
 
-    cfg = RunConfig()
-    cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq_len = p, 8, 2, 8
-    cfg.parallel.pp, cfg.parallel.schedule, cfg.parallel.microbatches = p, schedule, m
-    cfg.train.global_batch, cfg.train.micro_batch, cfg.train.steps = m, 1, steps
-    cfg.synthetic_stage_ms = (tf, tb)
-    cfg.progress = False
-    results = train_run(cfg, RunOptions(all_events=True))
-    r0 = next(r for r in results if r["rank"] == 0)
-    spans, bubbles = [], []
-    for step in range(1, steps):
-        events = [Event.from_dict(e) for w in r0["world"] for e in w["events_by_step"][step]]
-        tl = timeline_from_events(events, p, m)
-        spans.append(tl.makespan)
-        bubbles.append(tl.bubble_wall)
-    sim = simulate(build(schedule, p, m), p, m, tf=tf / 1e3, tb=tb / 1e3)
-    formula = (m + p - 1) * (tf + tb) / 1e3
-    makespan = statistics.median(spans)
-    bubble = statistics.median(bubbles)
-    return {"schedule": schedule, "p": p, "m": m, "tf_ms": tf, "tb_ms": tb,
-            "measured_makespan_s": makespan, "formula_makespan_s": formula,
-            "makespan_excess": makespan / formula - 1,
-            "measured_bubble_wall": bubble, "simulated_bubble_wall": sim.bubble_wall,
-            "bubble_gap_pp": 100 * (bubble - sim.bubble_wall),
-            "median_step_time_s": statistics.median(h["step_time_s"] for h in r0["history"][1:])}
+    return measure_synthetic(schedule, p, m, tf, tb, steps)
 
 
 def run(args: argparse.Namespace) -> int:
     rows = [measure(s.strip(), args.stages, args.microbatches, args.tf, args.tb, args.steps)
             for s in args.schedules.split(",") if s.strip()]
     out = {"rows": rows, "cpu_count": os.cpu_count()}
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(out, fh, indent=2)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, indent=2)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -83,4 +59,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['schedule']:10s} {r['measured_makespan_s'] * 1e3:8.2f}ms {r['formula_makespan_s'] * 1e3:13.2f}ms "
                   f"{r['makespan_excess']:8.1%} {r['measured_bubble_wall']:8.1%} {r['simulated_bubble_wall']:9.1%} "
                   f"{r['bubble_gap_pp']:+6.2f}pp", file=sys.stdout)
+    print(f"wrote {args.out}", file=sys.stderr if args.json else sys.stdout)
     return 0

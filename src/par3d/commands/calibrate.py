@@ -8,23 +8,29 @@ import os
 import sys
 from typing import Any
 
-DEFAULT_OUT = os.path.join("benchmarks", "results", "hardware-cpu.json")
+# under runs/ unless --out names another file: the committed benchmarks/results/hardware-cpu.json
+# changes only with an explicit --out
+DEFAULT_OUT = os.path.join("runs", "calibrate", "hardware.json")
 
 
 def register(sub: Any) -> None:
     ap = sub.add_parser(
-        "calibrate", help="measure GEMM FLOP/s, memory bandwidth, runtime overheads and collectives",
+        "calibrate", help="measure primitives, GEMM FLOP/s, memory bandwidth, runtime overheads and collectives",
         description="Measure what one rank of this machine achieves (one thread per rank on a CPU, as "
-                    "`par3d train` runs it; the rank's GPU where CUDA is present): GEMM FLOP/s over "
-                    "shapes and dtypes, memory bandwidth, the training runtime's fixed per-block/"
+                    "`par3d train` runs it; the rank's GPU where CUDA is present): the primitives of a "
+                    "transformer block (linear, attention, layer norm, GeLU, add, embedding, cross entropy) "
+                    "forward and backward over grids of sizes, GEMM FLOP/s over shapes and dtypes, memory "
+                    "bandwidth, the training runtime's fixed per-block/"
                     "per-action/per-step costs, and alpha/beta of all-reduce, all-gather, reduce-scatter "
                     "and send/recv fitted over message and group sizes. Writes a hardware file that "
                     "`par3d plan --hardware FILE`, `par3d train --hardware FILE` and `par3d bench "
                     "fidelity` read.")
     ap.add_argument("--out", default=DEFAULT_OUT, metavar="FILE",
-                    help=f"hardware file to write (JSON; default {DEFAULT_OUT})")
+                    help=f"hardware file to write (JSON; default {DEFAULT_OUT}; the committed one changes only "
+                         "when named: --out benchmarks/results/hardware-cpu.json)")
     ap.add_argument("--plot", default=None, metavar="PNG",
-                    help="also draw the GEMM efficiency curve and the collective fits to this PNG")
+                    help="also draw the primitives' fits, the GEMM efficiency curve and the collective fits to "
+                         "this PNG")
     ap.add_argument("--nproc", type=int, default=2,
                     help="ranks to launch for the collectives; groups of 2..NPROC ranks are measured "
                          "(default 2)")
@@ -56,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(hw, indent=1))
     else:
         print(summary(hw))
-        print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr if args.json else sys.stdout)
     return 0

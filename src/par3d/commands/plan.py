@@ -192,6 +192,9 @@ def _cluster(args: argparse.Namespace):
             from par3d.plan.profile import cluster_from_file
 
             hw = load_hardware_file(args.hardware)
+            from par3d.host import warn_if_other_host
+
+            warn_if_other_host(args.hardware, hw.extra, "par3d plan")
             if args.efficiency is not None:
                 hw = replace(hw, device=replace(hw.device, efficiency=args.efficiency))
             if args.intra_node_bw:

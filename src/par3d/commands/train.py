@@ -197,6 +197,15 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"par3d train: {e}", file=sys.stderr)
         return 2
+    if cfg.hardware:  # read before any rank starts: a bad file is an error now, another host's a warning
+        from par3d.host import warn_if_other_host
+        from par3d.plan.hardware import HardwareError, load_hardware_file
+
+        try:
+            warn_if_other_host(cfg.hardware, load_hardware_file(cfg.hardware).extra, "par3d train")
+        except HardwareError as e:
+            print(f"par3d train: {e}", file=sys.stderr)
+            return 2
     if args.dry_run:
         return _dry_run(cfg)
     from par3d.distributed import RankFailure

@@ -452,18 +452,37 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     else:
         out.transfer = comm.p2p(boundary, lk.pp).total  # type: ignore[arg-type]
     if cluster.profile is not None:
-        _add_runtime_costs(out, model, c, lay, boundary, cluster.profile)
+        _add_runtime_costs(out, model, cluster.dtype, c, lay, boundary, cluster.profile)
     return out
 
 
-def _add_runtime_costs(st: StageTimes, model: ModelSpec, c: Choice, lay: Layout, boundary: float,
+def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, lay: Layout, boundary: float,
                        prof: Profile) -> None:
-    """The profile's per-action terms (plan/profile.py): fixed costs per block and per action, the
-    eager runtime's zero-bubble weight pass, the pipeline transport."""
+    """The profile's per-action terms (plan/profile.py): the arithmetic from measured primitives
+    (plan/kernels.py) in place of the roofline, fixed costs per block and per action, the eager
+    runtime's zero-bubble weight pass, the pipeline transport."""
     st.waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
                 "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
                 "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
                 "bw": [0.0] * len(st.f)}
+    kern = prof.kernels
+    if kern is not None and kern.dtype == dtype and c.cp == 1:
+        sp = c.sequence_parallel
+        blk = kern.block(model.hidden, model.ffn, model.heads, model.seq_len, c.micro_batch, c.tp, sp)
+        emb = kern.embedding(model.hidden, model.seq_len, c.micro_batch, c.tp, sp)
+        head = kern.head(model.hidden, model.vocab, model.seq_len, c.micro_batch, c.tp, sp)
+        rec = {"none": 0.0, "selective": blk.core_fwd, "full": blk.fwd}[c.recompute]
+        for s, n in enumerate(lay.layers):
+            fc = n * blk.fwd + (emb[0] if lay.embed[s] else 0.0) + (head[0] if lay.head[s] else 0.0)
+            bc = n * blk.bwd + (emb[1] if lay.embed[s] else 0.0) + (head[1] if lay.head[s] else 0.0)
+            br = n * rec
+            st.f[s] = fc + st.waits["f"][s]
+            st.b[s] = bc + br + st.waits["b"][s]
+            # the measured backward is not split into input and weight gradients: half each, as the
+            # roofline's GEMMs are
+            st.bi[s] = bc / 2 + br + st.waits["bi"][s]
+            st.bw[s] = bc / 2
+            st.f_compute[s], st.b_compute[s], st.b_recompute[s] = fc, bc, br
     ov = prof.overheads
     rec_f = 1.0 if c.recompute == "full" else 0.0  # full recompute reruns the blocks' forward
     for s, n in enumerate(lay.layers):

@@ -1,0 +1,130 @@
+"""The whole calibration: run the probes (`probes.py`), fit (`fits.py`), return the hardware file's
+content.  What lands where is listed in docs/measured.md, section 1."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from par3d.calibrate import fits, probes
+from par3d.plan.hardware import GB, TFLOPS, US
+
+
+def mem_gib_per_rank(nproc: int) -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal"))
+        return kib / 2**20 / max(nproc, 1)
+    except (OSError, StopIteration):
+        return 4.0
+
+
+def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Measure everything; return the hardware file's content (a dict)."""
+    import torch
+
+    from par3d import host
+    from par3d.distributed import launch
+
+    torch.set_num_threads(1)  # what one training rank gets
+    on_gpu = torch.cuda.is_available()
+    dtypes = ["fp32", "bf16"]
+    kernel_dtype = "fp32"  # `par3d train`'s default dtype
+    n_prims = len(probes.primitive_sizes(quick))
+    n_gemm = len(probes.gemm_shapes(quick)) * len(dtypes)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_prims + n_gemm + 1 + probes.overhead_passes(quick) + 5, desc="calibrate", unit="probe",
+                   file=sys.stderr, dynamic_ncols=True)
+
+    def tick() -> None:
+        if bar is not None:
+            bar.update(1)
+
+    t_start = time.time()
+    prims = probes.measure_primitives(kernel_dtype, quick, tick)
+    kernels = fits.fit_primitives(prims, kernel_dtype)
+    gemms = probes.measure_gemms(dtypes, quick, tick)
+    gfit = fits.fit_gemm(gemms)
+    mem_bw = probes.measure_mem_bw(quick)
+    tick()
+    over = probes.measure_overheads(quick, tick)
+    overheads = fits.residual_overheads(over["overheads"], kernels, over["tiny"])
+    coll = launch(probes.collective_worker, nproc, (probes.message_sizes(quick), quick, progress), timeout_s=120,
+                  wall_timeout_s=900, threads=1)[0]
+    tick()
+    cfits = fits.fit_collectives(coll)
+    pooled, p2p = cfits["pooled_all_reduce"], cfits["p2p"]["2"]
+    link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
+            "bw_gbps": pooled["bw_gbps"]}
+    name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
+    hw: dict[str, Any] = {
+        "device": {"name": name,
+                   "peak_tflops": {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()},
+                   "mem_bw_gbps": mem_bw / GB, "mem_gib": mem_gib_per_rank(nproc), "sms": 1,
+                   # the arithmetic of a block comes from `kernels` (measured primitives); the
+                   # roofline's efficiency is only used for a dtype they were not measured in
+                   "efficiency": 1.0},
+        "gpus_per_node": nproc,
+        "intra": link,
+        "inter": dict(link, name=link["name"] + " (same machine)"),
+        "cores": None if on_gpu else host.machine_cores(),
+        "threads_per_rank": 1,
+        "kernels": kernels,
+        "overheads": overheads,
+        "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]}},
+        "gemm_fit": gfit,
+        "collective_fits": cfits,
+    }
+    steps = 7 if quick else 11
+    # the reference on several ranks: DP over as many ranks as cores and twice as many (the co-run
+    # slowdowns), TP over the calibration ranks (what a collective costs inside a step)
+    runs: dict[str, Any] = {}
+    cores = host.machine_cores()
+    if not on_gpu and cores >= 2:
+        for n, key in ((cores, "corun_slowdown"), (2 * cores, "oversubscribed_slowdown")):
+            cfg = probes.reference_config(steps=steps, dp=n)
+            got = launch(probes.probe_worker, n, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+            runs[key] = {"dp": n, "step_s": got, "_cfg": cfg}
+            tick()
+    tp_cfg = probes.reference_config(steps=steps, tp=nproc)
+    tp_step = launch(probes.probe_worker, nproc, (tp_cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+    tick()
+    # each term's fit depends a little on the others (DP's gradient reductions pay the sync, TP's
+    # ranks compute side by side): fitted in turn, twice
+    for _ in range(2):
+        for key, r in runs.items():
+            hw[key] = fits.fit_contention(hw, r["_cfg"], r["step_s"], key)
+        hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
+    contention = {key: {k: v for k, v in r.items() if k != "_cfg"} for key, r in runs.items()}
+    p, m, stage_ms = max(2, nproc), 4, 2.0
+    syn = probes.measure_synthetic("1f1b", p, m, stage_ms, stage_ms, steps=4 if quick else 8)
+    hop = fits.fit_pipeline_hop(p, m, stage_ms, syn["measured_makespan_s"])
+    hw["pipeline_hop_us"] = hop["hop_s"] / US
+    tick()
+    if bar is not None:
+        bar.close()
+    hw["measurements"] = {"primitives": prims, "gemm": gemms, "mem_bw_gbps": mem_bw / GB,
+                          "overheads_measured": over["overheads"], "overhead_rounds": over["rounds"],
+                          "tiny": over["tiny"], "collectives": coll,
+                          "reference": dict(probes.REFERENCE), "reference_dp": contention,
+                          "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
+    hw["host"] = host.describe(torch.cuda.get_device_name(0) if on_gpu else None)
+    hw["calibrated"] = {"date": hw["host"]["date"], "torch": torch.__version__, "host_cores": host.machine_cores(),
+                        "nproc": nproc, "quick": quick, "seconds": round(time.time() - t_start, 1),
+                        "load_average": list(os.getloadavg()),  # other processes perturb timings
+                        # the model shapes the calibration ran: `bench fidelity`'s held-out shapes
+                        # differ from every one of them in width, depth and sequence length
+                        "references": [{"layers": probes.REFERENCE["layers"], "hidden": probes.REFERENCE["hidden"],
+                                        "seq_len": probes.REFERENCE["seq"]}]
+                        + [{"layers": n, "hidden": probes.TINY["hidden"], "seq_len": probes.TINY["seq"]}
+                           for n in probes.TINY_LAYERS]
+                        + [{"layers": p, "hidden": 8, "seq_len": 8}]}
+    return hw
+
+
+__all__ = ["calibrate", "mem_gib_per_rank"]
