@@ -213,11 +213,19 @@ def test_eager_zero_bubble_weight_pass_costs_a_whole_backward(tmp_path):
 def test_collective_sync_fit_recovers_a_known_sync():
     from par3d.calibrate import fit_collective_sync
     from par3d.plan.hardware import hardware_from_dict
+
     hw = _hardware_dict()
-    cfg = _cfg(tp=2)
-    measured = predict(cfg, hardware_from_dict({**hw, "collective_sync_us": 500.0})).step_time_s
-    assert fit_collective_sync(hw, cfg.to_dict(), measured) == pytest.approx(500e-6, rel=1e-6)
-    assert fit_collective_sync(hw, cfg.to_dict(), measured / 10) == 0.0  # faster than α-β alone: no sync
+    small, big = _cfg(tp=2, hidden=32), _cfg(tp=2, hidden=256, layers=2)
+    true = {**hw, "collective_sync_us": 500.0, "collective_sync_per_compute": 0.3}
+    runs = [(c.to_dict(), predict(c, hardware_from_dict(true)).step_time_s) for c in (small, big)]
+    sync, frac = fit_collective_sync(hw, runs)
+    assert sync == pytest.approx(500e-6, rel=1e-4) and frac == pytest.approx(0.3, rel=1e-4)
+    # one run, faster than α-β alone: no sync at all
+    assert fit_collective_sync(hw, [(small.to_dict(), runs[0][1] / 10)]) == (0.0, 0.0)
+    # the compute-proportional part only applies under TP
+    no_tp = _cfg(hidden=32)
+    assert predict(no_tp, hardware_from_dict(true)).step_time_s == \
+        pytest.approx(predict(no_tp, hardware_from_dict({**true, "collective_sync_per_compute": 0.0})).step_time_s)
 
 
 def test_quick_calibration_end_to_end(tmp_path):
@@ -399,3 +407,15 @@ def test_plan_and_report_predict_the_same_step_time(hw_file, capsys, layout):
     assert rep["predicted_step_time_s"] == pytest.approx(planned["step_time_s"], rel=1e-9)
     # and the report prints it as plan does (ms, one decimal)
     assert f"{planned['step_time_s'] * 1e3:.1f} ms" in format_report(rep)
+
+
+def test_calibrate_imports_nothing_from_bench():
+    """calibrate is split into probes, fits, run and report, and none of them reaches up into bench/."""
+    import subprocess
+    import sys
+
+    code = ("import sys, par3d.calibrate, par3d.calibrate.probes, par3d.calibrate.fits, par3d.calibrate.run, "
+            "par3d.calibrate.report, par3d.commands.calibrate; "
+            "print([m for m in sys.modules if m.startswith('par3d.bench')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
