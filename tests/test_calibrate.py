@@ -215,17 +215,10 @@ def test_collective_sync_fit_recovers_a_known_sync():
     from par3d.plan.hardware import hardware_from_dict
 
     hw = _hardware_dict()
-    small, big = _cfg(tp=2, hidden=32), _cfg(tp=2, hidden=256, layers=2)
-    true = {**hw, "collective_sync_us": 500.0, "collective_sync_per_compute": 0.3}
-    runs = [(c.to_dict(), predict(c, hardware_from_dict(true)).step_time_s) for c in (small, big)]
-    sync, frac = fit_collective_sync(hw, runs)
-    assert sync == pytest.approx(500e-6, rel=1e-4) and frac == pytest.approx(0.3, rel=1e-4)
-    # one run, faster than α-β alone: no sync at all
-    assert fit_collective_sync(hw, [(small.to_dict(), runs[0][1] / 10)]) == (0.0, 0.0)
-    # the compute-proportional part only applies under TP
-    no_tp = _cfg(hidden=32)
-    assert predict(no_tp, hardware_from_dict(true)).step_time_s == \
-        pytest.approx(predict(no_tp, hardware_from_dict({**true, "collective_sync_per_compute": 0.0})).step_time_s)
+    cfg = _cfg(tp=2)
+    measured = predict(cfg, hardware_from_dict({**hw, "collective_sync_us": 500.0})).step_time_s
+    assert fit_collective_sync(hw, cfg.to_dict(), measured) == pytest.approx(500e-6, rel=1e-6)
+    assert fit_collective_sync(hw, cfg.to_dict(), measured / 10) == 0.0  # faster than α-β alone: no sync
 
 
 def test_quick_calibration_end_to_end(tmp_path):

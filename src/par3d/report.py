@@ -115,6 +115,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
             from par3d.predict import predict_step_time
 
             rep["predicted_step_time_s"] = predict_step_time(cfg, cfg.hardware)
+            rep["predicted_with"] = cfg.hardware
         except Exception as e:  # a prediction problem must not lose the run's report
             rep["predicted_step_time_s"] = None
             rep["prediction_error"] = f"{type(e).__name__}: {e}"
@@ -167,7 +168,9 @@ def format_report(rep: dict[str, Any]) -> str:
         f"{(rep['tokens_per_s'] or 0):,.0f} tokens/s",
     ]
     if "predicted_step_time_s" in rep and rep["predicted_step_time_s"]:
-        lines.append(f"  predicted step  {rep['predicted_step_time_s'] * 1e3:.1f} ms (calibrated planner)")
+        # the planner's own model on this layout: `par3d plan --hardware FILE` prints the same number
+        lines.append(f"  predicted step  {rep['predicted_step_time_s'] * 1e3:.1f} ms (planner's model with "
+                     f"{rep.get('predicted_with', 'the hardware file')}, as `par3d plan --hardware` gives it)")
     if "pipeline" in rep:
         pl = rep["pipeline"]
         lines.append(f"  bubble (wall)   measured {pl['measured']['bubble_wall']:.1%}   simulated "

@@ -167,44 +167,22 @@ def fit_collectives(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---- terms read off the planner's model ---------------------------------------------------------
 
-def fit_collective_sync(hw: dict[str, Any], runs: list[tuple[dict[str, Any], float]]) -> tuple[float, float]:
-    """What a collective costs inside a training step beyond the α-β fit of isolated calls:
-    (seconds per collective message step, fraction of the compute between TP collectives).
+def fit_collective_sync(hw: dict[str, Any], tp_cfg: dict[str, Any], measured_step_s: float) -> float:
+    """Seconds each collective costs inside a training step beyond the α-β fit of isolated calls.
 
     In a step, a rank reaches each of the TP all-reduces at its own moment, and the partner that
     arrives first waits: every collective is a synchronisation point where the ranks' jitter
-    (time-shared cores, the OS's threads) adds up — a fixed part, and a part that grows with the
-    work since the last collective.  `runs`: (config, measured step) of TP runs of models with
-    little and much compute between collectives; each term's coefficient is read off the planner's
-    model as d(step)/d(term), and the two are solved for (least squares with more runs; a term that
-    comes out negative is dropped and the other fitted alone)."""
+    (time-shared cores, the OS's threads) adds up.  Fitted on the reference model run with TP over
+    all calibration ranks, as sync = (measured − predicted without it) / (collectives on the
+    critical path), the latter read off the planner's model as d(step)/d(sync)."""
     from par3d.config import RunConfig
     from par3d.plan.hardware import hardware_from_dict
     from par3d.predict import predict
 
-    def step(cfg: RunConfig, sync_us: float, frac: float) -> float:
-        return predict(cfg, hardware_from_dict({**hw, "collective_sync_us": sync_us,
-                                                "collective_sync_per_compute": frac})).step_time_s
-
-    rows, ys = [], []
-    for cfg_d, measured in runs:
-        cfg = RunConfig.from_dict(cfg_d)
-        base = step(cfg, 0.0, 0.0)
-        rows.append(((step(cfg, 1e3, 0.0) - base) / 1e-3, step(cfg, 0.0, 1.0) - base))
-        ys.append(measured - base)
-    if len(runs) >= 2:
-        a, b = lstsq(rows, ys, relative=False)
-        if a >= 0 and b >= 0:
-            return a, b
-    # one term alone: the one that explains the runs better (least squares through the origin)
-    best = (0.0, 0.0, float("inf"))
-    for i in (0, 1):
-        den = sum(r[i] ** 2 for r in rows)
-        x = max(0.0, sum(r[i] * y for r, y in zip(rows, ys)) / den) if den > 0 else 0.0
-        res = sum((y - x * r[i]) ** 2 for r, y in zip(rows, ys))
-        if res < best[2]:
-            best = (x if i == 0 else 0.0, x if i == 1 else 0.0, res)
-    return best[0], best[1]
+    cfg = RunConfig.from_dict(tp_cfg)
+    base = predict(cfg, hardware_from_dict({**hw, "collective_sync_us": 0.0})).step_time_s
+    per_s = (predict(cfg, hardware_from_dict({**hw, "collective_sync_us": 1e3})).step_time_s - base) / 1e-3
+    return max(0.0, (measured_step_s - base) / per_s) if per_s > 0 else 0.0
 
 
 def fit_contention(hw: dict[str, Any], cfg: dict[str, Any], measured_step_s: float, key: str,

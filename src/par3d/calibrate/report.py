@@ -120,9 +120,7 @@ def summary(hw: dict[str, Any]) -> str:
                      f"{hw.get('oversubscribed_slowdown', 1.0):.2f}x with twice as many ranks as cores "
                      f"(beyond time-sharing)")
     if hw.get("collective_sync_us") is not None:
-        lines.append(f"sync        {hw['collective_sync_us']:.0f} µs per collective message step inside a step, "
-                     f"+ {hw.get('collective_sync_per_compute', 0.0):.0%} of the compute between TP collectives, "
-                     f"beyond the α-β fit")
+        lines.append(f"sync        {hw['collective_sync_us']:.0f} µs per collective inside a step, beyond its α-β fit")
     if hw.get("pipeline_hop_us") is not None:
         lines.append(f"hop         {hw['pipeline_hop_us']:.0f} µs per pipeline transfer inside a step, beyond its α-β fit")
     for kind in (*KINDS, "p2p"):

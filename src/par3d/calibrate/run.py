@@ -91,22 +91,15 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
             got = launch(probes.probe_worker, n, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
             runs[key] = {"dp": n, "step_s": got, "_cfg": cfg}
             tick()
-    # TP over the calibration ranks on the reference (much compute between collectives) and on the
-    # tiny fixed-cost probe's 5-layer GPT (almost none)
-    tp_runs = []
-    for cfg in (probes.reference_config(steps=steps, tp=nproc),
-                probes.probe_config(layers=probes.TINY_LAYERS[-1], steps=steps, tp=nproc,
-                                    **{k: v for k, v in probes.TINY.items()})):
-        got = launch(probes.probe_worker, nproc, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
-        tp_runs.append((cfg, got))
+    tp_cfg = probes.reference_config(steps=steps, tp=nproc)
+    tp_step = launch(probes.probe_worker, nproc, (tp_cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
     tick()
     # each term's fit depends a little on the others (DP's gradient reductions pay the sync, TP's
     # ranks compute side by side): fitted in turn, twice
     for _ in range(2):
         for key, r in runs.items():
             hw[key] = fits.fit_contention(hw, r["_cfg"], r["step_s"], key)
-        sync, frac = fits.fit_collective_sync(hw, tp_runs)
-        hw["collective_sync_us"], hw["collective_sync_per_compute"] = sync / US, frac
+        hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
     contention = {key: {k: v for k, v in r.items() if k != "_cfg"} for key, r in runs.items()}
     p, m, stage_ms = max(2, nproc), 4, 2.0
     syn = probes.measure_synthetic("1f1b", p, m, stage_ms, stage_ms, steps=4 if quick else 8)
@@ -119,8 +112,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                           "overheads_measured": over["overheads"], "overhead_rounds": over["rounds"],
                           "tiny": over["tiny"], "collectives": coll,
                           "reference": dict(probes.REFERENCE), "reference_dp": contention,
-                          "tp_runs": [{"model": {k: c["model"][k] for k in ("layers", "hidden", "seq_len")}, "tp": nproc, "step_s": t}
-                                      for c, t in tp_runs], "pipeline_hop": hop}
+                          "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
     hw["host"] = host.describe(torch.cuda.get_device_name(0) if on_gpu else None)
     hw["calibrated"] = {"date": hw["host"]["date"], "torch": torch.__version__, "host_cores": host.machine_cores(),
                         "nproc": nproc, "quick": quick, "seconds": round(time.time() - t_start, 1),

@@ -483,18 +483,6 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
             st.bi[s] = bc / 2 + br + st.waits["bi"][s]
             st.bw[s] = bc / 2
             st.f_compute[s], st.b_compute[s], st.b_recompute[s] = fc, bc, br
-    if c.tp > 1 and prof.sync_per_compute:
-        # TP ranks drift apart while they compute (time-shared cores, the OS's threads): at each
-        # collective the first to arrive waits, in proportion to the work since the last one
-        k = prof.sync_per_compute
-        for s in range(len(st.f)):
-            fw, bw_ = k * st.f_compute[s], k * (st.b_compute[s] + st.b_recompute[s])
-            st.f[s] += fw
-            st.b[s] += bw_
-            st.bi[s] += k * (st.b_compute[s] / 2 + st.b_recompute[s])
-            st.waits["f"][s] += fw
-            st.waits["b"][s] += bw_
-            st.waits["bi"][s] += k * (st.b_compute[s] / 2 + st.b_recompute[s])
     ov = prof.overheads
     rec_f = 1.0 if c.recompute == "full" else 0.0  # full recompute reruns the blocks' forward
     for s, n in enumerate(lay.layers):

@@ -13,10 +13,8 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
   attention), replacing the GPU roofline of `compute.py` for the time of a block's arithmetic;
 - `p2p` and `hop`: the pipeline transport (α-β of isolated sends, and what a transfer costs
   inside a running step beyond that: posting the send, waking the receiver);
-- `sync`, `sync_per_compute`: what a collective costs inside a step beyond the α-β fit of isolated
-  calls (each is a point where the ranks wait for the slowest): a fixed part added to every link's
-  α, and for TP a part in proportion to the compute between collectives (ranks drift apart while
-  they compute);
+- `sync`: what a collective costs inside a step beyond the α-β fit of isolated calls (each is a
+  point where the ranks wait for the slowest), added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
   running side by side slow each other (shared caches, memory bandwidth);
 - `bw_full_backward`: eager ZB-H1 in `pipeline/runtime.py` — BW re-walks the graph that BI kept,
@@ -68,7 +66,6 @@ class Profile:
     p2p: Link | None = None
     hop: float = 0.0
     sync: float = 0.0
-    sync_per_compute: float = 0.0
     cores: int | None = None
     corun: float = 1.0
     oversub: float = 1.0
@@ -77,7 +74,6 @@ class Profile:
 
 
 RUNTIME_KEYS = ("overheads", "links", "cores", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
-                "collective_sync_per_compute",
                 "pipeline_hop_us", "kernels")
 
 
@@ -100,7 +96,6 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
         hop=float(x.get("pipeline_hop_us", 0.0) or 0.0) * US,
         sync=float(x.get("collective_sync_us", 0.0) or 0.0) * US,
-        sync_per_compute=float(x.get("collective_sync_per_compute", 0.0) or 0.0),
         cores=int(x["cores"]) if x.get("cores") else None,
         corun=corun,
         oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
