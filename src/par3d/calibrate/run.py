@@ -32,7 +32,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     on_gpu = torch.cuda.is_available()
     dtypes = ["fp32", "bf16"]
     kernel_dtype = "fp32"  # `par3d train`'s default dtype
-    n_prims = len(probes.primitive_sizes(quick))
+    n_prims = 0 if on_gpu else len(probes.primitive_sizes(quick))
     n_gemm = len(probes.gemm_shapes(quick)) * len(dtypes)
     bar = None
     if progress:
@@ -46,8 +46,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
             bar.update(1)
 
     t_start = time.time()
-    prims = probes.measure_primitives(kernel_dtype, quick, tick)
-    kernels = fits.fit_primitives(prims, kernel_dtype)
+    # on a CPU a block's arithmetic comes from its measured primitives; on a GPU from the planner's
+    # table model (plan/gemm_table.py), whose `device.gemm` share the GEMM probes fill (below)
+    prims = [] if on_gpu else probes.measure_primitives(kernel_dtype, quick, tick)
+    kernels = fits.fit_primitives(prims, kernel_dtype) if prims else None
     gemms = probes.measure_gemms(dtypes, quick, tick)
     gfit = fits.fit_gemm(gemms)
     mem_bw = probes.measure_mem_bw(quick)
@@ -62,9 +64,20 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
             "bw_gbps": pooled["bw_gbps"]}
     name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
+    peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
+    gemm_share: dict[str, float] = {}
+    if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them (never run: no GPU here)
+        from par3d.plan.hardware import DEVICES, gemm_entry_from_points
+
+        known = next((d for key, d in DEVICES.items() if key.split("-")[0] in name.lower().replace(" ", "")), None)
+        if known is not None:
+            peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}
+        gemm_share = {dt: min(1.0, gemm_entry_from_points([(p["flops"], p["gflops"] / 1e3) for p in gemms
+                                                           if p["dtype"] == dt], peaks[dt]))
+                      for dt in peaks}
     hw: dict[str, Any] = {
         "device": {"name": name,
-                   "peak_tflops": {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()},
+                   "peak_tflops": peaks, **({"gemm": gemm_share} if gemm_share else {}),
                    "mem_bw_gbps": mem_bw / GB, "mem_gib": mem_gib_per_rank(nproc), "sms": 1,
                    # the arithmetic of a block comes from `kernels` (measured primitives); the
                    # roofline's efficiency is only used for a dtype they were not measured in
@@ -74,7 +87,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         "inter": dict(link, name=link["name"] + " (same machine)"),
         "cores": None if on_gpu else host.machine_cores(),
         "threads_per_rank": 1,
-        "kernels": kernels,
+        **({"kernels": kernels} if kernels else {}),
         "overheads": overheads,
         "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]}},
         "gemm_fit": gfit,
