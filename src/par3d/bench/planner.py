@@ -24,7 +24,8 @@ from typing import Any
 
 # name, (layers, hidden, heads, seq, vocab) or a catalogue name, gpu, gpus, global batch
 CASES: list[tuple[str, Any, str, int, int]] = [
-    ("1T (1008B) on 3072 A100", "megatron-1t", "a100-80gb", 3072, 3072),
+    # megatron-1t's dimensions, spelled out so revisions older than the catalogue entry run it too
+    ("1T (1008B) on 3072 A100", (128, 25600, 160, 2048, 51200), "a100-80gb", 3072, 3072),
     ("GPT-3 175B on 1024 A100", "gpt3-175b", "a100-80gb", 1024, 1536),
     ("Llama 3 405B on 16384 H100", "llama3-405b", "h100-sxm", 16384, 2048),
 ]
