@@ -56,7 +56,8 @@ def run_cases(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any]) 
             continue
         out[name] = {k: r.get(k) for k in ("rank", "history", "grads", "params", "comm_per_step", "logits",
                                             "peak_activation_bytes", "activation_bytes_per_microbatch",
-                                            "peak_inflight_predicted", "coord", "p2p_transport")}
+                                            "peak_inflight_predicted", "coord", "p2p_transport",
+                                            "memory")}
     return out
 
 

@@ -1,9 +1,11 @@
-"""Context parallelism (and ZeRO-2/3) against the single-process reference (issue 16).
+"""ZeRO-2/3 and context parallelism against the single-process reference (issue 16).
 
 One world of 8 gloo ranks runs every layout below, 3 optimizer steps each, on the same model,
-data and seed as one process; losses, gathered gradients (step 1) and parameters (after step 3)
-must equal the reference's within TOL = 1e-5 (fp32).  The same world checks ring attention on
-its own (forward and backward against causal attention on the whole sequence, cp 2 and 4)."""
+data and seed as one process; losses, gathered gradients (step 1; ZeRO's reduced slices gathered)
+and parameters (after step 3) must equal the reference's within TOL = 1e-5 (fp32).  The same world
+checks ring attention on its own (forward and backward against causal attention on the whole
+sequence, cp 2 and 4), measures each ZeRO stage's memory at dp 2 and 4 against plan/memory.py,
+and resumes a ZeRO-3 checkpoint under other layouts."""
 
 from __future__ import annotations
 
@@ -14,14 +16,60 @@ from distributed_helper import run_world
 from equiv_common import TOL, assert_matches_reference, case, losses, reference_of, run_cases
 
 LAYOUTS = {
+    "dp2_zero2": case(dp=2, zero=2),
+    "dp2_zero3": case(dp=2, zero=3),
+    "dp2_tp2_zero3": case(dp=2, tp=2, zero=3),
+    "dp2_pp2_zero3": case(dp=2, pp=2, zero=3),
+    "dp2_pp2_zero2_sp": case(dp=2, pp=2, tp=2, zero=2, sp=True),
+    "dp4_zero3_full_rc": case(dp=4, zero=3, recompute="full"),
+    "cp2_dp2_zero3": case(cp=2, dp=2, zero=3),
     "cp2": case(cp=2),
     "cp2_tp2": case(cp=2, tp=2),
     "cp2_tp2_sp": case(cp=2, tp=2, sp=True),
     "cp2_dp2_pp2": case(cp=2, dp=2, pp=2),
     "cp4_selective": case(cp=4, recompute="selective"),
 }
+# tied embeddings: within one stage (a weight two units share) and across stages (summed over the
+# first and last stage), with zero-bubble's split backward
+TIED = {
+    "dp2_zero3_tied": case(dp=2, zero=3, tied=True),
+    "dp2_pp2_zero3_tied_zb": case(dp=2, pp=2, zero=3, tied=True, schedule="zb-h1"),
+}
 REF = reference_of(case())
 REF_NAME = "ref"
+REF_TIED = reference_of(case(tied=True))
+ALL = {**LAYOUTS, **TIED}
+
+
+def _ref(name: str) -> str:
+    return "ref_tied" if name in TIED else REF_NAME
+
+
+# model-state memory: every ZeRO stage at dp 2 and 4, one step (fp32)
+MEMORY = {f"mem_dp{dp}_zero{z}": case(dp=dp, zero=z, steps=1, layers=4, hidden=64)
+          for dp in (2, 4) for z in (0, 1, 2, 3)}
+
+
+def _ckpt_cases(tmp: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Saved at dp 2 ZeRO-3 after step 3, resumed at (dp 1, tp 2, ZeRO-0), at cp 2, and (from the
+    ZeRO-0 run's step-4 checkpoint) at dp 2 pp 2 ZeRO-2."""
+    import os
+
+    def cfg(name: str, resume: str | None = None, save_every: int = 0, **layout: Any) -> dict[str, Any]:
+        c = case(layers=4, steps=6, **layout)
+        c["train"]["out"] = os.path.join(tmp, name)
+        c.update(save_every=save_every, keep_last=3, resume=resume)
+        return c
+
+    def at(name: str, step: int) -> str:
+        return os.path.join(tmp, name, "checkpoints", f"step-{step:08d}")
+
+    return [
+        ("ck_dp2_zero3", cfg("ck_dp2_zero3", save_every=3, dp=2, zero=3), {}),
+        ("ck_tp2_zero0", cfg("ck_tp2_zero0", resume=at("ck_dp2_zero3", 3), save_every=1, tp=2), {}),
+        ("ck_cp2", cfg("ck_cp2", resume=at("ck_dp2_zero3", 3), cp=2), {}),
+        ("ck_dp2_pp2_zero2", cfg("ck_dp2_pp2_zero2", resume=at("ck_tp2_zero0", 4), dp=2, pp=2, zero=2), {}),
+    ]
 
 
 def _ring_checks() -> dict[str, Any]:
@@ -54,16 +102,24 @@ def _ring_checks() -> dict[str, Any]:
     return out
 
 
-def _worker(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any]) -> dict[str, Any]:
+def _worker(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any], tmp: str) -> dict[str, Any]:
+    from par3d.train import worker
+
     res = run_cases(cases, options)
+    res.update(run_cases(list(MEMORY.items()), {}))
+    for name, cfg, opts in _ckpt_cases(tmp):
+        r = worker(cfg, dict(opts, quiet=True))
+        if r.get("rank") == 0:
+            res[name] = {"history": r["history"], "start": r["start_step"]}
     res["_ring"] = _ring_checks()
     return res
 
 
 @pytest.fixture(scope="module")
-def world() -> list[dict]:
-    cases = [(REF_NAME, REF)] + list(LAYOUTS.items())
-    return run_world(_worker, 8, cases, {"capture_grads": True, "capture_params": True})
+def world(tmp_path_factory) -> list[dict]:
+    cases = [(REF_NAME, REF), ("ref_tied", REF_TIED)] + list(ALL.items())
+    return run_world(_worker, 8, cases, {"capture_grads": True, "capture_params": True},
+                     str(tmp_path_factory.mktemp("zero_ckpt")))
 
 
 def test_ring_attention_equals_causal_attention(world):
@@ -72,19 +128,56 @@ def test_ring_attention_equals_causal_attention(world):
             assert max(diffs) < 2e-6, f"rank {r}: {cp}: out, dQ, dK, dV differ by {diffs}"
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(ALL))
 def test_losses_match_reference(world, name):
-    got, ref = losses(world, name), losses(world, REF_NAME)
+    got, ref = losses(world, name), losses(world, _ref(name))
     assert len(got) == len(ref) == 3
     for step, (a, b) in enumerate(zip(got, ref)):
         assert abs(a - b) <= TOL, f"{name} step {step}: loss {a} vs reference {b}"
     assert got[-1] < got[0]
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(ALL))
 def test_gradients_and_parameters_match_reference(world, name):
-    assert_matches_reference(world, name, REF_NAME, "grads")
-    assert_matches_reference(world, name, REF_NAME, "params")
+    assert_matches_reference(world, name, _ref(name), "grads")
+    assert_matches_reference(world, name, _ref(name), "params")
+
+
+@pytest.mark.parametrize("name", list(MEMORY))
+def test_model_state_memory_measured_matches_the_planner(world, name):
+    """Bytes each rank really holds for weights, gradients and optimizer state (zero.py /
+    data_parallel.py `memory()`) within 10 % of plan/memory.py's prediction for the same layout."""
+    ranks = [r[name] for r in world if name in r]
+    assert ranks
+    for r in ranks:
+        mem = r["memory"]
+        for k in ("weights", "grads", "optimizer"):
+            got, want = mem["measured"][k], mem["predicted"][k]
+            assert abs(got - want) <= 0.10 * want, f"{name} rank {r['rank']}: {k} measured {got} vs predicted {want}"
+        states = sum(mem["measured"][k] for k in ("weights", "grads", "optimizer"))
+        assert abs(states - sum(mem["predicted"][k] for k in ("weights", "grads", "optimizer"))) <= 0.10 * states
+
+
+def test_zero_stages_shrink_what_they_shard(world):
+    """dp 4: stage 1 divides the optimizer state by 4, stage 2 also the gradients, stage 3 also the
+    weights (measured); stage 3's gathered units stay a fraction of the whole weights."""
+    m = {z: next(r[f"mem_dp4_zero{z}"]["memory"]["measured"] for r in world if f"mem_dp4_zero{z}" in r)
+         for z in range(4)}
+    assert abs(m[1]["optimizer"] / m[0]["optimizer"] - 0.25) < 0.02
+    assert m[1]["grads"] == m[0]["grads"] and abs(m[2]["grads"] / m[0]["grads"] - 0.25) < 0.02
+    assert m[2]["weights"] == m[0]["weights"] and abs(m[3]["weights"] / m[0]["weights"] - 0.25) < 0.02
+    assert 0 < m[3]["gathered_weights_peak"] < 0.6 * m[0]["weights"]
+
+
+@pytest.mark.parametrize("resumed", ["ck_tp2_zero0", "ck_cp2", "ck_dp2_pp2_zero2"])
+def test_zero3_checkpoint_resumes_under_other_layouts(world, resumed):
+    r0 = next(r for r in world if "ck_dp2_zero3" in r)
+    full = [h["loss"] for h in r0["ck_dp2_zero3"]["history"]]
+    got = r0[resumed]
+    first = got["start"]
+    assert first == (4 if resumed == "ck_dp2_pp2_zero2" else 3)
+    for h in got["history"]:
+        assert abs(h["loss"] - full[h["step"]]) <= TOL, (resumed, h["step"], h["loss"], full[h["step"]])
 
 
 def test_cp2_halves_activation_memory(world):
@@ -93,6 +186,7 @@ def test_cp2_halves_activation_memory(world):
     ref = next(r[REF_NAME]["peak_activation_bytes"] for r in world if REF_NAME in r)
     for r in world:
         if "cp2" in r:
+            assert r["cp2"]["memory"]["measured"]["activations"] == r["cp2"]["peak_activation_bytes"]
             ratio = r["cp2"]["peak_activation_bytes"] / ref
             assert 0.45 <= ratio <= 0.55, f"cp2 rank {r['cp2']['rank']}: activations {ratio:.3f} of cp1's"
 

@@ -70,7 +70,7 @@ def test_emit_config(tmp_path, capsys):
     assert rc == 0 and path.exists()
     cfg = RunConfig.load_toml(str(path)).validate()
     assert cfg.parallel.world_size == 16
-    assert cfg.parallel.zero_stage in (0, 1)
+    assert cfg.parallel.zero_stage in (0, 1, 2, 3)  # every stage runs (issue 16): no clamp
     assert cfg.train.global_batch == 64 and cfg.model.layers == 24
 
 

@@ -17,8 +17,8 @@ into place (atomic on one filesystem).  A crash mid-save leaves only a `.tmp-` f
 never loaded and which the next save removes.  A folder without a valid manifest, or whose files
 do not match it, is refused with a one-line error.
 
-Any layout loads any checkpoint: tensors are saved unsharded (TP slices gathered, ZeRO-1 Adam
-shards gathered over DP, vocabulary padding dropped), and each rank of the loading run reads the
+Any layout loads any checkpoint: tensors are saved unsharded (TP slices gathered, ZeRO's owned slices of
+weights, Adam state gathered over dp x cp, vocabulary padding dropped), and each rank of the loading run reads the
 full tensors of the parameters it holds and cuts them exactly as initialisation does
 (`shard_rows` with the Q|K|V stride, `shard_cols`, vocabulary padding); pipeline splits need
 nothing, since names carry global block indices.
@@ -290,34 +290,24 @@ def _cut_local(full: Any, e: _Entry, groups: Any, vocab: int) -> Any:
     return full
 
 
-def _dp_gathered(dpar: Any, flats: list[Any]) -> list[Any]:
-    """Under ZeRO-1 a DP rank's Adam state is valid on its owned slices only: gather the slices."""
-    from par3d import comm
-
-    if not (dpar.zero == 1 and dpar.dp.size > 1):
-        return flats
-    out = []
-    for buf, flat in zip(dpar.bufs, flats):
-        full = flat.clone()
-        for b in buf.buckets:
-            lo, hi = b.shard
-            full[b.start:b.start + b.numel].copy_(comm.all_gather(flat[lo:hi].contiguous(), dpar.dp))
-        out.append(full)
-    return out
+_KINDS = ("model", "exp_avg", "exp_avg_sq")
 
 
 def _rng_key(coord: Any, cuda: bool = False) -> str:
-    return f"{'rng_cuda' if cuda else 'rng'}/{coord.dp}.{coord.pp}.{coord.tp}"
+    cp = f".{coord.cp}" if getattr(coord, "cp", 0) else ""  # CP rank 0 keeps the key of before CP
+    return f"{'rng_cuda' if cuda else 'rng'}/{coord.dp}.{coord.pp}.{coord.tp}{cp}"
 
 
 def _layout(cfg: RunConfig) -> dict[str, Any]:
     p = cfg.parallel
-    return {"dp": p.dp, "pp": p.pp, "tp": p.tp, "virtual_stages": p.virtual_stages, "zero_stage": p.zero_stage,
+    return {"dp": p.dp, "pp": p.pp, "tp": p.tp, "cp": p.cp, "virtual_stages": p.virtual_stages,
+            "zero_stage": p.zero_stage,
             "schedule": p.schedule, "microbatches": p.microbatches, "world_size": p.world_size}
 
 
 def _same_rng_layout(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("dp", "pp", "tp", "virtual_stages"))
+    return all(a.get(k) == b.get(k) for k in ("dp", "pp", "tp", "virtual_stages")) and \
+        a.get("cp", 1) == b.get("cp", 1)
 
 
 # ---- save -------------------------------------------------------------------------------------------
@@ -397,15 +387,12 @@ def save(root: str, step: int, chunks: list[Any], dpar: Any, groups: Any, cfg: R
 
     mc, c = cfg.model, groups.coord
     is_rank0 = groups.global_rank == 0
-    device = dpar.bufs[0].master.device
+    device = next(chunks[0].parameters()).device
     final = os.path.join(root, step_dir_name(step))
     tmp = os.path.join(root, ".tmp-" + step_dir_name(step))
     comm.COUNTER.enabled = False  # a save is not part of any step's communication
     try:
-        masters = [b.master for b in dpar.bufs]
-        avg, avg_sq = _dp_gathered(dpar, dpar.exp_avg), _dp_gathered(dpar, dpar.exp_avg_sq)
-        finite = all(bool(torch.isfinite(t).all()) for t in (*masters, *avg, *avg_sq))
-        bad = torch.tensor([0.0 if finite else 1.0], device=device)
+        bad = torch.tensor([0.0 if dpar.finite() else 1.0], device=device)
         comm.all_reduce(bad, groups.world, op=dist.ReduceOp.MAX)  # every rank decides alike
         if float(bad) > 0:
             if is_rank0:
@@ -424,12 +411,14 @@ def save(root: str, step: int, chunks: list[Any], dpar: Any, groups: Any, cfg: R
         state: dict[str, Any] = {_rng_key(c): torch.get_rng_state()}
         if torch.cuda.is_available():
             state[_rng_key(c, cuda=True)] = torch.cuda.get_rng_state()
-        if c.dp == 0:  # one DP replica holds everything; its TP ranks gather, its TP rank 0 writes
+        # every rank's state over its whole flat layout: ZeRO's owned slices gathered over dp x cp
+        flats = {kind: [dpar.full_flat(kind, ci) for ci in range(len(chunks))] for kind in _KINDS}
+        if c.dp == 0 and c.cp == 0:  # one replica holds everything; its TP ranks gather, TP rank 0 writes
             for e in _entries(chunks, dpar, mc.tied_embeddings):
                 if e.copy:
                     continue
-                for kind, flats in (("model", masters), ("exp_avg", avg), ("exp_avg_sq", avg_sq)):
-                    full = _gather_full(flats[e.chunk], e, groups, mc.vocab)
+                for kind in _KINDS:
+                    full = _gather_full(flats[kind][e.chunk], e, groups, mc.vocab)
                     if c.tp == 0:
                         state[f"{kind}/{e.name}"] = full
         with warnings.catch_warnings():  # DCP warns that a one-rank layout saves "in a single process"
@@ -494,14 +483,16 @@ def load(path: str, chunks: list[Any], dpar: Any, groups: Any, cfg: RunConfig) -
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path!r}: reading its tensors failed: {first}") from e
 
+    device = next(chunks[0].parameters()).device
     with torch.no_grad():
-        for e in entries:
-            n = e.param.numel()
-            flats = (dpar.bufs[e.chunk].master, dpar.exp_avg[e.chunk], dpar.exp_avg_sq[e.chunk])
-            for flat, kind in zip(flats, ("model", "exp_avg", "exp_avg_sq")):
-                local = _cut_local(state[f"{kind}/{e.name}"], e, groups, mc.vocab)
-                flat[e.offset:e.offset + n].copy_(local.reshape(-1))
-            e.param.copy_(dpar.bufs[e.chunk].master[e.offset:e.offset + n].view(e.param.shape))
+        # this rank's TP slices over the chunk's whole flat layout; the DP object keeps what it owns
+        for kind in _KINDS:
+            for ci in range(len(chunks)):
+                flat = torch.zeros(dpar.flat_numel(ci), dtype=torch.float32, device=device)
+                for e in (e for e in entries if e.chunk == ci):
+                    local = _cut_local(state[f"{kind}/{e.name}"], e, groups, mc.vocab)
+                    flat[e.offset:e.offset + e.param.numel()].copy_(local.reshape(-1))
+                dpar.load_flat(kind, ci, flat)
     dpar.step_count = int(man["optimizer_steps"])
     if rng_keys:
         torch.set_rng_state(state[_rng_key(c)])

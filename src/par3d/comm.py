@@ -110,6 +110,16 @@ def all_gather(t: torch.Tensor, group: Group, dim: int = 0) -> torch.Tensor:
     return out.movedim(0, dim).contiguous() if dim != 0 else out
 
 
+def all_gather_into(out: torch.Tensor, t: torch.Tensor, group: Group, async_op: bool = False) -> Any:
+    """Every rank's 1-D `t` concatenated (group-rank order) into the 1-D `out`, in place; with
+    async_op the work handle to wait on (None when nothing to do)."""
+    if group.size == 1:
+        out.copy_(t)
+        return None
+    return _timed(group, "all_gather", out,
+                  lambda: dist.all_gather_single(out, t.contiguous(), group=group.pg, async_op=async_op))
+
+
 def reduce_scatter(t: torch.Tensor, group: Group, dim: int = 0, async_op: bool = False,
                    out: torch.Tensor | None = None) -> Any:
     """Sum over ranks, keep this rank's 1/E slice along `dim`.  With async_op returns (out, work)."""

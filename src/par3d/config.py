@@ -324,8 +324,9 @@ class RunConfig:
                 errs.append(f"parallel.virtual_stages={p.virtual_stages} only applies to the interleaved "
                             f"schedule (schedule={p.schedule!r}); use --schedule interleaved or "
                             f"--virtual-stages 1")
-        if p.zero_stage not in (0, 1):
-            errs.append(f"parallel.zero_stage={p.zero_stage!r} is not supported by the runtime; use 0 or 1")
+        if p.zero_stage not in (0, 1, 2, 3):
+            errs.append(f"parallel.zero_stage={p.zero_stage!r} is unknown; use 0 (plain DP), 1 (optimizer "
+                        f"state sharded), 2 (+ gradients) or 3 (+ parameters)")
         if p.recompute not in RECOMPUTE:
             errs.append(f"parallel.recompute={p.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
         if p.p2p not in P2P:

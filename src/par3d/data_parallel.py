@@ -1,4 +1,5 @@
-"""Data parallelism: bucketed gradient reduction during backward, ZeRO-1, and the optimizer.
+"""Data parallelism: bucketed gradient reduction during backward, and the optimizer (ZeRO stage 0;
+stages 1-3 are `zero.py`, which shares this module's AdamW arithmetic and learning-rate schedule).
 
 Gradients are accumulated, over micro-batches, into one flat fp32 buffer per model chunk
 (`main_grad`, as Megatron-LM does) by a hook that fires when a parameter's gradient is ready.
@@ -6,10 +7,8 @@ On the last micro-batch the hook also counts down its bucket; when a bucket is c
 reduction starts at once (asynchronously), overlapping the rest of backward (seed 4.5 point 2:
 the DP all-reduce happens once per step and can hide behind backward).
 
-  zero_stage 0: all-reduce each bucket; every DP rank updates every parameter.
-  zero_stage 1: reduce-scatter each bucket; DP rank d owns slice d of every bucket, keeps Adam
-                state (and fp32 master weights) for that slice only, updates it, and all-gathers
-                the new parameters (Rajbhandari et al. 2020, "ZeRO", stage 1).
+  each bucket is all-reduced over the ranks holding the same parameters (dp x cp); every rank
+  updates every parameter.
 
 The loss of every micro-batch is pre-divided by the number of tokens in the *global* batch, so
 the DP reduction is a plain sum and the result is the gradient of the global mean loss.
@@ -50,6 +49,15 @@ def _has_fused_adam() -> bool:
 _FUSED_ADAM = _has_fused_adam()
 
 
+def lr_schedule(t: TrainConfig, step: int) -> float:
+    """Linear warm-up then cosine decay to min_lr over `steps`."""
+    if t.warmup and step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    span = max(t.steps - t.warmup, 1)
+    frac = min(max(step - t.warmup, 0) / span, 1.0)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * frac))
+
+
 @dataclass
 class Bucket:
     chunk: int
@@ -60,15 +68,13 @@ class Bucket:
     pending: int = 0
     work: Any = None
     launched: bool = False
-    shard: tuple[int, int] = (0, 0)  # this DP rank's slice [lo, hi) of the bucket (ZeRO-1)
-    scratch: torch.Tensor | None = None  # ZeRO-1: where the reduce-scatter lands (allocated once)
 
 
 @dataclass
 class ChunkBuffers:
     params: list[nn.Parameter]
     grad: torch.Tensor  # fp32 main_grad, flat
-    master: torch.Tensor  # fp32 master weights, flat (only the owned slices are updated under ZeRO-1)
+    master: torch.Tensor  # fp32 master weights, flat
     decay_mask: torch.Tensor  # 1 where weight decay applies
     norm_mask: torch.Tensor  # 1 where this rank counts the element in the global gradient norm
     buckets: list[Bucket] = field(default_factory=list)
@@ -78,11 +84,13 @@ class ChunkBuffers:
 
 
 class DataParallel:
-    """Owns gradient buffers, the DP reduction and the (ZeRO-1 capable) AdamW step for the model
-    chunks held by this rank.  With dp == 1 it communicates nothing and is just the optimizer."""
+    """Owns gradient buffers, the DP reduction and the AdamW step for the model chunks held by this
+    rank.  With dp == 1 it communicates nothing and is just the optimizer."""
 
     def __init__(self, chunks: list[nn.Module], groups: Groups, train: TrainConfig, zero_stage: int = 0,
                  bucket_numel: int = 1 << 20):
+        if zero_stage != 0:
+            raise ValueError(f"zero_stage={zero_stage}: DataParallel runs stage 0; zero.py runs 1-3")
         self.groups, self.train, self.zero = groups, train, zero_stage
         self.dp = groups.grad_group  # dp x cp: every rank holding these parameters
         self.sync = [False] * len(chunks)
@@ -90,10 +98,6 @@ class DataParallel:
         self.step_count = 0
         for ci, module in enumerate(chunks):
             self.bufs.append(self._build_chunk(ci, module, bucket_numel))
-        for buf in self.bufs:
-            for b in buf.buckets:
-                n = b.numel // self.dp.size
-                b.shard = (b.start + self.dp.rank * n, b.start + (self.dp.rank + 1) * n)
         # fp32 training: autograd accumulates straight into the flat buffer (param.grad *is* the
         # main_grad view) and the parameters *are* views of the master weights, so neither a
         # per-micro-batch copy of the gradients nor a per-step copy of the weights is needed.
@@ -105,7 +109,6 @@ class DataParallel:
                     for p in buf.params:
                         o = buf.offsets[id(p)]
                         p.data = buf.master[o:o + p.numel()].view_as(p)
-        # Adam state for the owned slices only
         self.exp_avg = [torch.zeros_like(buf.master) for buf in self.bufs]
         self.exp_avg_sq = [torch.zeros_like(buf.master) for buf in self.bufs]
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(ci, p, b))
@@ -195,17 +198,7 @@ class DataParallel:
             if getattr(p, "sequence_parallel", False) and self.groups.tp.size > 1:
                 comm.all_reduce(p.main_grad, self.groups.tp)  # type: ignore[attr-defined]
         view = buf.grad[b.start:b.start + b.numel]
-        if self.dp.size == 1:
-            b.work = None
-        elif self.zero == 0:
-            b.work = comm.all_reduce(view, self.dp, async_op=True)
-        else:
-            lo, hi = b.shard
-            # reduce-scatter into a scratch tensor (the input is the whole bucket, owned slice
-            # included), copied into the owned slice on completion
-            if b.scratch is None:
-                b.scratch = torch.empty_like(buf.grad[lo:hi])
-            _, b.work = comm.reduce_scatter(view, self.dp, async_op=True, out=b.scratch)
+        b.work = None if self.dp.size == 1 else comm.all_reduce(view, self.dp, async_op=True)
 
     def start_step(self) -> None:
         for buf in self.bufs:
@@ -231,14 +224,9 @@ class DataParallel:
                 if b.work is not None:
                     b.work.wait()
                     b.work = None
-                if self.zero == 1 and self.dp.size > 1:
-                    lo, hi = b.shard
-                    buf.grad[lo:hi].copy_(b.scratch)
 
     # ---- optimizer -----------------------------------------------------------------------------
     def _owned(self, buf: ChunkBuffers) -> list[tuple[int, int]]:
-        if self.zero == 1 and self.dp.size > 1:
-            return [b.shard for b in buf.buckets]
         return [(0, buf.grad.numel())]
 
     def _scratch(self, buf: ChunkBuffers) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,21 +249,13 @@ class DataParallel:
                 sq += torch.linalg.vector_norm(g).double() ** 2
         comm.all_reduce(sq, self.groups.tp)
         comm.all_reduce(sq, self.groups.pp)
-        if self.zero == 1:
-            comm.all_reduce(sq, self.dp)
         return float(sq.sqrt())
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up then cosine decay to min_lr over `steps`."""
-        t = self.train
-        if t.warmup and step < t.warmup:
-            return t.lr * (step + 1) / t.warmup
-        span = max(t.steps - t.warmup, 1)
-        frac = min(max(step - t.warmup, 0) / span, 1.0)
-        return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * frac))
+        return lr_schedule(self.train, step)
 
     def step(self, step: int) -> dict[str, Any]:
-        """Clip, AdamW on the owned slices, write parameters back (all-gather under ZeRO-1).
+        """Clip, AdamW, write the parameters back (bf16).
         Returns {"grad_norm", "lr", "skipped"}; a non-finite norm skips the update."""
         t = self.train
         norm = self.grad_norm()
@@ -309,13 +289,57 @@ class DataParallel:
                 v.mul_(t.beta2).addcmul_(g, g, value=1 - t.beta2)
                 denom = torch.div(v, bc2, out=s2[:n]).sqrt_().add_(t.eps)
                 w.addcdiv_(m, denom, value=-lr / bc1)
-            if self.zero == 1 and self.dp.size > 1:
-                for b in buf.buckets:
-                    lo, hi = b.shard
-                    full = comm.all_gather(buf.master[lo:hi].clone(), self.dp)
-                    buf.master[b.start:b.start + b.numel].copy_(full)
             self._write_params(buf)
         return {"grad_norm": norm, "lr": lr, "skipped": False}
+
+    # ---- the interface checkpoints, reports and the runtime share with zero.ShardedDataParallel --
+    def full_flat(self, kind: str, ci: int) -> torch.Tensor:
+        """The chunk's `kind` ("model", "exp_avg", "exp_avg_sq", "grad") over its whole flat layout
+        (fp32; every rank holds all of it at stage 0, so no communication)."""
+        buf = self.bufs[ci]
+        return {"model": buf.master, "grad": buf.grad, "exp_avg": self.exp_avg[ci],
+                "exp_avg_sq": self.exp_avg_sq[ci]}[kind]
+
+    def flat_numel(self, ci: int) -> int:
+        return self.bufs[ci].master.numel()
+
+    def load_flat(self, kind: str, ci: int, full: torch.Tensor) -> None:
+        buf = self.bufs[ci]
+        dst = {"model": buf.master, "exp_avg": self.exp_avg[ci], "exp_avg_sq": self.exp_avg_sq[ci]}[kind]
+        with torch.no_grad():
+            dst.copy_(full)
+            if kind == "model":
+                for p in buf.params:
+                    o = buf.offsets[id(p)]
+                    p.copy_(buf.master[o:o + p.numel()].view_as(p))
+
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(t).all()) for t in (*(b.master for b in self.bufs), *self.exp_avg,
+                                                           *self.exp_avg_sq))
+
+    def gathered(self) -> Any:
+        """Context in which every parameter holds its full weights (always, here)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def before_backward(self, chunk: int) -> None:
+        """(ZeRO-3 gathers here; nothing to do without it.)"""
+
+    def after_backward(self, chunk: int) -> None:
+        """(ZeRO-3 frees here.)"""
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds: weights (the parameters; in fp32 they are the master weights),
+        gradients (the fp32 main_grad buffers), optimizer state (Adam m, v, and the fp32 master
+        weights when the parameters are bf16)."""
+        weights = sum(p.numel() * p.element_size() for buf in self.bufs for p in buf.params)
+        grads = sum(buf.grad.numel() * 4 for buf in self.bufs)
+        opt = sum(t.numel() * 4 for t in (*self.exp_avg, *self.exp_avg_sq))
+        if not self.direct:
+            opt += sum(buf.master.numel() * 4 for buf in self.bufs)
+        return {"weights": weights, "grads": grads, "optimizer": opt, "gathered_weights_peak": 0,
+                "grad_buckets_peak": 0}
 
     def _write_params(self, buf: ChunkBuffers) -> None:
         if self.direct:

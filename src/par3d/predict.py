@@ -31,7 +31,7 @@ def choice(cfg: RunConfig) -> cost.Choice:
     return cost.Choice(tp=pc.tp, pp=pc.pp, dp=pc.dp, micro_batch=int(tc.micro_batch or 1),
                        microbatches=int(pc.microbatches or 1), schedule=pc.schedule,
                        virtual_stages=pc.virtual_stages, recompute=pc.recompute, zero_stage=pc.zero_stage,
-                       sequence_parallel=pc.sequence_parallel, cp=getattr(pc, "cp", 1))
+                       sequence_parallel=pc.sequence_parallel, cp=pc.cp)
 
 
 def cluster_of(hw: HardwareFile, cfg: RunConfig) -> Cluster:
@@ -52,6 +52,23 @@ def predict(cfg: RunConfig, hw: HardwareFile) -> Prediction:
     return Prediction(plan.step_time, plan.extra["makespan_s"], plan.bubble_fraction, dict(plan.breakdown))
 
 
+def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
+    """plan/memory.py's bytes for pipeline rank `pp_rank` of this layout (every DP, CP and TP rank of
+    it holds the same): weights, grads, optimizer (ZeRO over dp x cp), activations (the schedule's
+    peak in-flight micro-batches), other (the documented allowance)."""
+    from par3d.plan.memory import rank_memory
+
+    cfg = RunConfig.from_dict(cfg.to_dict()).resolve()
+    pc, model = cfg.parallel, model_spec(cfg)
+    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages)[pp_rank]
+    inflight = cost.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)[pp_rank]
+    mb = rank_memory(model, shape, inflight, tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
+                     sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
+                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp)
+    return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,
+            "other": mb.other}
+
+
 def load_hardware(path: str) -> HardwareFile:
     return load_hardware_file(path)
 
@@ -66,5 +83,6 @@ def with_efficiency(hw: HardwareFile, efficiency: float) -> HardwareFile:
     return replace(hw, device=replace(hw.device, efficiency=efficiency))
 
 
-__all__ = ["Prediction", "choice", "cluster_of", "load_hardware", "model_spec", "predict", "predict_step_time",
+__all__ = ["Prediction", "choice", "cluster_of", "load_hardware", "model_spec", "predict", "predict_memory",
+           "predict_step_time",
            "with_efficiency"]

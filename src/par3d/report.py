@@ -67,6 +67,28 @@ def _format_sizes(rep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rank_key(w: dict[str, Any]) -> str:
+    c = w["coord"]
+    return f"dp{c[0]}/pp{c[1]}/tp{c[2]}" + (f"/cp{c[3]}" if len(c) > 3 and c[3] else "")
+
+
+def _format_memory(mem: dict[str, Any]) -> list[str]:
+    """One line per rank: measured / predicted MiB of weights, gradients, optimizer, activations."""
+    lines = ["  memory (MiB)    measured / predicted: weights, grads, optimizer, activations"]
+    for key, m in mem["measured"].items():
+        p = mem["predicted"].get(key) or {}
+        parts = []
+        for k in ("weights", "grads", "optimizer", "activations"):
+            pv = p.get(k)
+            parts.append(f"{m[k] / 2**20:.2f} / " + (f"{pv / 2**20:.2f}" if isinstance(pv, (int, float)) else "-"))
+        extra = ""
+        if m.get("gathered_weights_peak") or m.get("grad_buckets_peak"):
+            extra = (f"  (transient: gathered {m['gathered_weights_peak'] / 2**20:.2f}, grad buckets "
+                     f"{m['grad_buckets_peak'] / 2**20:.2f})")
+        lines.append(f"    {key:16s} " + ", ".join(parts) + extra)
+    return lines
+
+
 def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     pc = cfg.parallel
     hist = r0["history"]
@@ -92,6 +114,9 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
             f"dp{w['coord'][0]}/pp{w['coord'][1]}/tp{w['coord'][2]}": round(w["peak_activation_bytes"] / 2**20, 3)
             for w in world},
         "peak_inflight_predicted": {f"pp{w['coord'][1]}": w["peak_inflight_predicted"] for w in world},
+        # measured bytes per rank beside the planner's prediction (zero.py / data_parallel.py memory())
+        "memory": {"measured": {_rank_key(w): w["memory"]["measured"] for w in world if w.get("memory")},
+                   "predicted": {_rank_key(w): w["memory"]["predicted"] for w in world if w.get("memory")}},
         "units": {"b*s*h": bs * cfg.model.hidden, "b*s": bs, "layers": cfg.model.layers},
     }
     measured = _measured_timeline(world, pc.pp, pc.microbatches, pc.virtual_stages)
@@ -188,6 +213,8 @@ def format_report(rep: dict[str, Any]) -> str:
     acts = rep["peak_activation_mib"]
     if acts:
         lines.append("  peak activations " + ", ".join(f"{k}: {v:.2f} MiB" for k, v in acts.items()))
+    if rep.get("memory", {}).get("measured"):
+        lines += _format_memory(rep["memory"])
     if "files" in rep:
         lines.append("  wrote " + ", ".join(rep["files"].values()))
     return "\n".join(lines)

@@ -132,7 +132,7 @@ def worker(cfg_dict: dict[str, Any], options: RunOptions | Mapping[str, Any] | N
             hooks.step_started(rank, step)
             row, res = _train_step(r, step, hooks.loss_scale(step, _loss_scale(cfg)))
             if opts.capture_grads and step == start_step:
-                tally.captured["grads"] = _gather_named(r, lambda q: q.main_grad)
+                tally.captured["grads"] = _gather_named(r, "grad")
             _record(r, opts, tally, row, res)
             progress.step_done(row)
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
@@ -140,7 +140,7 @@ def worker(cfg_dict: dict[str, Any], options: RunOptions | Mapping[str, Any] | N
                 wd.beat(f"saving the checkpoint of step {step + 1}")
                 _save(r, ckpt_root, step, tally, hooks)
     if opts.capture_params:
-        tally.captured["params"] = _gather_named(r, lambda q: q.detach())
+        tally.captured["params"] = _gather_named(r, "model")
     return _results(r, tally, resume_dir, start_step)
 
 
@@ -157,6 +157,7 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     from par3d.model import GPTStage, ModelContext
     from par3d.pipeline.partition import gpt_partition
     from par3d.pipeline.schedules import rank_stages
+    from par3d.zero import ShardedDataParallel
 
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -183,7 +184,10 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
 
         hf.load_into(cfg.init_from, chunks, groups.tp, mc)
     chunks = [ch.to(device) for ch in chunks]
-    dpar = DataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
+    if pc.zero_stage >= 1 and groups.grad_group.size > 1:  # ZeRO 1-3: zero.py shards over dp x cp
+        dpar: Any = ShardedDataParallel(chunks, groups, tc, pc.zero_stage, bucket_numel=opts.bucket_numel)
+    else:
+        dpar = DataParallel(chunks, groups, tc, 0, bucket_numel=opts.bucket_numel)
     return _Rank(cfg, rank, device, dtype, groups, chunks, dpar, Corpus.load(tc.data, tc.tokenizer), part,
                  schedule, stages)
 
@@ -214,7 +218,8 @@ def _start_pipeline(r: _Rank) -> None:
     r.runtime = PipelineRuntime(r.chunks, schedule[r.groups.coord.pp], r.groups, p, m, v,
                                 (tc.micro_batch, s_local, mc.hidden), r.dtype, r.device,
                                 set_sync=r.dpar.set_sync, synthetic_ms=r.cfg.synthetic_stage_ms,
-                                p2p=pc.p2p, timeout_s=r.cfg.timeout_s, placement=placement(schedule))
+                                p2p=pc.p2p, timeout_s=r.cfg.timeout_s, placement=placement(schedule),
+                                around_backward=r.dpar)
 
 
 def _resume(r: _Rank, opts: RunOptions) -> tuple[int, str | None]:
@@ -253,7 +258,7 @@ def _capture_logits(r: _Rank, tally: _Tally) -> None:
 
     tc, mc = r.cfg.train, r.cfg.model
     x0, _ = global_batch(r.corpus, tc.seed, 0, tc.global_batch, mc.seq_len)
-    with torch.no_grad():
+    with torch.no_grad(), r.dpar.gathered():  # ZeRO-3: every unit's weights, for this pass
         comm.COUNTER.enabled = False
         logits = r.chunks[0].logits(torch.from_numpy(np.ascontiguousarray(x0[:2])).to(r.device))
         comm.COUNTER.enabled = True
@@ -339,8 +344,9 @@ def _save(r: _Rank, root: str, step: int, tally: _Tally, hooks: RunHooks) -> Non
         tally.saved.append(path)
 
 
-def _gather_named(r: _Rank, get: Any) -> dict[str, Any]:
-    """Full tensors by global name (`model.full_tensor`), returned from dp=0, tp=0 ranks only."""
+def _gather_named(r: _Rank, kind: str) -> dict[str, Any]:
+    """Full tensors ("model" weights or the reduced "grad") by global name (`model.full_tensor`:
+    TP slices gathered; ZeRO's slices gathered over dp x cp first), from dp=cp=tp=0 ranks only."""
     from par3d import comm
     from par3d.model import full_tensor, global_named_parameters
 
@@ -348,18 +354,35 @@ def _gather_named(r: _Rank, get: Any) -> dict[str, Any]:
     comm.COUNTER.enabled = False
     try:
         out = {}
-        for chunk in r.chunks:
+        for ci, chunk in enumerate(r.chunks):
+            flat = r.dpar.full_flat(kind, ci)
+            offsets = r.dpar.bufs[ci].offsets
             for name, q in global_named_parameters(chunk):
                 if name == "head.weight" and mc.tied_embeddings:
                     continue  # the tied copy on the last stage; the reference holds one table
-                out[name] = full_tensor(name, get(q), q, r.groups.tp, mc.vocab)
+                o = offsets[id(q)]
+                local = flat[o:o + q.numel()].view(q.shape)
+                out[name] = full_tensor(name, local, q, r.groups.tp, mc.vocab)
     finally:
         comm.COUNTER.enabled = True
     return out if r.first_in_replica else {}
 
 
+def _memory(r: _Rank, tally: _Tally) -> dict[str, Any]:
+    """This rank's measured bytes (the DP object's weights, gradients, optimizer state and transient
+    buffers; the activation meter's peak) beside plan/memory.py's prediction for the same layout."""
+    from par3d.predict import predict_memory
+
+    measured = dict(r.dpar.memory(), activations=tally.peak_act)
+    try:
+        predicted: dict[str, Any] | None = predict_memory(r.cfg, r.groups.coord.pp)
+    except Exception as e:  # the report must not lose a finished run over a prediction problem
+        predicted = {"error": f"{type(e).__name__}: {e}"}
+    return {"measured": measured, "predicted": predicted}
+
+
 _WORLD_KEYS = ("rank", "coord", "events", "peak_activation_bytes", "peak_inflight_predicted", "bounds",
-               "events_by_step")
+               "events_by_step", "memory")
 
 
 def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -> dict[str, Any]:
@@ -378,6 +401,7 @@ def _results(r: _Rank, tally: _Tally, resume_dir: str | None, start_step: int) -
         "bounds": [part.bounds[s] for s in r.stages], "imbalance": part.imbalance,
         "resumed_from": resume_dir, "start_step": start_step, "checkpoints": tally.saved,
     }
+    out["memory"] = _memory(r, tally)
     out.update(tally.captured)
     mine = {k: out[k] for k in _WORLD_KEYS}
     if r.groups.world.size > 1:

@@ -72,7 +72,9 @@ class ActivationMeter:
     saved-tensor hooks; parameters (saved by every linear layer) are not activations."""
 
     def __init__(self, params: list[nn.Parameter]):
-        self.param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        # storages are known by their StorageImpl, not their address: ZeRO-3 frees a parameter's
+        # storage (resize to 0) and re-allocates it when the parameter is gathered again
+        self.param_storages = {p.untyped_storage()._cdata for p in params}
         self.current: set[int] = set()
         self.current_bytes = 0
         self.live = 0
@@ -80,10 +82,11 @@ class ActivationMeter:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         try:
-            ptr = t.untyped_storage().data_ptr()
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
         except (RuntimeError, NotImplementedError):
             return t
-        if ptr not in self.param_ptrs and ptr not in self.current:
+        if storage._cdata not in self.param_storages and ptr not in self.current:
             self.current.add(ptr)
             self.current_bytes += t.untyped_storage().nbytes()
         return t
@@ -212,7 +215,8 @@ class PipelineRuntime:
                  v: int, act_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  set_sync: Callable[[int, bool], None] | None = None,
                  synthetic_ms: tuple[float, float] | None = None, p2p: str = "auto",
-                 timeout_s: float = 60.0, placement: dict[int, int] | None = None):
+                 timeout_s: float = 60.0, placement: dict[int, int] | None = None,
+                 around_backward: Any = None):
         """`placement`: stage -> pipeline rank of the whole schedule (`schedules.placement`);
         default round-robin."""
         self.actions, self.groups = actions, groups
@@ -226,6 +230,9 @@ class PipelineRuntime:
         self.chunk_index = {s_: held[r_].index(s_) for s_, r_ in self.rank_of.items()}
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
         self.set_sync = set_sync
+        # ZeRO-3 gathers a chunk's last unit before a backward walk and frees its units after
+        # (an object with before_backward(chunk) / after_backward(chunk); None: nothing to do)
+        self.around_backward = around_backward
         self.synthetic_ms = synthetic_ms
         zero_bubble = any(a.kind in ("BI", "BW") for a in actions)
         self.split_backward = zero_bubble and synthetic_ms is None
@@ -368,7 +375,11 @@ class PipelineRuntime:
             else:
                 if self.set_sync is not None and self.last_backward.get(self.chunk_index[a.stage]) == idx:
                     self.set_sync(self.chunk_index[a.stage], True)
+                if self.around_backward is not None:
+                    self.around_backward.before_backward(self.chunk_index[a.stage])
                 grad_in = stage.backward(a, received)
+                if self.around_backward is not None:
+                    self.around_backward.after_backward(self.chunk_index[a.stage])
                 if grad_in is not None:
                     self._send("grad", grad_in, a.stage - 1, a.stage - 1, a.microbatch)
             if record:
