@@ -131,3 +131,22 @@ def test_every_flag_has_help():
                                                     "--tf", "--tb", "--tw", "--transfer", "--out", "--trace-out",
                                                     "--json", "--schedule-csv", "--to-csv"}
     assert all(a.help for a in flags)
+
+
+def test_train_reads_the_csv_and_refuses_a_bad_one_before_starting(capsys, tmp_path):
+    good, bad = tmp_path / "zbv.csv", tmp_path / "bad.csv"
+    _run(capsys, "--schedule", "zb-v", "--stages", "2", "--microbatches", "4", "--to-csv", str(good))
+    rc = main(["train", "--dp", "1", "--tp", "1", "--pp", "2", "--schedule-csv", str(good), "--steps", "1",
+               "--out", str(tmp_path / "run"), "--dry-run"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert f"schedule from {good} v=2, m=4" in out.out
+    bad.write_text(good.read_text().replace("3F0,3I0", "3I0,3F0", 1))
+    rc = main(["train", "--dp", "1", "--tp", "1", "--pp", "2", "--schedule-csv", str(bad), "--steps", "1",
+               "--out", str(tmp_path / "run"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "rank 0 (row 1), position 3: 3I0 needs 3F0" in err
+    rc = main(["train", "--dp", "1", "--tp", "1", "--pp", "4", "--schedule-csv", str(good), "--steps", "1",
+               "--out", str(tmp_path / "run"), "--dry-run"])
+    assert rc == 2 and "has 2 rows (pipeline ranks) but pp=4; use --pp 2" in capsys.readouterr().err

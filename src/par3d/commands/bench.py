@@ -1,4 +1,4 @@
-"""`par3d bench peers | fidelity | synthetic | planner`: measured comparisons (see benchmarks/)."""
+"""`par3d bench peers | fidelity | synthetic | planner | split`: measured comparisons (see benchmarks/)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-BENCHES = ("peers", "fidelity", "synthetic", "planner")
+BENCHES = ("peers", "fidelity", "synthetic", "planner", "split")
 # every bench writes here unless --out names another file: the committed results under
 # benchmarks/results/ change only when asked for explicitly
 RUNS_DIR = os.path.join("runs", "bench")
@@ -17,7 +17,7 @@ def default_out(name: str, ext: str = "json") -> str:
 
 
 def register(sub: Any) -> None:
-    ap = sub.add_parser("bench", help="run a benchmark (peers, fidelity, synthetic, planner)",
+    ap = sub.add_parser("bench", help="run a benchmark (peers, fidelity, synthetic, planner, split)",
                         description="Side-by-side measurements; each writes a results file under "
                                     f"{RUNS_DIR}/ (or --out FILE; the committed ones are under "
                                     "benchmarks/results/) and --json prints it.")

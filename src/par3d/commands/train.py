@@ -241,6 +241,6 @@ def _dry_run(cfg: Any) -> int:
     pc, tc = cfg.parallel, cfg.train
     v = f" v={pc.virtual_stages}" if pc.virtual_stages > 1 else ""
     print(f"par3d train: configuration ok: {pc.world_size} processes (dp={pc.dp} pp={pc.pp} tp={pc.tp}), "
-          f"{pc.schedule}{v}, m={pc.microbatches}, micro-batch {tc.micro_batch}, {tc.steps} steps; "
-          f"not started (--dry-run)")
+          f"{'schedule from ' + pc.schedule_csv if pc.schedule_csv else pc.schedule}{v}, m={pc.microbatches}, "
+          f"micro-batch {tc.micro_batch}, {tc.steps} steps; not started (--dry-run)")
     return 0

@@ -17,10 +17,10 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
   point where the ranks wait for the slowest), added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
   running side by side slow each other (shared caches, memory bandwidth);
-- `bw_full_backward`: eager ZB-H1 in `pipeline/runtime.py` — BW re-walks the graph that BI kept,
-  so it costs a whole backward, not only the weight GEMMs of the ideal schedule.  A property of
-  the runtime, not of the machine (`RUNTIME_BW_FULL_BACKWARD`); a runtime with a true split
-  backward turns it off.
+- `bw_full_backward`: a runtime whose BW re-walks the graph BI kept (eager ZB-H1 before issue 17),
+  so BW costs a whole backward, not only the weight GEMMs.  A property of the runtime, not of the
+  machine (`RUNTIME_BW_FULL_BACKWARD`): off since `pipeline/runtime.py` splits the backward for
+  real (`par3d.weight_grad`).
 
 A hardware file without these fields (a catalogue-like GPU description) gives no profile, and the
 planner's model is exactly the GPU one.  Importing this module imports no torch.
@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from .hardware import HardwareFile
     from .kernels import KernelModel
 
-# pipeline/runtime.py: BI runs autograd to the stage input with the graph kept; BW walks it again to
-# the parameters, so BW costs a whole backward.  A runtime that splits the backward set this False.
-RUNTIME_BW_FULL_BACKWARD = True
+# pipeline/runtime.py splits the backward for real (par3d.weight_grad, issue 17): BI keeps each
+# linear layer's (x, dy) and BW runs only the weight GEMMs, measured at BI + BW = 1.0x B
+# (benchmarks/results/split_backward.json).  True described the runtime before it, whose BW walked
+# the retained graph again (a whole backward).
+RUNTIME_BW_FULL_BACKWARD = False
 
 
 @dataclass(frozen=True)
