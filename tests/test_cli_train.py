@@ -77,6 +77,11 @@ def test_default_job_uses_three_dimensions_and_writes_trace(tmp_path):
     assert rep["last_loss"] < rep["first_loss"]
     assert 0 <= rep["pipeline"]["measured"]["bubble_wall"] < 1
     assert len(rep["peak_activation_mib"]) == 8
+    mem = rep["memory"]  # each rank's measured bytes beside plan/memory.py's prediction (issue 16)
+    assert len(mem["measured"]) == len(mem["predicted"]) == 8
+    for key, m in mem["measured"].items():
+        assert all(m[k] > 0 and mem["predicted"][key][k] > 0 for k in ("weights", "grads", "optimizer",
+                                                                          "activations"))
     for f in ("trace.json", "gantt.png", "report.json"):
         assert (tmp_path / "t" / f).stat().st_size > 100
     trace = json.loads((tmp_path / "t" / "trace.json").read_text())

@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from par3d.bench.fidelity import (
+    CP_OF,
     GRID,
     SHAPES,
     figure,
@@ -57,8 +58,9 @@ def test_grid_is_valid_and_big_enough():
     sizes = set()
     for name, (dp, pp, tp, *_rest) in GRID.items():
         cfg = RunConfig.from_dict(layout_config(name, 3)).validate()
-        assert cfg.parallel.world_size == dp * pp * tp <= 4
-        sizes.add(dp * pp * tp)
+        cp = CP_OF.get(name, 1)
+        assert cfg.parallel.world_size == dp * pp * tp * cp <= 4
+        sizes.add(dp * pp * tp * cp)
     assert {2, 4} <= sizes
     kinds = {v[3] for v in GRID.values()} | {v[6] for v in GRID.values()}
     assert {"1f1b", "gpipe", "interleaved", "zb-h1", "full", "selective"} <= kinds

@@ -62,7 +62,14 @@ GRID: dict[str, tuple[int, int, int, str, int, int, str, int]] = {
     "dp2-pp2-m4": (2, 2, 1, "1f1b", 4, 1, "none", 0),
     "tp2-pp2-m4": (1, 2, 2, "1f1b", 4, 1, "none", 0),
     "pp4-1f1b-m8": (1, 4, 1, "1f1b", 8, 1, "none", 0),
+    "dp2-zero2": (2, 1, 1, "1f1b", 1, 1, "none", 2),
+    "dp2-zero3": (2, 1, 1, "1f1b", 1, 1, "none", 3),
+    "dp2-tp2-zero3": (2, 1, 2, "1f1b", 1, 1, "none", 3),
+    "cp2": (1, 1, 1, "1f1b", 1, 1, "none", 0),
+    "cp2-tp2": (1, 1, 2, "1f1b", 1, 1, "none", 0),
 }
+# context-parallel degree of the layouts that have one (the others: 1)
+CP_OF: dict[str, int] = {"cp2": 2, "cp2-tp2": 2}
 
 
 def parse_model(text: str) -> tuple[str, dict[str, int]]:
@@ -101,7 +108,8 @@ def layout_config(name: str, steps: int, hardware: str | None = None,
     dp, pp, tp, sched, m, v, rc, zero = GRID[name]
     cfg = RunConfig(model=ModelConfig(**{k: shape[k] for k in ("layers", "hidden", "heads", "seq_len", "vocab")}),
                     parallel=ParallelConfig(dp=dp, pp=pp, tp=tp, schedule=sched, microbatches=m,
-                                            virtual_stages=v, recompute=rc, zero_stage=zero),
+                                            virtual_stages=v, recompute=rc, zero_stage=zero,
+                                            cp=CP_OF.get(name, 1)),
                     train=TrainConfig(global_batch=shape["global_batch"], steps=steps, warmup=0),
                     progress=False, hardware=hardware, timeout_s=300.0)
     return cfg.validate().to_dict()
@@ -147,7 +155,7 @@ def measure(cases: dict[Case, dict[str, Any]], one_world: bool, progress: bool,
     slow drift of the machine falls on every layout alike, whatever its number of ranks."""
     from par3d.distributed import launch
 
-    size = {c: GRID[c[1]][0] * GRID[c[1]][1] * GRID[c[1]][2] for c in cases}
+    size = {c: GRID[c[1]][0] * GRID[c[1]][1] * GRID[c[1]][2] * CP_OF.get(c[1], 1) for c in cases}
     worlds = {max(size.values()): list(cases)} if one_world else \
         {w: [c for c in cases if size[c] == w] for w in sorted(set(size.values()))}
     bar = None
@@ -261,7 +269,7 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
             p = predict(RunConfig.from_dict(cfg), hw)
             rows.append({"name": n, "shape": sname, "dp": dp, "pp": pp, "tp": tp, "schedule": sched,
                          "microbatches": m, "virtual_stages": v, "recompute": rc, "zero_stage": zero,
-                         "predicted_s": p.step_time_s, "measured_s": measured[(sn, n)]["measured_s"],
+                         "cp": CP_OF.get(n, 1), "predicted_s": p.step_time_s, "measured_s": measured[(sn, n)]["measured_s"],
                          "predicted_bubble": p.bubble_fraction, "step_times_s": measured[(sn, n)]["step_times_s"]})
         if len(rows) < 2:
             continue
