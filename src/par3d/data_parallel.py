@@ -81,6 +81,8 @@ class ChunkBuffers:
     offsets: dict[int, int] = field(default_factory=dict)  # id(param) -> offset in the flat buffers
     all_counted: bool = True  # every element counts in the norm: no mask needed
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # optimizer work buffers (allocated once)
+    # (lo, hi) -> the slices of [lo, hi) with weight decay and those without (`_decay_runs`)
+    decay_runs: dict[tuple[int, int], tuple[list[slice], list[slice]]] = field(default_factory=dict)
 
 
 class DataParallel:
@@ -238,6 +240,19 @@ class DataParallel:
                            torch.empty(n, dtype=torch.float32, device=buf.grad.device))
         return buf.scratch
 
+    def _decay_runs(self, buf: ChunkBuffers, lo: int, hi: int) -> tuple[list[slice], list[slice]]:
+        """The maximal runs of [lo, hi) with weight decay and those without, from the decay mask
+        (found once per slice: the mask never changes)."""
+        if (lo, hi) not in buf.decay_runs:
+            mask = buf.decay_mask[lo:hi].cpu()
+            cuts = [0, *(torch.nonzero(mask[1:] != mask[:-1]).flatten() + 1).tolist(), hi - lo]
+            runs: tuple[list[slice], list[slice]] = ([], [])
+            for a, b in zip(cuts, cuts[1:]):
+                if b > a:
+                    runs[0 if mask[a] > 0 else 1].append(slice(lo + a, lo + b))
+            buf.decay_runs[(lo, hi)] = runs
+        return buf.decay_runs[(lo, hi)]
+
     def grad_norm(self) -> float:
         """Global L2 norm of the gradient of the whole model, each element counted once."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.bufs[0].grad.device if self.bufs else "cpu")
@@ -272,18 +287,23 @@ class DataParallel:
             for lo, hi in self._owned(buf):
                 n = hi - lo
                 w, m, v = buf.master[lo:hi], m_all[lo:hi], v_all[lo:hi]
+                if _FUSED_ADAM:
+                    # one pass over w, g, m, v instead of ~8 (torch's fused AdamW kernel), the
+                    # decoupled decay inside it: one call over the slices with decay, one over those
+                    # without (a mask would cost three more passes).  Clipping enters as the kernel's
+                    # gradient scale (it divides the gradient by it).
+                    step_t = torch.tensor(float(k), device=w.device)
+                    scale = torch.tensor(1.0 / coef, device=w.device) if coef != 1.0 else None
+                    for runs, wd in zip(self._decay_runs(buf, lo, hi), (t.weight_decay, 0.0)):
+                        if runs:
+                            torch._fused_adamw_([buf.master[r] for r in runs], [buf.grad[r] for r in runs],
+                                                [m_all[r] for r in runs], [v_all[r] for r in runs], [],
+                                                [step_t] * len(runs), lr=lr, beta1=t.beta1, beta2=t.beta2,
+                                                weight_decay=wd, eps=t.eps, amsgrad=False, maximize=False,
+                                                grad_scale=scale, found_inf=None)
+                    continue
                 # decoupled decay (AdamW) first, as torch.optim.AdamW: w *= 1 - lr·wd·mask
                 w.mul_(torch.mul(buf.decay_mask[lo:hi], -(lr * t.weight_decay), out=s1[:n]).add_(1.0))
-                if _FUSED_ADAM:
-                    # one pass over w, g, m, v instead of ~8 (torch's fused AdamW kernel); clipping
-                    # enters as the kernel's gradient scale (it divides the gradient by it)
-                    torch._fused_adamw_([w], [buf.grad[lo:hi]], [m], [v], [],
-                                        [torch.tensor(float(k), device=w.device)], lr=lr, beta1=t.beta1,
-                                        beta2=t.beta2, weight_decay=0.0, eps=t.eps, amsgrad=False,
-                                        maximize=False,
-                                        grad_scale=torch.tensor(1.0 / coef, device=w.device) if coef != 1.0 else None,
-                                        found_inf=None)
-                    continue
                 g = torch.mul(buf.grad[lo:hi], coef, out=s1[:n])
                 m.mul_(t.beta1).add_(g, alpha=1 - t.beta1)
                 v.mul_(t.beta2).addcmul_(g, g, value=1 - t.beta2)
