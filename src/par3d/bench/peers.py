@@ -67,9 +67,10 @@ QUICK_SHAPES: dict[str, int] = {"vocab": 128, "seq_len": 32, "layers": 8, "hidde
 # Why a row may miss ours <= theirs, by family: findings of profiling this benchmark's shapes (see
 # benchmarks/README.md).  Attached to a row only when its ratio is > 1.
 SLOWER_BECAUSE: dict[str, str] = {
-    "dp": "on one process par3d's step (fp32 gradients accumulated in the flat buffer, fused AdamW on "
-          "it, one vector norm) is faster than clip_grad_norm_ + torch AdamW; a ratio above 1 comes "
-          "from how the OS schedules the ranks' gloo threads during the overlapped bucket reductions",
+    "dp": "both sides run the same modules' forward and backward (most of the step), one bucketed "
+          "all-reduce overlapped with backward and a fused AdamW; on one process par3d's step is within "
+          "a few per cent of DDP + clip_grad_norm_ + fused AdamW either way, so a ratio near 1 is parity "
+          "and its side of 1 is decided by how the OS schedules the ranks' gloo threads",
     "pp": "PipelineRuntime.run_step shows no measurable overhead on one process (vs a plain loop over "
           "the same micro-batches: within 2%); with more ranks than cores, step time follows how the "
           "OS schedules ranks blocked in receives, which varies from run to run",
@@ -482,13 +483,13 @@ def _plain_block_cls() -> type:
         contiguous column split of ColwiseParallel gives every rank whole heads' [Q | K | V]
         (with one rank it is the plain [Q | K | V] layout)."""
 
-        def __init__(self, hidden: int, heads: int, ffn: int):
+        def __init__(self, hidden: int, heads: int, ffn: int, bias: bool = True):
             super().__init__()
             self.head_dim = hidden // heads
             self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.qkv = nn.Linear(hidden, 3 * hidden)
-            self.o = nn.Linear(hidden, hidden)
-            self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+            self.o = nn.Linear(hidden, hidden, bias=bias)
+            self.fc1, self.fc2 = nn.Linear(hidden, ffn, bias=bias), nn.Linear(ffn, hidden, bias=bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             a = self.ln1(x)
@@ -545,16 +546,19 @@ def _case_tp(spec: dict[str, Any], device: torch.device) -> list[dict[str, Any]]
 
         ref = Block(cfg, _solo_ctx(), 0)  # the full weights our shards were cut from
         h = cfg.hidden
-        theirs = _plain_block_cls()(h, cfg.heads, cfg.ffn)
+        bias = ref.attn.qkv.bias is not None  # the model's linears have biases or not, all alike
+        theirs = _plain_block_cls()(h, cfg.heads, cfg.ffn, bias)
         with torch.no_grad():
             for mine, other in ((theirs.ln1, ref.ln1), (theirs.ln2, ref.ln2)):
                 mine.weight.copy_(other.weight)
                 mine.bias.copy_(other.bias)
             theirs.qkv.weight.copy_(_rank_grouped_qkv(ref.attn.qkv.weight, h, n))
-            theirs.qkv.bias.copy_(_rank_grouped_qkv(ref.attn.qkv.bias, h, n))
+            if bias:
+                theirs.qkv.bias.copy_(_rank_grouped_qkv(ref.attn.qkv.bias, h, n))
             for mine, other in ((theirs.o, ref.attn.proj), (theirs.fc1, ref.mlp.fc1), (theirs.fc2, ref.mlp.fc2)):
                 mine.weight.copy_(other.weight)
-                mine.bias.copy_(other.bias)
+                if bias:
+                    mine.bias.copy_(other.bias)
         theirs = theirs.to(device)
         mesh = init_device_mesh(device.type, (n,))
         plan = {"qkv": ColwiseParallel(), "o": RowwiseParallel(), "fc1": ColwiseParallel(),
