@@ -52,13 +52,6 @@ def test_same_loss_wherever_a_peer_ran(quick_run: tuple[dict, Path]) -> None:
             assert r["same_loss"] is True, r
 
 
-def test_every_peer_runs_on_this_torch(quick_run: tuple[dict, Path]) -> None:
-    # all three peer APIs work on gloo/CPU with the pinned torch: a failed peer here is a bug of
-    # ours (e.g. a model change the peer's weight copy does not follow), not a result
-    result, _ = quick_run
-    assert [r["case"] for r in result["rows"] if r["theirs_s"] is None] == [], result["rows"]
-
-
 def test_results_files_written(quick_run: tuple[dict, Path]) -> None:
     result, out = quick_run
     assert json.loads((out / "peers.json").read_text())["rows"] == result["rows"]
