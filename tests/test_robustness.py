@@ -269,3 +269,66 @@ def test_a_failed_run_leaves_no_segment_tracker_or_semaphore_warning(tmp_path):
     assert "leaked" not in r.stderr and "resource_tracker" not in r.stderr, r.stderr[-2000:]
     assert left == [], left
     assert _shm_files(run_id) == []
+
+
+# ---- 3: the watchdog tells a slow step from a lost peer ------------------------------------------
+
+class BusyAtStep:
+    """Rank 1 computes for SECONDS at the start of step 1 (a step far slower than --timeout)."""
+
+    SECONDS = 5.0
+
+    def step_started(self, rank: int, step: int) -> None:
+        if (rank, step) == (1, 1):
+            end = time.monotonic() + self.SECONDS
+            x = 0
+            while time.monotonic() < end:
+                x += 1
+
+    def loss_scale(self, step: int, scale: float) -> float:
+        return scale
+
+    def before_save(self, rank: int, step: int, dpar) -> None:
+        pass
+
+    def in_save(self, rank: int, step: int) -> None:
+        pass
+
+
+def test_a_slow_step_is_reported_as_computing_and_the_run_goes_on(capfd):
+    from par3d.train import RunOptions, run
+
+    cfg = RunConfig()
+    cfg.parallel.dp = 2
+    cfg.model.layers, cfg.model.hidden, cfg.model.seq_len = 2, 32, 16
+    cfg.train.global_batch, cfg.train.steps = 4, 3
+    cfg.progress, cfg.timeout_s = False, 1.5
+    results = run(cfg, RunOptions(quiet=True, faults=BusyAtStep()))
+    err = capfd.readouterr().err
+    assert [len(r["history"]) for r in results] == [3, 3]
+    assert "while ranks are still computing (ranks 1 used CPU" in err, err[-2000:]
+    assert "stopping" not in err
+
+
+def test_watchdog_diagnosis_from_heartbeats(monkeypatch):
+    from par3d.train import _Watchdog
+
+    wd = _Watchdog(0, 10.0, [0, 1, 2], enabled=False)
+    samples = iter([])
+    monkeypatch.setattr(wd, "_sample", lambda: next(samples))
+    monkeypatch.setattr(wd, "_publish", lambda: None)
+    monkeypatch.setattr(wd._stop, "wait", lambda seconds: False)  # the window passes at once
+    cases = {  # (beats, CPU ms) of ranks 0, 1, 2 at the start and the end of a 2 s window
+        "gone": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (5, 900), (7, 0)], ("gone", [1])),
+        "computing": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (7, 0), (7, 1800)], ("computing", [2])),
+        "idle": ([(5, 0), (5, 0), (5, 0)], [(7, 10), (7, 5), (7, 0)], ("idle", [])),
+    }
+    for a, b, want in cases.values():
+        samples = iter([dict(enumerate(a)), dict(enumerate(b))])
+        assert wd.diagnose(2.0) == want
+
+    def unreachable():
+        raise ConnectionError("store gone")
+
+    monkeypatch.setattr(wd, "_sample", unreachable)
+    assert wd.diagnose(2.0) == ("gone", [0])

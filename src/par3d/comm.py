@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from par3d import timing
 from par3d.mesh import Group
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv")
@@ -46,6 +47,7 @@ class CommCounter:
     seconds: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     enabled: bool = True
     keep_sizes: bool = False
+    pending: list[tuple[tuple[str, str], Any, Any]] = field(default_factory=list)  # CUDA event pairs
 
     def add(self, group: str, kind: str, t: torch.Tensor, dt: float = 0.0) -> None:
         self.add_sized(group, kind, t.numel(), t.element_size(), dt)
@@ -63,7 +65,23 @@ class CommCounter:
         if self.keep_sizes:
             self.elements[key].extend([numel] * calls)
 
+    def add_timed(self, group: str, kind: str, t: torch.Tensor, t0: Any, t1: Any) -> None:
+        """`add` with the time between two timing.stamp()s: host seconds now, CUDA events once
+        the counts are read (snapshot)."""
+        if isinstance(t0, float):
+            self.add(group, kind, t, t1 - t0)
+            return
+        self.add(group, kind, t, 0.0)
+        if self.enabled:
+            self.pending.append(((group, kind), t0, t1))
+
+    def _resolve(self) -> None:
+        for key, t0, t1 in self.pending:
+            self.seconds[key] += timing.seconds(t0, t1)
+        self.pending.clear()
+
     def reset(self) -> None:
+        self.pending.clear()
         self.calls.clear()
         self.bytes.clear()
         self.elements.clear()
@@ -71,6 +89,7 @@ class CommCounter:
 
     def snapshot(self) -> dict[str, dict[str, dict[str, float]]]:
         """{group: {kind: {"calls", "bytes", "seconds"}}} — JSON-ready."""
+        self._resolve()
         out: dict[str, dict[str, dict[str, float]]] = {}
         for (g, k), c in sorted(self.calls.items()):
             out.setdefault(g, {})[k] = {"calls": c, "bytes": self.bytes[(g, k)],
@@ -81,10 +100,15 @@ class CommCounter:
 COUNTER = CommCounter()
 
 
-def _timed(group: Group, kind: str, t: torch.Tensor, work_fn: Any) -> Any:
-    t0 = time.perf_counter()
+def _timed(group: Group, kind: str, t: torch.Tensor, work_fn: Any, blocking: bool = True) -> Any:
+    """Run the collective and count it.  Seconds: a blocking call's duration — on a GPU between
+    CUDA events around it in the stream (timing.stamp; resolved when the step's counts are read,
+    so nothing waits here) — or, for an asynchronous one, the time to post it (its cost shows
+    where it is waited on)."""
+    device = t.device if blocking else None
+    t0 = timing.stamp(device)
     res = work_fn()
-    COUNTER.add(group.name, kind, t, time.perf_counter() - t0)
+    COUNTER.add_timed(group.name, kind, t, t0, timing.stamp(device))
     return res
 
 
@@ -96,7 +120,7 @@ def all_reduce(t: torch.Tensor, group: Group, op: Any = None, async_op: bool = F
         return None
     op = dist.ReduceOp.SUM if op is None else op
     return _timed(group, "all_reduce", t,
-                  lambda: dist.all_reduce(t, op=op, group=group.pg, async_op=async_op))
+                  lambda: dist.all_reduce(t, op=op, group=group.pg, async_op=async_op), blocking=not async_op)
 
 
 def all_gather(t: torch.Tensor, group: Group, dim: int = 0) -> torch.Tensor:
@@ -132,7 +156,8 @@ def reduce_scatter(t: torch.Tensor, group: Group, dim: int = 0, async_op: bool =
         out = torch.empty((moved.shape[0] // group.size,) + tuple(moved.shape[1:]),
                           dtype=t.dtype, device=t.device)
     work = _timed(group, "reduce_scatter", moved,
-                  lambda: dist.reduce_scatter_single(out, moved, group=group.pg, async_op=async_op))
+                  lambda: dist.reduce_scatter_single(out, moved, group=group.pg, async_op=async_op),
+                  blocking=not async_op)
     res = out.movedim(0, dim).contiguous() if dim != 0 else out
     return (res, work) if async_op else res
 
@@ -145,12 +170,12 @@ def broadcast(t: torch.Tensor, group: Group, src_index: int = 0) -> None:
 
 def isend(t: torch.Tensor, dst: int, group: Group, tag: int = 0) -> Any:
     """Non-blocking send to global rank `dst`; the caller waits on the returned work."""
-    return _timed(group, "send", t, lambda: dist.isend(t, dst=dst, group=group.pg, tag=tag))
+    return _timed(group, "send", t, lambda: dist.isend(t, dst=dst, group=group.pg, tag=tag), blocking=False)
 
 
 def irecv(t: torch.Tensor, src: int, group: Group, tag: int = 0) -> Any:
     """Non-blocking receive from global rank `src` into `t`."""
-    return _timed(group, "recv", t, lambda: dist.irecv(t, src=src, group=group.pg, tag=tag))
+    return _timed(group, "recv", t, lambda: dist.irecv(t, src=src, group=group.pg, tag=tag), blocking=False)
 
 
 def exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group: Group, tag: int = 0) -> list[Any]:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from par3d import comm, context_parallel
+from par3d import comm, context_parallel, rng
 from par3d.config import ModelConfig
 from par3d.mesh import Group
 from par3d.tensor_parallel import (
@@ -135,7 +135,7 @@ class Embedding(nn.Module):
             self.pos = nn.Parameter(pos)
             if self.sp:
                 mark_sequence_parallel(self.pos)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = rng.Dropout(cfg.dropout, ctx.tp, sharded=self.sp)  # SP: each rank its sequence shard
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)  # [b, s, h], or [b, s/E, h] with sequence parallelism
@@ -196,7 +196,7 @@ class Attention(nn.Module):
                 self.local_kv = cfg.kv // tp
                 self.kv = ColumnParallelLinear(h, kv_out, ctx.tp, name=name + ".kv", stride=2, enter=False, **kw)
         self.proj = RowParallelLinear(h, h, ctx.tp, name=name + ".proj", std=resid_std, **kw)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = rng.Dropout(cfg.dropout, ctx.tp, sharded=self.sp)
         self.p_drop = cfg.dropout
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -207,8 +207,9 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if self.ctx.cp_size > 1:  # the sequence is split over CP ranks: a ring of K/V blocks
             return context_parallel.ring_attention(q, k, v, self.ctx.cp)  # type: ignore[arg-type]
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              dropout_p=self.p_drop if self.training else 0.0)
+        p_drop = self.p_drop if self.training else 0.0
+        with rng.tp_sharded(self.ctx.tp, q.device, active=p_drop > 0):  # each rank its own heads' mask
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's heads' Q [b, s, H/E·d] and K, V [b, s, local_kv·d]."""
@@ -246,7 +247,7 @@ class MLP(nn.Module):
                                         stride=n_in, bias=bias, sequence_parallel=sp, dtype=ctx.dtype)
         self.fc2 = RowParallelLinear(cfg.ffn, cfg.hidden, ctx.tp, seed=ctx.seed, name=name + ".fc2", bias=bias,
                                      std=0.02 / math.sqrt(2 * n_layers), sequence_parallel=sp, dtype=ctx.dtype)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = rng.Dropout(cfg.dropout, ctx.tp, sharded=sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the activation acts on this rank's columns only: GeLU(XA₁) ‖ GeLU(XA₂) = GeLU(X[A₁ A₂]) (seed Q2)

@@ -17,9 +17,12 @@ receiver's slot, the receiver reads it in place, seen within microseconds); othe
 block, an order the checker accepts (no cycle of waits under blocking transfers) cannot
 deadlock here.  Every message carries a tag naming (kind, stage, micro-batch), so the order in
 which two ranks post messages to each other does not matter (gloo matches by tag).  NCCL
-ignores tags and matches by order per communicator: activations and gradients therefore use
-two communicators, and `schedules.p2p_order_problems` proves (and a test checks, for every
-schedule) that on each of them the receiver needs messages in the order the sender sends them.
+ignores tags, matches by order per communicator and runs a communicator's operations one after
+another, a send waiting for its receive: activations and gradients therefore travel on twins of
+the pp group, and the interleaved schedule's wrap-around messages on two more
+(`schedules.p2p_channel`), so that between two ranks each communicator carries one direction;
+`schedules.nccl_problems` replays this posting order under NCCL's rules and proves (a test
+checks every schedule) that no message meets the wrong receive and nothing hangs.
 
 Zero-bubble actions split a backward for real (`par3d.weight_grad`): BI walks the graph once,
 computing the input gradient and every gradient but the linear layers' weight GEMMs, for which
@@ -44,10 +47,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from par3d import comm, weight_grad
+from par3d import comm, timing, weight_grad
 from par3d.mesh import Groups
 from par3d.pipeline import shm
-from par3d.pipeline.schedules import Action, stage_rank
+from par3d.pipeline.schedules import P2P_LOOKAHEAD, Action, p2p_channel, stage_rank
 from par3d.pipeline.simulate import Event
 
 _KIND_CODE = {"act": 0, "grad": 1}
@@ -246,7 +249,7 @@ class PipelineRuntime:
             if a.kind in ("B", "BW"):
                 self.last_backward[self.chunk_index[a.stage]] = idx
         self._recv_keys = [self._recv_key(a) for a in actions]
-        self.lookahead = 2  # receives posted ahead of the action that needs them
+        self.lookahead = P2P_LOOKAHEAD  # receives posted ahead of the action that needs them
         self._shm = self._shared_memory(p2p, timeout_s) if p > 1 else None
         self.transport = "shm" if self._shm is not None else ("backend" if p > 1 else "none")
 
@@ -306,7 +309,8 @@ class PipelineRuntime:
                 continue
             what, from_stage, tag_stage, mb = key
             t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-            work = comm.irecv(t, self._peer(from_stage), self._channel(what), _tag(what, tag_stage, mb, self.m))
+            channel = self._channel(what, self.rank_of[from_stage], self.pp_rank)
+            work = comm.irecv(t, self._peer(from_stage), channel, _tag(what, tag_stage, mb, self.m))
             self._inbox[key] = (t, work)
 
     def _recv(self, key: tuple[str, int, int, int]) -> torch.Tensor:
@@ -326,12 +330,20 @@ class PipelineRuntime:
         if self._shm is not None:
             self._shm.send(t, what, stage_tag, mb, self.rank_of[to_stage])  # copies the bytes, never records autograd
             return
-        self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), self._channel(what),
+        channel = self._channel(what, self.pp_rank, self.rank_of[to_stage])
+        self._pending.append(comm.isend(t.detach().contiguous(), self._peer(to_stage), channel,
                                         _tag(what, stage_tag, mb, self.m)))
 
-    def _channel(self, what: str) -> Any:
-        """Activations on the pp group, gradients on its twin (see schedules.p2p_order_problems)."""
-        return self.groups.pp_grad if (what == "grad" and self.groups.pp_grad is not None) else self.groups.pp
+    def _channel(self, what: str, src: int, dst: int) -> Any:
+        """The group of a message from pipeline rank `src` to `dst`: activations and gradients on
+        twins of the pp group, the interleaved schedule's wrap-around messages on two more, so each
+        communicator carries one direction between two ranks (schedules.p2p_channel; the replay in
+        schedules.nccl_problems proves that this cannot hang on NCCL).  Groups built by hand
+        without the twins use the pp group."""
+        g = self.groups
+        ch = p2p_channel(what, src, dst)
+        grad = g.pp_grad or g.pp
+        return {"act": g.pp, "grad": grad, "act_wrap": g.pp_wrap or g.pp, "grad_wrap": g.pp_grad_wrap or grad}[ch]
 
     # ---- one step ------------------------------------------------------------------------------
     def run_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,
@@ -359,7 +371,9 @@ class PipelineRuntime:
         self._inbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, Any]] = {}
         self._handed: dict[tuple[str, int, int], torch.Tensor] = {}  # between two stages of this rank
         self._posted_upto = 0
-        times: list[tuple[float, float]] = []  # (start, end) of each action; Events made after the step
+        times: list[tuple[Any, Any]] = []  # (start, end) marks of each action; Events made after the step
+        clock = timing.Marks(self.device)  # CUDA events on a GPU: the device's times, not the launches
+        clock.start()
         stage = self.stage
         stage.begin_step(microbatches, loss_scale)
         for idx, a in enumerate(self.actions):
@@ -367,7 +381,7 @@ class PipelineRuntime:
                 self._post_recvs(idx + 1 + self.lookahead)
             key = self._recv_keys[idx]
             received = self._recv(key) if key is not None else None
-            t0 = time.time()  # busy time starts when the input has arrived
+            t0 = clock.mark()  # busy time starts when the input has arrived
             if a.kind == "F":
                 out = stage.forward(a, received)
                 if out is not None:
@@ -383,15 +397,16 @@ class PipelineRuntime:
                 if grad_in is not None:
                     self._send("grad", grad_in, a.stage - 1, a.stage - 1, a.microbatch)
             if record:
-                times.append((t0, time.time()))
+                times.append((t0, clock.mark()))
         for w in self._pending:
             w.wait()
         self._pending = []
         if self._shm is not None:
             self._shm.flush_counts()
         loss_sum, peak, per_mb = stage.end_step()
-        events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, t0, t1)
-                  for a, (t0, t1) in zip(self.actions, times)]
+        flat = clock.times([t for pair in times for t in pair])
+        events = [Event(self.pp_rank, a.kind, a.stage, a.microbatch, flat[2 * k], flat[2 * k + 1])
+                  for k, a in enumerate(self.actions[:len(times)])]
         return StepResult(loss_sum, events, peak, per_mb)
 
 

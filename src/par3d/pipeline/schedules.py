@@ -699,3 +699,156 @@ def from_csv(text: str) -> CsvSchedule:
         raise ScheduleError(f"the CSV uses stages 0..{n_stages - 1} on {p} ranks: {n_stages} stages cannot be "
                             "dealt evenly (every rank holds the same number of stages)")
     return CsvSchedule(schedule, p, m, n_stages // p, columns)
+
+
+# --------------------------------------------------------------------------------------------
+# NCCL's blocking, replayed (the backend path: NCCL's, and gloo's with --p2p backend)
+# --------------------------------------------------------------------------------------------
+
+Message = tuple[str, int, int]  # (what: "act" | "grad", receiving stage, micro-batch)
+P2P_LOOKAHEAD = 2  # receives the runtime posts ahead of the action that needs them
+
+
+def p2p_channel(what: str, src: int, dst: int) -> str:
+    """The process group a message travels on: activations and gradients apart, and each apart
+    again for the messages that go against their usual direction (the interleaved schedule's
+    wrap-around from the last rank to the first, and its gradients back), so that between two
+    ranks every communicator carries messages one way only."""
+    wrap = (what == "act" and dst < src) or (what == "grad" and dst > src)
+    return f"{what}_wrap" if wrap else what
+
+
+def rank_p2p(actions: list[Action], rank: int, rank_of: dict[int, int], n_stages: int,
+             lookahead: int) -> list[tuple[str, int, Message, int]]:
+    """What one rank posts, in the order the runtime posts it: before action i the receives of
+    actions up to i + lookahead not yet posted, after action i its send.  Items: (kind "send" |
+    "recv", peer rank, message, the action that needs a receive or produced a send)."""
+    last = n_stages - 1
+
+    def recv_of(i: int) -> tuple[str, int, Message, int] | None:
+        a = actions[i]
+        s, mb = a.stage, a.microbatch
+        if a.kind == "F" and s > 0 and rank_of[s - 1] != rank:
+            return ("recv", rank_of[s - 1], ("act", s, mb), i)
+        if a.kind in ("B", "BI") and s < last and rank_of[s + 1] != rank:
+            return ("recv", rank_of[s + 1], ("grad", s, mb), i)
+        return None
+
+    out: list[tuple[str, int, Message, int]] = []
+    posted = 0
+    for i, a in enumerate(actions):
+        while posted < min(i + 1 + lookahead, len(actions)):
+            r = recv_of(posted)
+            posted += 1
+            if r is not None:
+                out.append(r)
+        s, mb = a.stage, a.microbatch
+        if a.kind == "F" and s < last and rank_of[s + 1] != rank:
+            out.append(("send", rank_of[s + 1], ("act", s + 1, mb), i))
+        elif a.kind in ("B", "BI") and s > 0 and rank_of[s - 1] != rank:
+            out.append(("send", rank_of[s - 1], ("grad", s - 1, mb), i))
+    return out
+
+
+def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: int = P2P_LOOKAHEAD) -> list[str]:
+    """Why the runtime's point-to-point transfers of `schedule` could hang or mix up messages on
+    NCCL; [] when they cannot.
+
+    The model (NCCL's, as PyTorch drives it): transfers between two ranks on one process group
+    share one communicator, whose operations run one after another in the order they were posted;
+    a send and its receive both wait until the other has started (nothing is buffered, the
+    strictest case: large messages); the k-th send on a communicator meets the k-th receive,
+    whatever the tags say.  A rank's host never waits on a send (its compute goes on); it waits
+    on a receive before the action that needs it.  Replayed with the runtime's posting order
+    (`rank_p2p`) and channels (`p2p_channel`) the transfers must (1) pair each message with its
+    own receive and (2) all finish.  (Posting every exchange of a step boundary as one batch on a
+    single communicator instead, Megatron-LM's `batch_isend_irecv`, fails (2) for the interleaved
+    schedule under this model — two ranks' batches can each wait for a receive the other posts
+    only in its next batch; docs/pipeline.md.)"""
+    rank_of = placement(schedule)
+    n = p * v
+    posts = [rank_p2p(acts, r, rank_of, n, lookahead) for r, acts in enumerate(schedule)]
+    # streams: (channel, unordered pair); k-th send on a stream from src meets k-th recv at dst
+    queue: dict[tuple[int, str, tuple[int, int]], list[int]] = {}  # (rank, channel, pair) -> post indices
+    match_key: list[list[tuple[str, tuple[int, int], int]]] = []
+    count: dict[tuple[str, int, int, str], int] = {}
+    for r, ops in enumerate(posts):
+        keys = []
+        for j, (kind, peer, msg, _i) in enumerate(ops):
+            src, dst = (r, peer) if kind == "send" else (peer, r)
+            ch = p2p_channel(msg[0], src, dst)
+            pair = (min(r, peer), max(r, peer))
+            queue.setdefault((r, ch, pair), []).append(j)
+            k = count.get((ch, src, dst, kind), 0)
+            count[(ch, src, dst, kind)] = k + 1
+            keys.append((ch, (src, dst), k))
+        match_key.append(keys)
+    where: dict[tuple[str, tuple[int, int], int, str], tuple[int, int]] = {}
+    for r, ops in enumerate(posts):
+        for j, (kind, *_rest) in enumerate(ops):
+            ch, sd, k = match_key[r][j]
+            where[(ch, sd, k, kind)] = (r, j)
+    problems = []
+    for (ch, sd, k, kind), (r, j) in sorted(where.items()):
+        if kind != "send":
+            continue
+        other = where.get((ch, sd, k, "recv"))
+        if other is None or posts[other[0]][other[1]][2] != posts[r][j][2]:
+            got = None if other is None else posts[other[0]][other[1]][2]
+            problems.append(f"{ch} {sd[0]}->{sd[1]}: send #{k} is {posts[r][j][2]} but receive #{k} "
+                            f"is {got} (NCCL would hand the message to the wrong receive)")
+    if problems:
+        return problems
+    # replay: post j of rank r has started when the rank's host reached it (all its receives for
+    # earlier actions done) and every earlier post on its stream has finished
+    nxt = [0] * len(posts)  # the host's next post
+    done = [[False] * len(ops) for ops in posts]
+    stream_pos = {key: 0 for key in queue}  # index into the stream's list of the first unfinished post
+
+    def started(r: int, j: int) -> bool:
+        if j >= nxt[r]:
+            return False
+        ch, sd, _k = match_key[r][j]
+        key = (r, ch, (min(sd), max(sd)))
+        return queue[key][stream_pos[key]] == j
+
+    while True:
+        moved = False
+        for r, ops in enumerate(posts):  # the host goes on until a receive it needs is not done
+            while nxt[r] < len(ops):
+                kind, _peer, _msg, i = ops[nxt[r]]
+                pending = [j for j, (k2, _p, _m, i2) in enumerate(ops[:nxt[r]])
+                           if k2 == "recv" and i2 <= i and not done[r][j]]
+                if kind == "send" and pending:  # the send's action waits for its inputs first
+                    break
+                if kind == "recv":
+                    needed = [j for j, (k2, _p, _m, i2) in enumerate(ops[:nxt[r]])
+                              if k2 == "recv" and i2 < i - lookahead and not done[r][j]]
+                    if needed:
+                        break
+                nxt[r] += 1
+                moved = True
+        for r, ops in enumerate(posts):
+            for j in range(nxt[r]):
+                if done[r][j] or not started(r, j):
+                    continue
+                ch, sd, k = match_key[r][j]
+                kind = ops[j][0]
+                pr, pj = where[(ch, sd, k, "recv" if kind == "send" else "send")]
+                if started(pr, pj):
+                    for rr, jj in ((r, j), (pr, pj)):
+                        done[rr][jj] = True
+                        c2, sd2, _ = match_key[rr][jj]
+                        key = (rr, c2, (min(sd2), max(sd2)))
+                        while stream_pos[key] < len(queue[key]) and done[rr][queue[key][stream_pos[key]]]:
+                            stream_pos[key] += 1
+                    moved = True
+        if all(all(d) for d in done) and all(nxt[r] == len(ops) for r, ops in enumerate(posts)):
+            return []
+        if not moved:
+            stuck = []
+            for r, ops in enumerate(posts):
+                waiting = [ops[j][:3] for j in range(nxt[r]) if not done[r][j]]
+                if waiting or nxt[r] < len(ops):
+                    stuck.append(f"rank {r} waits on {waiting[:2]}")
+            return ["point-to-point transfers would hang on NCCL: " + "; ".join(stuck)]
