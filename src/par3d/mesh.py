@@ -194,6 +194,6 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     dpcp = made.get("dpcp") or (made["dp"] if mesh.cp == 1 else made["cp"])
     dpcp = Group("dp", dpcp.ranks, dpcp.rank, dpcp.pg)  # counted as DP traffic either way
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"], made["pp_grad"], made["cp"], dpcp, made["pp_wrap"],
-                  made["pp_grad_wrap"])
+                  made["embed"], made["world"], pp_grad=made["pp_grad"], cp=made["cp"], dpcp=dpcp,
+                  pp_wrap=made["pp_wrap"], pp_grad_wrap=made["pp_grad_wrap"])
 
