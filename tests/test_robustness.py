@@ -274,12 +274,13 @@ def test_a_failed_run_leaves_no_segment_tracker_or_semaphore_warning(tmp_path):
 # ---- 3: the watchdog tells a slow step from a lost peer ------------------------------------------
 
 class BusyAtStep:
-    """Rank 1 computes for SECONDS at the start of step 1 (a step far slower than --timeout)."""
+    """Every rank computes for SECONDS at the start of step 1 (a step far slower than --timeout;
+    all ranks at once: a rank left waiting in a collective would hit the backend's own timeout)."""
 
     SECONDS = 5.0
 
     def step_started(self, rank: int, step: int) -> None:
-        if (rank, step) == (1, 1):
+        if step == 1:
             end = time.monotonic() + self.SECONDS
             x = 0
             while time.monotonic() < end:
@@ -306,7 +307,7 @@ def test_a_slow_step_is_reported_as_computing_and_the_run_goes_on(capfd):
     results = run(cfg, RunOptions(quiet=True, faults=BusyAtStep()))
     err = capfd.readouterr().err
     assert [len(r["history"]) for r in results] == [3, 3]
-    assert "while ranks are still computing (ranks 1 used CPU" in err, err[-2000:]
+    assert "while ranks are still computing (ranks " in err, err[-2000:]
     assert "stopping" not in err
 
 
