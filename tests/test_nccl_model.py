@@ -29,7 +29,7 @@ def test_one_direction_per_communicator_between_two_ranks():
 
 @pytest.mark.parametrize("channels, hangs", [
     (lambda w, s, d: "one", {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v"}),
-    (lambda w, s, d: w, {"interleaved", "zb-v", "dualpipe-v"}),  # the runtime's two groups before issue 14
+    (lambda w, s, d: w, {"interleaved", "zb-v", "dualpipe-v"}),  # the runtime's two groups today
 ])
 def test_fewer_communicators_hang_and_the_replay_says_so(monkeypatch, channels, hangs):
     monkeypatch.setattr(schedules, "p2p_channel", channels)

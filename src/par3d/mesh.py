@@ -141,10 +141,6 @@ class Groups:
     embed: Group
     world: Group
     pp_grad: Group | None = None  # same ranks as pp; a second channel for backward transfers
-    # same ranks as pp again: the interleaved schedule's messages against their usual direction
-    # (schedules.p2p_channel), so that between two ranks each communicator carries one direction
-    pp_wrap: Group | None = None
-    pp_grad_wrap: Group | None = None
     cp: Group | None = None  # None only for Groups built by hand; build_groups always sets it
     dpcp: Group | None = None  # dp x cp: where gradients are reduced and ZeRO shards (= dp when cp == 1)
 
@@ -171,15 +167,14 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
     # collective whose peer died fails within the run's --timeout
     kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    twins = ("pp_grad", "pp_wrap", "pp_grad_wrap")
-    kinds = ["tp", "cp", "pp", "dp", "embed", *twins] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
+    kinds = ["tp", "cp", "pp", "dp", "embed", "pp_grad"] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
     for kind in kinds:
-        for ranks in mesh.all_groups("pp" if kind in twins else kind):
+        for ranks in mesh.all_groups("pp" if kind == "pp_grad" else kind):
             pg = dist.new_group(ranks, **kw) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
                 # pp_grad: activations and gradients travel on separate communicators, so a
                 # transport that matches messages by order (NCCL) never mixes the two streams
-                made[kind] = Group("pp" if kind in twins else kind, ranks, ranks.index(global_rank), pg)
+                made[kind] = Group("pp" if kind == "pp_grad" else kind, ranks, ranks.index(global_rank), pg)
     world_ranks = list(range(mesh.world_size))
     world_pg = None
     if initialized and mesh.world_size > 1:
@@ -194,6 +189,5 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     dpcp = made.get("dpcp") or (made["dp"] if mesh.cp == 1 else made["cp"])
     dpcp = Group("dp", dpcp.ranks, dpcp.rank, dpcp.pg)  # counted as DP traffic either way
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"], pp_grad=made["pp_grad"], cp=made["cp"], dpcp=dpcp,
-                  pp_wrap=made["pp_wrap"], pp_grad_wrap=made["pp_grad_wrap"])
+                  made["embed"], made["world"], made["pp_grad"], made["cp"], dpcp)
 
