@@ -4,7 +4,8 @@ heads) and GPT2LMHeadModel built with transformers here (no download) and saved 
 - `par3d eval --init-from` gives transformers' loss on the same tokens within 1e-4 under
   (dp, pp, tp) = (1,1,1), (1,1,2), (1,2,1), (2,2,2) (and tp 4 > kv_heads 2: replicated K/V heads);
 - 3 training steps under (1,2,2) from the Llama checkpoint, `par3d export`, reload in transformers:
-  its logits equal par3d's within 1e-4;
+  its logits equal par3d's within 1e-4, and `par3d eval --resume` scores the checkpoint as
+  transformers scores the export;
 - each rank reads only its slices; a sharded (index) checkpoint loads like a single file;
 - `par3d plan --emit-config --emit-smoke` of a catalogue llama writes a config that trains.
 
@@ -214,6 +215,9 @@ def test_train_export_reload_logits_match(setup, tmp_path):
     assert main(["export", ckpts[-1], "--hf", out, "--json"]) == 0
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(theirs).__name__ == "LlamaForCausalLM"
+    with open(os.path.join(out, "config.json")) as fh:  # what the import read is what the export declares
+        exported = json.load(fh)
+    assert exported["max_position_embeddings"] == 128 and exported["num_key_value_heads"] == 2
     x = torch.from_numpy(np.frombuffer(b"Exported from a (1,2,2) layout, reloaded.", dtype=np.uint8)
                          .astype(np.int64)[:SEQ]).unsqueeze(0)
     with torch.no_grad():
@@ -223,6 +227,24 @@ def test_train_export_reload_logits_match(setup, tmp_path):
     before = transformers.AutoModelForCausalLM.from_pretrained(setup["paths"]["llama"]).eval()
     with torch.no_grad():
         assert float((before(x).logits - b).abs().max()) > 1e-3
+
+
+def test_eval_resume_of_the_trained_checkpoint_equals_transformers_on_its_export(setup, tmp_path):
+    """`par3d eval --resume` (another layout than the one that trained) scores the trained weights
+    exactly as transformers scores the exported folder."""
+    from par3d.cli import main
+
+    ckpt = _rank0(setup["world"], "train_122")["checkpoints"][-1]
+    out = str(tmp_path / "exported")
+    assert main(["export", ckpt, "--hf", out]) == 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "par3d", "eval", "--resume", ckpt, "--data", setup["data"],
+                           "--pp", "2", "--global-batch", str(BATCH), "--eval-batches", str(N_BATCHES), "--json"],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert abs(got["loss"] - _hf_loss(out, setup["data"])) <= TOL
+    assert abs(got["loss"] - setup["refs"]["llama"]) > 1e-3  # trained: not the imported model's loss
 
 
 def test_export_gpt2_from_a_par3d_checkpoint_roundtrips(setup, tmp_path):

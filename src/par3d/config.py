@@ -79,7 +79,9 @@ class ModelConfig:
     norm_eps: float | None = None
     position: str | None = None  # learned | rope
     rope_theta: float = 10000.0
-    max_positions: int | None = None  # rows of a learned position table; None -> seq_len
+    # rows of a learned position table (None -> seq_len); with rotary positions only recorded (the
+    # max_position_embeddings a Hugging Face export declares)
+    max_positions: int | None = None
     gated_mlp: bool | None = None  # SwiGLU-style act(x W_gate) * (x W_up)
     activation: str | None = None  # gelu (exact) | gelu_tanh (GPT-2's gelu_new) | silu
     bias: bool | None = None  # biases in the linear layers
@@ -503,6 +505,16 @@ def smoke_model(mc: ModelConfig, tp: int, chunks: int) -> ModelConfig:
         max_positions=None)
 
 
+def model_config_from_hf_folder(path: str, seq_len: int | None = None) -> ModelConfig:
+    """`--init-from PATH`: the model a Hugging Face checkpoint folder's config.json describes."""
+    if not os.path.isdir(path):
+        raise ConfigError([f"--init-from {path!r}: no such folder; give a folder written by "
+                           f"save_pretrained (config.json + model.safetensors)"])
+    from par3d import hf  # the config half of the HF edge imports nothing optional
+
+    return hf.model_config_from_hf(hf.read_hf_config(path), seq_len, path)
+
+
 def model_config_from_name(name: str, seq_len: int | None = None) -> ModelConfig:
     """`--model NAME|PATH`: a planner catalogue name (plan/models.py) or a Hugging Face config.json
     (a file, or a folder holding one) as the runtime's ModelConfig.  Raises ConfigError."""
@@ -543,7 +555,7 @@ def _check_arch(m: ModelConfig, errs: list[str]) -> bool:
     if m.position == "rope" and m.head_dim % 2:
         errs.append(f"model.position='rope' needs an even head dimension, hidden/heads = {m.head_dim}; "
                     f"change --hidden or --heads")
-    if m.max_positions is not None and m.max_positions < m.seq_len:
+    if m.max_positions is not None and m.position == "learned" and m.max_positions < m.seq_len:
         errs.append(f"model.max_positions={m.max_positions} < seq_len={m.seq_len}: the learned position "
                     f"table has no row for the later positions; use --seq-len <= {m.max_positions}")
     return len(errs) == n

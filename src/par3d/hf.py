@@ -109,6 +109,7 @@ def model_config_from_hf(d: dict[str, Any], seq_len: int | None = None, where: s
             heads=heads, kv_heads=int(d.get("num_key_value_heads") or heads),
             ffn_hidden=int(d["intermediate_size"]), norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta), tied_embeddings=bool(d.get("tie_word_embeddings", False)), bias=bias,
+            max_positions=int(d["max_position_embeddings"]) if "max_position_embeddings" in d else None,
             seq_len=seq_len or min(int(d.get("max_position_embeddings", 2048)), 2048)).fill_arch()
     if kind == "gpt2":
         act = d.get("activation_function", "gelu_new")

@@ -44,12 +44,12 @@ def register(sub: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> tuple[Any, str | None]:
     """The run's config and the checkpoint folder (--resume); raises ConfigError."""
     from par3d import checkpoint
-    from par3d.config import ConfigError, ModelConfig, RunConfig, model_config_from_name
+    from par3d.config import ConfigError, ModelConfig, RunConfig, model_config_from_hf_folder
 
     resume_dir = None
     cfg = RunConfig()
     if args.init_from:
-        cfg.model = model_config_from_name(args.init_from, args.seq_len or 64)
+        cfg.model = model_config_from_hf_folder(args.init_from, args.seq_len or 64)
         cfg.init_from = args.init_from
     else:
         resume_dir = checkpoint.resolve(args.resume, args.resume)

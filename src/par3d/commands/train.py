@@ -136,16 +136,16 @@ def add_model_source_flags(ap: Any) -> None:
 
 def apply_model_source(cfg: Any, args: argparse.Namespace) -> None:
     """--model / --init-from set the whole [model] section (before the single model flags)."""
-    from par3d.config import ConfigError, model_config_from_name
+    from par3d.config import ConfigError, model_config_from_hf_folder, model_config_from_name
 
     if args.model and args.init_from:
         raise ConfigError(["--model and --init-from both describe the model; give one (--init-from reads "
                            "its folder's config.json)"])
-    source = args.init_from or args.model
-    if source:
-        seq = args.seq_len or (cfg.model.seq_len if args.config else None)
-        cfg.model = model_config_from_name(source, seq)
-        cfg.model.dropout = 0.0
+    seq = args.seq_len or (cfg.model.seq_len if args.config else None)
+    if args.init_from:
+        cfg.model = model_config_from_hf_folder(args.init_from, seq)
+    elif args.model:
+        cfg.model = model_config_from_name(args.model, seq)
     if args.init_from:
         cfg.init_from = args.init_from
     if args.gated_mlp is not None:
