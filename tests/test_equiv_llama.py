@@ -25,6 +25,7 @@ LAYOUTS = {
     "1f1b_pp2_m4": llama(pp=2, m=4),
     "interleaved_pp2_tp2": llama(pp=2, tp=2, schedule="interleaved", v=2, m=4),
     "zb-h1_pp2_dp2": llama(pp=2, dp=2, schedule="zb-h1", m=4),
+    "zb-h1_pp2_tp4_kv_replicated": llama(pp=2, tp=4, schedule="zb-h1", m=4),  # split backward, F.linear K|V
     "gpipe_dp2_pp2_tp2": llama(dp=2, pp=2, tp=2, schedule="gpipe", m=4),
     "1f1b_pp2_recompute_full_tp2": llama(pp=2, tp=2, recompute="full"),
     "tp4_recompute_selective": llama(tp=4, recompute="selective"),

@@ -167,6 +167,8 @@ class ReplicatedKV(nn.Module):
         self.register_buffer("rows", torch.cat([k_rows, k_rows + cfg.kv * hd]), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # plain F.linear, not weight_grad.linear: the weight here is a slice (a non-leaf), whose
+        # graph a deferred weight GEMM could not reach after BI; its gradient is computed in BI
         return F.linear(x, self.weight[self.rows], self.bias[self.rows] if self.bias is not None else None)
 
 
