@@ -58,6 +58,13 @@ def lr_schedule(t: TrainConfig, step: int) -> float:
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * frac))
 
 
+def adam_terms(t: TrainConfig, norm: float, k: int) -> tuple[float, float, float]:
+    """The scalars of AdamW step k (1-based) that every optimizer here shares: the gradient-clipping
+    coefficient for a global norm `norm` and the two bias corrections 1 - beta^k (Loshchilov & Hutter)."""
+    coef = min(1.0, t.grad_clip / (norm + 1e-6)) if t.grad_clip > 0 else 1.0
+    return coef, 1 - t.beta1 ** k, 1 - t.beta2 ** k
+
+
 @dataclass
 class Bucket:
     chunk: int
@@ -277,10 +284,9 @@ class DataParallel:
         lr = self.lr_at(step)
         if not math.isfinite(norm):
             return {"grad_norm": norm, "lr": lr, "skipped": True}
-        coef = min(1.0, t.grad_clip / (norm + 1e-6)) if t.grad_clip > 0 else 1.0
         self.step_count += 1
         k = self.step_count
-        bc1, bc2 = 1 - t.beta1 ** k, 1 - t.beta2 ** k
+        coef, bc1, bc2 = adam_terms(t, norm, k)
         for ci, buf in enumerate(self.bufs):
             m_all, v_all = self.exp_avg[ci], self.exp_avg_sq[ci]
             s1, s2 = self._scratch(buf)

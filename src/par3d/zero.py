@@ -58,7 +58,7 @@ from torch import nn
 
 from par3d import comm
 from par3d.config import TrainConfig
-from par3d.data_parallel import _FUSED_ADAM, lr_schedule
+from par3d.data_parallel import _FUSED_ADAM, adam_terms, lr_schedule
 from par3d.mesh import Groups
 
 
@@ -443,10 +443,9 @@ class ShardedDataParallel:
         lr = self.lr_at(step)
         if not math.isfinite(norm):
             return {"grad_norm": norm, "lr": lr, "skipped": True}
-        coef = min(1.0, t.grad_clip / (norm + 1e-6)) if t.grad_clip > 0 else 1.0
         self.step_count += 1
         k = self.step_count
-        bc1, bc2 = 1 - t.beta1 ** k, 1 - t.beta2 ** k
+        coef, bc1, bc2 = adam_terms(t, norm, k)
         for c in self.chunks:
             for b in c.buckets:
                 lo, hi = self._slice(b)
