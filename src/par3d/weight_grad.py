@@ -12,9 +12,9 @@ everything between them.  Instead, every linear layer of the model goes through 
   layer's input and the gradient at its output, what torch.distributed.pipelining's
   ``stage_backward_weight`` keeps too; every other parameter (norms, embeddings) gets its
   gradient as usual, and the graph is freed at the end of BI;
-* `apply(store)` (the runtime's BW) computes only the dW GEMMs and hands them to autograd's
-  accumulation (``torch.autograd.backward`` on the leaves), so gradient hooks — the data-
-  parallel buckets — fire exactly as after a full backward.
+* `apply(store)` (the runtime's BW) computes only the dW GEMMs, each as the backward of a one-
+  node graph on its weight, so autograd's own accumulation takes the result (no copy) and
+  gradient hooks — the data-parallel buckets — fire exactly as after a full backward.
 
 Outside `deferring` the same function computes dW at once, so a full B costs what it costs with
 ``F.linear``.  `linear` is plain ``F.linear`` unless `splittable()` is on (the runtime turns it on
@@ -96,17 +96,36 @@ def deferring(store: list) -> Iterator[list]:
         _STORE = before
 
 
+class _WeightGEMM(torch.autograd.Function):
+    """A one-node graph whose backward is one deferred weight GEMM.  BW walks these nodes instead
+    of handing finished gradients to ``torch.autograd.backward``: the GEMM's result is then held by
+    the engine alone, so AccumulateGrad takes it as the weight's gradient (or adds it in place into
+    an existing one, e.g. the data-parallel flat buffer) instead of copying it, and each (x, dy)
+    pair is freed as soon as its GEMM is done, so the next GEMM's output reuses that memory.  A
+    weight used twice (a tied head) gets both GEMMs summed into one accumulation, as autograd does.
+    Measured (`par3d bench split`'s chunk): BW 13.6 -> 10.4 ms against a 21.6 ms B."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        # (x, dy) come in a tuple, not as tensor arguments: autograd must not link this node to
+        # the (already freed) graph that produced them
+        ctx.pair = pair
+        ctx.dtype = weight.dtype
+        return weight.new_empty(())  # never read, and the weight's values are not (ZeRO-3 may have freed them)
+
+    @staticmethod
+    def backward(ctx: Any, _: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, dy = ctx.pair
+        ctx.pair = None
+        dw = _weight_grad(x, dy)
+        return (dw if dw.dtype == ctx.dtype else dw.to(ctx.dtype)), None
+
+
 def apply(store: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     """The deferred weight GEMMs, accumulated into the weights' gradients (their hooks fire)."""
     if not store:
         return
-    grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for weight, x, dy in store:
-        dw = _weight_grad(x, dy)
-        if id(weight) in grads:  # a weight used twice (a tied head): one accumulation, as autograd does
-            grads[id(weight)][1].add_(dw)
-        else:
-            grads[id(weight)] = (weight, dw)
+    with torch.enable_grad():
+        roots = [_WeightGEMM.apply(weight, (x, dy)) for weight, x, dy in store]
     store.clear()
-    weights = [w for w, _ in grads.values()]
-    torch.autograd.backward(weights, grad_tensors=[g.to(w.dtype) for w, g in grads.values()])
+    torch.autograd.backward(roots)  # scalar roots: each seeded with 1, never used
