@@ -19,8 +19,8 @@
 
 Every layout runs this same code; with dp = pp = tp = 1 it is the single-device reference.
 Reliability (docs/reliability.md): `preflight` refuses bad input before any process starts, and
-a watchdog ends a rank whose peers stopped answering, so a failure never hangs the run.  Tests
-disturb a run only through the hooks of `par3d.faults` (`RunOptions.faults`), never by code here.
+a watchdog ends a rank whose peers are gone or hung (a step in which every rank computes only
+warns), so a failure never hangs the run.  Tests disturb a run only through the hooks of `par3d.faults` (`RunOptions.faults`), never by code here.
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ def worker(cfg_dict: dict[str, Any], options: RunOptions | Mapping[str, Any] | N
     _reset_counter(opts.keep_sizes or cfg.comm_report)
     last_step = cfg.train.steps if opts.stop_at_step is None else min(cfg.train.steps, opts.stop_at_step)
     ckpt_root = opts.checkpoint_root or _checkpoints_root(cfg)
-    watch = r.groups.world.size > 1 and dist.is_initialized()
+    peers = r.groups.world.ranks if (r.groups.world.size > 1 and dist.is_initialized()) else [rank]
     with _Progress(r, opts, start_step, append=bool(resume_dir)) as progress, \
-            _Watchdog(rank, cfg.timeout_s, enabled=watch) as wd:
+            _Watchdog(rank, cfg.timeout_s, peers) as wd:
         for step in range(start_step, last_step):
             wd.beat(f"step {step}")
             hooks.step_started(rank, step)
@@ -467,16 +467,30 @@ def _non_finite(step: int, loss: float, grad_norm: float, policy: str, is_rank0:
 
 
 class _Watchdog:
-    """Ends this rank (one line on stderr, exit code 1) when the loop makes no progress for
-    `timeout_s` plus the slowest interval between two beats seen so far.
+    """Watches the training loop from a thread: when no step has finished for `timeout_s` plus
+    the slowest interval between two beats seen so far, it finds out why and says so.
 
-    Why: collectives on torch *sub*groups do not honour init_process_group's timeout (new groups
-    get torch's 30-minute default), so a peer that died or hung could block the other ranks for
-    half an hour.  When this rank exits, the launcher (par3d's or torchrun) stops the others."""
+      * a rank is gone (its heartbeat stopped, or the store on rank 0 went): this rank ends (one
+        line on stderr, exit code 1) and its launcher (par3d's or torchrun) stops the others;
+      * every rank is alive but none is computing (a rank hung, or a deadlock): the same;
+      * ranks are still computing (their processes use CPU): one warning per `timeout_s`, and the
+        run goes on — a slow step is not a failure (the memory check refuses most runs that would
+        crawl; docs/reliability.md).
 
-    def __init__(self, rank: int, timeout_s: float, enabled: bool = True):
-        self.rank, self.timeout_s, self.enabled = rank, float(timeout_s), enabled
+    Why a watchdog at all: collectives on torch *sub*groups do not honour init_process_group's
+    timeout (new groups get torch's 30-minute default), so a peer that died or hung could block
+    the other ranks for half an hour.  Heartbeats: every rank adds to two counters in the run's
+    TCP store (a client of its own, so no other thread's use of the store is shared) about once a
+    second — its beats, and its process's CPU milliseconds."""
+
+    COMPUTING = 0.02  # share of one core a rank uses while computing (a blocked rank: ~0)
+
+    def __init__(self, rank: int, timeout_s: float, peers: list[int], enabled: bool = True):
+        self.rank, self.timeout_s, self.peers, self.enabled = rank, float(timeout_s), list(peers), enabled
         self.last, self.slowest, self.what = time.monotonic(), 0.0, "start-up"
+        self.tick = min(1.0, self.timeout_s / 4)
+        self._cpu_ms = 0  # published so far
+        self._store: Any = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="par3d-watchdog", daemon=True)
 
@@ -495,14 +509,82 @@ class _Watchdog:
         self.slowest = max(self.slowest, now - self.last)
         self.last, self.what = now, what
 
+    def _connect(self) -> Any:
+        if len(self.peers) > 1 and self._store is None and "MASTER_ADDR" in os.environ:
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=timedelta(seconds=max(self.tick * 4, 5.0)))
+        return self._store
+
+    def _publish(self) -> None:
+        total = int(1e3 * time.process_time())  # this process's CPU, every thread, milliseconds
+        ms, self._cpu_ms = total - self._cpu_ms, total
+        store = self._connect()
+        if store is not None:
+            store.add(f"par3d-watchdog/{self.rank}/beat", 1)
+            store.add(f"par3d-watchdog/{self.rank}/cpu_ms", ms)
+
+    def _sample(self) -> dict[int, tuple[int, int]]:
+        """(beats, CPU ms) of every rank; this rank's own CPU without the store."""
+        store = self._connect()
+        if store is None:
+            return {self.rank: (0, int(1e3 * time.process_time()))}
+        return {r: (store.add(f"par3d-watchdog/{r}/beat", 0), store.add(f"par3d-watchdog/{r}/cpu_ms", 0))
+                for r in self.peers}
+
+    def diagnose(self, window_s: float) -> tuple[str, list[int]]:
+        """("gone" | "computing" | "idle", the ranks concerned), from two samples `window_s` apart."""
+        try:
+            a = self._sample()
+            # keep beating through the window: a peer diagnosing at the same moment must not take
+            # this rank's silence for its death
+            n = max(1, math.ceil(window_s / self.tick))
+            for _ in range(n):
+                if self._stop.wait(window_s / n):
+                    return "computing", []
+                self._publish()
+            b = self._sample()
+        except Exception:  # the store lives in rank 0's process: unreachable = rank 0 gone
+            return "gone", [0]
+        if len(self.peers) == 1:
+            b = {self.rank: (0, int(1e3 * time.process_time()))}
+        gone = [r for r in a if r != self.rank and b[r][0] == a[r][0]]
+        if gone:
+            return "gone", gone
+        busy = [r for r in a if b[r][1] - a[r][1] >= 1e3 * self.COMPUTING * window_s]
+        return ("computing", busy) if busy else ("idle", [])
+
     def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+        warned = 0.0
+        while not self._stop.wait(self.tick):
+            try:
+                self._publish()
+            except Exception:
+                pass  # judged below, when it matters
             idle = time.monotonic() - self.last
-            if idle > self.timeout_s + self.slowest:
-                print(f"par3d: rank {self.rank}: no progress for {idle:.0f} s in {self.what} "
-                      f"(--timeout {self.timeout_s:g}); a peer died or hung, stopping",
+            limit = self.timeout_s + self.slowest
+            if idle <= limit or time.monotonic() - warned < self.timeout_s:
+                continue
+            verdict, who = self.diagnose(max(2.5 * self.tick, 2.0))
+            if self._stop.is_set():
+                return
+            idle = time.monotonic() - self.last
+            if verdict == "computing" or len(self.peers) == 1:
+                warned = time.monotonic()
+                print(f"par3d: rank {self.rank}: no step finished in {idle:.0f} s (--timeout {self.timeout_s:g}) "
+                      f"while ranks are still computing (ranks {', '.join(map(str, who)) or '-'} used CPU "
+                      f"just now; in {self.what}); not stopping: a step may just be slow (see the memory "
+                      f"estimate; a smaller --seq-len, --micro-batch or model is faster)",
                       file=sys.stderr, flush=True)
-                os._exit(1)  # the main thread may be blocked in C++; nothing else ends it
+                continue
+            why = (f"rank {', '.join(map(str, who))} is gone (no heartbeat)" if verdict == "gone" else
+                   "every rank is alive but none is computing: a rank hung or the ranks deadlocked")
+            print(f"par3d: rank {self.rank}: no progress for {idle:.0f} s in {self.what} "
+                  f"(--timeout {self.timeout_s:g}); {why}; stopping", file=sys.stderr, flush=True)
+            os._exit(1)  # the main thread may be blocked in C++; nothing else ends it
 
 
 # ---- the parent side ------------------------------------------------------------------------------
