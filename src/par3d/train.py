@@ -20,7 +20,8 @@
 Every layout runs this same code; with dp = pp = tp = 1 it is the single-device reference.
 Reliability (docs/reliability.md): `preflight` refuses bad input before any process starts, and
 a watchdog ends a rank whose peers are gone or hung (a step in which every rank computes only
-warns), so a failure never hangs the run.  Tests disturb a run only through the hooks of `par3d.faults` (`RunOptions.faults`), never by code here.
+warns), so a failure never hangs the run.  Tests disturb a run only through the hooks of
+`par3d.faults` (`RunOptions.faults`), never by code here.
 """
 
 from __future__ import annotations
