@@ -131,6 +131,33 @@ def test_gqa_kv_replicated_when_tp_exceeds_kv_heads():
     assert a16 - a8 / 2 == pytest.approx(kv_units / 8 - kv_units / 16)  # one head per rank, not half a head
 
 
+def test_replicated_kv_gradients_are_all_reduced():
+    """tp > kv_heads: the tp/kv ranks sharing a K/V head sum its gradients once per step (priced
+    in the DP tail, on the TP links); tp <= kv_heads: nothing to sum."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import dp_tail, kv_replica_reduce, stage_times
+
+    m = replace(CATALOGUE["llama3-70b"], layers=8, seq_len=2048)  # 64 heads, 8 K/V heads, no bias
+    cl = replace(make_cluster("h100-sxm", 16, 8), overlap_grad_reduce=False)
+    c16 = Choice(16, 1, 1, 1, 4, recompute="none", sequence_parallel=True)  # 2 ranks per K/V head
+    c8 = Choice(8, 1, 2, 1, 2, recompute="none", sequence_parallel=True)
+    assert kv_replica_reduce(m, cl, c8, m.layers) == 0.0
+    nbytes = 2.0 * m.layers * 2 * m.head_dim * m.hidden  # bf16 gradient of each rank's K and V head
+    want = comm.collective("all_reduce", nbytes, 2, 1, cl).total
+    assert kv_replica_reduce(m, cl, c16, m.layers) == pytest.approx(want)
+    assert dp_tail(m, cl, c16, stage_times(m, cl, c16)) == pytest.approx(want)  # dp = 1: only the K/V sum
+    # inside a training step: exposed after the backward, so the step is that much longer
+    on = evaluate(m, cl, c16)
+    off = evaluate(replace(m, kv_heads=16), cl, c16)  # 16 K/V heads: split, nothing replicated
+    assert on.breakdown["dp_comm"] == pytest.approx(want)
+    assert off.breakdown["dp_comm"] == 0.0
+    # with the reduction overlapped bucket by bucket, less (but not nothing) stays exposed
+    ov = make_cluster("h100-sxm", 16, 8)
+    exposed = dp_tail(m, ov, c16, stage_times(m, ov, c16))
+    assert 0.0 < exposed < want
+
+
 def test_context_parallel_memory_and_time():
     model, cl = CATALOGUE["llama3-8b"], make_cluster("h100-sxm", 64)
     base = Choice(8, 1, 8, 1, 8, "1f1b", 1, "selective", 1, True, 1)

@@ -622,6 +622,42 @@ def bucketed_tail(n: int, b: float, r: float, sigma: float) -> float:
     return n * r - (n - 1) * b + sigma * (n - 1) * b
 
 
+def kv_replica_reduce(model: ModelSpec, cluster: Cluster, c: Choice, layers: int) -> float:
+    """One all-reduce of the replicated K/V heads' gradients of a rank holding `layers` layers.
+
+    With tp > kv_heads each K/V head is held by the r = tp / kv_heads consecutive TP ranks whose
+    query heads read it (models.ModelSpec.layer_params_per_rank counts that copy in the weights,
+    gradients and optimizer state); each computes a partial gradient from its own query heads, so
+    the r copies are summed once per step, after the last micro-batch's backward, before the
+    optimizer (Megatron-LM's rule for weights replicated across TP ranks).  Ranks 1 apart: NVLink
+    when the TP group is inside a node."""
+    r = c.tp // model.kv if c.tp > model.kv else 1
+    if r <= 1 or layers <= 0:
+        return 0.0
+    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0
+    nbytes = gbytes * layers * 2 * model.head_dim * (model.hidden + (1 if model.bias else 0))
+    if cluster.hier:
+        return comm.collective("all_reduce", nbytes, r, 1, cluster).total
+    return comm.all_reduce(nbytes, r, cluster.link_for_span(c.tp)).total
+
+
+def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> list[float]:
+    """Per pipeline rank, the exposed part of its K/V replica reduction (0 when tp <= kv_heads).
+    It runs on the TP links, beside the DP buckets on the NICs, bucket by bucket behind the last
+    micro-batch's backward when gradients are reduced during backward."""
+    if c.tp <= model.kv:
+        return [0.0] * c.pp
+    out = []
+    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages)):
+        n_layers = sum(shape.layers)
+        red = kv_replica_reduce(model, cluster, c, n_layers)
+        if cluster.overlap_grad_reduce and n_layers > 0:
+            window = sum(st.b[s] for s in range(r, len(st.b), c.pp))
+            red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
+        out.append(red)
+    return out
+
+
 def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
@@ -646,6 +682,13 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
 
 
 def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+    """Exposed gradient reduction after the backward: over the dp × cp ranks holding the same
+    weights, and (beside it, on the TP links) over the TP ranks holding the same K/V head."""
+    kv = max(_kv_tails(model, cluster, c, st))
+    return max(_dp_tail(model, cluster, c, st), kv)
+
+
+def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
     ng = c.dp * c.cp  # DP and CP ranks reduce their gradients together
     if ng <= 1:
         return 0.0
