@@ -274,6 +274,32 @@ def test_overlap_costs_something():
     assert bucketed_tail(10, 1.0, 2.0, 0.0) == pytest.approx(20 - 9)  # network-bound
 
 
+def test_deepspeed_zero3_prefetches_one_submodule_ahead():
+    from par3d.plan.cost import prefetch_timeline
+
+    # comm-bound: the network never idles, so the step is the first gather + all gathers + the last RS
+    assert prefetch_timeline([(1.0, 2.0, 0.0)] * 4, 0.0) == pytest.approx(8.0 + 1.0)
+    # compute-bound: the first gather, then compute
+    assert prefetch_timeline([(2.0, 1.0, 0.0)] * 4, 0.0) == pytest.approx(1.0 + 8.0)
+    # balanced totals but uneven units (the projection's h² after the QKV, the MLP's 4h² after it):
+    # each unit waits for the next one's weights, so the layer costs more than max(compute, comm)
+    units = [(3.0, 3.0, 0.0), (1.0, 1.0, 0.0), (4.0, 4.0, 0.0), (4.0, 4.0, 0.0)] * 8
+    assert prefetch_timeline(units, 0.0) > 1.15 * 12 * 8
+    # the reduce-scatter after a unit queues behind the next gather on the same network
+    assert prefetch_timeline([(1.0, 0.0, 1.0)] * 3, 0.0) == pytest.approx(4.0)
+
+
+def test_deepspeed_zero3_rows_scale_as_measured():
+    """Narayanan 2021 Table 2 at fixed batch: 384 -> 768 GPUs cut the step to 0.82x (144 -> 88 TFLOP/s),
+    768 -> 1,536 not at all (network-bound)."""
+    from par3d.plan import validation
+
+    rows = {r["name"]: r for r in validation.rows()}
+    step = {n: validation.predict(rows[f"narayanan2021-t2-zero3-175B-{n}"]).plan.step_time for n in (384, 768, 1536)}
+    assert 0.75 < step[768] / step[384] < 0.87
+    assert 0.95 < step[1536] / step[768] < 1.05
+
+
 def test_hardware_dict_round_trip_keeps_the_table():
     from par3d.plan.hardware import hardware_from_dict
 

@@ -67,6 +67,8 @@ from . import comm
 from .compute import (
     DTYPE_BYTES,
     LayerTimes,
+    gemm_time,
+    layer_gemms,
     layer_times,
     model_flops_per_sequence,
     recompute_flops_per_sequence,
@@ -338,6 +340,84 @@ def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
     return fwd - n * f, bwd - n * b
 
 
+# DeepSpeed ZeRO-3 (the `submodule` unit): each parametrised sub-module's forward/backward hook
+# fetches its own weights and prefetches ahead of use at most `stage3_prefetch_bucket_size` = 5e7
+# elements (DeepSpeed's default, deepspeed/runtime/zero/config.py) -- at least the next weight in
+# its recorded trace.  One weight matrix of the models it is run on (h >= 4096: h^2 >= 1.7e7, the MLP's
+# 4h^2 >= 6.7e7) fills that, so the gather of sub-module j + 1 overlaps the compute of sub-module j
+# alone: a layer costs sum_j overlapped(c_j, g_(j+1)), not overlapped(sum c, sum g).  Weights and
+# compute are not proportional across sub-modules (the output projection holds h^2 weights but the
+# attention core and the QKV GEMM run before it; the MLP's 4h^2 gathers follow the h^2 projection),
+# so comm surfaces even when a layer's totals balance.  Norms and biases (< 1e5 elements,
+# `stage3_param_persistence_threshold`) stay resident.
+def zero3_submodules(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int,
+                     lt: LayerTimes) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(forward compute time, weights per rank) of one layer's four parametrised sub-modules in
+    execution order: QKV (with the attention core and the elementwise work before the projection),
+    output projection, MLP in, MLP out."""
+    gs = {g.name: g for g in layer_gemms(local_model(model, cp), b, tp)}
+    t = {k: gemm_time(gs[k], dev, dtype) for k in ("attn_out", "mlp_in", "mlp_out")}  # type: ignore[arg-type]
+    comp = (max(lt.fwd - sum(t.values()), 0.0), t["attn_out"], t["mlp_in"], t["mlp_out"])
+    w = tuple(float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out"))
+    return comp, w
+
+
+def prefetch_timeline(units: list[tuple[float, float, float]], sigma: float) -> float:
+    """Wall time of sub-modules run in order, each (compute c, gather g, reduce-scatter r): the gather
+    of unit j + 1 is issued when unit j starts (one unit of prefetch), unit j waits for its own
+    gather, its gradients' reduce-scatter is issued when it ends; gathers and reduce-scatters queue
+    on the one network path; compute that runs while the network is busy slows by σ (`overlapped`).
+    The first gather and the last reduce-scatter are exposed."""
+    if not units:
+        return 0.0
+    net = units[0][1]  # the first gather, issued on arrival
+    ready = net
+    t = 0.0
+    for j, (cj, _, rj) in enumerate(units):
+        start = max(t, ready)
+        if j + 1 < len(units):  # prefetch the next unit's weights
+            net = max(start, net) + units[j + 1][1]
+            nxt = net
+        busy = max(0.0, net - start)
+        end = start + cj + sigma * min(cj, busy)
+        if rj > 0.0:
+            net = max(end, net) + rj
+        t = end
+        if j + 1 < len(units):
+            ready = nxt
+    return max(t, net)
+
+
+def _zero3_submodule_exposed(n: int, comp: tuple[float, ...], w: tuple[float, ...], ar: float,
+                             rec_comm: float, recompute: str, core: float, gather: object, scatter: object,
+                             sigma: float) -> tuple[float, float]:
+    """Extra forward and backward time of a chunk of n layers under DeepSpeed-style ZeRO-3
+    (`prefetch_timeline` over every sub-module).  TP all-reduces run after the output projection
+    and the MLP out (forward) and after the QKV and MLP-in input gradients (backward).  With full
+    recomputation the backward of a layer first reruns its forward (gathering again), then walks
+    the sub-modules in reverse, each gathered again except the MLP out, whose weights the rerun
+    has just used (DeepSpeed keeps weights reused within `stage3_max_reuse_distance`)."""
+    n = max(n, 1)
+    fwd_tp = (0.0, ar, 0.0, ar)
+    fwd_units = [(comp[i] + fwd_tp[i], gather(w[i]), 0.0) for i in range(4)]  # type: ignore[operator]
+    fwd = prefetch_timeline(fwd_units * n, sigma)
+    bwd_tp = (ar, 0.0, ar, 0.0)
+    layer: list[tuple[float, float, float]] = []
+    full = recompute == "full"
+    if full:
+        rec_tp = rec_comm / 2.0
+        layer += [(comp[i] + (rec_tp if i in (1, 3) else 0.0), gather(w[i]), 0.0) for i in range(4)]  # type: ignore[operator]
+    for i in (3, 2, 1, 0):
+        extra = core if (i == 0 and recompute == "selective") else 0.0
+        g = 0.0 if (full and i == 3) else gather(w[i])  # type: ignore[operator]
+        layer.append((2.0 * comp[i] + bwd_tp[i] + extra, g, scatter(w[i])))  # type: ignore[operator]
+    bwd = prefetch_timeline(layer * n, sigma)
+    f_base = n * (sum(comp) + 2 * ar)
+    b_base = n * (2 * sum(comp) + 2 * ar + (sum(comp) + rec_comm if full else 0.0)
+                  + (core if recompute == "selective" else 0.0))
+    return fwd - f_base, bwd - b_base
+
+
 def local_model(model: ModelSpec, cp: int) -> ModelSpec:
     """The model as one CP rank's GEMMs see it: s/cp tokens per sequence."""
     return model if cp == 1 else replace(model, seq_len=model.seq_len // cp)
@@ -419,7 +499,13 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         b_tp = n * 2 * ar + n * rec_comm
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
-        if c.zero_stage >= 3 and g > 1 and hier:
+        if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
+            comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
+            z3f, z3b = _zero3_submodule_exposed(
+                n, comp, w, ar, rec_comm, c.recompute, lt.core,
+                lambda e: grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True),
+                lambda e: grad_collective(cluster, c, "reduce_scatter", 2.0 * e, per_gpu_nic=True), dev.sigma)
+        elif c.zero_stage >= 3 and g > 1 and hier:
             layer_bytes = 2.0 * model.layer_params_per_rank(c.tp)
             ag = grad_collective(cluster, c, "all_gather", layer_bytes, per_gpu_nic=True)
             rs = grad_collective(cluster, c, "reduce_scatter", layer_bytes, per_gpu_nic=True)
@@ -589,8 +675,22 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
             arg, top = r, est
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
-                     v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc)
+                     v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
+                     zero3_live=zero3_live_params(model, cluster, c))
     return mb, arg
+
+
+def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | None:
+    """Gathered parameters a rank holds at once under DeepSpeed-style ZeRO-3 (`submodule` units):
+    the sub-module computing and the one prefetched (the largest consecutive pair: the MLP's two
+    matrices) plus the full gradient of one sub-module before its reduce-scatter.  None: two layers
+    (memory.py's default for `layer` units)."""
+    if c.zero_stage < 3 or cluster.zero3_unit != "submodule":
+        return None
+    gs = {g.name: g for g in layer_gemms(model, 1, c.tp)}
+    w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
+    pair = max(w[i] + w[(i + 1) % 4] for i in range(4))
+    return pair + max(w)
 
 
 @lru_cache(maxsize=8192)

@@ -220,6 +220,10 @@ class Cluster:
     # the framework reduces gradients bucket by bucket during the backward (PyTorch DDP/FSDP, Megatron-LM
     # with --overlap-grad-reduce); False: after it (Megatron-LM before 2023, DeepSpeed's default)
     overlap_grad_reduce: bool = True
+    # what ZeRO-3 gathers as one unit: "layer" (par3d's runtime, PyTorch FSDP wrapping each block:
+    # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
+    # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
+    zero3_unit: str = "layer"
 
     @property
     def nodes(self) -> int:

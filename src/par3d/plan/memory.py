@@ -38,7 +38,9 @@ loss: 2 B (bf16 logits) + 4 B (fp32 softmax) per token per vocab entry, /t with 
 "other" = a documented allowance for what the formulas above do not count:
     1 GiB fixed (CUDA context ~0.5 GiB, cuBLAS workspaces, NCCL buffers)
     + 10% of the activations (allocator fragmentation; PyTorch's caching allocator)
-    + ZeRO-3: the gathered bf16 weights of two layers (the one computing and the one prefetched).
+    + ZeRO-3: the gathered bf16 weights of two layers (the one computing and the one prefetched);
+      with DeepSpeed's sub-module units (`zero3_live`, cost.zero3_live_params) the two largest
+      consecutive sub-modules' weights and one sub-module's full gradient before its reduce-scatter.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class RankShape:
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
                 recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
-                accounting: str = "seed") -> MemoryBreakdown:
+                accounting: str = "seed", zero3_live: float | None = None) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so we use the rank's mean layers per chunk."""
@@ -145,6 +147,6 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     if shape.head:
         act += logits_bytes(model, b, tp, cp)
     other = OTHER_FIXED + FRAGMENTATION * act
-    if zero >= 3:
-        other += 2 * 2.0 * model.layer_params_per_rank(tp)
+    if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
+        other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
     return MemoryBreakdown(wb * shape.params, gb * shape.params, ob * shape.params, act, other)
