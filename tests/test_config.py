@@ -69,7 +69,9 @@ def test_interleaved_needs_m_multiple_of_p_and_v_at_least_2():
 
 def test_too_many_stages_for_the_layers():
     with pytest.raises(ConfigError, match="every chunk needs at least one layer"):
-        make(model={"layers": 2}, parallel={"pp": 4}).validate()
+        make(model={"layers": 2}, parallel={"pp": 5}).validate()
+    # layers + 2 chunks: the embedding and the head alone on the first and last (Llama 3's balance)
+    make(model={"layers": 2}, parallel={"pp": 4}).validate()
 
 
 def test_missing_and_empty_data_paths(tmp_path):

@@ -39,6 +39,8 @@ LAYOUTS.update({
     "1f1b_pp2_tp2_sp": case(pp=2, tp=2, sp=True),
     "1f1b_pp2_dp2_zero1": case(pp=2, dp=2, zero=1),
     "uneven_layers_pp4": case(pp=4, layers=6, m=4),
+    # layers + 2 chunks: the embedding alone on the first chunk, the head alone on the last (Llama 3)
+    "interleaved_pp2_embedding_and_head_alone": case(pp=2, schedule="interleaved", v=2, m=4, layers=2),
     # the backend's send/recv (gloo here, nccl on GPUs) instead of shared memory
     "1f1b_pp4_m8_backend": case(pp=4, m=8, p2p="backend"),
     "interleaved_pp2_m4_backend": case(pp=2, schedule="interleaved", v=2, m=4, p2p="backend"),

@@ -85,7 +85,16 @@ def test_gpt_partition_gives_the_heavy_head_fewer_blocks():
     assert blocks[-1] < blocks[0]
     assert sum(blocks) == 16
     with pytest.raises(ValueError, match="at least one block"):
-        gpt_partition(3, 4, hidden=64, seq_len=16, vocab=100)
+        gpt_partition(3, 6, hidden=64, seq_len=16, vocab=100)
+
+
+def test_gpt_partition_embedding_and_head_alone():
+    # layers + 2 chunks: one unit each, the embedding alone first and the head alone last (Llama 3)
+    part = gpt_partition(6, 8, hidden=128, seq_len=64, vocab=5_000)
+    assert part.bounds == [(u, u + 1) for u in range(8)]
+    # layers + 1: every chunk still holds at least one unit, all units covered in order
+    part = gpt_partition(6, 7, hidden=128, seq_len=64, vocab=5_000)
+    _assert_valid(part, 8, 7)
 
 
 def test_bisected_programme_matches_the_full_scan():

@@ -291,10 +291,11 @@ class RunConfig:
                 errs.append(f"parallel.cp={p.cp} with model.dropout={m.dropout}: ring attention has no "
                             f"attention dropout; use --dropout 0 or --cp 1")
             n_chunks = p.pp * p.virtual_stages
-            if m.layers < n_chunks:
+            if m.layers + 2 < n_chunks:  # the embedding and the head may each fill a chunk (partition.py)
                 errs.append(f"parallel.pp={p.pp} x virtual_stages={p.virtual_stages} = {n_chunks} pipeline "
-                            f"chunks but model.layers={m.layers}; every chunk needs at least one layer: "
-                            f"use --layers >= {n_chunks} or a smaller --pp/--virtual-stages")
+                            f"chunks but model.layers={m.layers}; every chunk needs at least one layer (or the "
+                            f"embedding or the head alone, so at most layers + 2 chunks): use --layers >= "
+                            f"{n_chunks - 2} or a smaller --pp/--virtual-stages")
         if p.schedule_csv:
             if getattr(self, "_csv_error", None):
                 errs.append(self._csv_error)  # type: ignore[arg-type]

@@ -114,11 +114,19 @@ def gpt_partition(layers: int, n_chunks: int, hidden: int, seq_len: int, vocab: 
     The embedding always travels with the first block and the head with the last block: the blocks
     are partitioned with those costs folded in, and the bounds mapped back to unit indices (chunk 0
     starts at unit 0, the last chunk ends at unit layers+2).
+
+    With more chunks than blocks (at most layers + 2) the embedding and the head count as units of
+    their own: the first chunk may hold only the embedding and the last only the head (output
+    projection and loss), as Llama 3 balances its pipeline (Grattafiori et al. 2024, §3.3.2: one
+    block fewer on the first and the last stage; 126 blocks + 2 = 16 stages × 8 chunks).
     """
-    if n_chunks > layers:
+    if n_chunks > layers + 2:
         raise ValueError(f"cannot split {layers} transformer blocks into {n_chunks} pipeline chunks: "
-                         f"every chunk needs at least one block; use at most {layers} chunks")
+                         f"every chunk needs at least one block (or the embedding or the head alone); "
+                         f"use at most {layers + 2} chunks")
     units = gpt_unit_costs(layers, hidden, seq_len, vocab, ffn_hidden)
+    if n_chunks > layers:
+        return partition(units, n_chunks)
     blocks = units[1:-1]
     blocks[0] += units[0]
     blocks[-1] += units[-1]

@@ -168,11 +168,12 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                     if pp == 1 or m % pp:
                         rejected["interleaved needs pp > 1 and m % pp == 0"] += 1
                         continue
-                    hi = min(model.layers // pp, limits.max_virtual_stages)
+                    # up to layers + 2 chunks: the embedding and the head may fill one each (partition.py)
+                    hi = min((model.layers + 2) // pp, limits.max_virtual_stages)
                     vs = [fixed.virtual_stages] if fixed.virtual_stages else list(range(2, hi + 1))
-                    vs = [v for v in vs if v >= 2 and pp * v <= model.layers]
+                    vs = [v for v in vs if v >= 2 and pp * v <= model.layers + 2]
                     if not vs:
-                        rejected["interleaved needs pp·v <= layers"] += 1
+                        rejected["interleaved needs pp·v <= layers + 2"] += 1
                 else:
                     if fixed.virtual_stages not in (None, 1):
                         continue
@@ -438,7 +439,7 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
             fixes.append(f"--max-bubble above {limits.max_bubble:g}, or a larger --global-batch (more "
                          f"micro-batches per pipeline)")
         elif reason.startswith("interleaved") and fixed.schedule == "interleaved":
-            fixes.append("--schedule 1f1b (interleaving needs m % pp == 0 and pp·v <= layers)")
+            fixes.append("--schedule 1f1b (interleaving needs m % pp == 0 and pp·v <= layers + 2)")
         elif reason == "pp > layers" and fixed.pp is not None:
             fixes.append(f"--pp <= {model.layers}")
     if not fixes:
