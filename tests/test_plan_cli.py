@@ -188,6 +188,14 @@ def test_llama3_405b_16k_h100(capsys, extra):
         rc, out, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
                          "--pp", "16", *extra, "--explain", "--top", "1")
         assert rc == 0 and f"CP ring (cp = {cp}, across nodes" in out and "tp=8 cp=16 pp=16" in out
+        # as Llama 3 ran it: K/V all-gathered (exposed), FlashAttention-2: slower than the default
+        rc, out2, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                          "--pp", "16", *extra, "--cp-comm", "all-gather", "--attention-kernel", "fa2",
+                          "--explain", "--top", "1")
+        assert rc == 0 and f"CP all-gather (cp = {cp}, across nodes" in out2
+        rc, js, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                        "--pp", "16", *extra, "--cp-comm", "all-gather", "--attention-kernel", "fa2", "--json")
+        assert json.loads(js)["plans"][0]["step_time_s"] > d["plans"][0]["step_time_s"]
 
 
 def test_dtypes_and_model_flags(capsys):

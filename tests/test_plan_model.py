@@ -158,6 +158,47 @@ def test_replicated_kv_gradients_are_all_reduced():
     assert 0.0 < exposed < want
 
 
+def test_context_parallel_by_all_gather_is_exposed():
+    """Llama 3's CP: K/V of all s tokens gathered before the attention, dK/dV reduce-scattered after
+    it, both on the critical path (a ring hides its hops behind the remote blocks' attention)."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import cp_all_gather, stage_times
+
+    m = replace(CATALOGUE["llama3-405b"], layers=16, seq_len=131072)
+    ring = make_cluster("h100-sxm", 2048, 8)
+    ag = make_cluster("h100-sxm", 2048, 8, cp_comm="all-gather")
+    c = Choice(8, 1, 16, 1, 1, recompute="full", sequence_parallel=True, cp=16)
+    full = 131072 * 2 * m.kv_dim_per_rank(8) * 2  # K and V of every token at this rank's K/V width, bf16
+    f, b = cp_all_gather(m, ag, c)
+    assert f == pytest.approx(comm.collective("all_gather", full, 16, 8, ag).total)  # one member per node
+    assert b == pytest.approx(comm.collective("reduce_scatter", full, 16, 8, ag).total)
+    st_ring, st_ag = stage_times(m, ring, c), stage_times(m, ag, c)
+    # per layer: gather in the forward, again in the recomputed forward, scatter in the backward
+    assert st_ag.cp_comm[0] == pytest.approx(16 * (2 * f + b))
+    assert sum(st_ag.cp_comm) > sum(st_ring.cp_comm)
+    assert evaluate(m, ag, c).step_time > evaluate(m, ring, c).step_time
+    with pytest.raises(ValueError, match="cp_comm"):
+        make_cluster("h100-sxm", 16, 8, cp_comm="tree")
+
+
+def test_attention_kernel_generation():
+    """FlashAttention-2 on an H100 runs at its own (lower) share; FA3 needs Hopper."""
+    from par3d.plan.hardware import FA2_HOPPER, FA_HOPPER, HardwareError
+
+    assert make_cluster("h100-sxm", 8).device.attn_eff == FA_HOPPER  # the newest by default
+    assert make_cluster("h100-sxm", 8, attention_kernel="fa2").device.attn_eff == FA2_HOPPER
+    assert make_cluster("a100-80gb", 8, attention_kernel="fa2").device.attn_eff == \
+        make_cluster("a100-80gb", 8).device.attn_eff
+    with pytest.raises(HardwareError, match="Hopper"):
+        make_cluster("a100-80gb", 8, attention_kernel="fa3")
+    m = CATALOGUE["llama3-70b"]
+    c = Choice(8, 1, 1, 1, 1, recompute="none", sequence_parallel=True)
+    fa2 = evaluate(m, make_cluster("h100-sxm", 8, attention_kernel="fa2"), c)
+    fa3 = evaluate(m, make_cluster("h100-sxm", 8), c)
+    assert fa2.breakdown["compute"] > fa3.breakdown["compute"]
+
+
 def test_context_parallel_memory_and_time():
     model, cl = CATALOGUE["llama3-8b"], make_cluster("h100-sxm", 64)
     base = Choice(8, 1, 8, 1, 8, "1f1b", 1, "selective", 1, True, 1)

@@ -115,6 +115,13 @@ def register(sub) -> None:
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
                         "unfused attention (s² scores written, softmax and dropout over them) and stores them")
+    g.add_argument("--attention-kernel", choices=("fa2", "fa3"), default=None,
+                   help="the FlashAttention generation to price: fa2 (FlashAttention-2, ~35 %% of peak on H100) "
+                        "or fa3 (FlashAttention-3, Hopper and newer; ~53 %%) (default: the newest the GPU has)")
+    g.add_argument("--cp-comm", choices=("ring", "all-gather"), default="ring",
+                   help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
+                        "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "
+                        "reduce-scattered after it, both exposed, as Llama 3 does) (default: %(default)s)")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
@@ -182,7 +189,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace):
-    from par3d.plan.hardware import HardwareError, get_device, load_hardware_file, make_cluster
+    from par3d.plan.hardware import (
+        HardwareError,
+        get_device,
+        load_hardware_file,
+        make_cluster,
+        with_attention_kernel,
+    )
 
     try:
         if args.hardware:
@@ -213,7 +226,8 @@ def _cluster(args: argparse.Namespace):
             if args.nics_per_node or args.nic_bw:  # the file's inter link is one NIC per GPU
                 cl = replace(cl, inter=replace(cl.inter, beta=nic * (args.nics_per_node or cl.gpus_per_node)
                                                / cl.gpus_per_node), nics_per_node=args.nics_per_node)
-            cl = replace(cl, flash_attention=args.flash_attention)
+            cl = replace(cl, flash_attention=args.flash_attention, cp_comm=args.cp_comm,
+                         device=with_attention_kernel(cl.device, args.attention_kernel))
         else:
             gpn = args.gpus_per_node or 8
             dev = get_device(args.gpu)
@@ -224,7 +238,8 @@ def _cluster(args: argparse.Namespace):
                                  f"(--gpu h100)")
             cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
                               args.dtype, args.efficiency, nics_per_node=args.nics_per_node,
-                              nic_bw_gbps=args.nic_bw, flash_attention=args.flash_attention)
+                              nic_bw_gbps=args.nic_bw, flash_attention=args.flash_attention,
+                              attention_kernel=args.attention_kernel, cp_comm=args.cp_comm)
     except HardwareError as e:
         flag = "--hardware" if args.hardware else "--gpu"
         msg = str(e)
@@ -542,11 +557,19 @@ def _cp_line(model, cluster, c) -> str:
 
     link = links(cluster, c).cp
     kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
+    where = 'inside a node' if link is cluster.intra else 'across nodes'
+    if cluster.cp_comm == "all-gather":  # Llama 3's CP: gather all K/V, exposed
+        from par3d.plan.cost import cp_all_gather
+
+        ag, rs = cp_all_gather(model, cluster, c)
+        return (f"  CP all-gather (cp = {c.cp}, {where}): K/V of all {model.seq_len} tokens "
+                f"{kv * c.cp / 1e6:.1f} MB gathered per layer forward ({_ms(ag)}), dK/dV reduce-scattered "
+                f"per layer backward ({_ms(rs)}), both exposed")
     hop = comm.p2p(kv, link).total
     core = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c)).core
     fwd, bwd = cp_exchange(model, c, link, core, cluster.dtype)
-    return (f"  CP ring (cp = {c.cp}, {'inside a node' if link is cluster.intra else 'across nodes'}, "
+    return (f"  CP ring (cp = {c.cp}, {where}, "
             f"{link.beta / GB:g} GB/s): K/V block {kv / 1e6:.1f} MB, {c.cp - 1} hops x {_ms(hop)} = "
             f"{_ms((c.cp - 1) * hop)} per layer forward against {_ms(core * (c.cp - 1) / c.cp)} of remote-block "
             f"attention -> exposed {_ms(fwd)} forward, {_ms(bwd)} backward")

@@ -457,6 +457,25 @@ def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: s
     return fwd, bwd
 
 
+def cp_all_gather(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float]:
+    """Llama 3's context parallelism per layer (forward, backward): all-gather every CP rank's K/V
+    (the s tokens' K and V at this rank's K/V width), then attention of the local queries; backward
+    reduce-scatters the dK/dV partials of all s keys back to their owners.  Both sit on the critical
+    path (the paper: exposed, and small because GQA makes K/V much smaller than Q).  The CP group's
+    neighbours are tp ranks apart (mesh.py), so across nodes it runs on the NICs."""
+    if c.cp <= 1:
+        return 0.0, 0.0
+    full = c.micro_batch * model.seq_len * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
+    if cluster.hier:
+        ag = comm.collective("all_gather", full, c.cp, c.tp, cluster).total
+        rs = comm.collective("reduce_scatter", full, c.cp, c.tp, cluster).total
+    else:
+        link = links(cluster, c).cp
+        ag = comm.all_gather(full, c.cp, link).total  # type: ignore[arg-type]
+        rs = comm.reduce_scatter(full, c.cp, link).total  # type: ignore[arg-type]
+    return ag, rs
+
+
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
@@ -471,7 +490,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     rec_comm = 2 * ar if c.recompute == "full" else 0.0
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
-    if hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
+    if c.cp > 1 and cluster.cp_comm == "all-gather":  # Llama 3: gather K/V, scatter dK/dV, exposed
+        cpf, cpb = cp_all_gather(model, cluster, c)
+    elif hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
         kv = c.micro_batch * s_local * 2 * model.kv_dim_per_rank(c.tp) * db
         cpf, cpb = cp_exchange(model, c, comm.send_recv(kv, c.tp, cluster, c.tp * c.cp), lt.core, dtype)
     else:

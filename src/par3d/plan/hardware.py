@@ -164,6 +164,26 @@ def _gemm(family: str) -> dict[str, float]:
 # - H100/H200/B200: FlashAttention-3 reaches ~500-550 TFLOP/s fwd+bwd BF16 (Shah et al. 2024,
 #   "FlashAttention-3", backward and forward benchmarks) → 0.53 of 989; B200 takes the same share.
 FA_A100, FA_HOPPER = 0.60, 0.53
+# FlashAttention-2 on H100: "only 35 % utilization" (Shah et al. 2024, FlashAttention-3, abstract) →
+# 0.35 of 989, for runs that predate FlashAttention-3 (`attention_kernel="fa2"`); B200 takes it too.
+FA2_HOPPER = 0.35
+ATTENTION_KERNELS = ("fa2", "fa3")
+
+
+def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
+    """The device with the FlashAttention generation a run used (None: the newest the GPU has:
+    FlashAttention-3 on H100/H200/B200, FlashAttention-2 on A100)."""
+    if kernel is None or not dev.flash:
+        return dev
+    hopper = dev.attn_eff == FA_HOPPER  # the catalogue's Hopper/Blackwell entries
+    if kernel == "fa3":
+        if not hopper:
+            raise HardwareError(f"attention kernel 'fa3': FlashAttention-3 needs Hopper or newer (H100, H200, "
+                                f"B200), not {dev.name}; use 'fa2'")
+        return dev
+    if kernel == "fa2":
+        return replace(dev, attn_eff=FA2_HOPPER) if hopper else dev
+    raise HardwareError(f"attention kernel {kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
 
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
@@ -198,6 +218,9 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
 }
 
 
+CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """GPUs, nodes and links.  `inter` is the inter-node bandwidth *per GPU* (the node's NICs shared
@@ -224,6 +247,10 @@ class Cluster:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
     # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
     zero3_unit: str = "layer"
+    # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
+    # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
+    # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
+    cp_comm: str = "ring"
 
     @property
     def nodes(self) -> int:
@@ -255,6 +282,7 @@ class Cluster:
                        "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
+            "cp_comm": self.cp_comm,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }
@@ -276,12 +304,15 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
                  intra_bw_gbps: float | None = None, inter_bw_gbps: float | None = None,
                  dtype: str = "bf16", efficiency: float | None = None, nics_per_node: int | None = None,
                  nic_bw_gbps: float | None = None, flash_attention: bool = True,
-                 hierarchical: bool | None = None) -> Cluster:
+                 hierarchical: bool | None = None, attention_kernel: str | None = None,
+                 cp_comm: str = "ring") -> Cluster:
     """A catalogue GPU in DGX-style nodes.  `efficiency` switches to the flat kernel model (and,
     unless `hierarchical` says otherwise, the seed's flat rings).  `nics_per_node` × `nic_bw_gbps`
     (default: the GPU's NIC, one per GPU) is the node's inter-node bandwidth; `inter_bw_gbps`
     instead gives the per-GPU share directly (the older flag)."""
-    dev = get_device(gpu)
+    dev = with_attention_kernel(get_device(gpu), attention_kernel)
+    if cp_comm not in CP_COMMS:
+        raise HardwareError(f"cp_comm {cp_comm!r}: choose one of {', '.join(CP_COMMS)}")
     if efficiency is not None:
         dev = replace(dev, efficiency=efficiency, gemm={})
     li, le = DEFAULT_LINKS[dev.name]
@@ -297,7 +328,7 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
         inter = replace(inter, name=f"{inter.name}@{inter_bw_gbps:g}GBps", beta=inter_bw_gbps * GB)
     dev.peak(dtype)
     return Cluster(dev, gpus, gpus_per_node, intra, inter, dtype, nics_per_node=nics_per_node,
-                   flash_attention=flash_attention, hierarchical=hierarchical)
+                   flash_attention=flash_attention, hierarchical=hierarchical, cp_comm=cp_comm)
 
 
 def gemm_entry_from_points(points: list[tuple[float, float]], peak_tflops: float) -> float:
