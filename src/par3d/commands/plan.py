@@ -122,6 +122,14 @@ def register(sub) -> None:
                    help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
                         "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "
                         "reduce-scattered after it, both exposed, as Llama 3 does) (default: %(default)s)")
+    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
+                   help="the framework reduces DP gradients bucket by bucket during the backward (default: "
+                        "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
+                        "it (Megatron-LM before 2023, DeepSpeed's default)")
+    g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
+                   help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead (default: "
+                        "par3d, PyTorch FSDP) or each weight matrix by its sub-module's hook, one matrix ahead "
+                        "(submodule: DeepSpeed's ZeRO-3 with its default 5e7-element prefetch bucket)")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
@@ -244,6 +252,9 @@ def _cluster(args: argparse.Namespace):
         flag = "--hardware" if args.hardware else "--gpu"
         msg = str(e)
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
+    from dataclasses import replace as _replace
+
+    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, zero3_unit=args.zero3_unit)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
                          f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"
