@@ -64,7 +64,8 @@ def test_zero_sharding():
 
 
 @pytest.mark.parametrize("sched,p,m,v", [("1f1b", 4, 16, 1), ("1f1b", 4, 3, 1), ("zb-h1", 4, 12, 1),
-                                         ("interleaved", 4, 16, 2), ("interleaved", 2, 8, 3), ("gpipe", 4, 11, 1)])
+                                         ("interleaved", 4, 16, 2), ("interleaved", 2, 8, 3), ("gpipe", 4, 11, 1),
+                                         ("zb-v", 4, 20, 2), ("zb-v", 1, 3, 2), ("dualpipe-v", 4, 20, 2)])
 def test_peak_inflight_matches_full_check(sched, p, m, v):
     assert list(peak_inflight(sched, p, m, v)) == check(build(sched, p, m, v), p, m, v).peak_inflight
 
@@ -260,9 +261,10 @@ def test_counted_peaks_are_the_checkers():
 
     for p in range(1, 13):
         for m in range(1, 3 * p + 1):
-            for sched, vs in (("gpipe", [1]), ("1f1b", [1]), ("zb-h1", [1]), ("interleaved", [2, 3, 4])):
+            for sched, vs in (("gpipe", [1]), ("1f1b", [1]), ("zb-h1", [1]), ("interleaved", [2, 3, 4]),
+                              ("zb-v", [2]), ("dualpipe-v", [2])):
                 for v in vs:
-                    if sched == "interleaved" and m % p:
+                    if (sched == "interleaved" and m % p) or (sched == "dualpipe-v" and m < 2 * p):
                         continue
                     assert counted_peaks(sched, p, m, v) == tuple(check(build(sched, p, m, v), p, m, v).peak_inflight), \
                         (sched, p, m, v)

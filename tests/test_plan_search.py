@@ -39,7 +39,7 @@ def exhaustive(model, cluster, batch, limits):
                 peaks = check(build(sched, pp, m, v), pp, m, v).peak_inflight
                 mem = max(rank_memory(model, shape, peaks[r], tp=tp, dp=dp, b=mb, sp=sp, recompute=rec, zero=z,
                                       dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash).total
-                          for r, shape in enumerate(rank_shapes(model, tp, pp, v)))
+                          for r, shape in enumerate(rank_shapes(model, tp, pp, v, sched)))
                 if mem > cap:
                     continue
                 st = stage_times(model, cluster, c)
@@ -75,3 +75,5 @@ def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, ba
         assert p.memory.total == pytest.approx(mem, rel=1e-9)
     if "cp searched" in name:
         assert any(c.cp > 1 for *_, c in every), "no plan with cp > 1 fits: the case does not test CP"
+    if not model.tied:  # the V schedules are in the space (and priced by the same exhaustive rule)
+        assert {"zb-v", "dualpipe-v"} <= {c.schedule for *_, c in every}

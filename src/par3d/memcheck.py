@@ -57,7 +57,7 @@ def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
     dtype = "fp32" if cfg.train.dtype == "fp32" else "bf16"
-    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     peaks = cost.peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):

@@ -60,7 +60,7 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()
     pc, model = cfg.parallel, model_spec(cfg)
-    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages)[pp_rank]
+    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, pc.schedule)[pp_rank]
     inflight = cost.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)[pp_rank]
     mb = rank_memory(model, shape, inflight, tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,

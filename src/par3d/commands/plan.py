@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V: v = 2
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -151,9 +152,12 @@ def register(sub) -> None:
     g.add_argument("--pp", type=_int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
-    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    g.add_argument("--schedule", choices=SCHEDULES,
+                   help="pipeline schedule; zb-v and dualpipe-v hold stages r and 2p-1-r on rank r (v = 2, "
+                        "untied embeddings, dualpipe-v m >= 2 x pp); searched among all when omitted")
     g.add_argument("--virtual-stages", type=_int_at_least(1),
-                   help="model chunks per pipeline rank v (> 1 implies --schedule interleaved)")
+                   help="model chunks per pipeline rank v (> 1 implies --schedule interleaved; 2 with zb-v and "
+                        "dualpipe-v)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
@@ -293,7 +297,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
     if args.micro_batch is not None and args.global_batch % args.micro_batch:
         raise UsageError(f"--micro-batch {args.micro_batch}: must divide --global-batch {args.global_batch} "
                          f"(global = micro-batch x micro-batches x dp)")
-    if args.virtual_stages is not None and args.virtual_stages > 1:
+    if args.schedule in V_SCHEDULES:
+        _check_v(args, model)
+    elif args.virtual_stages is not None and args.virtual_stages > 1:
         if args.schedule not in (None, "interleaved"):
             raise UsageError(f"--virtual-stages {args.virtual_stages}: only the interleaved schedule has "
                              f"virtual stages; use --schedule interleaved or --virtual-stages 1")
@@ -315,6 +321,25 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         raise UsageError(f"--sequence-parallel: the {local} tokens per rank (seq_len / cp) are not divisible by "
                          f"--tp {args.tp}; use --no-sequence-parallel or a --seq-len multiple of "
                          f"{args.tp * (args.cp or 1)}")
+
+
+def _check_v(args: argparse.Namespace, model) -> None:
+    """The V schedules' rules, as `par3d train` (config.py) applies them."""
+    name = args.schedule
+    if args.virtual_stages not in (None, 2):
+        raise UsageError(f"--schedule {name} --virtual-stages {args.virtual_stages}: {name} holds two chunks per "
+                         f"rank in a V (rank r: stages r and 2p-1-r); use --virtual-stages 2 or omit it")
+    if args.pp is not None and args.pp < 2:
+        raise UsageError(f"--schedule {name} --pp {args.pp}: a V needs at least two pipeline ranks; use --pp 2 "
+                         f"or more, or --schedule 1f1b")
+    if args.pp is not None and 2 * args.pp > model.layers + 2:
+        raise UsageError(f"--schedule {name} --pp {args.pp}: the V has 2 x pp = {2 * args.pp} chunks and every "
+                         f"chunk needs one of the {model.layers} layers (or the embedding or the head alone); use "
+                         f"--pp <= {(model.layers + 2) // 2}")
+    if model.tied:
+        raise UsageError(f"--schedule {name}: the V puts the embedding and the head on rank 0 as two chunks, "
+                         f"whose shared weight par3d train does not tie; use --no-tied-embeddings or "
+                         f"--schedule zb-h1")
 
 
 def runtime_support() -> tuple[int, bool]:
@@ -496,6 +521,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
     for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
         out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
+    if best.choice.pp > 1:
+        out += ["", _placement_line(best.choice)]
     mem = best.memory.gib()
     cap = cluster.device.mem_bytes / GiB
     out += ["", f"memory on the heaviest GPU (pipeline rank {best.memory_rank}), GiB of {cap:.0f}:"]
@@ -557,6 +584,18 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  faster but does not fit: {u.choice.label()}: {u.step_time:.3f} s needs "
                    f"{u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
     return "\n".join(out)
+
+
+def _placement_line(c) -> str:
+    """Which stages each pipeline rank holds, as the schedule places them (round-robin or the V)."""
+    from par3d.plan.cost import rank_stage_lists
+
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+    shown = [f"rank {r}: stages {', '.join(map(str, st))}" for r, st in enumerate(lists[:4])]
+    more = f"; ... rank {c.pp - 1}: stages {', '.join(map(str, lists[-1]))}" if c.pp > 4 else ""
+    kind = ("the V: rank r holds stages r and 2p-1-r, so rank 0 holds the embedding and the head"
+            if lists[0][-1] == len(lists) * c.virtual_stages - 1 and c.pp > 1 else "round-robin")
+    return f"pipeline placement ({c.schedule}, {kind}): " + "; ".join(shown) + more
 
 
 def _cp_line(model, cluster, c) -> str:

@@ -18,8 +18,10 @@ This module is pure Python: it must never import torch (the planner and the CLI 
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import re
+from collections import deque
 from collections.abc import Container
 from dataclasses import dataclass
 
@@ -79,6 +81,14 @@ def placement(schedule: list[list[Action]], w: Where | None = None) -> dict[int,
                     f"stage {a.stage} is on two ranks: {w.at(first[0], first[1])} ({w.act(first[2])}) and "
                     f"{w.at(r, j)} ({w.act(a)}); every stage lives on one rank")
     return {s: r for s, (r, _, _) in where.items()}
+
+
+def schedule_placement(name: str, p: int, v: int = 1) -> list[int]:
+    """The rank of every global stage in what builder ``name`` makes, without building it: the V
+    for V_SCHEDULES, round-robin for the others (`placement` reads it off any built or loaded
+    schedule; a test checks that the two agree for every builder, p and m)."""
+    rank = v_stage_rank if name in V_SCHEDULES else stage_rank
+    return [rank(s, p) for s in range(p * v)]
 
 
 def rank_stages(schedule: list[list[Action]], rank: int) -> list[int]:
@@ -221,7 +231,8 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     the V placement (rank r holds stages r and 2p-1-r), every backward split into BI and BW.
 
     Built by list scheduling on a simulated clock with per-chunk times ``times`` = (F, BI, BW)
-    (default equal, the paper's setting; the planner and `par3d simulate` pass their own): each
+    (default equal, the paper's setting and what `par3d train` and the planner build; `par3d
+    simulate` passes its own): each
     rank, as soon as it is free, starts the action that can start earliest, and among those
     that can start at the same moment prefers the oldest BI (it is on the critical path: the
     previous stage waits for it), then an F while fewer than 2p chunk activations are alive (p
@@ -235,59 +246,85 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     _require(p, m)
     tf, tbi, tbw = (float(t) for t in times)
     cost = {"F": tf, "BI": tbi, "BW": tbw}
-    prio = {"BI": 0, "F": 1, "BW": 2}
     limit = 2 * p
     stages = [(r, 2 * p - 1 - r) for r in range(p)]
     n_stages = 2 * p
-    ends: dict[Key, float] = {}
-    present: set[Key] = {(k, s, i) for s in range(n_stages) for i in range(m) for k in ("F", "BI", "BW")}
+    last = n_stages - 1
+    rank_of = [v_stage_rank(st, p) for st in range(n_stages)]
+    # ends of the scheduled F and BI actions per (stage, micro-batch); None: not scheduled yet
+    f_end: list[list[float | None]] = [[None] * m for _ in range(n_stages)]
+    bi_end: list[list[float | None]] = [[None] * m for _ in range(n_stages)]
     out: list[list[Action]] = [[] for _ in range(p)]
     nf = [[0, 0] for _ in range(p)]  # next micro-batch to forward, per chunk
     nb = [[0, 0] for _ in range(p)]  # next micro-batch for BI, per chunk
-    pending: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (stage, mb) with BI done, BW not
+    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]  # (chunk, mb) with BI done, BW not
     live = [0] * p
     free = [0.0] * p
+    version = [0] * p
+    heap: list[tuple] = []
 
-    def start_of(a: Action, r: int) -> float | None:
-        """When `a` could start on rank r, or None while an input is not scheduled yet."""
-        t = free[r]
-        for d in dependencies(a, n_stages, present):
-            if d not in ends:
-                return None
-            t = max(t, ends[d])
-        return t
+    def offer(r: int) -> None:
+        """Push rank r's best ready action: (earliest start; then BI > F > BW; then the older
+        micro-batch; then the deeper chunk; then the lower rank) -- the order of keys the global
+        choice is made in, so keeping each rank's best and taking the least is the same choice."""
+        version[r] += 1
+        best = None
+        fr = free[r]
+        for c in (1, 0):
+            st, i = stages[r][c], nb[r][c]
+            if i < m:  # BI waits for its own F and the next stage's BI
+                e = f_end[st][i]
+                if e is not None:
+                    e2 = bi_end[st + 1][i] if st < last else fr
+                    if e2 is not None:
+                        key = (max(fr, e, e2), 0, i, -c, r)
+                        if best is None or key < best[0]:
+                            best = (key, "BI", c, i)
+            i = nf[r][c]
+            if live[r] < limit and i < m:  # F waits for the previous stage's F
+                e = f_end[st - 1][i] if st > 0 else fr
+                if e is not None:
+                    key = (max(fr, e), 1, i, -c, r)
+                    if best is None or key < best[0]:
+                        best = (key, "F", c, i)
+        if pending[r]:
+            c, i = pending[r][0]
+            key = (max(fr, bi_end[stages[r][c]][i]), 2, i, -c, r)  # type: ignore[type-var]
+            if best is None or key < best[0]:
+                best = (key, "BW", c, i)
+        if best is not None:
+            heapq.heappush(heap, (best[0], version[r], best[1], best[2], best[3]))
 
+    for r in range(p):
+        offer(r)
     for _ in range(3 * n_stages * m):
-        best: tuple | None = None
-        for r in range(p):
-            cands = [Action("BI", stages[r][c], nb[r][c]) for c in (1, 0) if nb[r][c] < m]
-            if live[r] < limit:
-                cands += [Action("F", stages[r][c], nf[r][c]) for c in (1, 0) if nf[r][c] < m]
-            if pending[r]:
-                cands.append(Action("BW", *pending[r][0]))
-            for a in cands:
-                t = start_of(a, r)
-                if t is None:
-                    continue
-                # earliest start first; then BI > F > BW; then the older micro-batch, the deeper chunk
-                rank_key = (t, prio[a.kind], a.microbatch, -stages[r].index(a.stage), r)
-                if best is None or rank_key < best[0]:
-                    best = (rank_key, r, a)
-        if best is None:  # cannot happen: the stage holding the oldest unfinished work can go on
+        while heap and heap[0][1] != version[heap[0][0][4]]:
+            heapq.heappop(heap)  # an offer made stale by a later one of the same rank
+        if not heap:  # cannot happen: the stage holding the oldest unfinished work can go on
             raise ScheduleError(f"zb-v: list scheduling found nothing to run for p={p}, m={m}")
-        (t, *_), r, a = best
-        c = stages[r].index(a.stage)
-        if a.kind == "F":
+        key, _ver, kind, c, i = heapq.heappop(heap)
+        t, r = key[0], key[4]
+        st = stages[r][c]
+        stop = free[r] = t + cost[kind]
+        dirty = {r}
+        if kind == "F":
             nf[r][c] += 1
             live[r] += 1
-        elif a.kind == "BI":
+            f_end[st][i] = stop
+            if st < last:
+                dirty.add(rank_of[st + 1])
+        elif kind == "BI":
             nb[r][c] += 1
-            pending[r].append((a.stage, a.microbatch))
+            pending[r].append((c, i))
+            bi_end[st][i] = stop
+            if st > 0:
+                dirty.add(rank_of[st - 1])
         else:
-            pending[r].pop(0)
+            pending[r].popleft()
             live[r] -= 1
-        ends[_key(a)] = free[r] = t + cost[a.kind]
-        out[r].append(a)
+        out[r].append(Action(kind, st, i))
+        for d in dirty:  # only these ranks' ready actions or start times changed
+            offer(d)
     return out
 
 

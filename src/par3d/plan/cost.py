@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from par3d.pipeline.partition import gpt_partition
-from par3d.pipeline.schedules import build, check
+from par3d.pipeline.schedules import V_SCHEDULES, build, check, schedule_placement
 
 try:  # the checker's counting step alone (cheap); check() also proves the order deadlock-free
     from par3d.pipeline.schedules import peak_inflight as _count_peaks
@@ -161,13 +161,38 @@ def layout(model: ModelSpec, chunks: int) -> Layout:
     return Layout(tuple(layers), tuple(embed), tuple(head))
 
 
+SPLIT_BACKWARD = ("zb-h1",) + V_SCHEDULES
+"""Schedules that split backwards into BI and BW (dualpipe-v runs full Bs too)."""
+
+
+def default_schedule(v: int) -> str:
+    """The round-robin schedule of v chunks per rank: what a caller that names no schedule means."""
+    return "1f1b" if v == 1 else "interleaved"
+
+
 @lru_cache(maxsize=1024)
-def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int) -> tuple[RankShape, ...]:
-    """Parameters held by each pipeline rank (stage s lives on rank s % pp)."""
+def stage_placement(schedule: str, p: int, v: int) -> tuple[int, ...]:
+    """The rank of each global stage, as the schedule module declares it for this builder
+    (`schedules.schedule_placement`, which a test checks against `placement` of every built
+    schedule): round-robin for most, the V (rank r holds r and 2p-1-r) for zb-v and dualpipe-v."""
+    return tuple(schedule_placement(schedule, p, v))
+
+
+@lru_cache(maxsize=1024)
+def rank_stage_lists(schedule: str, p: int, v: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, the global stages it holds, in increasing order (its chunks 0, 1, ...)."""
+    rank_of = stage_placement(schedule, p, v)
+    return tuple(tuple(s for s in range(p * v) if rank_of[s] == r) for r in range(p))
+
+
+@lru_cache(maxsize=1024)
+def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None = None) -> tuple[RankShape, ...]:
+    """Parameters held by each pipeline rank, on the schedule's placement (`stage_placement`;
+    no schedule: the round-robin one, stage s on rank s % pp).  On the V, rank 0 holds both the
+    embedding (stage 0) and the head (stage 2p-1)."""
     lay = layout(model, pp * v)
     out = []
-    for r in range(pp):
-        stages = range(r, pp * v, pp)
+    for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
         params = 0.0
         for s in stages:
             params += lay.layers[s] * model.layer_params_per_rank(tp)
@@ -189,7 +214,7 @@ def peak_inflight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     (a multiple of p for interleaved whenever m is) and GPipe's peak is m; a test compares this
     with the check at the full m.
     """
-    if p == 1:
+    if p == 1 and schedule not in V_SCHEDULES:
         return (1 if schedule != "gpipe" else m,)
     mm = min(m, 2 * p)
     peaks = counted_peaks(schedule, p, mm, v)
@@ -204,7 +229,9 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     instead of building the lists: building them was most of the search's time.  Rank r:
     - GPipe: m;  1F1B: w = min(p-r-1, m) warm-up forwards, then F/B pairs: min(p - r, m);
     - interleaved: w = min(2(p-r-1) + (v-1)p, m·v) warm-up units, then F/B pairs: min(w + 1, m·v);
-    - ZB-H1: w = min(p-r-1, m), then F/BI pairs with up to r BWs deferred: w + 1 + min(r, m-w-1).
+    - ZB-H1: w = min(p-r-1, m), then F/BI pairs with up to r BWs deferred: w + 1 + min(r, m-w-1);
+    - ZB-V (equal times, as the runtime builds it): min(2m, 2p) chunks on every rank;
+    - DualPipe-V (m >= 2p): 2p + 1 chunks on every rank.
     A test compares them with the checker on every (p, m, v) up to p = 12; `validate_schedule`
     compares them again on every plan it reports."""
     out = []
@@ -218,6 +245,10 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
         elif schedule == "zb-h1":
             w = min(p - r - 1, m)
             out.append(w if m - w < 1 else w + 1 + min(r, m - w - 1))
+        elif schedule == "zb-v":  # its F rule caps live chunks at 2p; each micro-batch brings two
+            out.append(min(2 * m, 2 * p))
+        elif schedule == "dualpipe-v":  # m >= 2p: 2p warm-up chunks, one more before the first B
+            out.append(2 * p + 1)
         else:
             return _checked_peaks(schedule, p, m, v)
     return tuple(out)
@@ -238,7 +269,7 @@ def validate_schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     the check that the search's peak counts are the checker's."""
     mm = min(m, 2 * p) if p > 1 else m
     peaks = tuple(check(build(schedule, p, mm, v), p, mm, v).peak_inflight)
-    if p > 1 and peaks != counted_peaks(schedule, p, mm, v):
+    if (p > 1 or schedule in V_SCHEDULES) and peaks != counted_peaks(schedule, p, mm, v):
         raise AssertionError(f"{schedule} p={p} m={mm} v={v}: counted peaks {counted_peaks(schedule, p, mm, v)} "
                              f"differ from the checker's {peaks}")
     return peaks
@@ -500,12 +531,14 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange
     cpr = cpf if c.recompute in ("full", "selective") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
     seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
     for s, n in enumerate(lay.layers):
-        chunk_params = shapes[s % c.pp].params / len(shapes[s % c.pp].layers) if c.zero_stage >= 3 else 0.0
+        home = shapes[rank_of[s]]
+        chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
         key = (n, lay.embed[s], lay.head[s], chunk_params)
         row = seen.get(key)
         if row is not None:
@@ -541,7 +574,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         b = bc + br + b_tp + b_cp + z3b
         out.f.append(f)
         out.b.append(b)
-        # zb-h1: BI = input-gradient GEMMs + recompute + TP/CP collectives; BW = weight-gradient GEMMs
+        # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP collectives; BW = weight-gradient GEMMs
         out.bi.append(fc + br + b_tp + b_cp + z3b)
         out.bw.append(fc)
         out.f_compute.append(fc)
@@ -617,32 +650,44 @@ def durations_of(st: StageTimes, schedule: str) -> dict[tuple[int, str], float]:
     for s in range(len(st.f)):
         d[(s, "F")] = st.f[s]
         d[(s, "B")] = st.b[s]
-        if schedule == "zb-h1":
+        if schedule in SPLIT_BACKWARD:
             d[(s, "BI")] = st.bi[s]
             d[(s, "BW")] = st.bw[s]
     return d
 
 
 def rank_busy(st: StageTimes, c: Choice) -> list[float]:
-    p, m = c.pp, c.microbatches
-    return [m * sum(st.f[s] + st.b[s] for s in range(r, len(st.f), p)) for r in range(p)]
+    """Per rank, m x (F + B) of its stages (BI + BW >= B: a lower bound for split backwards)."""
+    m = c.microbatches
+    return [m * sum(st.f[s] + st.b[s] for s in stages)
+            for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages)]
 
 
 def makespan_lower_bound(st: StageTimes, c: Choice) -> float:
     """A valid lower bound on the simulated makespan (used to prune before simulating).
 
-    Rank r cannot start before micro-batch 0 has gone forward through stages 0..r-1, must then do
-    its own work, and (except for zb-h1, whose last actions may be weight gradients) its last
-    backward must still flow back through stages r-1..0.  Tight for GPipe/1F1B with equal stages.
+    Rank r cannot start before micro-batch 0 has gone forward through the stages below its
+    lowest one, s_r (r on both placements), must then do its own work, and (except for the split
+    backwards, whose last actions may be weight gradients) its last backward must still flow back
+    through stages s_r-1..0.  Transfers count where consecutive stages sit on two ranks.  Tight for
+    GPipe/1F1B with equal stages.
     """
     busy = rank_busy(st, c)
-    best = 0.0
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+    rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
+    tail = c.schedule not in SPLIT_BACKWARD
+    lows = [stages[0] for stages in lists]
+    before: list[tuple[float, float]] = []  # before stage s: forwards, backwards through stages < s
     pre_f = pre_b = 0.0
-    for r in range(c.pp):
-        tail = 0.0 if c.schedule == "zb-h1" else pre_b
-        best = max(best, pre_f + busy[r] + tail)
-        pre_f += st.f[r] + st.transfer
-        pre_b += st.b[r] + st.transfer
+    for s in range(max(lows) + 1):
+        before.append((pre_f, pre_b))
+        hop = st.transfer if rank_of[s] != rank_of[s + 1 if s + 1 < len(rank_of) else s] else 0.0
+        pre_f += st.f[s] + hop
+        pre_b += st.b[s] + hop
+    best = 0.0
+    for r, s_r in enumerate(lows):
+        f, b = before[s_r]
+        best = max(best, f + busy[r] + (b if tail else 0.0))
     return best
 
 
@@ -677,7 +722,7 @@ def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
            opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
     """The heaviest rank's memory and that rank."""
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
@@ -690,7 +735,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     act_scale = 1.0 + FRAGMENTATION
     logits = logits_bytes(model, c.micro_batch, c.tp, c.cp)
     arg, top = 0, -1.0
-    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, peaks):
+    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, peaks, c.schedule):
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
@@ -715,8 +760,8 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
 
 
 @lru_cache(maxsize=8192)
-def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int,
-                 peaks: tuple[int, ...]) -> tuple[tuple[int, float, float, bool], ...]:
+def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, peaks: tuple[int, ...],
+                 schedule: str | None = None) -> tuple[tuple[int, float, float, bool], ...]:
     """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest.
 
     A rank's memory estimate rises with each of the three (the coefficients are >= 0, and rounding
@@ -724,7 +769,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int,
     matches or exceeds in all three never wins: dropping it changes no answer.  Under 1F1B that
     leaves the first two ranks and the last."""
     kept: list[tuple[int, float, float, bool]] = []
-    for r, shape in enumerate(rank_shapes(model, tp, pp, v)):
+    for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule)):
         row = (r, shape.params, peaks[r] * (sum(shape.layers) / len(shape.layers)), shape.head)
         if not any(k[1] >= row[1] and k[2] >= row[2] and (k[3] or not row[3]) for k in kept):
             kept.append(row)
@@ -769,11 +814,12 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
     if c.tp <= model.kv:
         return [0.0] * c.pp
     out = []
-    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages)):
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)):
         n_layers = sum(shape.layers)
         red = kv_replica_reduce(model, cluster, c, n_layers)
         if cluster.overlap_grad_reduce and n_layers > 0:
-            window = sum(st.b[s] for s in range(r, len(st.b), c.pp))
+            window = sum(st.b[s] for s in lists[r])
             red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
         out.append(red)
     return out
@@ -783,7 +829,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     worst = 0.0
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
     for r, shape in enumerate(shapes):
@@ -795,7 +842,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
             hit = costs[g] = (red, gather)
         red, gather = hit
-        window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
+        window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
         if cluster.overlap_grad_reduce:
             red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
         worst = max(worst, red + gather)
@@ -817,7 +864,8 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
         return _dp_tail_bucketed(model, cluster, c, st)
     lk = links(cluster, c)
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     worst = 0.0
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike
     for r, shape in enumerate(shapes):
@@ -833,7 +881,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
             red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
             gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
         costs[g] = (red, gather)
-        window = sum(st.b[s] for s in range(r, len(st.b), c.pp))  # last micro-batch's backward on r
+        window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
         n_layers = max(sum(shape.layers), 1)
         exposed = max(red / n_layers, red - window) + gather
         worst = max(worst, exposed)
@@ -841,7 +889,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
 
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     params = max(s.params for s in shapes) / (c.dp * c.cp if c.zero_stage >= 1 else 1)
     dev = cluster.device
     if dev.kernel_model == "table":
@@ -872,7 +920,8 @@ class Plan:
         c = self.choice
         return {
             "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
-            "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
+            "schedule": c.schedule, "virtual_stages": c.virtual_stages,
+            "stage_ranks": list(stage_placement(c.schedule, c.pp, c.virtual_stages)), "recompute": c.recompute,
             "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel, "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
             "step_time_s": self.step_time,
@@ -894,7 +943,7 @@ def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
     average number of computing ranks, read off the schedule's own simulation (busy time less the
     collective waits, over the makespan, times the ranks of each stage)."""
     world = c.gpus
-    kinds = ("f", "bi", "bw") if c.schedule == "zb-h1" else ("f", "b")
+    kinds = ("f", "bi", "bw") if c.schedule in SPLIT_BACKWARD else ("f", "b")
     waiting = c.microbatches * sum(sum(st.waits[k]) for k in kinds)  # every stage runs each kind m times
     busy_ranks = c.dp * c.cp * c.tp * max(0.0, sum(busy) - waiting) / makespan if makespan > 0 else world
     slow = contention(prof, world, busy_ranks)
@@ -938,7 +987,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     step = makespan + tail + opt + overhead
     # breakdown on the busiest rank: its work, then the idle time split into PP transfers and bubble
     crit = max(range(c.pp), key=lambda r: busy[r])
-    stages = range(crit, len(st.f), c.pp)
+    stages = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)[crit]
+    rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
     m = c.microbatches
     compute = slow * m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
     recompute = slow * m * sum(st.b_recompute[s] for s in stages)
@@ -947,7 +997,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     cp_comm = m * sum(st.cp_comm[s] for s in stages)
     zero3 = m * sum(st.zero3[s] for s in stages)
     idle = max(0.0, makespan - busy[crit])
-    pp_comm = min(idle, 2 * (c.pp * c.virtual_stages - 1) * st.transfer)
+    hops = sum(1 for s in range(len(rank_of) - 1) if rank_of[s] != rank_of[s + 1])  # the V's turn is local
+    pp_comm = min(idle, 2 * hops * st.transfer)
     breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
                  "pp_comm": pp_comm,
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}

@@ -3,7 +3,8 @@
 How it stays fast (`par3d plan` for 1024 GPUs answers in well under 2 s on two cores):
 1. Cheap rejections first: tp must divide heads, ffn and the GPU count (and stay inside a node
    unless allowed); dp must divide the global batch; every pipeline chunk needs a layer;
-   interleaved needs m % pp == 0.
+   interleaved needs m % pp == 0; zb-v and dualpipe-v (v = 2 on the V placement) pp >= 2, untied
+   embeddings and, for dualpipe-v, m >= 2·pp -- the runtime's rules (config.py).
 2. Dominance: time grows and memory shrinks with the ZeRO stage, so for each other choice only
    the smallest ZeRO stage that fits is kept.  Sequence parallelism costs no time in this model
    (AG + RS = AR) and saves memory, so with tp > 1 it is on unless `--no-sequence-parallel`.
@@ -40,7 +41,8 @@ from .cost import (
 from .hardware import Cluster
 from .models import ModelSpec
 
-SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe")
+SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe", "zb-v", "dualpipe-v")
+V_ORDER = ("zb-v", "dualpipe-v")  # two chunks per rank on the V (pipeline/schedules.py)
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
@@ -174,6 +176,19 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                     vs = [v for v in vs if v >= 2 and pp * v <= model.layers + 2]
                     if not vs:
                         rejected["interleaved needs pp·v <= layers + 2"] += 1
+                elif sched in V_ORDER:
+                    # the runtime's rules (config.py): two chunks per rank, a layer per chunk (or the
+                    # embedding or the head alone: 2·pp <= layers + 2), m >= 2p
+                    # for dualpipe-v, no tied embeddings (embedding and head are two chunks of rank 0)
+                    if fixed.virtual_stages not in (None, 2):
+                        continue
+                    why = ("pp > 1" if pp == 1 else "2·pp <= layers + 2" if 2 * pp > model.layers + 2
+                           else "untied embeddings" if model.tied
+                           else "m >= 2·pp" if sched == "dualpipe-v" and m < 2 * pp else None)
+                    if why is not None:
+                        rejected[f"{sched} needs {why}"] += 1
+                        continue
+                    vs = [2]
                 else:
                     if fixed.virtual_stages not in (None, 1):
                         continue
