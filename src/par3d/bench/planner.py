@@ -9,6 +9,9 @@ side by side, and says whether both return the same top plans.
 Cases: the 1T-parameter row of Narayanan et al. 2021 Table 1 (1008B: 128 layers, h = 25,600,
 160 heads) on 3,072 A100-80GB with batch 3,072 — issue 12's target, < 2 s on two cores; GPT-3 175B
 on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper).
+The 1T case is also timed as `par3d plan ... --explain` end to end (its search also bounds the
+configurations that do not fit, then the best plan of each of the leading layouts is simulated and
+the report rendered): `explain_s_median`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,33 @@ print(json.dumps({"import_s": t1 - t0, "search_s": w1 - w0, "search_cpu_s": time
                   "considered": res.considered, "simulated": res.simulated,
                   "top": [[p.choice.label(), p.step_time] for p in res.plans]}))
 """
+
+# `par3d plan --explain` in-process, output discarded: search + per-layout bests + the report
+EXPLAIN_CHILD = r"""
+import contextlib, io, json, sys, time
+from par3d.cli import main
+spec, gpu, gpus, batch = json.loads(sys.argv[1])
+model = ["--model", spec] if isinstance(spec, str) else [
+    f for k, x in zip(("--layers", "--hidden", "--heads", "--seq-len", "--vocab"), spec) for f in (k, str(x))]
+argv = ["plan", *model, "--gpu", gpu, "--gpus", str(gpus), "--global-batch", str(batch), "--explain"]
+w0, c0 = time.perf_counter(), time.process_time()
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = main(argv)
+print(json.dumps({"explain_s": time.perf_counter() - w0, "explain_cpu_s": time.process_time() - c0, "rc": rc}))
+"""
+
+
+def _explain_runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
+    _name, spec, gpu, gpus, batch = case
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", EXPLAIN_CHILD, json.dumps([spec, gpu, gpus, batch])], env=env,
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"explain_s_median": statistics.median(r["explain_s"] for r in rows),
+            "explain_cpu_s_median": statistics.median(r["explain_cpu_s"] for r in rows),
+            "explain_s": [r["explain_s"] for r in rows]}
 
 
 def register(bsub: Any) -> None:
@@ -92,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         for case in CASES:
             row: dict[str, Any] = {"case": case[0], "gpu": case[2], "gpus": case[3], "global_batch": case[4],
                                    "now": _runs(here, case, repeat)}
+            if case is CASES[0]:  # the 1T case: `--explain` end to end as well
+                row["now"].update(_explain_runs(here, case, repeat))
             if baseline_src:
                 base = _runs(baseline_src, case, repeat)
                 row["baseline"] = base
@@ -114,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
             line = (f"{r['case']:<28} search {r['now']['search_s_median']:.2f} s wall, "
                     f"{r['now']['search_cpu_s_median']:.2f} s CPU (median of {repeat}), "
                     f"{r['now']['considered']} configurations, {r['now']['simulated']} simulated")
+            if "explain_s_median" in r["now"]:
+                line += (f"; --explain {r['now']['explain_s_median']:.2f} s wall, "
+                         f"{r['now']['explain_cpu_s_median']:.2f} s CPU")
             if "baseline" in r:
                 line += (f"; {args.baseline}: {r['baseline']['search_s_median']:.2f} s -> {r['speedup']:.1f}x, "
                          f"same top plans: {r['same_top']}")

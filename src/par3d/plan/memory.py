@@ -46,6 +46,7 @@ loss: 2 B (bf16 logits) + 4 B (fp32 softmax) per token per vocab entry, /t with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .hardware import GiB
 from .models import ModelSpec
@@ -96,6 +97,7 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "see
     return w, g, o
 
 
+@lru_cache(maxsize=4096)
 def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str,
                            dtype: str = "bf16", cp: int = 1, flash: bool = False) -> float:
     """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022), with

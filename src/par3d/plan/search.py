@@ -29,12 +29,16 @@ from .cost import (
     Choice,
     Options,
     Plan,
+    blockwise_attention,
+    cp_layer_times,
     dp_tail,
     evaluate,
+    layout,
     makespan_lower_bound,
     memory,
     optimizer_time,
     rank_busy,
+    rank_stage_lists,
     stage_times,
     validate_schedule,
 )
@@ -213,6 +217,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     queue: list[tuple[float, int, Choice, object, object]] = []
     unfit: list[tuple[float, int, Choice, object, object]] = []
     nearest: tuple[float, Choice, object] | None = None  # least memory among the candidates that do not fit
+    memo = _Memo(model, cluster)
+    unfit_raw: list[tuple[Choice, object]] = []
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
                                                              res.rejected):
         local = model.seq_len // cp  # SP splits this rank's tokens over tp
@@ -240,12 +246,12 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         # all-reduce), so keeping only the smallest would change what the search returns
                         fitted = True
                         if z >= 3 or st is None:
-                            st_z = stage_times(model, cluster, c)
+                            st_z = memo.stage_times(c)
                             if z < 3:
                                 st = st_z
                         else:
                             st_z = st
-                        _push(queue, model, cluster, c, mem, limits, res, top, st_z)
+                        _push(queue, model, cluster, c, mem, limits, res, top, st_z, memo)
                         continue
                     if first is None:
                         first = (c, mem)
@@ -254,7 +260,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 if not fitted:
                     res.rejected["does not fit in memory"] += 1
                     if first is not None and report_unfit:  # the fastest-looking configurations that do not fit
-                        unfit.append(_bound(model, cluster, first[0], first[1]))
+                        unfit_raw.append(first)
+    unfit = _least_bound_unfit(model, cluster, unfit_raw, memo)
     res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens, opts)
     if not res.plans and nearest is not None:
         res.nearest_unfit = evaluate(model, cluster, nearest[1], train_tokens, mem=nearest[2], opts=opts)  # type: ignore
@@ -272,17 +279,101 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
 _counter = [0]
 
 
+def _placement(c: Choice) -> str:
+    """Which stage -> rank map the schedule uses: the V schedules' own, else round-robin."""
+    return c.schedule if c.schedule in V_ORDER else "loop"
+
+
+class _Memo:
+    """What one search computes once and many candidates share (exact: the same numbers).
+
+    Without a runtime profile the stage durations of ZeRO stages 0-2 depend on (tp, pp, cp,
+    micro-batch, v, recompute, SP) only — not on the schedule, the micro-batch count or dp, which
+    the layout fixes — so 1F1B, ZB-H1 and GPipe candidates share them, and so do their lower bounds'
+    parts: the makespan bound per (stage times, schedule, m), the DP tail per (stage times, ZeRO
+    stage)."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster):
+        self.model, self.cluster = model, cluster
+        self.on = cluster.profile is None
+        self.st: dict[tuple, object] = {}
+        self.lb: dict[tuple, float] = {}
+        self.tail: dict[tuple, float] = {}
+
+    def stage_times(self, c: Choice) -> object:
+        if not self.on:
+            return stage_times(self.model, self.cluster, c)
+        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sequence_parallel,
+               _placement(c)) + ((c.dp, c.zero_stage) if c.zero_stage >= 3 else ())
+        hit = self.st.get(key)
+        if hit is None:
+            hit = self.st[key] = stage_times(self.model, self.cluster, c)
+        return hit
+
+    def bound(self, c: Choice, st: object) -> float:
+        if not self.on:
+            return (makespan_lower_bound(st, c) + dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
+                    + optimizer_time(self.model, self.cluster, c))
+        k1 = (id(st), c.schedule, c.pp, c.microbatches)  # st lives in self.st for the whole search
+        lb = self.lb.get(k1)
+        if lb is None:
+            lb = self.lb[k1] = makespan_lower_bound(st, c)  # type: ignore[arg-type]
+        k2 = (id(st), _placement(c), c.dp, c.zero_stage)  # the tail reads the ranks' stages
+        tail = self.tail.get(k2)
+        if tail is None:
+            tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
+                                    + optimizer_time(self.model, self.cluster, c))
+        return lb + tail
+
+
+def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    """A lower bound of `_bound` from the layers' arithmetic alone: the busiest rank's forward,
+    backward (2× forward) and recompute time over m micro-batches (stage_times' fc, bc, br), which
+    its makespan bound exceeds (communication, tails and the optimizer only add)."""
+    lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
+                        blockwise_attention(cluster, c))
+    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
+    lay = layout(model, c.pp * c.virtual_stages)
+    work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + n * rec for n, h in zip(lay.layers, lay.head)]
+    return c.microbatches * max(sum(work[s] for s in stages)
+                                for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
+
+
+def _least_bound_unfit(model: ModelSpec, cluster: Cluster, raw: list[tuple[Choice, object]],
+                       memo: _Memo) -> list[tuple[float, int, Choice, object, object]]:
+    """The configuration of least bound among those that do not fit (as one-element list; empty if
+    none), bounding only those whose arithmetic-alone bound is below the best bound found (exact:
+    that bound never exceeds the full one).  With a runtime profile every one is bounded."""
+    if not raw:
+        return []
+    if not memo.on:
+        return sorted(_bound(model, cluster, c, mem, memo.stage_times(c), memo) for c, mem in raw)[:1]
+    order = sorted(((_compute_bound(model, cluster, c), i) for i, (c, _) in enumerate(raw)))
+    best: tuple[float, int, tuple] | None = None  # (bound, position in `raw`: the first of equal bounds wins)
+    for cheap, i in order:
+        if best is not None and cheap > best[0] * (1 + 1e-9):  # (1e-9: rounding of the two sums)
+            break
+        c, mem = raw[i]
+        item = _bound(model, cluster, c, mem, memo.stage_times(c), memo)
+        if best is None or (item[0], i) < (best[0], best[1]):
+            best = (item[0], i, item)
+    return [best[2]] if best is not None else []
+
+
 def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object,
-           st: object = None) -> tuple[float, int, Choice, object, object]:
+           st: object = None, memo: _Memo | None = None) -> tuple[float, int, Choice, object, object]:
     st = st or stage_times(model, cluster, c)
-    lb = makespan_lower_bound(st, c) + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
+    if memo is not None:
+        lb = memo.bound(c, st)
+    else:
+        lb = makespan_lower_bound(st, c) + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
     _counter[0] += 1
     return (lb, _counter[0], c, st, mem)
 
 
 def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: object, limits: Limits,
-          res: Result, top: int, st: object = None) -> None:
-    item = _bound(model, cluster, c, mem, st)
+          res: Result, top: int, st: object = None, memo: _Memo | None = None) -> None:
+    item = _bound(model, cluster, c, mem, st, memo)
     if limits.max_bubble is not None:
         # bubble_wall >= 1 - max busy / makespan >= 1 - max busy / bound: a safe early rejection
         st = item[3]
@@ -296,7 +387,7 @@ def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: objec
 
 
 def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limits, res: Result, top: int,
-                   train_tokens: float, opts: Options | None = None) -> list[Plan]:
+                   train_tokens: float, opts: Options | None = None, check: bool = True) -> list[Plan]:
     best: list[Plan] = []
     while queue:
         lb, _, c, st, mem = heapq.heappop(queue)
@@ -310,18 +401,21 @@ def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limi
         best.append(plan)
         best.sort(key=lambda p: (p.step_time, p.choice.zero_stage, p.memory.total))
         del best[top:]
-    for plan in best:  # the full check of what is reported
+    for plan in best if check else ():  # the full check of what is recommended
         c = plan.choice
         if c.pp > 1:
             validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     return best
 
 
-def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int = 8,
+def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int = 5,
                     train_tokens: float = 300e9, opts: Options | None = None) -> list[Plan]:
     """For `--explain`: the fastest plan of each (tp, cp, pp, dp) layout (the `limit` layouts of least
     bound), found by the same bound-ordered simulation as the search, so the winner's layout shows
-    the winner itself (same v, micro-batch, recompute, ...)."""
+    the winner itself (same v, micro-batch, recompute, ...).  These comparison lines are not
+    recommended plans, so their schedules skip the full checker (`validate_schedule`, which the
+    search runs on every plan it ranks); their peaks are the counted ones the search uses, which
+    tests/test_plan_model.py compares with the checker."""
     layouts = sorted(res.per_layout.items(), key=lambda kv: min(t[0] for t in kv[1]))[:limit]
     win = res.plans[0].choice if res.plans else None
     plans = []
@@ -332,7 +426,8 @@ def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int 
         queue = list(items)
         heapq.heapify(queue)
         scratch = Result([])
-        best = _simulate_best(queue, model, cluster, res.limits or Limits(), scratch, 1, train_tokens, opts)
+        best = _simulate_best(queue, model, cluster, res.limits or Limits(), scratch, 1, train_tokens, opts,
+                              check=False)
         plans.extend(best)
     return sorted(plans, key=lambda p: p.step_time)
 
