@@ -393,34 +393,55 @@ def zero3_submodules(model: ModelSpec, dev: object, dtype: str, b: int, tp: int,
     return comp, w
 
 
-def prefetch_timeline(units: list[tuple[float, float, float]], sigma: float) -> float:
-    """Wall time of sub-modules run in order, each (compute c, gather g, reduce-scatter r): the gather
-    of unit j + 1 is issued when unit j starts (one unit of prefetch), unit j waits for its own
-    gather, its gradients' reduce-scatter is issued when it ends; gathers and reduce-scatters queue
-    on the one network path; compute that runs while the network is busy slows by σ (`overlapped`).
-    The first gather and the last reduce-scatter are exposed."""
-    if not units:
+def prefetch_timeline(units: list[tuple[float, float, float]], sigma: float, repeat: int = 1) -> float:
+    """Wall time of sub-modules run in order (the list `repeat` times), each (compute c, gather g,
+    reduce-scatter r): the gather of unit j + 1 is issued when unit j starts (one unit of prefetch),
+    unit j waits for its own gather, its gradients' reduce-scatter is issued when it ends; gathers
+    and reduce-scatters queue on the one network path; compute that runs while the network is busy
+    slows by σ (`overlapped`).  The first gather and the last reduce-scatter are exposed.
+
+    The state between repetitions is the network's and the next gather's lead over the compute
+    clock; once a repetition leaves it as the one before did, every later one adds the same time,
+    so long chunks cost a few repetitions' work (the search prices thousands of them)."""
+    if not units or repeat < 1:
         return 0.0
+    k = len(units)
     net = units[0][1]  # the first gather, issued on arrival
-    ready = net
-    t = 0.0
-    for j, (cj, _, rj) in enumerate(units):
-        start = max(t, ready)
-        if j + 1 < len(units):  # prefetch the next unit's weights
-            net = max(start, net) + units[j + 1][1]
-            nxt = net
-        busy = max(0.0, net - start)
-        end = start + cj + sigma * min(cj, busy)
-        if rj > 0.0:
-            net = max(end, net) + rj
-        t = end
-        if j + 1 < len(units):
-            ready = nxt
+    ready, t = net, 0.0
+
+    def one(t: float, net: float, ready: float, last: bool) -> tuple[float, float, float]:
+        for j, (cj, _, rj) in enumerate(units):
+            start = max(t, ready)
+            more = j + 1 < k or not last
+            if more:  # prefetch the next unit's weights
+                net = max(start, net) + units[(j + 1) % k][1]
+                nxt = net
+            end = start + cj + sigma * min(cj, max(0.0, net - start))
+            if rj > 0.0:
+                net = max(end, net) + rj
+            t = end
+            if more:
+                ready = nxt
+        return t, net, ready
+
+    done, prev = 0, None
+    while done < repeat - 1:
+        t0 = t
+        t, net, ready = one(t, net, ready, False)
+        done += 1
+        state = (round(net - t, 12), round(ready - t, 12), round(t - t0, 12))
+        if state == prev:  # periodic from here: jump over the remaining full repetitions
+            jump = repeat - 1 - done
+            t, net, ready = t + jump * (t - t0), net + jump * (t - t0), ready + jump * (t - t0)
+            done += jump
+        prev = state
+    t, net, ready = one(t, net, ready, True)
     return max(t, net)
 
 
-def _zero3_submodule_exposed(n: int, comp: tuple[float, ...], w: tuple[float, ...], ar: float,
-                             rec_comm: float, recompute: str, core: float, gather: object, scatter: object,
+@lru_cache(maxsize=8192)
+def _zero3_submodule_exposed(n: int, comp: tuple[float, ...], gathers: tuple[float, ...],
+                             scatters: tuple[float, ...], ar: float, rec_comm: float, recompute: str, core: float,
                              sigma: float) -> tuple[float, float]:
     """Extra forward and backward time of a chunk of n layers under DeepSpeed-style ZeRO-3
     (`prefetch_timeline` over every sub-module).  TP all-reduces run after the output projection
@@ -430,19 +451,19 @@ def _zero3_submodule_exposed(n: int, comp: tuple[float, ...], w: tuple[float, ..
     has just used (DeepSpeed keeps weights reused within `stage3_max_reuse_distance`)."""
     n = max(n, 1)
     fwd_tp = (0.0, ar, 0.0, ar)
-    fwd_units = [(comp[i] + fwd_tp[i], gather(w[i]), 0.0) for i in range(4)]  # type: ignore[operator]
-    fwd = prefetch_timeline(fwd_units * n, sigma)
+    fwd_units = [(comp[i] + fwd_tp[i], gathers[i], 0.0) for i in range(4)]
+    fwd = prefetch_timeline(fwd_units, sigma, n)
     bwd_tp = (ar, 0.0, ar, 0.0)
     layer: list[tuple[float, float, float]] = []
     full = recompute == "full"
     if full:
         rec_tp = rec_comm / 2.0
-        layer += [(comp[i] + (rec_tp if i in (1, 3) else 0.0), gather(w[i]), 0.0) for i in range(4)]  # type: ignore[operator]
+        layer += [(comp[i] + (rec_tp if i in (1, 3) else 0.0), gathers[i], 0.0) for i in range(4)]
     for i in (3, 2, 1, 0):
         extra = core if (i == 0 and recompute == "selective") else 0.0
-        g = 0.0 if (full and i == 3) else gather(w[i])  # type: ignore[operator]
-        layer.append((2.0 * comp[i] + bwd_tp[i] + extra, g, scatter(w[i])))  # type: ignore[operator]
-    bwd = prefetch_timeline(layer * n, sigma)
+        g = 0.0 if (full and i == 3) else gathers[i]
+        layer.append((2.0 * comp[i] + bwd_tp[i] + extra, g, scatters[i]))
+    bwd = prefetch_timeline(layer, sigma, n)
     f_base = n * (sum(comp) + 2 * ar)
     b_base = n * (2 * sum(comp) + 2 * ar + (sum(comp) + rec_comm if full else 0.0)
                   + (core if recompute == "selective" else 0.0))
@@ -536,6 +557,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
     seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
+    z3_units: tuple[tuple[float, ...], ...] | None = None
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
@@ -554,11 +576,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
-            comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
-            z3f, z3b = _zero3_submodule_exposed(
-                n, comp, w, ar, rec_comm, c.recompute, lt.core,
-                lambda e: grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True),
-                lambda e: grad_collective(cluster, c, "reduce_scatter", 2.0 * e, per_gpu_nic=True), dev.sigma)
+            if z3_units is None:  # the same sub-modules in every stage
+                comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
+                z3_units = (comp, tuple(grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True) for e in w),
+                            tuple(grad_collective(cluster, c, "reduce_scatter", 2.0 * e, per_gpu_nic=True) for e in w))
+            z3f, z3b = _zero3_submodule_exposed(n, *z3_units, ar, rec_comm, c.recompute, lt.core, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and hier:
             layer_bytes = 2.0 * model.layer_params_per_rank(c.tp)
             ag = grad_collective(cluster, c, "all_gather", layer_bytes, per_gpu_nic=True)
