@@ -330,6 +330,10 @@ def test_deepspeed_zero3_prefetches_one_submodule_ahead():
     assert prefetch_timeline(units, 0.0) > 1.15 * 12 * 8
     # the reduce-scatter after a unit queues behind the next gather on the same network
     assert prefetch_timeline([(1.0, 0.0, 1.0)] * 3, 0.0) == pytest.approx(4.0)
+    # repetitions jump once periodic: the same as the unrolled list
+    for layer in ([(3.0, 1.0, 0.0), (1.0, 4.0, 0.0), (4.0, 4.0, 2.0), (4.0, 3.0, 1.0)], [(0.5, 2.0, 1.5)] * 2):
+        for n in (1, 2, 7, 96):
+            assert prefetch_timeline(layer, 0.15, n) == pytest.approx(prefetch_timeline(layer * n, 0.15), rel=1e-12)
 
 
 def test_deepspeed_zero3_rows_scale_as_measured():
