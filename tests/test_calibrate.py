@@ -125,7 +125,7 @@ def test_collective_worker_on_two_ranks():
 
     pts = run_world(collective_worker, 2, [256, 4096], True, False, timeout_s=60)[0]
     kinds = {(p["kind"], p["group"]) for p in pts}
-    assert kinds == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("p2p", 2)}
+    assert kinds == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("p2p", 2), ("exchange", 2)}
     assert all(p["seconds"] > 0 for p in pts)
     fits = fit_collectives(pts)
     assert fits["pooled_all_reduce"]["alpha_us"] > 0 and fits["pooled_all_reduce"]["bw_gbps"] > 0
@@ -234,7 +234,9 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert hw["collective_sync_us"] >= 0.0 and hw["pipeline_hop_us"] >= 0.0
     assert hw["measurements"]["pipeline_hop"]["hops"] > 0
     prims = hw["kernels"]["primitives"]
-    assert set(prims) == {"linear", "attention", "layer_norm", "gelu", "add", "embedding", "cross_entropy"}
+    assert set(prims) == {"linear", "attention", "layer_norm", "gelu", "add", "embedding", "cross_entropy",
+                          "ring_block", "merge"}
+    assert hw["links"]["cp"]["alpha_us"] > 0 and hw["links"]["cp"]["bw_gbps"] > 0  # the CP ring's exchange
     assert prims["linear"]["forward_rel_rms"] < 0.5  # a GEMM's time is well described by its shape
     assert {"cpu", "cores", "torch", "date"} <= set(hw["host"]) and hw["host"]["cores"] >= 1
     refs = hw["calibrated"]["references"]
@@ -301,6 +303,83 @@ def test_kernels_replace_the_roofline_in_the_planner(tmp_path):
     # 4 blocks of 11 primitives + embedding (lookup + add) + head (3): forward 49 µs per micro-batch
     assert st_n.f_compute[0] == pytest.approx(49e-6) and st_w.f_compute[0] == pytest.approx(49e-6)
     assert st_n.b_compute[0] == pytest.approx(98e-6)
+
+
+def test_ring_attention_is_the_sum_of_its_pieces():
+    """Context parallelism's attention on one CP rank from the ring's measured pieces (a constant
+    per call: 1 µs forward, 2 µs backward), counted by hand from context_parallel.py."""
+    from par3d.plan.kernels import KernelModel
+
+    km = KernelModel.from_dict(_kernels(1e-6))
+    # forward: own block + its mask + (cp-1) x (remote block + merge) + the K/V stack
+    # backward: D + K/V stack + own block + mask + dQ, dK, dV adds + (cp-1) x (block + 3 adds)
+    for cp in (2, 4):
+        fwd, bwd = km.ring_attention(8, 32, 16, cp)
+        assert fwd == pytest.approx((3 + 2 * (cp - 1)) * 1e-6)
+        assert bwd == pytest.approx((1 + 1 + 2 + 1 + 3 + 5 * (cp - 1)) * 1e-6)
+    blk1, blk2 = km.block(64, 256, 4, 32, 2, 1, False), km.block(64, 256, 4, 16, 2, 1, False, cp=2)
+    assert blk2.fwd - blk1.fwd == pytest.approx(km.ring_attention(8, 16, 16, 2)[0] - 1e-6)
+    # a file from before the ring's probes: cp causal attentions of the local tokens
+    old = KernelModel(km.dtype, tuple(f for f in km.fits if f[0] not in ("ring_block", "merge")))
+    assert old.ring_attention(8, 32, 16, 2) == pytest.approx((2e-6, 4e-6))
+
+
+def _collective_fits(alpha_us: float, bw_gbps: float) -> dict:
+    return {k: {"2": {"alpha_us": alpha_us, "bw_gbps": bw_gbps}} for k in ("all_reduce", "all_gather",
+                                                                            "reduce_scatter")}
+
+
+def test_context_parallel_pays_every_ring_exchange(tmp_path):
+    """cp = 2 on a calibrated host: the ring's arithmetic from its pieces, and per layer one K/V
+    exchange forward and three backward (K/V once more, two dK/dV accumulators), each the measured
+    exchange plus the in-step sync, none hidden."""
+    from par3d.plan import cost
+    from par3d.predict import choice, cluster_of, model_spec
+
+    hw = _hw(tmp_path, kernels=_kernels(1e-6), collective_sync_us=100.0,
+             links={"p2p": {"alpha_us": 5.0, "bw_gbps": 1.0}, "cp": {"alpha_us": 200.0, "bw_gbps": 2.0}})
+    cfg = _cfg(cp=2)
+    st = cost.stage_times(model_spec(cfg), cluster_of(hw, cfg), choice(cfg))
+    b = cfg.train.global_batch  # one micro-batch: every sequence
+    kv = b * 16 * 2 * 64 * 4  # s/cp tokens x (K, V) x h x fp32
+    hop = 200e-6 + 100e-6 + kv / 2e9
+    assert st.waits["f"][0] == pytest.approx(4 * hop)  # 4 layers
+    assert st.waits["b"][0] == pytest.approx(4 * 3 * hop)
+    assert st.f_compute[0] > 4 * 3e-6  # the ring's pieces, not the roofline (whose 4 µs / layer ...)
+
+
+def test_zero3_pays_each_units_gathers_and_reduce_scatters(tmp_path):
+    """dp = 2, ZeRO-3 on a calibrated host: every unit (the embedding, 4 blocks, the head) gathered
+    before its forward and its backward, reduce-scattered after it, each at the isolated calls'
+    measured α-β; with tied embeddings the shared table stays resident and is reduced on its own."""
+    from dataclasses import replace
+
+    from par3d.plan import cost
+    from par3d.plan.models import ModelSpec
+    from par3d.predict import choice, cluster_of, model_spec
+
+    hw = _hw(tmp_path, kernels=_kernels(1e-6), collective_fits=_collective_fits(500.0, 1.0))
+    cfg = _cfg(dp=2, zero_stage=3)
+    spec: ModelSpec = model_spec(cfg)
+    st = cost.stage_times(spec, cluster_of(hw, cfg), choice(cfg))
+    table = spec.vocab * 64
+    units = [spec.layer_params_per_rank(1)] * 4 + [32 * 64 + table, spec.norm_params + table]
+
+    def call(nbytes: float) -> float:  # a 2-rank gather or reduce-scatter: α + n/2 / β
+        return 500e-6 + nbytes / 2 / 1e9
+
+    ag = sum(call(4 * u) for u in units)
+    assert st.waits["f"][0] == pytest.approx(ag)
+    assert st.waits["b"][0] == pytest.approx(2 * ag)  # the reduce-scatters: the same bytes and fit
+    tied = replace(spec, tied=True)
+    st = cost.stage_times(tied, cluster_of(hw, cfg), choice(cfg))
+    units = [spec.layer_params_per_rank(1)] * 4 + [32 * 64, spec.norm_params]
+    ag = sum(call(4 * u) for u in units)
+    assert st.waits["f"][0] == pytest.approx(ag)
+    assert st.waits["b"][0] == pytest.approx(2 * ag + call(4 * table))
+    # ZeRO-1 keeps its one reduction after the backward: no per-unit calls inside the actions
+    z1 = _cfg(dp=2, zero_stage=1)
+    assert cost.stage_times(spec, cluster_of(hw, z1), choice(z1)).waits["f"][0] == pytest.approx(0.0)
 
 
 def test_residual_overheads_take_out_the_primitives():

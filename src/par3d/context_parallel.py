@@ -79,6 +79,17 @@ def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), lse
 
 
+def _block_backward(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dob: torch.Tensor, lse_b: torch.Tensor,
+                    d_b: torch.Tensor, scale: float,
+                    mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's share of the exact backward (FlashAttention-2's recurrence): (dQ, dK, dV) of its
+    query rows and key rows, from the final log-sum-exp and D = rowsum(dO ∘ O) of those rows."""
+    p = torch.exp(_scores(qb, kb, scale, mask) - lse_b.unsqueeze(-1))
+    dv_b = torch.matmul(p.transpose(-1, -2), dob)
+    ds = p * (torch.matmul(dob, vb.transpose(-1, -2)) - d_b.unsqueeze(-1))
+    return torch.matmul(ds, kb) * scale, torch.matmul(ds.transpose(-1, -2), qb) * scale, dv_b
+
+
 def _merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> None:
     """In place: fold block (o_b, lse_b) into the running (out, lse) of the same query rows."""
     new = torch.logaddexp(lse, lse_b)
@@ -154,13 +165,9 @@ class _RingAttention(torch.autograd.Function):
                 rows, cols, mask = slice(None), slice(None), _own_mask(cp, r, c, q.device)
             else:
                 (rows, cols), mask = _plan(t, r, cp, c), None
-            qb, kb, vb = qf[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :]
-            dob = dof[..., rows, :]
-            p = torch.exp(_scores(qb, kb, scale, mask) - lse[..., rows].unsqueeze(-1))
-            dv_b = torch.matmul(p.transpose(-1, -2), dob)
-            ds = p * (torch.matmul(dob, vb.transpose(-1, -2)) - d_row[..., rows].unsqueeze(-1))
-            dq[..., rows, :] += torch.matmul(ds, kb) * scale
-            dk_b = torch.matmul(ds.transpose(-1, -2), qb) * scale
+            dq_b, dk_b, dv_b = _block_backward(qf[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :],
+                                               dof[..., rows, :], lse[..., rows], d_row[..., rows], scale, mask)
+            dq[..., rows, :] += dq_b
             if t > 0:  # the accumulator of this block arrives from the previous rank
                 for w in pending:
                     w.wait()

@@ -319,7 +319,7 @@ def figure(res: dict[str, Any]) -> Any:
     for i, s in enumerate(shapes):
         c = colors[i % len(colors)]
         for r in s["layouts"]:
-            w = r["dp"] * r["pp"] * r["tp"]
+            w = r["dp"] * r["pp"] * r["tp"] * r.get("cp", 1)
             ax.scatter(r["measured_s"] * 1e3, r["predicted_s"] * 1e3, color=c, marker=MARKERS.get(w, "D"), s=30,
                        edgecolors="k", linewidths=0.4, zorder=3)
         lab = f"{s['name']} ({s['role']})" if s.get("role") else s["name"]
@@ -362,7 +362,7 @@ def format_table(res: dict[str, Any]) -> str:
                          f"global batch {m.get('global_batch')}")
         lines.append(f"{'layout':22s} {'ranks':>5s} {'predicted':>10s} {'measured':>10s} {'error':>7s}")
         for r in s["layouts"]:
-            lines.append(f"{r['name']:22s} {r['dp'] * r['pp'] * r['tp']:5d} {r['predicted_s'] * 1e3:8.1f}ms "
+            lines.append(f"{r['name']:22s} {r['dp'] * r['pp'] * r['tp'] * r.get('cp', 1):5d} {r['predicted_s'] * 1e3:8.1f}ms "
                          f"{r['measured_s'] * 1e3:8.1f}ms {r['error']:+7.0%}")
         lines.append(f"median |error| {s['median_abs_error']:.1%}   Spearman {s['spearman']:.3f}   planner's pick "
                      f"{s['pick']} {'is' if s['pick_is_fastest'] else 'is not'} the measured fastest ({s['fastest']};"

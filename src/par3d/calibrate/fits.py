@@ -92,7 +92,9 @@ def statistics_mean(ys: Sequence[float]) -> float:
 
 
 def size_of(p: dict[str, Any]) -> dict[str, float]:
-    return {k: float(p[k]) for k in ("m", "n", "k", "bh", "s", "d", "elements", "rows") if k in p}
+    keys = ("bh", "r", "c", "d") if p.get("kind") == "ring_block" else \
+        ("m", "n", "k", "bh", "s", "d", "elements", "rows")
+    return {k: float(p[k]) for k in keys if k in p}
 
 
 def residual_overheads(measured: dict[str, float], kernels: dict[str, Any] | None,
@@ -137,7 +139,7 @@ def fit_gemm(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _coefficients(kind: str, nbytes: float, g: int) -> tuple[float, float]:
     """(coefficient of α, coefficient of 1/β) in the planner's ring model, from a unit link."""
     unit = Link("unit", 1.0, 1.0)
-    c = (plan_comm.p2p(nbytes, unit) if kind == "p2p"
+    c = (plan_comm.p2p(nbytes, unit) if kind in ("p2p", "exchange")
          else getattr(plan_comm, kind)(nbytes, g, unit))
     return c.alpha, c.beta
 
@@ -157,7 +159,7 @@ def fit_link(points: list[dict[str, Any]]) -> dict[str, float]:
 
 def fit_collectives(points: list[dict[str, Any]]) -> dict[str, Any]:
     fits: dict[str, Any] = {}
-    for kind in (*KINDS, "p2p"):
+    for kind in (*KINDS, "p2p", "exchange"):
         for g in sorted({p["group"] for p in points if p["kind"] == kind}):
             sel = [p for p in points if p["kind"] == kind and p["group"] == g]
             fits.setdefault(kind, {})[str(g)] = fit_link(sel)

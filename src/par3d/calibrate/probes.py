@@ -5,7 +5,8 @@ and every tensor lives on the rank's device (NCCL when CUDA).
 
 1. Primitives (`measure_primitives`): a linear layer, causal scaled-dot-product attention, layer
    norm, GeLU, a residual add, the embedding lookup and par3d's vocabulary cross entropy, forward and
-   backward with autograd, over grids of sizes that span the range of models trained here — shapes
+   backward with autograd, and ring attention's block and log-sum-exp merge as `context_parallel`
+   runs them, over grids of sizes that span the range of models trained here — shapes
    of the primitives, never of a model that will be scored (`fits.fit_primitives`).
 2. GEMMs (`measure_gemms`): plain `torch.mm` over transformer-like and square shapes (the asymptotic
    rate, the efficiency curve of the plot); memory bandwidth: a large copy.
@@ -15,7 +16,8 @@ and every tensor lives on the rank's device (NCCL when CUDA).
    twice as many (the contention of ranks computing side by side: shared caches and memory
    bandwidth, the backend's threads, time-sharing), and with TP (the cost of a collective inside a
    step); `fits` reads the terms off the planner's model.
-5. Collectives (`collective_worker`) and the pipeline transport, on a launched world.
+5. Collectives (`collective_worker`), the pipeline transport and context parallelism's ring
+   exchange, on a launched world.
 6. A pipeline transfer inside a running step (`measure_synthetic`): the seed's §3.3 experiment,
    stages that wait instead of computing.
 """
@@ -106,7 +108,39 @@ def primitive_sizes(quick: bool) -> list[dict[str, Any]]:
     for rows in (32, 2048) if quick else (32, 256, 2048):
         for v in (128, 2048) if quick else (128, 512, 2048):
             out.append({"kind": "cross_entropy", "elements": rows * v, "rows": rows, "v": v})
+    # ring attention's blocks (context_parallel.py): r query rows against c key rows, r = c, 2c, c/2
+    for bh in (4, 32) if quick else (4, 16, 64):
+        for c in (16, 128) if quick else (16, 64, 256):
+            for r in (c, 2 * c, c // 2):
+                for d in (8, 32) if quick else (8, 32, 64):
+                    if bh * r * c * d <= 3.4e7:
+                        out.append({"kind": "ring_block", "bh": bh, "r": r, "c": c, "d": d})
+        for r in (16, 256) if quick else (16, 64, 256, 1024):
+            for d in (8, 64) if quick else (8, 32, 64):
+                out.append({"kind": "merge", "elements": bh * r * d, "rows": bh * r, "bh": bh, "r": r, "d": d})
     return out
+
+
+def _ring_piece(p: dict[str, Any], dt: Any, dev: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(forward, backward) calls of one ring-attention piece, as `context_parallel` runs them: not
+    autograd (the ring's backward is written out), so each is timed as it is."""
+    import torch
+
+    from par3d import context_parallel as cpm
+
+    if p["kind"] == "merge":
+        out, lse = torch.randn(p["bh"], p["r"], p["d"], dtype=dt, device=dev), torch.randn(p["bh"], p["r"], dtype=dt,
+                                                                                           device=dev)
+        o_b, lse_b = torch.randn_like(out), torch.randn_like(lse)
+        return (lambda: cpm._merge(out, lse, o_b, lse_b)), (lambda: None)
+    bh, r, c, d = p["bh"], p["r"], p["c"], p["d"]
+    q, do = (torch.randn(1, bh, r, d, dtype=dt, device=dev) for _ in range(2))
+    k, v = (torch.randn(1, bh, c, d, dtype=dt, device=dev) for _ in range(2))
+    scale = 1.0 / d ** 0.5
+    _, lse = cpm._block_forward(q, k, v, scale, None)
+    d_row = torch.randn(1, bh, r, dtype=dt, device=dev)
+    return (lambda: cpm._block_forward(q, k, v, scale, None)), \
+        (lambda: cpm._block_backward(q, k, v, do, lse, d_row, scale, None))
 
 
 def _primitive(p: dict[str, Any], dt: Any, dev: Any) -> tuple[Callable[[], Any], list[Any]]:
@@ -164,6 +198,12 @@ def measure_primitives(dtype: str, quick: bool, tick: Callable[[], None]) -> lis
         time_call(lambda: x1 * 1.0, min_s=min_s)
     out = [{"kind": "engine", "backward_s": engine, "forward_s": 0.0, "dtype": dtype}]
     for p in primitive_sizes(quick):
+        if p["kind"] in ("ring_block", "merge"):
+            fwd, bwd = _ring_piece(p, dt, dev)
+            out.append({**p, "dtype": dtype, "forward_s": time_call(fwd, min_s=min_s),
+                        "backward_s": time_call(bwd, min_s=min_s) if p["kind"] == "ring_block" else 0.0})
+            tick()
+            continue
         fn, _leaves = _primitive(p, dt, dev)
         y = fn()
         g = torch.ones_like(y)
@@ -386,6 +426,23 @@ def collective_worker(sizes: list[int], quick: bool, show_bar: bool) -> list[dic
         if bar is not None:
             bar.update(1)
         dist.barrier()
+    # the ring exchange of context parallelism (`comm.exchange`: one batched isend to the next
+    # rank and irecv from the previous, through the backend, as `context_parallel` posts it), on
+    # ranks 0 and 1: the time until both of a rank's transfers have completed
+    if rank < 2:
+        grp2 = Group("cp", [0, 1], rank, pair)
+        other = 1 - rank
+        for nbytes in sizes:
+            snd, rcv = torch.ones(nbytes // 4, device=dev), torch.empty(nbytes // 4, device=dev)
+
+            def ring(snd: Any = snd, rcv: Any = rcv) -> None:
+                for w in comm.exchange(snd, other, rcv, other, grp2, 7003):
+                    w.wait()
+
+            seconds = timed(ring, nbytes)
+            if rank == 0:
+                out.append({"kind": "exchange", "group": 2, "bytes": nbytes, "seconds": seconds})
+    dist.barrier()
     if bar is not None:
         bar.close()
     return out if rank == 0 else []

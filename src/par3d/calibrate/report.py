@@ -46,7 +46,7 @@ def plot(hw: dict[str, Any], path: str) -> None:
             line = ax.plot([p["bytes"] for p in pts], [p["seconds"] * 1e6 for p in pts], "o", ms=4,
                            label=label({"kind": kind, "group": g}) +
                            f": α={f['alpha_us']:.0f} µs, β={f['bw_gbps']:.2f} GB/s")
-            pred = [(plan_comm.p2p(p["bytes"], link) if kind == "p2p"
+            pred = [(plan_comm.p2p(p["bytes"], link) if kind in ("p2p", "exchange")
                      else getattr(plan_comm, kind)(p["bytes"], g, link)).total * 1e6 for p in pts]
             ax.plot([p["bytes"] for p in pts], pred, "-", color=line[0].get_color())
         ax.set_xscale("log")
@@ -57,7 +57,7 @@ def plot(hw: dict[str, Any], path: str) -> None:
 
     cf = hw["collective_fits"]
     gmax = max(p["group"] for p in meas["collectives"])
-    curves(axes[1], lambda p: p["group"] == 2 or p["kind"] == "p2p",
+    curves(axes[1], lambda p: p["group"] == 2 or p["kind"] in ("p2p", "exchange"),
            lambda k: f"{k['kind']} ({k['group']} ranks)", lambda k: cf[k["kind"]][str(k["group"])])
     axes[1].set_title("collectives on 2 ranks: measured (dots), ring α-β fit (lines)")
     curves(axes[2], lambda p: p["kind"] == "all_reduce",
@@ -109,8 +109,8 @@ def summary(hw: dict[str, Any]) -> str:
              f"(pooled all-reduce fit, rel. rms {hw['collective_fits']['pooled_all_reduce']['rel_rms']:.0%})",
              f"p2p         α={hw['links']['p2p']['alpha_us']:.1f} µs, β={hw['links']['p2p']['bw_gbps']:.3f} GB/s"]
     for kind, k in (hw.get("kernels") or {}).get("primitives", {}).items():
-        lines.append(f"  {kind:15s} fit over {k['points']} sizes: rel. rms forward {k['forward_rel_rms']:.0%}, "
-                     f"backward {k['backward_rel_rms']:.0%}")
+        bwd = "" if kind == "merge" else f", backward {k['backward_rel_rms']:.0%}"  # the merge has no backward
+        lines.append(f"  {kind:15s} fit over {k['points']} sizes: rel. rms forward {k['forward_rel_rms']:.0%}{bwd}")
     if hw.get("host"):
         h = hw["host"]
         lines.append(f"host        {h.get('gpu') or h.get('cpu')}, {h.get('cores')} cores, torch {h.get('torch')}, "
@@ -123,8 +123,8 @@ def summary(hw: dict[str, Any]) -> str:
         lines.append(f"sync        {hw['collective_sync_us']:.0f} µs per collective inside a step, beyond its α-β fit")
     if hw.get("pipeline_hop_us") is not None:
         lines.append(f"hop         {hw['pipeline_hop_us']:.0f} µs per pipeline transfer inside a step, beyond its α-β fit")
-    for kind in (*KINDS, "p2p"):
-        for g, f in hw["collective_fits"][kind].items():
+    for kind in (*KINDS, "p2p", "exchange"):
+        for g, f in hw["collective_fits"].get(kind, {}).items():
             lines.append(f"  {kind:15s} {g} ranks: α={f['alpha_us']:7.1f} µs  β={f['bw_gbps']:7.3f} GB/s  "
                          f"rel. rms {f['rel_rms']:.0%}")
     return "\n".join(lines)

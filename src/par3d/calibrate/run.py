@@ -89,7 +89,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         "threads_per_rank": 1,
         **({"kernels": kernels} if kernels else {}),
         "overheads": overheads,
-        "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]}},
+        "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]},
+                  # context parallelism's ring exchange (through the backend)
+                  **({"cp": {"alpha_us": cfits["exchange"]["2"]["alpha_us"],
+                             "bw_gbps": cfits["exchange"]["2"]["bw_gbps"]}} if "exchange" in cfits else {})},
         "gemm_fit": gfit,
         "collective_fits": cfits,
     }

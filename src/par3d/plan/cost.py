@@ -528,6 +528,55 @@ def cp_all_gather(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float,
     return ag, rs
 
 
+def cp_exchange_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: str) -> tuple[float, float]:
+    """Ring-attention exchanges per layer (forward, backward) on a calibrated host running the eager
+    runtime (context_parallel.py): each is the measured exchange (`Profile.cp_link`, else the CP
+    group's link) plus the in-step sync of a point where the two ranks meet (`Profile.sync`),
+    and none hides behind the attention — the forward waits for each block before computing it,
+    and the host's cores are busy with the ranks' own arithmetic while the backward's transfers
+    fly.  Forward: cp − 1 K/V blocks; backward: cp − 1 K/V blocks and cp dK/dV accumulators (the
+    last one home)."""
+    kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[dtype]
+    lk = prof.cp_link if prof.cp_link is not None else link
+    hop = comm.p2p(kv, lk).total + (prof.sync if prof.cp_link is not None else 0.0)  # `link` is in-step already
+    return (c.cp - 1) * hop, (2 * c.cp - 1) * hop
+
+
+def zero3_units(model: ModelSpec, c: Choice, n: int, embed: bool, head: bool) -> list[float]:
+    """Parameters of each unit ZeRO-3 gathers on one stage (zero.py): its n blocks, the embedding
+    (learned positions; the token embedding too unless it is tied, whose bucket stays resident)
+    and the head (the final norm; its weight unless tied)."""
+    units = [model.layer_params_per_rank(c.tp)] * n
+    tied = model.tied
+    if embed:
+        units.append(model.seq_len * model.hidden + (0.0 if tied else model.vocab * model.hidden / c.tp))
+    if head:
+        units.append(model.norm_params + (0.0 if tied else model.vocab * model.hidden / c.tp))
+    return units
+
+
+def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: str, n: int, embed: bool,
+                head: bool) -> tuple[float, float]:
+    """ZeRO-3's collectives per micro-batch on a stage (forward, backward) on a calibrated host
+    running the eager runtime (zero.py): every unit is all-gathered before its forward and again
+    before its backward, and its gradients reduce-scattered after it (a tied embedding's bucket
+    once more); each a separate call at its measured cost (`Profile.collectives`, isolated calls
+    over the calibration's ranks).  None hides: the prefetch posts the next unit's gather
+    asynchronously, but on a host whose cores all run ranks the backend's thread takes its time
+    from them; the prefetch does absorb the ranks' drift, so no in-step sync is added."""
+    g = c.dp * c.cp
+    nb = 4.0 if dtype == "fp32" else 2.0  # the gathered weights and the reduced gradients (fp32)
+    ag_l = prof.collective("all_gather") or link
+    rs_l = prof.collective("reduce_scatter") or link
+    units = zero3_units(model, c, n, embed, head)
+    ag = sum(comm.all_gather(nb * u, g, ag_l).total for u in units)
+    rs = sum(comm.reduce_scatter(4.0 * u, g, rs_l).total for u in units)
+    if embed and model.tied and c.pp == 1:  # the tied embedding's bucket: reduced every micro-batch
+        rs += comm.reduce_scatter(4.0 * model.vocab * model.hidden / c.tp, g, rs_l).total
+    full = c.recompute == "full"
+    return ag, ag * (2 if full else 1) + rs
+
+
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
@@ -542,8 +591,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     rec_comm = 2 * ar if c.recompute == "full" else 0.0
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
+    prof = cluster.profile
+    eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
     if c.cp > 1 and cluster.cp_comm == "all-gather":  # Llama 3: gather K/V, scatter dK/dV, exposed
         cpf, cpb = cp_all_gather(model, cluster, c)
+    elif eager and c.cp > 1:
+        cpf, cpb = cp_exchange_eager(model, c, prof, lk.cp, dtype)  # type: ignore[arg-type]
     elif hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
         kv = c.micro_batch * s_local * 2 * model.kv_dim_per_rank(c.tp) * db
         cpf, cpb = cp_exchange(model, c, comm.send_recv(kv, c.tp, cluster, c.tp * c.cp), lt.core, dtype)
@@ -587,6 +640,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             rs = grad_collective(cluster, c, "reduce_scatter", layer_bytes, per_gpu_nic=True)
             z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs,
                                       c.recompute == "full", dev.sigma)
+        elif c.zero_stage >= 3 and g > 1 and eager:
+            z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
             ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             rs = comm.reduce_scatter(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
@@ -628,11 +683,11 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
                 "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
                 "bw": [0.0] * len(st.f)}
     kern = prof.kernels
-    if kern is not None and kern.dtype == dtype and c.cp == 1:
-        sp = c.sequence_parallel
-        blk = kern.block(model.hidden, model.ffn, model.heads, model.seq_len, c.micro_batch, c.tp, sp)
-        emb = kern.embedding(model.hidden, model.seq_len, c.micro_batch, c.tp, sp)
-        head = kern.head(model.hidden, model.vocab, model.seq_len, c.micro_batch, c.tp, sp)
+    if kern is not None and kern.dtype == dtype:
+        sp, s_loc = c.sequence_parallel, model.seq_len // c.cp  # a CP rank's tokens: s/cp per sequence
+        blk = kern.block(model.hidden, model.ffn, model.heads, s_loc, c.micro_batch, c.tp, sp, c.cp)
+        emb = kern.embedding(model.hidden, s_loc, c.micro_batch, c.tp, sp)
+        head = kern.head(model.hidden, model.vocab, s_loc, c.micro_batch, c.tp, sp)
         rec = {"none": 0.0, "selective": blk.core_fwd, "full": blk.fwd}[c.recompute]
         for s, n in enumerate(lay.layers):
             fc = n * blk.fwd + (emb[0] if lay.embed[s] else 0.0) + (head[0] if lay.head[s] else 0.0)

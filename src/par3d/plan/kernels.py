@@ -34,12 +34,17 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "add": ("1", "elements"),
     "embedding": ("1", "elements"),
     "cross_entropy": ("1", "elements", "rows"),
+    # ring attention's pieces (context_parallel.py): one block of r query rows against c key rows,
+    # forward (scores, log-sum-exp, P·V) and its exact backward; the log-sum-exp merge of a block
+    # into the running output (memory traffic over the block's r·d outputs and r rows)
+    "ring_block": ("1", "BH*r*c*d", "BH*r*c", "BH*r*d"),
+    "merge": ("1", "elements", "rows"),
 }
 
 
 def features(kind: str, **size: float) -> tuple[float, ...]:
-    """The regressors of one primitive call: linear(m, n, k), attention(bh, s, d), the others
-    (elements, rows)."""
+    """The regressors of one primitive call: linear(m, n, k), attention(bh, s, d), ring_block(bh, r,
+    c, d), the others (elements, rows)."""
     if kind == "linear":
         m, n, k = size["m"], size["n"], size["k"]
         f = 2.0 * m * n * k
@@ -47,7 +52,10 @@ def features(kind: str, **size: float) -> tuple[float, ...]:
     if kind == "attention":
         bh, s, d = size["bh"], size["s"], size["d"]
         return (1.0, bh * s * s * d, bh * s * s, bh * s * d)
-    if kind in ("layer_norm", "cross_entropy"):
+    if kind == "ring_block":
+        bh, r, c, d = size["bh"], size["r"], size["c"], size["d"]
+        return (1.0, bh * r * c * d, bh * r * c, bh * r * d)
+    if kind in ("layer_norm", "cross_entropy", "merge"):
         return (1.0, size["elements"], size["rows"])
     return (1.0, size["elements"])
 
@@ -88,13 +96,45 @@ class KernelModel:
 
     # ---- a block, the embedding and the head, on one rank ------------------------------------
 
-    def block(self, h: int, ffn: int, heads: int, seq: int, b: int, tp: int, sp: bool) -> BlockTimes:
-        """One transformer block, one micro-batch of b sequences (model.py's Block)."""
+    def has(self, kind: str) -> bool:
+        return any(k == kind for k, _, _ in self.fits)
+
+    def ring_attention(self, bh: int, seq: int, d: int, cp: int) -> tuple[float, float]:
+        """Ring attention on one CP rank (context_parallel.py), arithmetic only (the K/V exchanges
+        are the cost model's): `seq` local tokens = two chunks of c = seq/2.  Forward: the own block
+        (2c × 2c, causal mask), cp − 1 remote blocks of 2c² scores (2c rows × c keys or c rows × 2c
+        keys: half the ranks each, so the mean) each merged into the output; the K/V stack.
+        Backward: the same cp blocks' backward, D = rowsum(dO ∘ O), the dQ / dK / dV accumulations.
+        A file calibrated before these primitives were probed prices each block as cp causal
+        attentions of the local tokens (a coarser stand-in)."""
+        c = seq // 2
+        if not self.has("ring_block"):
+            f, b = self.time("attention", bh=bh, s=seq, d=d)
+            return cp * f, cp * b
+        own = self.time("ring_block", bh=bh, r=2 * c, c=2 * c, d=d)
+        mask = self.time("add", elements=bh * 4 * c * c)  # the causal mask of the own block
+        wide = self.time("ring_block", bh=bh, r=2 * c, c=c, d=d)
+        tall = self.time("ring_block", bh=bh, r=c, c=2 * c, d=d)
+        rem = ((wide[0] + tall[0]) / 2, (wide[1] + tall[1]) / 2)
+        mrg = [self.time("merge", elements=bh * r * d, rows=bh * r)[0] for r in (2 * c, c)]
+        kv = self.time("add", elements=2 * bh * seq * d)[0]  # stacking K and V for the ring
+        acc = [self.time("add", elements=bh * r * d)[0] for r in (2 * c, c)]  # one += of r rows × d
+        fwd = own[0] + mask[0] + (cp - 1) * (rem[0] + sum(mrg) / 2) + kv
+        # backward: D, the K/V stack, the own block (mask included) and cp − 1 remote ones, each
+        # adding its dQ rows and its dK, dV rows into the accumulators
+        bwd = (self.time("add", elements=bh * seq * d)[0] + kv + own[1] + mask[0] + acc[0] + 2 * acc[0]
+               + (cp - 1) * (rem[1] + (acc[0] + acc[1]) / 2 + 2 * (acc[0] + acc[1]) / 2))
+        return fwd, bwd
+
+    def block(self, h: int, ffn: int, heads: int, seq: int, b: int, tp: int, sp: bool, cp: int = 1) -> BlockTimes:
+        """One transformer block, one micro-batch of b sequences of `seq` tokens on this rank (s/cp
+        under context parallelism, whose attention is the ring: `ring_attention`), model.py's Block."""
         tok = b * seq
         tok_ln = tok // tp if sp and tp > 1 else tok  # SP: norms and residuals on s/tp tokens
         lin = [self.time("linear", m=tok, n=3 * h // tp, k=h), self.time("linear", m=tok, n=h, k=h // tp),
                self.time("linear", m=tok, n=ffn // tp, k=h), self.time("linear", m=tok, n=h, k=ffn // tp)]
-        att = self.time("attention", bh=b * heads // tp, s=seq, d=h // heads)
+        att = (self.time("attention", bh=b * heads // tp, s=seq, d=h // heads) if cp == 1
+               else self.ring_attention(b * heads // tp, seq, h // heads, cp))
         ln = self.time("layer_norm", elements=tok_ln * h, rows=tok_ln)
         ge = self.time("gelu", elements=tok * ffn // tp)
         res = self.time("add", elements=tok_ln * h)  # a residual add

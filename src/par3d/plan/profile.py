@@ -13,6 +13,9 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
   attention), replacing the GPU roofline of `compute.py` for the time of a block's arithmetic;
 - `p2p` and `hop`: the pipeline transport (α-β of isolated sends, and what a transfer costs
   inside a running step beyond that: posting the send, waking the receiver);
+- `cp_link`: context parallelism's ring exchange through the backend (α-β of isolated exchanges);
+- `collectives`: per kind (all-gather, reduce-scatter, all-reduce) the α-β of isolated calls over
+  the calibration's ranks — what ZeRO-3's per-unit gathers and reduce-scatters cost each;
 - `sync`: what a collective costs inside a step beyond the α-β fit of isolated calls (each is a
   point where the ranks wait for the slowest), added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
@@ -73,6 +76,12 @@ class Profile:
     oversub: float = 1.0
     bw_full_backward: bool = False
     kernels: KernelModel | None = None
+    cp_link: Link | None = None
+    collectives: tuple[tuple[str, Link], ...] = ()
+
+    def collective(self, kind: str) -> Link | None:
+        """The isolated calls' α-β link of one collective kind, if calibrated."""
+        return next((lk for k, lk in self.collectives if k == kind), None)
 
 
 RUNTIME_KEYS = ("overheads", "links", "cores", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
@@ -93,6 +102,12 @@ def profile_of(hw: HardwareFile) -> Profile | None:
 
         kernels = KernelModel.from_dict(x["kernels"])
     rt = x.get("runtime") or {}
+    cpl = (x.get("links") or {}).get("cp")
+    colls = []
+    for kind, by_group in sorted((x.get("collective_fits") or {}).items()):
+        if kind in ("all_gather", "reduce_scatter", "all_reduce") and isinstance(by_group, dict) and by_group:
+            f = by_group[min(by_group, key=int)]  # the smallest group: ZeRO-3 over 2 ranks here
+            colls.append((kind, Link(kind, f["alpha_us"] * US, f["bw_gbps"] * GB)))
     return Profile(
         overheads=Overheads.from_dict(x.get("overheads")),
         p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
@@ -102,7 +117,9 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         corun=corun,
         oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
         bw_full_backward=bool(rt.get("bw_full_backward", RUNTIME_BW_FULL_BACKWARD)),
-        kernels=kernels)
+        kernels=kernels,
+        cp_link=Link("cp", cpl["alpha_us"] * US, cpl["bw_gbps"] * GB) if cpl else None,
+        collectives=tuple(colls))
 
 
 def contention(prof: Profile | None, world: int, busy: float | None = None) -> float:
