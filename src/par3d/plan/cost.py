@@ -28,6 +28,13 @@ block i+1 overlaps the attention of block i, so the exposed part per layer is
 max(0, ring time − attention time of the cp − 1 remote blocks).  CP ranks hold the same weights:
 their gradients are reduced (and ZeRO shards) over dp × cp ranks.
 
+On a calibrated host running par3d's eager runtime (a flat cluster with a profile, plan/profile.py)
+neither hides: every ZeRO-3 unit's gather and reduce-scatter is one call at its measured α-β
+(`zero3_eager`), every ring step's exchange the measured exchange plus the in-step sync
+(`cp_exchange_eager`), and ring attention's arithmetic comes from its measured pieces
+(plan/kernels.py) — the host's cores are all running ranks, so there is no idle engine to
+overlap with.
+
 Link choice follows the rank layout of mesh.py (TP fastest, then CP, then PP, then DP).  On a
 hierarchical cluster (catalogue GPUs: `Cluster.hier`) every TP/DP collective is `comm.collective`:
 NVLink inside a node, the group's share of the node's NICs across nodes, the slower of the two
