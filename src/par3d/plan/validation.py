@@ -85,7 +85,8 @@ def predict(row: dict[str, Any]) -> Prediction:
 
 
 def table(preds: list[Prediction]) -> str:
-    out = ["| run | layout | published | predicted | error |", "|---|---|---:|---:|---:|"]
+    out = ["| run | layout | published | predicted | error | assumed where the source is silent |",
+           "|---|---|---:|---:|---:|---|"]
     for p in preds:
         c = p.plan.choice
         cp = f" × cp {c.cp}" if c.cp > 1 else ""
@@ -94,7 +95,7 @@ def table(preds: list[Prediction]) -> str:
         miss = "" if abs(p.error) <= DEFAULT_BOUND else " (miss)"
         mem = "" if p.in_headroom else (" (in memory, not in the 5 % headroom)" if p.fits else " (over memory)")
         out.append(f"| {p.row['name']} | {lay}{mem} | {p.row['published']:g} | "
-                   f"{p.value:.1f} | {p.error:+.1%}{miss} |")
+                   f"{p.value:.1f} | {p.error:+.1%}{miss} | {p.row.get('assumed', '')} |")
     return "\n".join(out)
 
 
