@@ -282,6 +282,7 @@ class Cluster:
                        "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
+            "overlap_grad_reduce": self.overlap_grad_reduce, "zero3_unit": self.zero3_unit,
             "cp_comm": self.cp_comm,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
