@@ -381,9 +381,10 @@ def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
 # DeepSpeed ZeRO-3 (the `submodule` unit): each parametrised sub-module's forward/backward hook
 # fetches its own weights and prefetches ahead of use at most `stage3_prefetch_bucket_size` = 5e7
 # elements (DeepSpeed's default, deepspeed/runtime/zero/config.py) -- at least the next weight in
-# its recorded trace.  One weight matrix of the models it is run on (h >= 4096: h^2 >= 1.7e7, the MLP's
-# 4h^2 >= 6.7e7) fills that, so the gather of sub-module j + 1 overlaps the compute of sub-module j
-# alone: a layer costs sum_j overlapped(c_j, g_(j+1)), not overlapped(sum c, sum g).  Weights and
+# its recorded trace.  From h >= 7072 (h^2 >= 5e7: Table 2's models, h = 12288 and 20480) every weight
+# matrix fills that, so the gather of sub-module j + 1 overlaps the compute of sub-module j alone: a
+# layer costs sum_j overlapped(c_j, g_(j+1)), not overlapped(sum c, sum g).  (Narrower models prefetch
+# two or more matrices ahead; priced one ahead, the exposure is an upper bound.)  Weights and
 # compute are not proportional across sub-modules (the output projection holds h^2 weights but the
 # attention core and the QKV GEMM run before it; the MLP's 4h^2 gathers follow the h^2 projection),
 # so comm surfaces even when a layer's totals balance.  Norms and biases (< 1e5 elements,
