@@ -52,13 +52,13 @@ class Estimate:
 def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = "cpu") -> Estimate:
     """Every pipeline rank's memory for `cfg` (validated), and how much of `capacity` the
     `ranks_sharing` ranks that draw on it need together (the heaviest rank's share each)."""
-    from par3d.predict import choice, model_spec
+    from par3d.predict import choice, model_spec, peak_inflight
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
     dtype = "fp32" if cfg.train.dtype == "fp32" else "bf16"
     shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
-    peaks = cost.peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
+    peaks = peak_inflight(cfg)  # a --schedule-csv file's own
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):
         mb = rank_memory(model, shape, peaks[r], tp=c.tp, dp=c.dp, b=c.micro_batch, sp=c.sequence_parallel,

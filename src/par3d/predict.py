@@ -26,10 +26,59 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
                      tied=mc.tied_embeddings)
 
 
-def choice(cfg: RunConfig) -> cost.Choice:
+def _csv_schedule(cfg: RunConfig) -> list | None:
+    """The actions of `parallel.schedule_csv` (validated with the config), or None without one."""
+    from par3d.pipeline.schedules import from_csv
+
+    if not cfg.parallel.schedule_csv:
+        return None
+    with open(cfg.parallel.schedule_csv, newline="") as fh:
+        return from_csv(fh.read()).schedule
+
+
+def schedule_name(cfg: RunConfig, strict: bool = True) -> str:
+    """The schedule the planner prices: `parallel.schedule`, or the builder that makes the CSV's
+    actions.  The planner prices named schedules only: another CSV raises ValueError (`strict`) or
+    gives a schedule with the file's placement (what the rank shapes and memory depend on)."""
+    from par3d.pipeline.schedules import SCHEDULES, builder_of, default_v, placement, schedule_placement
+
+    pc = cfg.parallel
+    actions = _csv_schedule(cfg)
+    if actions is None:
+        return pc.schedule
+    name = builder_of(actions, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)
+    if name is not None:
+        return name
+    if strict:
+        raise ValueError(f"parallel.schedule_csv={pc.schedule_csv!r} is no builder's schedule at p={pc.pp}, "
+                         f"m={pc.microbatches}, v={pc.virtual_stages}; the planner prices named schedules only")
+    where = placement(actions)
+    ranks = [where[s] for s in range(len(where))]
+    v = pc.virtual_stages
+    for n in (pc.schedule, *SCHEDULES):
+        takes_v = v == 1 if default_v(n) == 1 else (v >= 2 if n == "interleaved" else v == 2)
+        if takes_v and schedule_placement(n, pc.pp, v) == ranks:
+            return n
+    return pc.schedule
+
+
+def peak_inflight(cfg: RunConfig) -> tuple[int, ...]:
+    """Every pipeline rank's peak of live micro-batch activations: the CSV's own (the checker's),
+    or the named schedule's (`plan/cost.py`)."""
+    pc = cfg.parallel
+    actions = _csv_schedule(cfg)
+    if actions is not None:
+        from par3d.pipeline.schedules import check
+
+        return tuple(check(actions, pc.pp, int(pc.microbatches or 1), pc.virtual_stages).peak_inflight)
+    return cost.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)
+
+
+def choice(cfg: RunConfig, strict: bool = False) -> cost.Choice:
+    """The run's layout as the planner's Choice (`strict`: refuse a CSV schedule no builder makes)."""
     pc, tc = cfg.parallel, cfg.train
     return cost.Choice(tp=pc.tp, pp=pc.pp, dp=pc.dp, micro_batch=int(tc.micro_batch or 1),
-                       microbatches=int(pc.microbatches or 1), schedule=pc.schedule,
+                       microbatches=int(pc.microbatches or 1), schedule=schedule_name(cfg, strict),
                        virtual_stages=pc.virtual_stages, recompute=pc.recompute, zero_stage=pc.zero_stage,
                        sequence_parallel=pc.sequence_parallel, cp=pc.cp)
 
@@ -48,7 +97,7 @@ class Prediction:
 
 def predict(cfg: RunConfig, hw: HardwareFile) -> Prediction:
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
-    plan = cost.evaluate(model_spec(cfg), cluster_of(hw, cfg), choice(cfg))
+    plan = cost.evaluate(model_spec(cfg), cluster_of(hw, cfg), choice(cfg, strict=True))
     return Prediction(plan.step_time, plan.extra["makespan_s"], plan.bubble_fraction, dict(plan.breakdown))
 
 
@@ -60,8 +109,8 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()
     pc, model = cfg.parallel, model_spec(cfg)
-    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, pc.schedule)[pp_rank]
-    inflight = cost.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)[pp_rank]
+    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, schedule_name(cfg, strict=False))[pp_rank]
+    inflight = peak_inflight(cfg)[pp_rank]
     mb = rank_memory(model, shape, inflight, tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
                      dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp)

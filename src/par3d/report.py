@@ -98,7 +98,9 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
     world = r0.get("world", [])
     bs = int(cfg.train.micro_batch or 1) * cfg.model.seq_len  # tokens per micro-batch (the seed's b·s)
     rep: dict[str, Any] = {
-        "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "cp": pc.cp, "schedule": pc.schedule, "microbatches": pc.microbatches,
+        "layout": {"dp": pc.dp, "pp": pc.pp, "tp": pc.tp, "cp": pc.cp,
+                   "schedule": "csv" if pc.schedule_csv else pc.schedule, "schedule_csv": pc.schedule_csv,
+                   "microbatches": pc.microbatches,
                    "virtual_stages": pc.virtual_stages, "zero_stage": pc.zero_stage, "recompute": pc.recompute,
                    "sequence_parallel": pc.sequence_parallel, "dtype": cfg.train.dtype,
                    "p2p_transport": r0.get("p2p_transport", "none")},
@@ -130,7 +132,7 @@ def build_report(cfg: RunConfig, r0: dict[str, Any]) -> dict[str, Any]:
             "formula_wall": (pc.pp - 1) / (pc.microbatches + pc.pp - 1),
             "step_time_s": hist[-1]["step_time_s"] if hist else None,  # the step these timelines are of
         }
-        if cfg.synthetic_stage_ms is not None and pc.schedule in ("gpipe", "1f1b"):
+        if cfg.synthetic_stage_ms is not None and not pc.schedule_csv and pc.schedule in ("gpipe", "1f1b"):
             # the seed's 3.3 experiment: what the schedule alone takes with equal waiting stages
             tf, tb = cfg.synthetic_stage_ms
             rep["pipeline"]["formula_makespan_s"] = (pc.microbatches + pc.pp - 1) * (tf + tb) / 1e3
@@ -157,7 +159,7 @@ def write_trace(cfg: RunConfig, rep: dict[str, Any], out_dir: str) -> dict[str, 
     write_chrome_trace({"measured": measured.events, "simulated": sim.events}, files["trace"])
     pc = cfg.parallel
     gantt_png({"measured": measured.events, "simulated": sim.events}, files["gantt"],
-              title=f"{pc.schedule} p={pc.pp} m={pc.microbatches} v={pc.virtual_stages} "
+              title=f"{pc.schedule_csv or pc.schedule} p={pc.pp} m={pc.microbatches} v={pc.virtual_stages} "
                     f"(dp={pc.dp}, tp={pc.tp}) — last step")
     return files
 
@@ -183,7 +185,8 @@ def finish_run(cfg: RunConfig, results: list[dict[str, Any]]) -> dict[str, Any] 
 def format_report(rep: dict[str, Any]) -> str:
     lay = rep["layout"]
     lines = [
-        f"par3d train: dp={lay['dp']} pp={lay['pp']} tp={lay['tp']} schedule={lay['schedule']} "
+        f"par3d train: dp={lay['dp']} pp={lay['pp']} tp={lay['tp']} schedule={lay['schedule']}"
+        + (f" ({lay['schedule_csv']})" if lay.get("schedule_csv") else "") + f" "
         f"m={lay['microbatches']} v={lay['virtual_stages']} zero={lay['zero_stage']} "
         f"recompute={lay['recompute']} sp={lay['sequence_parallel']} dtype={lay['dtype']}"
         + (f" p2p={lay['p2p_transport']}" if lay.get("p2p_transport", "none") != "none" else ""),

@@ -738,6 +738,19 @@ def from_csv(text: str) -> CsvSchedule:
     return CsvSchedule(schedule, p, m, n_stages // p, columns)
 
 
+def builder_of(schedule: list[list[Action]], p: int, m: int, v: int) -> str | None:
+    """The builder (one of SCHEDULES, default times) that makes exactly `schedule` at (p, m, v),
+    or None: a CSV read back from ``--to-csv`` is known by name again, e.g. to the planner, which
+    prices named schedules only."""
+    for name in SCHEDULES:
+        try:
+            if build(name, p, m, v) == schedule:
+                return name
+        except ScheduleError:
+            continue
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # NCCL's blocking, replayed (the backend path: NCCL's, and gloo's with --p2p backend)
 # --------------------------------------------------------------------------------------------
