@@ -8,7 +8,8 @@ side by side, and says whether both return the same top plans.
 
 Cases: the 1T-parameter row of Narayanan et al. 2021 Table 1 (1008B: 128 layers, h = 25,600,
 160 heads) on 3,072 A100-80GB with batch 3,072 — issue 12's target, < 2 s on two cores; GPT-3 175B
-on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper).
+on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper); the
+1T shape with untied embeddings, so that ZB-V and DualPipe-V (refused with tied ones) are searched too.
 The 1T case is also timed as `par3d plan ... --explain` end to end (its search also bounds the
 configurations that do not fit, then the best plan of each of the leading layouts is simulated and
 the report rendered): `explain_s_median`.
@@ -31,6 +32,8 @@ CASES: list[tuple[str, Any, str, int, int]] = [
     ("1T (1008B) on 3072 A100", (128, 25600, 160, 2048, 51200), "a100-80gb", 3072, 3072),
     ("GPT-3 175B on 1024 A100", "gpt3-175b", "a100-80gb", 1024, 1536),
     ("Llama 3 405B on 16384 H100", "llama3-405b", "h100-sxm", 16384, 2048),
+    # the 1T shape with untied embeddings: ZB-V and DualPipe-V enter the search (tied ones refuse the V)
+    ("1T untied on 3072 A100", (128, 25600, 160, 2048, 51200, False), "a100-80gb", 3072, 3072),
 ]
 
 CHILD = r"""
@@ -41,7 +44,7 @@ from par3d.plan.models import CATALOGUE, ModelSpec
 from par3d.plan.search import search
 t1 = time.perf_counter()
 spec, gpu, gpus, batch = json.loads(sys.argv[1])
-model = CATALOGUE[spec] if isinstance(spec, str) else ModelSpec("m", *spec)
+model = CATALOGUE[spec] if isinstance(spec, str) else ModelSpec("m", *spec[:5], **({"tied": spec[5]} if spec[5:] else {}))
 c0 = time.process_time()
 w0 = time.perf_counter()
 res = search(model, make_cluster(gpu, gpus), batch)
