@@ -223,3 +223,15 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
     assert bad.returncode == 2 and "--no-tied-embeddings" in bad.stderr
     bad = subprocess.run([*base, "--virtual-stages", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--virtual-stages 2" in bad.stderr
+
+
+def test_a_v_request_that_cannot_hold_names_the_rule():
+    """--schedule dualpipe-v with fewer than 2p micro-batches everywhere: no plan, and the fix says why."""
+    from par3d.plan.search import Limits, suggest_fixes
+
+    cluster = make_cluster("h100-sxm", 16)
+    fixed = Fixed(tp=8, pp=2, schedule="dualpipe-v")
+    res = search(LLAMA, cluster, 3, fixed)
+    assert not res.plans and res.rejected["dualpipe-v needs m >= 2·pp"] > 0
+    fixes = suggest_fixes(LLAMA, cluster, 3, fixed, Limits(), res)
+    assert any("dualpipe-v needs m >= 2·pp" in f and "--schedule zb-v" in f for f in fixes), fixes

@@ -550,6 +550,12 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                          f"micro-batches per pipeline)")
         elif reason.startswith("interleaved") and fixed.schedule == "interleaved":
             fixes.append("--schedule 1f1b (interleaving needs m % pp == 0 and pp·v <= layers + 2)")
+        elif fixed.schedule in V_ORDER and reason.startswith(f"{fixed.schedule} needs "):
+            why = reason[len(fixed.schedule) + len(" needs "):]
+            hint = {"m >= 2·pp": "a larger --global-batch or a smaller --micro-batch, or --schedule zb-v",
+                    "2·pp <= layers + 2": f"--pp <= {(model.layers + 2) // 2}",
+                    "pp > 1": "--pp 2 or more"}.get(why, "--no-tied-embeddings")
+            fixes.append(f"{hint} ({fixed.schedule} needs {why}), or --schedule zb-h1")
         elif reason == "pp > layers" and fixed.pp is not None:
             fixes.append(f"--pp <= {model.layers}")
     if not fixes:
