@@ -217,8 +217,15 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
     plans = json.loads(out.stdout)["plans"]
     assert plans and all(p["schedule"] == "zb-v" and p["virtual_stages"] == 2 for p in plans)
     assert plans[0]["stage_ranks"] == [0, 1, 1, 0]
-    text = subprocess.run(base + ["--explain"], capture_output=True, text=True, check=True).stdout
+    cfg = tmp_path / "v.toml"
+    text = subprocess.run(base + ["--explain", "--emit-config", str(cfg)], capture_output=True, text=True,
+                          check=True).stdout
     assert "zb-v v=2" in text and "rank 0: stages 0, 3" in text
+    from par3d.config import RunConfig
+
+    rc = RunConfig.load_toml(str(cfg))  # what par3d train would run: the V, valid as emitted
+    rc.validate()
+    assert (rc.parallel.schedule, rc.parallel.virtual_stages, rc.parallel.pp) == ("zb-v", 2, 2)
     bad = subprocess.run([*base[:-2], "--schedule", "zb-v", "--tied-embeddings"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--no-tied-embeddings" in bad.stderr
     bad = subprocess.run([*base, "--virtual-stages", "3"], capture_output=True, text=True)
