@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from par3d.pipeline.schedules import ScheduleError, build, placement
+from par3d.pipeline.schedules import ScheduleError, build, schedule_placement
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ def program(schedule: str, p: int, m: int, v: int) -> Program:
     span = n_stages * m
     f0, b0, bi0, bw0 = (KIND_CODE[k] * span for k in ("F", "B", "BI", "BW"))
     flat = [a for acts in sched for a in acts]
-    where = placement(sched)  # the rank of each stage, read off the schedule (round-robin or V)
-    rank_of = [where[st] for st in range(n_stages)]
+    # the rank of each stage: the builder's declared placement (round-robin or V; a test checks it
+    # against `placement`, which reads it off a built schedule by scanning every action)
+    rank_of = schedule_placement(schedule, p, v)
     codes = [KIND_CODE[a.kind] * span + a.stage * m + a.microbatch for a in flat]
     present = bytearray(4 * span)
     for c in codes:
