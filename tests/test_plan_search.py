@@ -77,3 +77,25 @@ def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, ba
         assert any(c.cp > 1 for *_, c in every), "no plan with cp > 1 fits: the case does not test CP"
     if not model.tied:  # the V schedules are in the space (and priced by the same exhaustive rule)
         assert {"zb-v", "dualpipe-v"} <= {c.schedule for *_, c in every}
+
+
+@pytest.mark.parametrize("name,gpu,gpus,batch", [("gpt3-175b", "a100-40gb", 64, 512), ("llama3-70b", "h100-sxm", 64, 256)])
+def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch):
+    """search's _Memo (stage times shared across schedules, memoised bounds, the unfit branch and
+    bound) returns what the search without it does: same plans, same times, same fastest unfit."""
+    from par3d.plan import search as S
+
+    def run():
+        res = S.search(CATALOGUE[name], make_cluster(gpu, gpus, 8), batch, report_unfit=True, top=8)
+        u = res.fastest_unfit
+        return [(p.choice, p.step_time) for p in res.plans], (u.choice, u.step_time) if u else None
+
+    shared = run()
+    orig = S._Memo.__init__
+
+    def off(self, model, cluster):
+        orig(self, model, cluster)
+        self.on = False
+
+    monkeypatch.setattr(S._Memo, "__init__", off)
+    assert run() == shared
