@@ -241,7 +241,10 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     forwards and BIs go in micro-batch order, so every channel's messages arrive in the order
     they are needed, and an order read off a feasible timeline cannot deadlock.  With equal
     times the only idle time left is the V's warm-up: rank r cannot start before the first
-    micro-batch has passed r chunks (docs/pipeline.md).
+    micro-batch has passed r chunks (docs/pipeline.md).  With uneven times the 2p cap can leave
+    every rank waiting (each capped rank's BI waits on a stage that needs a forward first); then,
+    and only then, one forward goes past the cap, so the schedule always exists and its peak may
+    exceed 2p chunks.
     """
     _require(p, m)
     tf, tbi, tbw = (float(t) for t in times)
@@ -263,7 +266,7 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     version = [0] * p
     heap: list[tuple] = []
 
-    def offer(r: int) -> None:
+    def offer(r: int, over_cap: bool = False) -> None:
         """Push rank r's best ready action: (earliest start; then BI > F > BW; then the older
         micro-batch; then the deeper chunk; then the lower rank) -- the order of keys the global
         choice is made in, so keeping each rank's best and taking the least is the same choice."""
@@ -281,7 +284,7 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
                         if best is None or key < best[0]:
                             best = (key, "BI", c, i)
             i = nf[r][c]
-            if live[r] < limit and i < m:  # F waits for the previous stage's F
+            if (live[r] < limit or over_cap) and i < m:  # F waits for the previous stage's F
                 e = f_end[st - 1][i] if st > 0 else fr
                 if e is not None:
                     key = (max(fr, e), 1, i, -c, r)
@@ -300,6 +303,12 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     for _ in range(3 * n_stages * m):
         while heap and heap[0][1] != version[heap[0][0][4]]:
             heapq.heappop(heap)  # an offer made stale by a later one of the same rank
+        capped = not heap
+        if capped:  # every rank waits behind the memory cap: let one forward past it
+            for r in range(p):
+                offer(r, over_cap=True)
+            while heap and heap[0][1] != version[heap[0][0][4]]:
+                heapq.heappop(heap)
         if not heap:  # cannot happen: the stage holding the oldest unfinished work can go on
             raise ScheduleError(f"zb-v: list scheduling found nothing to run for p={p}, m={m}")
         key, _ver, kind, c, i = heapq.heappop(heap)
@@ -323,7 +332,9 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
             pending[r].popleft()
             live[r] -= 1
         out[r].append(Action(kind, st, i))
-        for d in dirty:  # only these ranks' ready actions or start times changed
+        # only these ranks' ready actions or start times changed; after a capped pick every
+        # rank's offer is made again under the cap (the other over-cap offers must not stand)
+        for d in range(p) if capped else dirty:
             offer(d)
     return out
 
