@@ -45,12 +45,19 @@ def reference_of(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def run_cases(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any]) -> dict[str, Any]:
     """Worker: run every case in this world; return what this rank holds of each."""
+    import torch.distributed as dist
+
     from par3d.config import RunConfig
     from par3d.train import worker
 
     out: dict[str, Any] = {}
     for name, cfg in cases:
         RunConfig.from_dict(cfg).validate()
+        # every rank starts each case together: a rank outside the last few layouts would otherwise
+        # run ahead into the next case's new_group and wait there for the others, bounded by the
+        # case's own --timeout (60 s) rather than the world's (a long stretch of 4-rank layouts
+        # took longer than that once the pipeline got its per-direction groups)
+        dist.barrier()
         r = worker(cfg, dict(options, quiet=True))
         if r.get("idle"):
             continue

@@ -37,3 +37,19 @@ def test_fewer_communicators_hang_and_the_replay_says_so(monkeypatch, channels, 
     assert found == hangs
     problems = nccl_problems(build("interleaved", 2, 4, 2), 2, 2)
     assert problems and "would hang on NCCL" in problems[0], problems
+
+
+def test_one_communicator_per_rank_and_channel_hangs_beyond_two_ranks():
+    # a pp group of > 2 ranks initialised eagerly: one communicator per channel for all peers;
+    # why the runtime gets a two-rank group per (channel, pair) instead (mesh.build_groups)
+    found = {(name, p) for name, p, m, v in CASES if nccl_problems(build(name, p, m, v), p, v, per_pair=False)}
+    assert ("1f1b", 4) in found and all(p > 2 for _name, p in found), found
+
+
+def test_the_pairs_that_exchange_messages():
+    from par3d.pipeline.schedules import p2p_pairs
+
+    assert p2p_pairs(build("1f1b", 4, 8, 1)) == [(0, 1), (1, 2), (2, 3)]
+    assert p2p_pairs(build("interleaved", 4, 8, 2)) == [(0, 1), (0, 3), (1, 2), (2, 3)]  # the wrap 3 -> 0
+    assert p2p_pairs(build("zb-v", 4, 8, 2)) == [(0, 1), (1, 2), (2, 3)]  # the V turns on rank 3
+    assert p2p_pairs(build("gpipe", 1, 4, 1)) == []

@@ -18,7 +18,7 @@ data-parallel-with-context group); `embed` is the first and last pipeline stage 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -141,8 +141,17 @@ class Groups:
     embed: Group
     world: Group
     pp_grad: Group | None = None  # same ranks as pp; a second channel for backward transfers
+    # same ranks as pp again: messages against their usual direction (the interleaved schedule's
+    # wrap-around, the V's way back; schedules.p2p_channel), so that between two ranks each
+    # communicator carries one direction
+    pp_wrap: Group | None = None
+    pp_grad_wrap: Group | None = None
     cp: Group | None = None  # None only for Groups built by hand; build_groups always sets it
     dpcp: Group | None = None  # dp x cp: where gradients are reduced and ZeRO shards (= dp when cp == 1)
+    # (channel, pipeline rank a, pipeline rank b), a < b -> a group of those two ranks alone, for
+    # each channel (schedules.p2p_channel) of each pair that exchanges messages; built on request
+    # (NCCL, --p2p backend) when pp > 2 (at pp = 2 the twins above are such groups already)
+    p2p: dict[tuple[str, int, int], Group] = field(default_factory=dict)
 
     @property
     def cp_group(self) -> Group:
@@ -154,10 +163,21 @@ class Groups:
         return self.dpcp if self.dpcp is not None else self.dp
 
 
-def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -> Groups | None:
+P2P_CHANNELS = ("act", "grad", "act_wrap", "grad_wrap")  # schedules.p2p_channel's names
+
+
+def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
+                 p2p_pairs: list[tuple[int, int]] | None = None) -> Groups | None:
     """Create every torch process group (collectively: every rank of the torch world must call
-    this).  The mesh may use only the first `mesh.world_size` ranks of a larger world (tests run
-    many layouts in one world); ranks outside it get None."""
+    this, with the same arguments).  The mesh may use only the first `mesh.world_size` ranks of a
+    larger world (tests run many layouts in one world); ranks outside it get None.
+
+    `p2p_pairs`: pairs (a, b), a < b, of pipeline ranks that exchange messages; for each, in
+    every pipeline column, one group of the two ranks per channel (`Groups.p2p`).  Why: NCCL runs
+    a communicator's operations one after another, and on a group initialised eagerly (torch does
+    so when `init_process_group` gets a device, as par3d's does) every send and receive of the
+    group, to any peer, shares one communicator; a two-rank group per (channel, pair) makes the
+    communicators exactly what `schedules.nccl_problems` replays, however torch picks them."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -167,14 +187,26 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
     # collective whose peer died fails within the run's --timeout
     kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    kinds = ["tp", "cp", "pp", "dp", "embed", "pp_grad"] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
+    twins = ("pp_grad", "pp_wrap", "pp_grad_wrap")
+    kinds = ["tp", "cp", "pp", "dp", "embed", *twins] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
     for kind in kinds:
-        for ranks in mesh.all_groups("pp" if kind == "pp_grad" else kind):
+        for ranks in mesh.all_groups("pp" if kind in twins else kind):
             pg = dist.new_group(ranks, **kw) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
-                # pp_grad: activations and gradients travel on separate communicators, so a
-                # transport that matches messages by order (NCCL) never mixes the two streams
-                made[kind] = Group("pp" if kind == "pp_grad" else kind, ranks, ranks.index(global_rank), pg)
+                # the pp twins: activations and gradients, each way, travel on separate
+                # communicators, so a transport that matches messages by order and runs a
+                # communicator's operations one after another (NCCL) neither mixes two streams nor
+                # queues a send behind a receive of the other direction (schedules.nccl_problems)
+                made[kind] = Group("pp" if kind in twins else kind, ranks, ranks.index(global_rank), pg)
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in (p2p_pairs or []) if a != b}) if mesh.pp > 2 else []
+    p2p: dict[tuple[str, int, int], Group] = {}
+    for col in mesh.all_groups("pp"):
+        for a, b in pairs:
+            for ch in P2P_CHANNELS:
+                ranks = [col[a], col[b]]
+                pg = dist.new_group(ranks, **kw) if initialized else None
+                if global_rank in ranks:
+                    p2p[(ch, a, b)] = Group("pp", ranks, ranks.index(global_rank), pg)
     world_ranks = list(range(mesh.world_size))
     world_pg = None
     if initialized and mesh.world_size > 1:
@@ -189,5 +221,6 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None) -
     dpcp = made.get("dpcp") or (made["dp"] if mesh.cp == 1 else made["cp"])
     dpcp = Group("dp", dpcp.ranks, dpcp.rank, dpcp.pg)  # counted as DP traffic either way
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"], made["pp_grad"], made["cp"], dpcp)
+                  made["embed"], made["world"], pp_grad=made["pp_grad"], cp=made["cp"], dpcp=dpcp,
+                  pp_wrap=made["pp_wrap"], pp_grad_wrap=made["pp_grad_wrap"], p2p=p2p)
 

@@ -151,13 +151,14 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     """Device, process groups, this rank's model chunks and DP state, the data; None when this
     rank is outside the layout."""
     import torch
+    import torch.distributed as dist
 
     from par3d.data import Corpus
     from par3d.data_parallel import DataParallel
     from par3d.mesh import Mesh, build_groups
     from par3d.model import GPTStage, ModelContext
     from par3d.pipeline.partition import gpt_partition
-    from par3d.pipeline.schedules import rank_stages
+    from par3d.pipeline.schedules import p2p_pairs, rank_stages
     from par3d.zero import ShardedDataParallel
 
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
@@ -166,7 +167,12 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
 
     mesh = Mesh(pc.dp, pc.pp, pc.tp, pc.cp)
-    groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s)
+    schedule = pipeline_schedule(cfg)
+    # the backend carries the pipeline's messages (NCCL always; gloo with --p2p backend): a group
+    # per (channel, pair of ranks), so NCCL runs what schedules.nccl_problems proves safe
+    backend_p2p = pc.p2p == "backend" or (dist.is_initialized() and dist.get_backend() == "nccl")
+    groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s,
+                          p2p_pairs=p2p_pairs(schedule) if backend_p2p and pc.pp > 2 else None)
     if groups is None:
         return None
     c = groups.coord
@@ -178,7 +184,6 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
                        recompute=pc.recompute, dtype=dtype, cp=groups.cp)
-    schedule = pipeline_schedule(cfg)
     stages = rank_stages(schedule, c.pp)
     chunks = [GPTStage(mc, ctx, *part.bounds[s]) for s in stages]
     if cfg.init_from:  # Hugging Face weights: each rank reads its own slices (before the fp32 masters)

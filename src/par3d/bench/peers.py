@@ -611,14 +611,15 @@ def _case_pp(spec: dict[str, Any], schedule: str, device: torch.device) -> list[
     from par3d.model import GPTStage
     from par3d.pipeline.partition import gpt_partition
     from par3d.pipeline.runtime import PipelineRuntime
-    from par3d.pipeline.schedules import build
+    from par3d.pipeline.schedules import build, p2p_pairs
 
     cfg = _cfg(spec)
     p, rank = dist.get_world_size(), dist.get_rank()
     v = 2 if schedule == "interleaved" else 1
     m = 2 * p
     mb = spec["shapes"]["micro_batch"]
-    groups = build_groups(Mesh(1, p, 1), rank)
+    # a two-rank group per (channel, pair) beyond p = 2, as train.py builds for the backend transport
+    groups = build_groups(Mesh(1, p, 1), rank, p2p_pairs=p2p_pairs(build(schedule, p, m, v)))
     part = gpt_partition(cfg.layers, p * v, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.ffn)
     ctx = _solo_ctx()  # no TP: the pipeline is what is compared
     stage_ids = [k * p + rank for k in range(v)]  # global stage k*p + r lives on rank r (both sides)

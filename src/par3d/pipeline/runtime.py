@@ -17,13 +17,15 @@ receiver's slot, the receiver reads it in place, seen within microseconds); othe
 block, an order the checker accepts (no cycle of waits under blocking transfers) cannot
 deadlock here.  Every message carries a tag naming (kind, stage, micro-batch), so the order in
 which two ranks post messages to each other does not matter (gloo matches by tag).  NCCL
-ignores tags and matches by order per communicator: activations and gradients therefore use
-two communicators, and `schedules.p2p_order_problems` proves (and a test checks, for every
-schedule) that on each of them the receiver needs messages in the order the sender sends them.
-NCCL also runs a communicator's operations one after another, a send waiting for its receive:
-`schedules.nccl_problems` replays the posting order under those rules and finds that the
-interleaved and V schedules can hang on two communicators (their messages go both ways between
-two ranks); `schedules.p2p_channel`'s four channels pass, but are not wired in yet (issue 14).
+ignores tags, matches by order per communicator and runs a communicator's operations one after
+another, a send waiting for its receive.  So every message travels on the group of its channel
+(`schedules.p2p_channel`: activations, gradients, and each of them against its usual direction —
+the interleaved wrap-around, the V's way back) and its pair of ranks: the pp group and three
+twins at p = 2, a two-rank group per (channel, pair) beyond (`mesh.build_groups`' p2p_pairs,
+built on NCCL and with --p2p backend), because torch puts all of a bigger group's sends and
+receives on one communicator once the group is initialised eagerly.  `schedules.nccl_problems`
+replays this posting order under NCCL's rules and proves (a test checks every schedule) that no
+message meets the wrong receive and nothing hangs.
 
 Zero-bubble actions split a backward for real (`par3d.weight_grad`): BI walks the graph once,
 computing the input gradient and every gradient but the linear layers' weight GEMMs, for which
@@ -51,7 +53,7 @@ from torch import nn
 from par3d import comm, timing, weight_grad
 from par3d.mesh import Groups
 from par3d.pipeline import shm
-from par3d.pipeline.schedules import P2P_LOOKAHEAD, Action, stage_rank
+from par3d.pipeline.schedules import P2P_LOOKAHEAD, Action, p2p_channel, stage_rank
 from par3d.pipeline.simulate import Event
 
 _KIND_CODE = {"act": 0, "grad": 1}
@@ -336,9 +338,18 @@ class PipelineRuntime:
                                         _tag(what, stage_tag, mb, self.m)))
 
     def _channel(self, what: str, src: int, dst: int) -> Any:
-        """Activations on the pp group, gradients on its twin (see schedules.p2p_order_problems;
-        schedules.nccl_problems shows the interleaved and V schedules need two more, not yet here)."""
-        return self.groups.pp_grad if (what == "grad" and self.groups.pp_grad is not None) else self.groups.pp
+        """The group of a message from pipeline rank `src` to `dst`: activations and gradients on
+        twins of the pp group, and each of them against its usual direction (the interleaved
+        wrap-around, the V's way back) on two more, so that every communicator carries one
+        direction between two ranks (schedules.p2p_channel; schedules.nccl_problems replays this
+        under NCCL's rules for every schedule).  Groups built by hand without twins use pp."""
+        g = self.groups
+        ch = p2p_channel(what, src, dst)
+        pair = g.p2p.get((ch, min(src, dst), max(src, dst)))
+        if pair is not None:  # a group of the two ranks alone (mesh.build_groups' p2p_pairs)
+            return pair
+        grad = g.pp_grad or g.pp
+        return {"act": g.pp, "grad": grad, "act_wrap": g.pp_wrap or g.pp, "grad_wrap": g.pp_grad_wrap or grad}[ch]
 
     # ---- one step ------------------------------------------------------------------------------
     def run_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float,

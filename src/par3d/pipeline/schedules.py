@@ -779,6 +779,15 @@ def p2p_channel(what: str, src: int, dst: int) -> str:
     return f"{what}_wrap" if wrap else what
 
 
+def p2p_pairs(schedule: list[list[Action]]) -> list[tuple[int, int]]:
+    """The pairs (a, b), a < b, of ranks between which the runtime sends messages: a stage and the
+    next one placed on two different ranks."""
+    rank_of = placement(schedule)
+    pairs = {(min(rank_of[s], rank_of[s + 1]), max(rank_of[s], rank_of[s + 1]))
+             for s in rank_of if s + 1 in rank_of and rank_of[s] != rank_of[s + 1]}
+    return sorted(pairs)
+
+
 def rank_p2p(actions: list[Action], rank: int, rank_of: dict[int, int], n_stages: int,
              lookahead: int) -> list[tuple[str, int, Message, int]]:
     """What one rank posts, in the order the runtime posts it: before action i the receives of
@@ -811,7 +820,8 @@ def rank_p2p(actions: list[Action], rank: int, rank_of: dict[int, int], n_stages
     return out
 
 
-def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: int = P2P_LOOKAHEAD) -> list[str]:
+def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: int = P2P_LOOKAHEAD,
+                  per_pair: bool = True) -> list[str]:
     """Why the runtime's point-to-point transfers of `schedule` could hang or mix up messages on
     NCCL; [] when they cannot.
 
@@ -825,7 +835,13 @@ def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: i
     own receive and (2) all finish.  (Posting every exchange of a step boundary as one batch on a
     single communicator instead, Megatron-LM's `batch_isend_irecv`, fails (2) for the interleaved
     schedule under this model — two ranks' batches can each wait for a receive the other posts
-    only in its next batch; docs/pipeline.md.)"""
+    only in its next batch; docs/pipeline.md.)
+
+    `per_pair`: one communicator per (channel, pair of ranks) — what the runtime has, with a
+    two-rank group per channel and pair (`mesh.build_groups`' p2p_pairs; at p = 2 the pp group
+    and its twins).  False: one per (channel, rank) for all its peers — what a group of more
+    than two ranks gets when torch initialises it eagerly (a device given to
+    init_process_group): its sends and receives to every peer share one communicator."""
     rank_of = placement(schedule)
     n = p * v
     posts = [rank_p2p(acts, r, rank_of, n, lookahead) for r, acts in enumerate(schedule)]
@@ -838,7 +854,7 @@ def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: i
         for j, (kind, peer, msg, _i) in enumerate(ops):
             src, dst = (r, peer) if kind == "send" else (peer, r)
             ch = p2p_channel(msg[0], src, dst)
-            pair = (min(r, peer), max(r, peer))
+            pair = (min(r, peer), max(r, peer)) if per_pair else (0, 0)
             queue.setdefault((r, ch, pair), []).append(j)
             k = count.get((ch, src, dst, kind), 0)
             count[(ch, src, dst, kind)] = k + 1
@@ -870,7 +886,7 @@ def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: i
         if j >= nxt[r]:
             return False
         ch, sd, _k = match_key[r][j]
-        key = (r, ch, (min(sd), max(sd)))
+        key = (r, ch, (min(sd), max(sd)) if per_pair else (0, 0))
         return queue[key][stream_pos[key]] == j
 
     while True:
@@ -900,7 +916,7 @@ def nccl_problems(schedule: list[list[Action]], p: int, v: int = 1, lookahead: i
                     for rr, jj in ((r, j), (pr, pj)):
                         done[rr][jj] = True
                         c2, sd2, _ = match_key[rr][jj]
-                        key = (rr, c2, (min(sd2), max(sd2)))
+                        key = (rr, c2, (min(sd2), max(sd2)) if per_pair else (0, 0))
                         while stream_pos[key] < len(queue[key]) and done[rr][queue[key][stream_pos[key]]]:
                             stream_pos[key] += 1
                     moved = True
