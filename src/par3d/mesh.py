@@ -167,7 +167,7 @@ P2P_CHANNELS = ("act", "grad", "act_wrap", "grad_wrap")  # schedules.p2p_channel
 
 
 def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
-                 p2p_pairs: list[tuple[int, int]] | None = None) -> Groups | None:
+                 p2p_pairs: list[tuple[int, int]] | None = None, backend_p2p: bool = True) -> Groups | None:
     """Create every torch process group (collectively: every rank of the torch world must call
     this, with the same arguments).  The mesh may use only the first `mesh.world_size` ranks of a
     larger world (tests run many layouts in one world); ranks outside it get None.
@@ -177,7 +177,12 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
     a communicator's operations one after another, and on a group initialised eagerly (torch does
     so when `init_process_group` gets a device, as par3d's does) every send and receive of the
     group, to any peer, shares one communicator; a two-rank group per (channel, pair) makes the
-    communicators exactly what `schedules.nccl_problems` replays, however torch picks them."""
+    communicators exactly what `schedules.nccl_problems` replays, however torch picks them.
+
+    `backend_p2p`: whether the backend carries pipeline messages (NCCL; gloo with --p2p backend).
+    When it does not (the shared-memory transport), the pp twins are not built: every extra gloo
+    group keeps two threads polling for its whole life, and on two cores eight ranks' worth of
+    unused ones slow every rank down."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -187,7 +192,7 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
     # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
     # collective whose peer died fails within the run's --timeout
     kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    twins = ("pp_grad", "pp_wrap", "pp_grad_wrap")
+    twins = ("pp_grad", "pp_wrap", "pp_grad_wrap") if backend_p2p else ()
     kinds = ["tp", "cp", "pp", "dp", "embed", *twins] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
     for kind in kinds:
         for ranks in mesh.all_groups("pp" if kind in twins else kind):
@@ -221,6 +226,6 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
     dpcp = made.get("dpcp") or (made["dp"] if mesh.cp == 1 else made["cp"])
     dpcp = Group("dp", dpcp.ranks, dpcp.rank, dpcp.pg)  # counted as DP traffic either way
     return Groups(mesh, global_rank, mesh.coord(global_rank), made["tp"], made["pp"], made["dp"],
-                  made["embed"], made["world"], pp_grad=made["pp_grad"], cp=made["cp"], dpcp=dpcp,
-                  pp_wrap=made["pp_wrap"], pp_grad_wrap=made["pp_grad_wrap"], p2p=p2p)
+                  made["embed"], made["world"], pp_grad=made.get("pp_grad"), cp=made["cp"], dpcp=dpcp,
+                  pp_wrap=made.get("pp_wrap"), pp_grad_wrap=made.get("pp_grad_wrap"), p2p=p2p)
 

@@ -172,7 +172,8 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     # per (channel, pair of ranks), so NCCL runs what schedules.nccl_problems proves safe
     backend_p2p = pc.p2p == "backend" or (dist.is_initialized() and dist.get_backend() == "nccl")
     groups = build_groups(mesh, rank, timeout_s=cfg.timeout_s,
-                          p2p_pairs=p2p_pairs(schedule) if backend_p2p and pc.pp > 2 else None)
+                          p2p_pairs=p2p_pairs(schedule) if backend_p2p and pc.pp > 2 else None,
+                          backend_p2p=backend_p2p)
     if groups is None:
         return None
     c = groups.coord
