@@ -69,14 +69,20 @@ print(json.dumps({"explain_s": time.perf_counter() - w0, "explain_cpu_s": time.p
 """
 
 
-def _explain_runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
+def _child_rows(src: str, case: tuple, repeat: int, child: str) -> list[dict[str, Any]]:
+    """Run `child` in `repeat` fresh processes on the code under `src`; its last stdout line each."""
     _name, spec, gpu, gpus, batch = case
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", EXPLAIN_CHILD, json.dumps([spec, gpu, gpus, batch])], env=env,
+        out = subprocess.run([sys.executable, "-c", child, json.dumps([spec, gpu, gpus, batch])], env=env,
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def _explain_runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
+    rows = _child_rows(src, case, repeat, EXPLAIN_CHILD)
     return {"explain_s_median": statistics.median(r["explain_s"] for r in rows),
             "explain_cpu_s_median": statistics.median(r["explain_cpu_s"] for r in rows),
             "explain_s": [r["explain_s"] for r in rows]}
@@ -97,13 +103,7 @@ def register(bsub: Any) -> None:
 
 
 def _runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
-    _name, spec, gpu, gpus, batch = case
-    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    rows = []
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([spec, gpu, gpus, batch])], env=env,
-                             capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout))
+    rows = _child_rows(src, case, repeat, CHILD)
     return {"search_s_median": statistics.median(r["search_s"] for r in rows),
             "search_cpu_s_median": statistics.median(r["search_cpu_s"] for r in rows),
             "import_s_median": statistics.median(r["import_s"] for r in rows),
