@@ -62,7 +62,12 @@ def time_call(fn: Callable[[], Any], min_s: float = 0.02, repeats: int = 3) -> f
     fn()
     sync()
     one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(min_s / one))
+    return min(loop_seconds(fn, max(1, int(min_s / one)), repeats))
+
+
+def loop_seconds(fn: Callable[[], Any], n: int, repeats: int) -> list[float]:
+    """`repeats` samples of the mean time of `fn` over `n` back-to-back calls, the device
+    synchronised before each clock read (a GPU's launches are asynchronous)."""
     out = []
     for _ in range(repeats):
         sync()
@@ -71,7 +76,7 @@ def time_call(fn: Callable[[], Any], min_s: float = 0.02, repeats: int = 3) -> f
             fn()
         sync()
         out.append((time.perf_counter() - t0) / n)
-    return min(out)
+    return out
 
 
 def _dtype(dt: str) -> Any:
@@ -360,15 +365,7 @@ def collective_worker(sizes: list[int], quick: bool, show_bar: bool) -> list[dic
         fn()  # warm-up (connections, buffers)
         sync()
         n = max(2, min(200, int(2e6 / max(nbytes, 1))))  # small messages: more calls per sample
-        samples = []
-        for _ in range(reps):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            samples.append((time.perf_counter() - t0) / n)
-        return statistics.median(samples)
+        return statistics.median(loop_seconds(fn, n, reps))
 
     for g in range(2, world + 1):
         ranks = list(range(g))
