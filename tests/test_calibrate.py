@@ -231,7 +231,10 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert main(["calibrate", "--quick", "--out", str(out), "--plot", str(tmp_path / "c.png")]) == 0
     hw = json.loads(out.read_text())
     assert hw["corun_slowdown"] >= 1.0 and hw["oversubscribed_slowdown"] >= 1.0
-    assert hw["collective_sync_us"] >= 0.0 and hw["pipeline_hop_us"] >= 0.0
+    sync = hw["collective_sync"]  # the sync points with one rank per core and with two
+    assert sync["ranks_per_core"] == pytest.approx([1.0, 2.0])
+    assert all(x >= 0.0 for x in sync["latency_us"] + sync["skew"]) and hw["pipeline_hop_us"] >= 0.0
+    assert {"layers": 2, "hidden": 192, "seq_len": 96} in hw["calibrated"]["references"]
     assert hw["measurements"]["pipeline_hop"]["hops"] > 0
     prims = hw["kernels"]["primitives"]
     assert set(prims) == {"linear", "attention", "layer_norm", "gelu", "add", "embedding", "cross_entropy",
@@ -243,7 +246,8 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert {"layers": 4, "hidden": 128, "seq_len": 64} in refs
     file = load_hardware_file(str(out))
     prof = profile_of(file)
-    assert prof.cores == hw["cores"] and prof.sync == pytest.approx(hw["collective_sync_us"] * 1e-6)
+    assert prof.cores == hw["cores"] and prof.sync == 0.0  # the per-point model replaces the constant
+    assert prof.point_sync.latency_s[0] == pytest.approx(sync["latency_us"][0] * 1e-6)
     assert prof.kernels is not None and prof.kernels.dtype == "fp32"
     assert predict(_cfg(tp=2), file).step_time_s > 0
     assert (tmp_path / "c.png").stat().st_size > 1000
@@ -492,3 +496,105 @@ def test_calibrate_imports_nothing_from_bench():
             "print([m for m in sys.modules if m.startswith('par3d.bench')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---- the in-step cost of TP / CP synchronisation points (plan/profile.py's SyncModel) -------------
+
+def _sync(lat_us: list[float], skew: list[float], rpc: tuple[float, ...] = (1.0, 2.0)) -> dict:
+    return {"collective_sync": {"ranks_per_core": list(rpc), "latency_us": lat_us, "skew": skew}}
+
+
+def test_sync_model_reads_its_load_and_rejects_a_bad_table(tmp_path):
+    from par3d.plan.profile import SyncModel
+
+    prof = _profile(tmp_path, collective_sync_us=300.0, **_sync([100.0, 300.0], [0.1, 0.5]))
+    sm = prof.point_sync
+    assert prof.sync == 0.0  # the per-point model replaces the older constant per message step
+    assert sm.at(0.5) == pytest.approx((100e-6, 0.1))  # flat outside the measured loads
+    assert sm.at(1.5) == pytest.approx((200e-6, 0.3))  # linear in between
+    assert sm.at(4.0) == pytest.approx((300e-6, 0.5))
+    with pytest.raises(ValueError, match="ranks_per_core"):
+        SyncModel.from_dict({"ranks_per_core": [2.0, 1.0], "latency_us": [1.0, 2.0], "skew": [0.0, 0.0]})
+    with pytest.raises(ValueError, match="one length"):
+        SyncModel.from_dict({"ranks_per_core": [1.0], "latency_us": [1.0, 2.0], "skew": [0.0]})
+
+
+def test_sync_points_follow_the_runtime():
+    from par3d.plan import cost
+
+    tp = cost.Choice(tp=2, pp=1, dp=1, micro_batch=1, microbatches=1)
+    assert cost.sync_points(tp, 4, True, True) == (2 * 4 + 1 + 3, 2 * 4, 0, 0)
+    full = cost.Choice(tp=2, pp=1, dp=1, micro_batch=1, microbatches=1, recompute="full")
+    assert cost.sync_points(full, 4, False, False) == (8, 16, 0, 0)  # the recomputed forward meets again
+    cp = cost.Choice(tp=1, pp=1, dp=1, micro_batch=1, microbatches=1, cp=2)
+    assert cost.sync_points(cp, 4, True, True) == (0, 0, 4, 12)  # K/V forward; K/V and dK/dV backward
+    dp = cost.Choice(tp=1, pp=1, dp=2, micro_batch=1, microbatches=1)
+    assert cost.sync_points(dp, 4, True, True) == (0, 0, 0, 0)  # DP meets once, after the backward
+
+
+def test_sync_latency_is_paid_per_point_and_skew_per_compute(tmp_path):
+    """With one rank per core (TP 2 on 2 cores) each point costs the latency; the skew adds in
+    proportion to the CPU work; layouts without TP or CP pay nothing."""
+    tp, dp = _cfg(tp=2), _cfg(dp=2)
+    plain = predict(tp, _hw(tmp_path)).step_time_s
+    lat = predict(tp, _hw(tmp_path, **_sync([1000.0, 1000.0], [0.0, 0.0]))).step_time_s
+    points = 4 * 4 + 1 + 3  # 4 blocks x 2 each way, the embedding's, the loss's 3
+    assert lat - plain >= points * 1e-3 * 0.999
+    lo = predict(tp, _hw(tmp_path, **_sync([0.0, 0.0], [0.1, 0.1]))).step_time_s
+    hi = predict(tp, _hw(tmp_path, **_sync([0.0, 0.0], [0.2, 0.2]))).step_time_s
+    assert hi - lo == pytest.approx(lo - plain, rel=0.2) and lo > plain
+    assert predict(dp, _hw(tmp_path, **_sync([1000.0, 1000.0], [0.5, 0.5]))).step_time_s == \
+        pytest.approx(predict(dp, _hw(tmp_path)).step_time_s)
+
+
+def test_sync_is_read_at_the_layouts_ranks_per_core(tmp_path):
+    """TP 2 alone on 2 cores reads the one-rank-per-core entry; beside a second pair (DP 2, 4 ranks)
+    the two-ranks-per-core one, whose wait is time-shared: it costs more than the latency."""
+    from par3d.calibrate.fits import sync_load
+    from par3d.plan.hardware import hardware_from_dict
+
+    only_crowded = _hw(tmp_path, **_sync([0.0, 1000.0], [0.0, 0.0]))
+    tp, tpdp = _cfg(tp=2), _cfg(tp=2, dp=2)
+    assert predict(tp, only_crowded).step_time_s == pytest.approx(predict(tp, _hw(tmp_path)).step_time_s)
+    extra = predict(tpdp, only_crowded).step_time_s - predict(tpdp, _hw(tmp_path)).step_time_s
+    assert extra > (4 * 4 + 4) * 1e-3  # every point at the latency, and time-shared beyond it
+    hw = _hardware_dict()
+    assert sync_load(hw, tp.to_dict()) == pytest.approx(1.0)
+    assert sync_load(hw, tpdp.to_dict()) == pytest.approx(2.0)
+    pipe = sync_load(hw, _cfg(tp=2, pp=2, microbatches=4).to_dict())
+    assert 1.0 < pipe < 2.0  # the pipeline bubble: fewer ranks inside an action
+    assert hardware_from_dict(hw) is not None
+
+
+def test_point_sync_fit_recovers_known_latency_and_skew():
+    from par3d.calibrate import fit_point_sync
+    from par3d.calibrate.probes import sync_configs
+    from par3d.plan.hardware import hardware_from_dict
+
+    hw = _hardware_dict()
+    for tp, dp, lat, skew in ((2, 1, 800.0, 0.3), (2, 2, 1200.0, 0.6)):
+        cfgs = sync_configs(3, tp, dp)
+        true = hardware_from_dict({**hw, **_sync([lat], [skew], (float(dp),))})
+        runs = [(c, predict(RunConfig.from_dict(c), true).step_time_s) for c in cfgs]
+        got = fit_point_sync(hw, runs)
+        assert got["ranks_per_core"] == pytest.approx(float(dp))
+        assert got["latency_us"] == pytest.approx(lat, rel=1e-2) and got["skew"] == pytest.approx(skew, rel=1e-2)
+    # runs faster than the model without sync: no negative terms
+    runs = [(c, 0.5 * predict(RunConfig.from_dict(c), hardware_from_dict(hw)).step_time_s) for c in sync_configs(3, 2, 1)]
+    got = fit_point_sync(hw, runs)
+    assert got["latency_us"] == 0.0 and got["skew"] == 0.0
+
+
+def test_zero1_and_zero2_pay_their_calls_at_the_measured_kinds(tmp_path):
+    """On a calibrated host ZeRO-1 reduce-scatters its size-filled buckets once, ZeRO-2 one bucket
+    per unit every micro-batch, each at its kind's measured α-β (not the all-reduce's)."""
+    fits = {kind: {"2": {"alpha_us": a, "bw_gbps": 1.0}}
+            for kind, a in (("all_reduce", 100.0), ("all_gather", 2000.0), ("reduce_scatter", 3000.0))}
+    hw = _hw(tmp_path, collective_fits=fits)
+    z1, z2 = _cfg(dp=2, zero_stage=1), _cfg(dp=2, zero_stage=2, microbatches=2)
+    base = predict(_cfg(dp=2, zero_stage=1), _hw(tmp_path)).breakdown["dp_comm"]
+    d1 = predict(z1, hw).breakdown["dp_comm"]
+    assert d1 >= 3000e-6 + 2000e-6 and d1 > base  # at least one reduce-scatter and one gather call
+    d2 = predict(z2, hw).breakdown["dp_comm"]
+    units = 4 + 2  # the blocks, the embedding, the head
+    assert d2 >= 2 * units * 3000e-6 + units * 2000e-6  # every micro-batch's unit reductions, one gather each

@@ -14,6 +14,7 @@ from par3d.calibrate.fits import (
     fit_gemm,
     fit_link,
     fit_pipeline_hop,
+    fit_point_sync,
     fit_primitives,
     lstsq,
     lstsq2,
@@ -25,5 +26,5 @@ from par3d.calibrate.report import plot, summary
 from par3d.calibrate.run import calibrate
 
 __all__ = ["calibrate", "collective_worker", "fit_collective_sync", "fit_collectives", "fit_contention", "fit_gemm", "fit_link",
-           "fit_pipeline_hop", "fit_primitives", "lstsq", "lstsq2", "plot", "rel_rms", "residual_overheads",
+           "fit_pipeline_hop", "fit_point_sync", "fit_primitives", "lstsq", "lstsq2", "plot", "rel_rms", "residual_overheads",
            "summary"]

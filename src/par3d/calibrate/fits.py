@@ -187,6 +187,79 @@ def fit_collective_sync(hw: dict[str, Any], tp_cfg: dict[str, Any], measured_ste
     return max(0.0, (measured_step_s - base) / per_s) if per_s > 0 else 0.0
 
 
+def sync_load(hw: dict[str, Any], cfg: dict[str, Any]) -> float:
+    """The ranks per core at which the planner's model prices the sync points of `cfg`
+    (plan/cost.py's `point_sync_load`, read before the points' own waits)."""
+    from par3d.config import RunConfig
+    from par3d.plan import cost
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import choice, cluster_of, model_spec
+
+    run = RunConfig.from_dict(cfg).resolve()
+    h = hardware_from_dict({k: v for k, v in hw.items() if k not in ("collective_sync", "collective_sync_us")})
+    cl, ch, model = cluster_of(h, run), choice(run, strict=True), model_spec(run)
+    st = cost.stage_times(model, cl, ch)
+    makespan, _, busy = cost.simulate_stages(st, ch)
+    return cost.point_sync_load(st, ch, cl.profile, makespan, busy) if cl.profile is not None else 1.0
+
+
+def fit_point_sync(hw: dict[str, Any], runs: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+    """The in-step cost of a TP synchronisation point at the load of `runs` (ranks per core,
+    `sync_load`, their mean): `latency_us` per point plus `skew` times the CPU work since the
+    last point (plan/profile.py's `SyncModel`), such that the planner's model matches the measured
+    step times of `runs` best (least squares of the relative errors) — TP runs of GPTs with little
+    and much compute between points, which separate the two terms.  The model is nearly linear in
+    both: Gauss-Newton on its finite differences, three rounds; a term that would go negative is
+    held at 0 and the other refitted alone."""
+    from par3d.config import RunConfig
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import predict
+
+    cfgs = [RunConfig.from_dict(c) for c, _ in runs]
+    meas = [m for _, m in runs]
+    ranks_per_core = sum(sync_load(hw, c) for c, _ in runs) / len(runs)
+
+    def steps(lat_us: float, skew: float) -> list[float]:
+        sm = {"ranks_per_core": [ranks_per_core], "latency_us": [lat_us], "skew": [skew]}
+        h = hardware_from_dict({**hw, "collective_sync": sm})
+        return [predict(c, h).step_time_s for c in cfgs]
+
+    def solve(at: tuple[float, float], free: tuple[bool, bool]) -> tuple[float, float]:
+        base = steps(*at)
+        cols = []
+        for i, d in enumerate((100.0, 0.05)):  # µs of latency, skew
+            if free[i]:
+                moved = steps(at[0] + d, at[1]) if i == 0 else steps(at[0], at[1] + d)
+                cols.append([(x1 - x0) / d / m for x0, x1, m in zip(base, moved, meas)])
+            else:
+                cols.append([0.0] * len(meas))
+        r = [(m - x) / m for x, m in zip(base, meas)]
+        a11 = sum(g * g for g in cols[0])
+        a22 = sum(g * g for g in cols[1])
+        a12 = sum(g * h for g, h in zip(*cols))
+        b1 = sum(g * e for g, e in zip(cols[0], r))
+        b2 = sum(g * e for g, e in zip(cols[1], r))
+        det = a11 * a22 - a12 * a12
+        if free[0] and free[1] and abs(det) > 1e-30:
+            return at[0] + (b1 * a22 - b2 * a12) / det, at[1] + (a11 * b2 - a12 * b1) / det
+        return (at[0] + b1 / a11 if free[0] and a11 > 0 else at[0],
+                at[1] + b2 / a22 if free[1] and a22 > 0 else at[1])
+
+    lat, skew = 0.0, 0.0
+    free = (True, len(runs) >= 2)
+    for _ in range(3):
+        nl, ns = solve((lat, skew), free)
+        if ns < 0.0:
+            free, skew = (True, False), 0.0
+            nl, ns = solve((max(nl, 0.0), 0.0), free)
+        if nl < 0.0:
+            free, lat = (False, free[1]), 0.0
+            nl, ns = solve((0.0, max(ns, 0.0)), free)
+        lat, skew = max(nl, 0.0), max(ns, 0.0)
+    return {"ranks_per_core": ranks_per_core, "latency_us": lat, "skew": skew,
+            "measured_s": meas, "predicted_s": steps(lat, skew)}
+
+
 def fit_contention(hw: dict[str, Any], cfg: dict[str, Any], measured_step_s: float, key: str,
                    lo: float = 1.0, hi: float = 4.0) -> float:
     """The co-run slowdown `key` (`corun_slowdown` with as many busy ranks as cores,
@@ -231,4 +304,5 @@ def fit_pipeline_hop(p: int, m: int, stage_ms: float, measured_makespan_s: float
 
 
 __all__ = ["KINDS", "fit_collective_sync", "fit_collectives", "fit_contention", "fit_gemm", "fit_link", "fit_pipeline_hop",
+           "fit_point_sync", "sync_load",
            "fit_primitives", "lstsq", "lstsq2", "rel_rms", "residual_overheads"]

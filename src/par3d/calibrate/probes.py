@@ -36,6 +36,12 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 REFERENCE = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "micro_batch": 8, "m": 1}  # co-run, sync
 TINY = {"hidden": 16, "heads": 2, "seq": 8, "micro_batch": 1, "m": 4, "vocab": 256}  # fixed costs; 1 and 5 layers
 TINY_LAYERS = (1, 5)
+# the in-step cost of a TP synchronisation point: TP over 2 ranks on a narrow GPT (~0.1 ms of
+# compute between points), the reference (~1 ms) and a wide one (~4 ms), with one rank per core
+# and, beside a second TP pair (DP 2), two: latency and skew per ranks-per-core
+SYNC_SMALL = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "micro_batch": 8, "m": 1}
+SYNC_WIDE = {"layers": 2, "hidden": 192, "heads": 4, "seq": 96, "micro_batch": 8, "m": 1}
+SYNC_SHAPES = (REFERENCE, SYNC_SMALL, SYNC_WIDE)
 
 
 def device():
@@ -275,6 +281,11 @@ def reference_config(steps: int, tp: int = 1, dp: int = 1) -> dict[str, Any]:
     return probe_config(steps=steps, tp=tp, dp=dp, **REFERENCE)
 
 
+def sync_configs(steps: int, tp: int, dp: int) -> list[dict[str, Any]]:
+    """The TP runs one ranks-per-core load of the point-sync fit measures (`fits.fit_point_sync`)."""
+    return [probe_config(steps=steps, tp=tp, dp=dp, **shape) for shape in SYNC_SHAPES]
+
+
 def run_probe(cfg_dict: dict[str, Any]) -> dict[str, float]:
     """One rank, in this process: the median step time (first step skipped: the statistic
     `bench fidelity` and the end-of-run report measure) and the least F / B action durations of the
@@ -482,7 +493,7 @@ def measure_synthetic(schedule: str, p: int, m: int, tf: float, tb: float, steps
             "median_step_time_s": statistics.median(h["step_time_s"] for h in r0["history"][1:])}
 
 
-__all__ = ["KINDS", "REFERENCE", "TINY", "collective_worker", "device",
+__all__ = ["KINDS", "REFERENCE", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
            "measure_gemms", "measure_mem_bw", "measure_overheads", "measure_primitives", "measure_synthetic",
-           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe",
+           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "sync_configs",
            "sync", "time_call"]

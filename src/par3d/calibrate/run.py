@@ -21,6 +21,20 @@ def mem_gib_per_rank(nproc: int) -> float:
         return 4.0
 
 
+def probe_runs(quick: bool) -> int:
+    """Launches of each multi-rank reference run; the least median step time is kept (other
+    processes on a shared machine only ever add time)."""
+    return 1 if quick else 2
+
+
+def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
+    """The median step time of `cfg` on `ranks` ranks, the least over `probe_runs` launches."""
+    from par3d.distributed import launch
+
+    return min(launch(probes.probe_worker, ranks, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+               for _ in range(probe_runs(quick)))
+
+
 def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
     """Measure everything; return the hardware file's content (a dict)."""
     import torch
@@ -38,7 +52,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_prims + n_gemm + 1 + probes.overhead_passes(quick) + 5, desc="calibrate", unit="probe",
+        bar = tqdm(total=n_prims + n_gemm + 1 + probes.overhead_passes(quick) + 10, desc="calibrate", unit="probe",
                    file=sys.stderr, dynamic_ncols=True)
 
     def tick() -> None:
@@ -104,18 +118,42 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if not on_gpu and cores >= 2:
         for n, key in ((cores, "corun_slowdown"), (2 * cores, "oversubscribed_slowdown")):
             cfg = probes.reference_config(steps=steps, dp=n)
-            got = launch(probes.probe_worker, n, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+            got = run_reference(cfg, n, quick)
             runs[key] = {"dp": n, "step_s": got, "_cfg": cfg}
             tick()
     tp_cfg = probes.reference_config(steps=steps, tp=nproc)
-    tp_step = launch(probes.probe_worker, nproc, (tp_cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+    tp_step = run_reference(tp_cfg, nproc, quick)
     tick()
+    sync_runs: dict[str, Any] = {}
+    if not on_gpu and cores >= 2:
+        # the sync points of TP pairs with one rank per core (TP over the cores' worth of ranks)
+        # and with two (beside a second pair: DP over them), each on the reference and on a
+        # narrow GPT (plan/profile.py's SyncModel)
+        tp = min(2, cores)
+        for rpc, dp in ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp)):
+            pairs = []
+            for k, cfg in enumerate(probes.sync_configs(steps, tp, dp)):
+                got = tp_step if (k == 0 and dp == 1 and tp == nproc) else run_reference(cfg, tp * dp, quick)
+                pairs.append((cfg, got))
+                tick()
+            sync_runs[str(rpc)] = {"tp": tp, "dp": dp, "ranks": tp * dp, "runs": pairs}
     # each term's fit depends a little on the others (DP's gradient reductions pay the sync, TP's
     # ranks compute side by side): fitted in turn, twice
-    for _ in range(2):
+    for _ in range(1 if sync_runs else 2):
         for key, r in runs.items():
             hw[key] = fits.fit_contention(hw, r["_cfg"], r["step_s"], key)
-        hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
+        if not sync_runs:
+            hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
+    sync_fits = {}
+    if sync_runs:  # the DP-only runs above meet no sync point: the contention is fitted first
+        sync_fits = {rpc: fits.fit_point_sync(hw, r["runs"]) for rpc, r in sync_runs.items()}
+        order = sorted(sync_fits, key=lambda k: sync_fits[k]["ranks_per_core"])
+        # two loads the model reads alike keep the more crowded one's fit (a SyncModel's loads increase)
+        order = [k for i, k in enumerate(order) if i + 1 == len(order)
+                 or sync_fits[order[i + 1]]["ranks_per_core"] - sync_fits[k]["ranks_per_core"] > 1e-3]
+        hw["collective_sync"] = {"ranks_per_core": [sync_fits[k]["ranks_per_core"] for k in order],
+                                 "latency_us": [sync_fits[k]["latency_us"] for k in order],
+                                 "skew": [sync_fits[k]["skew"] for k in order]}
     contention = {key: {k: v for k, v in r.items() if k != "_cfg"} for key, r in runs.items()}
     p, m, stage_ms = max(2, nproc), 4, 2.0
     syn = probes.measure_synthetic("1f1b", p, m, stage_ms, stage_ms, steps=4 if quick else 8)
@@ -128,7 +166,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                           "overheads_measured": over["overheads"], "overhead_rounds": over["rounds"],
                           "tiny": over["tiny"], "collectives": coll,
                           "reference": dict(probes.REFERENCE), "reference_dp": contention,
-                          "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop}
+                          "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop,
+                          "collective_sync": {rpc: {"tp": r["tp"], "dp": r["dp"], "ranks": r["ranks"],
+                                                    "models": [{k: c["model"][k] for k in ("layers", "hidden", "seq_len")}
+                                                               for c, _ in r["runs"]],
+                                                    **sync_fits[rpc]} for rpc, r in sync_runs.items()}}
     hw["host"] = host.describe(torch.cuda.get_device_name(0) if on_gpu else None)
     hw["calibrated"] = {"date": hw["host"]["date"], "torch": torch.__version__, "host_cores": host.machine_cores(),
                         "nproc": nproc, "quick": quick, "seconds": round(time.time() - t_start, 1),
@@ -139,7 +181,9 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                                         "seq_len": probes.REFERENCE["seq"]}]
                         + [{"layers": n, "hidden": probes.TINY["hidden"], "seq_len": probes.TINY["seq"]}
                            for n in probes.TINY_LAYERS]
-                        + [{"layers": p, "hidden": 8, "seq_len": 8}]}
+                        + [{"layers": p, "hidden": 8, "seq_len": 8}]
+                        + ([{"layers": sh["layers"], "hidden": sh["hidden"], "seq_len": sh["seq"]}
+                            for sh in probes.SYNC_SHAPES[1:]] if sync_runs else [])}
     return hw
 
 

@@ -585,6 +585,31 @@ def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: s
     return ag, ag * (2 if full else 1) + rs
 
 
+ZERO1_BUCKET_PARAMS = 1 << 20  # zero.py's bucket_numel: ZeRO-1's buckets are filled by size
+
+
+def zero12_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, shape: RankShape,
+                 first: bool, dtype: str) -> tuple[float, float]:
+    """ZeRO-1/2's gradient reduce-scatters and weight all-gathers per step (reduction, gather) on a
+    calibrated host running the eager runtime (zero.py), each call at its kind's measured α-β
+    (`Profile.collectives`), none hidden (the backend's thread takes its time from the ranks'
+    cores): ZeRO-1 reduces its size-filled buckets once, after the last micro-batch; ZeRO-2 one
+    bucket per unit (embedding, block, head) every micro-batch; both gather the updated weights
+    bucket by bucket after the optimizer."""
+    g = c.dp * c.cp
+    nb = 4.0 if dtype == "fp32" else 2.0  # the gathered weights (the reduced gradients: fp32)
+    rs_l = prof.collective("reduce_scatter") or link
+    ag_l = prof.collective("all_gather") or link
+    if c.zero_stage == 1:
+        calls = max(1, -(-int(shape.params) // ZERO1_BUCKET_PARAMS))
+        per = shape.params / calls
+        red = calls * comm.reduce_scatter(4.0 * per, g, rs_l).total
+        return red, calls * comm.all_gather(nb * per, g, ag_l).total
+    units = zero3_units(model, c, sum(shape.layers), first, shape.head)
+    red = c.microbatches * sum(comm.reduce_scatter(4.0 * u, g, rs_l).total for u in units)
+    return red, sum(comm.all_gather(nb * u, g, ag_l).total for u in units)
+
+
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
@@ -728,6 +753,70 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
         if prof.p2p is not None:  # the measured transport between pipeline ranks
             st.transfer = comm.p2p(boundary, prof.p2p).total
         st.transfer += prof.hop
+
+
+def sync_points(c: Choice, n: int, embed: bool, head: bool) -> tuple[int, int, int, int]:
+    """Points per micro-batch where a stage of n blocks meets its TP partners (forward, backward)
+    and its CP ring neighbours (forward, backward), as the eager runtime calls them: 2 TP
+    all-reduces per block each way (2 more backward with full recompute), the embedding's, the
+    vocab-parallel loss's 3; cp − 1 K/V exchanges forward per block, 2cp − 1 backward, cp − 1 more
+    when the recompute repeats the attention."""
+    tf = tb = cf = cb = 0
+    if c.tp > 1:
+        tf = 2 * n + (1 if embed else 0) + (3 if head else 0)
+        tb = 2 * n + (2 * n if c.recompute == "full" else 0)
+    if c.cp > 1:
+        cf = n * (c.cp - 1)
+        cb = n * (2 * c.cp - 1 + (c.cp - 1 if c.recompute in ("full", "selective") else 0))
+    return tf, tb, cf, cb
+
+
+def computing_ranks(st: StageTimes, c: Choice, makespan: float, busy: list[float]) -> float:
+    """How many ranks compute at any moment on average: each pipeline rank's busy time in the
+    schedule's own simulation less its collective waits, over the makespan, times the ranks of
+    each stage (a rank in the pipeline bubble or waiting for its partners leaves its core)."""
+    kinds = ("f", "bi", "bw") if c.schedule in SPLIT_BACKWARD else ("f", "b")
+    waiting = c.microbatches * sum(sum(st.waits[k]) for k in kinds)  # every stage runs each kind m times
+    if makespan <= 0:
+        return float(c.gpus)
+    return c.dp * c.cp * c.tp * max(0.0, sum(busy) - waiting) / makespan
+
+
+def with_point_sync(st: StageTimes, model: ModelSpec, c: Choice, prof: Profile, ranks_per_core: float) -> StageTimes:
+    """The stage durations with the in-step cost of the TP / CP synchronisation points
+    (`Profile.point_sync`, measured by `par3d calibrate` at one and two ranks per core; a copy):
+    per point a fixed latency, and a skew in proportion to the CPU work between points — summed
+    over a pass, skew × the pass's CPU work, whatever the number of points.  Read at
+    `ranks_per_core` (`point_sync_load`).  Unlike a collective's α-β (a rank blocked in the
+    backend leaves its core: `StageTimes.waits`), a rank waiting at a point keeps its core —
+    the backend polls for the partner — so with more ranks than cores the wait is time-shared
+    like compute (`_contended`); that is what makes TP beside DP or CP on an oversubscribed host
+    slow, and why the calibration measures the points there too."""
+    lat, skew = prof.point_sync.at(ranks_per_core)  # type: ignore[union-attr]
+    lay = layout(model, c.pp * c.virtual_stages)
+    st = replace(st, f=list(st.f), b=list(st.b), bi=list(st.bi), tp_comm=list(st.tp_comm), cp_comm=list(st.cp_comm))
+    for s, n in enumerate(lay.layers):
+        tf, tb, cf, cb = sync_points(c, n, lay.embed[s], lay.head[s])
+        wf = (tf + cf) * lat + skew * (st.f[s] - st.waits["f"][s])
+        wb = (tb + cb) * lat + skew * (st.b[s] - st.waits["b"][s])
+        # BI holds the backward's collectives (BW, the weight GEMMs, meets no partner)
+        wbi = (tb + cb) * lat + skew * (st.bi[s] - st.waits["bi"][s])
+        st.f[s] += wf
+        st.b[s] += wb
+        st.bi[s] += wbi
+        tp_share = (tf + tb) / max(1, tf + tb + cf + cb)  # the breakdown: TP's points and CP's
+        st.tp_comm[s] += tp_share * (wf + wb)
+        st.cp_comm[s] += (1 - tp_share) * (wf + wb)
+    return st
+
+
+def point_sync_load(st: StageTimes, c: Choice, prof: Profile, makespan: float, busy: list[float]) -> float:
+    """Ranks per core at which a layout's sync points are priced: the ranks inside an action
+    (computing or meeting their partners; not in the pipeline bubble) on average, over the host's
+    cores — 1 for TP over as many ranks as cores, 2 beside a second such group."""
+    if not prof.cores or makespan <= 0:
+        return 1.0
+    return c.dp * c.cp * c.tp * sum(busy) / makespan / prof.cores
 
 
 def durations_of(st: StageTimes, schedule: str) -> dict[tuple[int, str], float]:
@@ -962,6 +1051,12 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
             red, gather = hit
         elif c.zero_stage == 0:
             red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
+        elif cluster.profile is not None and cluster.profile.collectives:
+            red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
+                                       cluster.dtype)
+            costs[g] = (red, gather)
+            worst = max(worst, red + gather)
+            continue
         else:
             red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
             gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
@@ -1028,10 +1123,7 @@ def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
     average number of computing ranks, read off the schedule's own simulation (busy time less the
     collective waits, over the makespan, times the ranks of each stage)."""
     world = c.gpus
-    kinds = ("f", "bi", "bw") if c.schedule in SPLIT_BACKWARD else ("f", "b")
-    waiting = c.microbatches * sum(sum(st.waits[k]) for k in kinds)  # every stage runs each kind m times
-    busy_ranks = c.dp * c.cp * c.tp * max(0.0, sum(busy) - waiting) / makespan if makespan > 0 else world
-    slow = contention(prof, world, busy_ranks)
+    slow = contention(prof, world, computing_ranks(st, c, makespan, busy))
     if slow == 1.0:
         return st, slow
 
@@ -1057,6 +1149,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     prof = cluster.profile
     slow, overhead = 1.0, 0.0
     if prof is not None:
+        if prof.point_sync is not None and (c.tp > 1 or c.cp > 1) and not cluster.hier:
+            st = with_point_sync(st, model, c, prof, point_sync_load(st, c, prof, makespan, busy))
+            makespan, bubble_wall, busy = simulate_stages(st, c)
         st, slow = _contended(st, c, prof, makespan, busy)
         if slow != 1.0:
             makespan, bubble_wall, busy = simulate_stages(st, c)

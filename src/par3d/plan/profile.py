@@ -16,8 +16,15 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
 - `cp_link`: context parallelism's ring exchange through the backend (α-β of isolated exchanges);
 - `collectives`: per kind (all-gather, reduce-scatter, all-reduce) the α-β of isolated calls over
   the calibration's ranks — what ZeRO-3's per-unit gathers and reduce-scatters cost each;
-- `sync`: what a collective costs inside a step beyond the α-β fit of isolated calls (each is a
-  point where the ranks wait for the slowest), added to every link's α;
+- `point_sync`: what a point where the ranks of a TP or CP group meet inside a step (a TP
+  all-reduce, a ring-attention exchange) costs beyond the α-β fit of isolated calls: a fixed
+  latency per point and a skew in proportion to the CPU work since the last point (the partner
+  drifts while computing) — both measured by `par3d calibrate` with one rank per core and with
+  two (`collective_sync`), and read at the ranks per core of the layout being priced
+  (`SyncModel.at`); a rank waiting there keeps its core (the backend polls), so with more ranks
+  than cores the wait is time-shared like compute;
+- `sync` (files written before `collective_sync`): one constant per collective message step,
+  added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
   running side by side slow each other (shared caches, memory bandwidth);
 - `bw_full_backward`: a runtime whose BW re-walks the graph BI kept (eager ZB-H1 before issue 17),
@@ -64,6 +71,41 @@ class Overheads:
 
 
 @dataclass(frozen=True)
+class SyncModel:
+    """The in-step cost of a synchronisation point, measured at a few ranks-per-core loads:
+    `latency_s[i]` seconds per point plus `skew[i]` times the CPU work since the last point, with
+    `ranks_per_core[i]` ranks on each core.  Linear in between, flat outside the measured range."""
+
+    ranks_per_core: tuple[float, ...]
+    latency_s: tuple[float, ...]
+    skew: tuple[float, ...]
+
+    def at(self, ranks_per_core: float) -> tuple[float, float]:
+        """(latency, skew) with `ranks_per_core` ranks on each core."""
+        xs = self.ranks_per_core
+        if ranks_per_core <= xs[0]:
+            return self.latency_s[0], self.skew[0]
+        for i in range(1, len(xs)):
+            if ranks_per_core <= xs[i]:
+                w = (ranks_per_core - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ((1 - w) * self.latency_s[i - 1] + w * self.latency_s[i],
+                        (1 - w) * self.skew[i - 1] + w * self.skew[i])
+        return self.latency_s[-1], self.skew[-1]
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> SyncModel:
+        """`collective_sync` of a hardware file: {"ranks_per_core": [...], "latency_us": [...],
+        "skew": [...]} (equal lengths, ranks per core increasing)."""
+        xs = tuple(float(x) for x in d["ranks_per_core"])
+        lat = tuple(float(x) * US for x in d["latency_us"])
+        sk = tuple(float(x) for x in d["skew"])
+        if not xs or len(xs) != len(lat) or len(xs) != len(sk) or list(xs) != sorted(set(xs)):
+            raise ValueError(f"collective_sync: ranks_per_core, latency_us and skew must be lists of one length "
+                             f"with ranks_per_core increasing, got {d!r}")
+        return SyncModel(xs, lat, sk)
+
+
+@dataclass(frozen=True)
 class Profile:
     """The terms above; every default leaves the planner's GPU model unchanged."""
 
@@ -78,6 +120,7 @@ class Profile:
     kernels: KernelModel | None = None
     cp_link: Link | None = None
     collectives: tuple[tuple[str, Link], ...] = ()
+    point_sync: SyncModel | None = None
 
     def collective(self, kind: str) -> Link | None:
         """The isolated calls' α-β link of one collective kind, if calibrated."""
@@ -85,7 +128,7 @@ class Profile:
 
 
 RUNTIME_KEYS = ("overheads", "links", "cores", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
-                "pipeline_hop_us", "kernels")
+                "collective_sync", "pipeline_hop_us", "kernels")
 
 
 def profile_of(hw: HardwareFile) -> Profile | None:
@@ -108,18 +151,21 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         if kind in ("all_gather", "reduce_scatter", "all_reduce") and isinstance(by_group, dict) and by_group:
             f = by_group[min(by_group, key=int)]  # the smallest group: ZeRO-3 over 2 ranks here
             colls.append((kind, Link(kind, f["alpha_us"] * US, f["bw_gbps"] * GB)))
+    point_sync = SyncModel.from_dict(x["collective_sync"]) if x.get("collective_sync") else None
     return Profile(
         overheads=Overheads.from_dict(x.get("overheads")),
         p2p=Link("p2p", p2p["alpha_us"] * US, p2p["bw_gbps"] * GB) if p2p else None,
         hop=float(x.get("pipeline_hop_us", 0.0) or 0.0) * US,
-        sync=float(x.get("collective_sync_us", 0.0) or 0.0) * US,
+        # the per-point model replaces the older constant per message step
+        sync=0.0 if point_sync is not None else float(x.get("collective_sync_us", 0.0) or 0.0) * US,
         cores=int(x["cores"]) if x.get("cores") else None,
         corun=corun,
         oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
         bw_full_backward=bool(rt.get("bw_full_backward", RUNTIME_BW_FULL_BACKWARD)),
         kernels=kernels,
         cp_link=Link("cp", cpl["alpha_us"] * US, cpl["bw_gbps"] * GB) if cpl else None,
-        collectives=tuple(colls))
+        collectives=tuple(colls),
+        point_sync=point_sync)
 
 
 def contention(prof: Profile | None, world: int, busy: float | None = None) -> float:
@@ -152,4 +198,4 @@ def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: in
     return Cluster(hw.device, gpus, min(gpus_per_node, gpus), hw.intra, hw.inter, dtype, prof)
 
 
-__all__ = ["Overheads", "Profile", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
+__all__ = ["Overheads", "Profile", "SyncModel", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
