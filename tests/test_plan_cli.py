@@ -154,7 +154,9 @@ def test_fix_follows_the_rejections(capsys):
                        "--cp", "1", "--tp", "8", "--pp", "16", "--global-batch", "128", "--no-flash-attention")
     assert rc == 1 and "--cp " in err.split("fix:")[1]
     nearest = float(err.split("nearest to fitting:")[1].split(" needs ")[1].split(" GiB")[0])
-    assert nearest < 200  # the least-memory candidate, not the fastest (which needs thousands of GiB)
+    # the least-memory candidate (full recomputation: one layer's s² scores while it is recomputed,
+    # 1.4 TB), not the fastest (which needs 181,689 GiB)
+    assert nearest < 2000
     # fixed choices that keep memory up are named only when the search without them has a plan
     rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64", "--zero-stage", "0",
                        "--recompute", "none", "--micro-batch", "8", "--tp", "1", "--pp", "1")

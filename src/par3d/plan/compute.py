@@ -49,6 +49,9 @@ KERNEL_S = 3e-6  # fill and drain of one GEMM kernel (table model): a few µs, a
 LOGIT_BYTES = 14.0  # HBM bytes per logit for the loss (see the module docstring)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# the dtype the fused attention kernel runs in: fp8 training (Transformer Engine, as NeMo/Megatron-Bridge
+# run it) keeps attention in bf16 unless fp8 dot-product attention is asked for (fp8_dpa, off by default)
+ATTN_DTYPE = {"fp8": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     over b·(a/t)·s² scores.  The T·h terms are replicated on TP ranks unless sequence parallelism
     shards them.
     """
-    d = DTYPE_BYTES.get(dtype, 2)
+    # fp8 (Transformer Engine) keeps bf16 activations between kernels: only GEMM inputs are fp8
+    d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
     rep = 1.0 / t if sp else 1.0
@@ -161,6 +165,9 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     by += (3 if model.gated else 2) * tok * model.ffn / t * d  # activation
     if not model.learned_pos:
         by += 2 * tok * (h + model.kv_dim) / t * d  # rotary on Q and K
+    if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 (read 2 B, write 1 B): QKV and MLP-in inputs
+        # (T·h, cast before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
+        by += 3 * tok * (2 * h * rep + h / t + model.ffn / t)
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -189,8 +196,9 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = times["attn_scores"] + times["attn_values"]
         return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops)
     times = {g.name: gemm_time(g, dev, dtype) for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
-    if flash:  # one fused kernel doing the causal half of the counted core FLOPs
-        core = 0.5 * core_f / (dev.peak(dtype) * dev.attn_eff) + KERNEL_S
+    if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs
+        # in bf16 (Transformer Engine's DotProductAttention: fp8 attention only with fp8_dpa, off by default)
+        core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_eff) + KERNEL_S
     else:
         core = times["attn_scores"] + times["attn_values"]
     elem = elementwise_bytes(model, b, tp, sp, flash, dtype) / (dev.mem_bw * dev.mem_eff)

@@ -361,7 +361,7 @@ def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_g
     if ng <= 1:
         return 0.0
     stride = strides(c)[1] if c.dp == 1 else strides(c)[3]  # dp × cp: the wider stride bounds members per node
-    if per_gpu_nic:
+    if per_gpu_nic and ng * stride > cluster.gpus_per_node:  # a group inside one node uses no NIC
         stride = max(stride, cluster.gpus_per_node)
     return comm.collective(kind, nbytes, ng, stride, cluster).total
 

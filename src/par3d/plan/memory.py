@@ -108,8 +108,12 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     sbh = s * b * h
     if recompute == "full":
         return scale * 2.0 * sbh / (t if sp else 1)
-    replicated = 10.0 * sbh
-    mlp = (8.0 if model.gated else 4.0) * s * b * model.ffn
+    # LayerNorm inputs 4, attention and MLP inputs 2 + 2, the two dropout masks 1 + 1 (models without
+    # biases -- Llama-style -- train without dropout, as compute.elementwise_bytes prices them)
+    replicated = (10.0 if model.bias else 8.0) * sbh
+    # GeLU: fc1 output 2 + GeLU output 2 units of s·b·f; SwiGLU: fc1's 2f-wide output 4 + fc2's input 2
+    # (Megatron-Core's fused bias-SwiGLU saves only its input, megatron/core/fusions/fused_bias_swiglu.py)
+    mlp = (6.0 if model.gated else 4.0) * s * b * model.ffn
     # Q, projection input (4 units of sbh/t), K and V at this rank's K/V width (replicated when tp > kv)
     sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     if recompute == "selective":
@@ -146,6 +150,9 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     act = inflight * layers_per_unit * per_layer
     if recompute == "full":  # the working set of the layer being recomputed and back-propagated
         act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+    elif recompute == "selective":  # the recomputed attention's scores of the layer being back-propagated
+        act += (layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+                - layer_activation_bytes(model, b, tp, sp, "selective", dtype, cp, flash))
     if shape.head:
         act += logits_bytes(model, b, tp, cp)
     other = OTHER_FIXED + FRAGMENTATION * act

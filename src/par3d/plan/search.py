@@ -521,8 +521,10 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                              f"{need / GiB:.1f} GiB)")
             # long sequences: activations over the excess shrink with context parallelism (tried too)
             act, excess = u.memory.activations, need - usable
-            if act > excess and u.choice.cp == 1 and fixed.cp in (None, 1):
-                want = act / max(act - excess, 1.0)
+            if (act > excess or not cluster.flash) and u.choice.cp == 1 and fixed.cp in (None, 1):
+                # activations fall as 1/cp; without FlashAttention CP also drops the s² scores (its
+                # blockwise kernels store none), so any degree may do: try the smallest
+                want = act / max(act - excess, 1.0) if cluster.flash else 2
                 rest = cluster.gpus // u.choice.tp
                 for cp in [c for c in divisors(rest) if c >= want and cp_valid(model, c)][:3]:
                     r2 = search(model, cluster, global_batch, replace(fixed, cp=cp, dp=None), limits, top=1,

@@ -54,7 +54,8 @@ def model_of(row: dict[str, Any]) -> ModelSpec:
 
 
 def cluster_of(row: dict[str, Any]) -> Cluster:
-    cl = make_cluster(row["gpu"], int(row["gpus"]), 8, nics_per_node=row.get("nics_per_node"),
+    cl = make_cluster(row["gpu"], int(row["gpus"]), 8, dtype=str(row.get("dtype", "bf16")),
+                      nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
     return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)),
@@ -80,8 +81,21 @@ def predict(row: dict[str, Any]) -> Prediction:
         plan, fits = evaluate(model, cluster, c), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
-    value = plan.hardware_tflops_per_gpu if row["metric"] == "hardware" else plan.model_tflops_per_gpu
+    value = metric_value(plan, str(row["metric"]), int(row["gpus"]))
     return Prediction(row, plan, value, fits, in_headroom and fits)
+
+
+def metric_value(plan: Plan, metric: str, gpus: int) -> float:
+    """The plan's number in a row's metric: "hardware" / "model" TFLOP/s per GPU, or "tokens" per
+    second per GPU (what NVIDIA's NeMo / Megatron-Bridge tables give beside a model TFLOP/s whose
+    FLOP count changed between releases)."""
+    if metric == "hardware":
+        return plan.hardware_tflops_per_gpu
+    if metric == "model":
+        return plan.model_tflops_per_gpu
+    if metric == "tokens":
+        return plan.tokens_per_s / gpus
+    raise ValueError(f"metric {metric!r}: choose hardware, model or tokens")
 
 
 def table(preds: list[Prediction]) -> str:
