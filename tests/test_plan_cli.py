@@ -250,3 +250,52 @@ def test_emit_config_carries_what_the_runtime_runs(tmp_path, capsys):
         assert cfg.parallel.cp == 2 and cfg.parallel.world_size == 16
     else:
         assert rc == 2 and "--cp" in err
+
+
+def test_tp_comm_overlap_flag(capsys):
+    """--tp-comm-overlap (Megatron-Core's tp_comm_overlap, off by default as there): the JSON's hardware
+    says so, TP time falls but stays above zero (the ring's unpaired chunks, the overlap slowdown),
+    compute is untouched, and without sequence parallelism (userbuffers need it) nothing changes."""
+    base = ["--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256", "--tp", "4",
+            "--pp", "8", "--cp", "1", "--micro-batch", "1", "--schedule", "interleaved", "--virtual-stages", "5",
+            "--zero-stage", "1", "--top", "1", "--json"]
+
+    def one(*extra, rec="none"):
+        rc, out, _ = run(capsys, *base, "--recompute", rec, *extra)
+        assert rc == 0
+        d = json.loads(out)
+        return d["hardware"], d["plans"][0]
+
+    hw_off, off = one()
+    hw_on, on = one("--tp-comm-overlap")
+    assert hw_off["tp_comm_overlap"] is False and hw_on["tp_comm_overlap"] is True
+    assert on["breakdown_s"]["compute"] == off["breakdown_s"]["compute"]
+    assert 0 < on["breakdown_s"]["tp_comm"] < 0.5 * off["breakdown_s"]["tp_comm"]
+    assert on["step_time_s"] < off["step_time_s"]
+    _, nosp_off = one("--no-sequence-parallel", rec="full")
+    _, nosp_on = one("--no-sequence-parallel", "--tp-comm-overlap", rec="full")
+    assert nosp_on["step_time_s"] == nosp_off["step_time_s"]
+
+
+def test_tp_overlap_exposed_bounds():
+    """Each collective costs at least what its ring's unpaired chunk and the chunks' lost efficiency add,
+    never more than the collective itself plus that loss; no collective, no TP time beyond that loss."""
+    from dataclasses import replace
+
+    from par3d.plan.compute import gemm_time, layer_gemms
+    from par3d.plan.cost import TP_OVERLAP_GEMMS, Choice, tp_overlap_exposed
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    model, cl = CATALOGUE["llama3-70b"], make_cluster("h100-sxm", 64, 8, dtype="fp8")
+    c = Choice(4, 8, 2, 1, 128, "interleaved", 5, "none", 1, True, 1)
+    gs = {g.name: g for g in layer_gemms(model, 1, 4)}
+    loss = sum(4 * gemm_time(replace(gs[n], m=gs[n].m // 4), cl.device, "fp8") - gemm_time(gs[n], cl.device, "fp8")
+               for n in TP_OVERLAP_GEMMS)
+    assert loss >= 0
+    assert tp_overlap_exposed(model, cl, c, 0.0) == pytest.approx(loss)
+    for coll in (1e-4, 1e-3, 1e-2):
+        exp = tp_overlap_exposed(model, cl, c, coll)
+        assert loss <= exp <= 4 * coll + loss + 1e-12
+    # a collective far longer than its GEMM is exposed almost whole (the GEMM hides behind it)
+    assert tp_overlap_exposed(model, cl, c, 1.0) > 0.9 * 4 * 1.0

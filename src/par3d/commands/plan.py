@@ -127,6 +127,12 @@ def register(sub) -> None:
                    help="the framework reduces DP gradients bucket by bucket during the backward (default: "
                         "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
                         "it (Megatron-LM before 2023, DeepSpeed's default)")
+    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
+                        "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
+                        "sequence parallelism): each all-gather hides under the GEMM that consumes it, each "
+                        "reduce-scatter under the GEMM that feeds it, at the overlap slowdown (default: off, "
+                        "Megatron-Core's default)")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead (default: "
                         "par3d, PyTorch FSDP) or each weight matrix by its sub-module's hook, one matrix ahead "
@@ -258,7 +264,8 @@ def _cluster(args: argparse.Namespace):
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
     from dataclasses import replace as _replace
 
-    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, zero3_unit=args.zero3_unit)
+    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, zero3_unit=args.zero3_unit,
+                  tp_comm_overlap=args.tp_comm_overlap)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
                          f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"

@@ -165,9 +165,11 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     by += (3 if model.gated else 2) * tok * model.ffn / t * d  # activation
     if not model.learned_pos:
         by += 2 * tok * (h + model.kv_dim) / t * d  # rotary on Q and K
-    if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 (read 2 B, write 1 B): QKV and MLP-in inputs
-        # (T·h, cast before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
-        by += 3 * tok * (2 * h * rep + h / t + model.ffn / t)
+    if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
+        # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
+        # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
+        # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
+        by += 4 * tok * (2 * h * rep + h / t + model.ffn / t)
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -205,7 +207,9 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     loss = LOGIT_BYTES / 3 * b * model.seq_len  # the forward's third (backward = 2 × forward)
     loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
-    return LayerTimes(others + core + elem, core, gemm_time(hg, dev, dtype) + loss, gemm + core_f, core_f,
+    # the output layer is Megatron-Core's own ColumnParallelLinear, not a Transformer Engine module: bf16
+    head_dtype = ATTN_DTYPE.get(dtype, dtype)
+    return LayerTimes(others + core + elem, core, gemm_time(hg, dev, head_dtype) + loss, gemm + core_f, core_f,
                       hg.flops, elem)
 
 

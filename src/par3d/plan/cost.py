@@ -354,6 +354,34 @@ def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object) -> f
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
 
 
+# The GEMM each TP collective of a layer pairs with under tp_comm_overlap (sequence parallelism): the
+# all-gathers before the QKV and MLP-in GEMMs, the reduce-scatters after the output projection and MLP-out
+# (forward; the backward's dgrad GEMMs have the same shapes and swap the two kinds)
+TP_OVERLAP_GEMMS = ("qkv", "attn_out", "mlp_in", "mlp_out")
+
+
+def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float) -> float:
+    """One layer's TP time (forward, one micro-batch) under Megatron-Core's tp_comm_overlap, as
+    Transformer Engine's ring-exchange userbuffers run it (the method Megatron-Bridge's H100 configs
+    pick for every forward collective, src/megatron/bridge/training/comm_overlap.py): the GEMM is split
+    into tp chunks of M/tp rows; tp − 1 of them each run beside one of the ring's tp − 1 steps (each
+    step `coll`/(tp − 1) seconds: one all-gather or reduce-scatter is `coll`), one chunk runs alone
+    (the rank's own slice: first for an all-gather, last for a reduce-scatter).  So a collective costs
+    chunk + (tp − 1)·overlapped(chunk, step) − gemm: what the steps outlast their chunks, the slowdown σ
+    of the shared part, and the chunks' own loss of efficiency (smaller GEMMs, one launch each)."""
+    dev, dtype = cluster.device, cluster.dtype
+    gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp)}
+    n = c.tp
+    step = coll / (n - 1)
+    out = 0.0
+    for name in TP_OVERLAP_GEMMS:
+        g = gs[name]
+        whole = gemm_time(g, dev, dtype)
+        chunk = gemm_time(replace(g, m=max(1, g.m // n)), dev, dtype)
+        out += chunk + (n - 1) * overlapped(chunk, step, dev.sigma) - whole
+    return out
+
+
 def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_gpu_nic: bool = False) -> float:
     """A collective over the dp × cp ranks that hold the same weights (hierarchical clusters);
     `per_gpu_nic` prices it at one GPU's NIC share (ZeRO-3's parameter collectives)."""
@@ -621,8 +649,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
     # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
     ar = tp_collective(cluster, c, act, lk.tp)
+    tp_layer = 2 * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+    if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
+        tp_layer = tp_overlap_exposed(model, cluster, c, ar / 2)
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
-    rec_comm = 2 * ar if c.recompute == "full" else 0.0
+    rec_comm = tp_layer if c.recompute == "full" else 0.0
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
@@ -657,8 +688,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
         br = n * rec
-        f_tp = n * 2 * ar + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
-        b_tp = n * 2 * ar + n * rec_comm
+        f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
+        b_tp = n * tp_layer + n * rec_comm
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":

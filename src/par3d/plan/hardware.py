@@ -247,6 +247,11 @@ class Cluster:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
     # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
     zero3_unit: str = "layer"
+    # Megatron-Core's TP communication overlap (`tp_comm_overlap`, Transformer Engine's userbuffers; needs
+    # sequence parallelism): each TP all-gather runs in chunks under the GEMM that consumes it and each
+    # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
+    # Megatron-Core; NeMo / Megatron-Bridge's H100 recipes turn it on.
+    tp_comm_overlap: bool = False
     # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
@@ -283,7 +288,7 @@ class Cluster:
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "overlap_grad_reduce": self.overlap_grad_reduce, "zero3_unit": self.zero3_unit,
-            "cp_comm": self.cp_comm,
+            "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }
