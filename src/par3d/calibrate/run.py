@@ -24,7 +24,7 @@ def mem_gib_per_rank(nproc: int) -> float:
 def probe_runs(quick: bool) -> int:
     """Launches of each multi-rank reference run; the least median step time is kept (other
     processes on a shared machine only ever add time)."""
-    return 1 if quick else 2
+    return 1 if quick else 3
 
 
 def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
