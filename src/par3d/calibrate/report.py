@@ -119,7 +119,12 @@ def summary(hw: dict[str, Any]) -> str:
         lines.append(f"co-run      {hw['corun_slowdown']:.2f}x slower with every core busy, "
                      f"{hw.get('oversubscribed_slowdown', 1.0):.2f}x with twice as many ranks as cores "
                      f"(beyond time-sharing)")
-    if hw.get("collective_sync_us") is not None:
+    if hw.get("collective_sync"):
+        cs = hw["collective_sync"]
+        for rpc, lat, skew in zip(cs["ranks_per_core"], cs["latency_us"], cs["skew"]):
+            lines.append(f"sync        {lat:.0f} µs per TP/CP sync point + {skew:.2f} x the CPU work since the last, "
+                         f"{rpc:g} rank(s) per core")
+    elif hw.get("collective_sync_us") is not None:
         lines.append(f"sync        {hw['collective_sync_us']:.0f} µs per collective inside a step, beyond its α-β fit")
     if hw.get("pipeline_hop_us") is not None:
         lines.append(f"hop         {hw['pipeline_hop_us']:.0f} µs per pipeline transfer inside a step, beyond its α-β fit")
