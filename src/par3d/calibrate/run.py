@@ -22,17 +22,20 @@ def mem_gib_per_rank(nproc: int) -> float:
 
 
 def probe_runs(quick: bool) -> int:
-    """Launches of each multi-rank reference run; the least median step time is kept (other
-    processes on a shared machine only ever add time)."""
+    """Launches of each multi-rank reference run; the median over them is kept — the statistic
+    `bench fidelity` and the end-of-run report measure (a layout's median step), so a shared
+    machine's bursts weigh on the calibration as they do on what it predicts."""
     return 1 if quick else 3
 
 
 def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
-    """The median step time of `cfg` on `ranks` ranks, the least over `probe_runs` launches."""
+    """The median step time of `cfg` on `ranks` ranks, the median over `probe_runs` launches."""
+    import statistics
+
     from par3d.distributed import launch
 
-    return min(launch(probes.probe_worker, ranks, (cfg,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
-               for _ in range(probe_runs(quick)))
+    return statistics.median(launch(probes.probe_worker, ranks, (cfg,), timeout_s=120, wall_timeout_s=600,
+                                    threads=1)[0] for _ in range(probe_runs(quick)))
 
 
 def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
