@@ -567,7 +567,8 @@ def cp_all_gather(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float,
 def cp_exchange_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: str) -> tuple[float, float]:
     """Ring-attention exchanges per layer (forward, backward) on a calibrated host running the eager
     runtime (context_parallel.py): each is the measured exchange (`Profile.cp_link`, else the CP
-    group's link) plus the in-step sync of a point where the two ranks meet (`Profile.sync`),
+    group's link) plus, for files before `collective_sync`, the older in-step sync (`Profile.sync`;
+    otherwise each exchange is a sync point priced by `with_point_sync`),
     and none hides behind the attention — the forward waits for each block before computing it,
     and the host's cores are busy with the ranks' own arithmetic while the backward's transfers
     fly.  Forward: cp − 1 K/V blocks; backward: cp − 1 K/V blocks and cp dK/dV accumulators (the
