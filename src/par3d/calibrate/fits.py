@@ -234,16 +234,12 @@ def fit_point_sync(hw: dict[str, Any], runs: list[tuple[dict[str, Any], float]])
             else:
                 cols.append([0.0] * len(meas))
         r = [(m - x) / m for x, m in zip(base, meas)]
-        a11 = sum(g * g for g in cols[0])
-        a22 = sum(g * g for g in cols[1])
-        a12 = sum(g * h for g, h in zip(*cols))
-        b1 = sum(g * e for g, e in zip(cols[0], r))
-        b2 = sum(g * e for g, e in zip(cols[1], r))
-        det = a11 * a22 - a12 * a12
-        if free[0] and free[1] and abs(det) > 1e-30:
-            return at[0] + (b1 * a22 - b2 * a12) / det, at[1] + (a11 * b2 - a12 * b1) / det
-        return (at[0] + b1 / a11 if free[0] and a11 > 0 else at[0],
-                at[1] + b2 / a22 if free[1] and a22 > 0 else at[1])
+        idx = [i for i in range(2) if free[i]]
+        steps_ = lstsq([[cols[i][j] for i in idx] for j in range(len(meas))], r, relative=False)
+        out = list(at)
+        for i, d in zip(idx, steps_):
+            out[i] += d
+        return out[0], out[1]
 
     lat, skew = 0.0, 0.0
     free = (True, len(runs) >= 2)

@@ -1072,30 +1072,32 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
     gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+    if c.zero_stage >= 3:
+        return 0.0  # reduced per micro-batch inside the stage durations
+    # the eager runtime's ZeRO-1/2 calls, at their measured fits and none hidden (zero12_eager)
+    eager = c.zero_stage > 0 and cluster.profile is not None and bool(cluster.profile.collectives)
     worst = 0.0
-    costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike
+    costs: dict[tuple[float, bool, bool], tuple[float, float]] = {}  # ranks alike reduce alike
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
-        if c.zero_stage >= 3:
-            break  # reduced per micro-batch inside the stage durations
-        hit = costs.get(g)
+        key = (g, eager and r == 0, eager and shape.head)  # ZeRO-2's units depend on embedding / head
+        hit = costs.get(key)
         if hit is not None:
             red, gather = hit
         elif c.zero_stage == 0:
             red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
-        elif cluster.profile is not None and cluster.profile.collectives:
+        elif eager:
             red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
                                        cluster.dtype)
-            costs[g] = (red, gather)
-            worst = max(worst, red + gather)
-            continue
         else:
             red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
             gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
-        costs[g] = (red, gather)
-        window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
-        n_layers = max(sum(shape.layers), 1)
-        exposed = max(red / n_layers, red - window) + gather
+        costs[key] = (red, gather)
+        if eager:
+            exposed = red + gather
+        else:
+            window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
+            exposed = max(red / max(sum(shape.layers), 1), red - window) + gather
         worst = max(worst, exposed)
     return worst
 
