@@ -299,3 +299,14 @@ def test_tp_overlap_exposed_bounds():
         assert loss <= exp <= 4 * coll + loss + 1e-12
     # a collective far longer than its GEMM is exposed almost whole (the GEMM hides behind it)
     assert tp_overlap_exposed(model, cl, c, 1.0) > 0.9 * 4 * 1.0
+
+
+def test_optimizer_dtype_flag(capsys):
+    base = ["--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"]
+    rc, out, _ = run(capsys, *base)
+    rc2, out2, _ = run(capsys, *base, "--optimizer-dtype", "bf16")
+    assert rc == rc2 == 0
+    a, b = json.loads(out), json.loads(out2)
+    assert a["memory"]["optimizer_dtype"] == "fp32" and b["memory"]["optimizer_dtype"] == "bf16"
+    oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
+    assert ob == pytest.approx(oa / 2, rel=1e-2)

@@ -8,7 +8,7 @@ import pytest
 
 from par3d.pipeline.schedules import build, check
 from par3d.plan import comm
-from par3d.plan.cost import Choice, evaluate, peak_inflight
+from par3d.plan.cost import Choice, Options, evaluate, peak_inflight
 from par3d.plan.hardware import LINKS, make_cluster
 from par3d.plan.memory import layer_activation_bytes, state_bytes_per_param
 from par3d.plan.models import CATALOGUE, ModelSpec, resolve_model
@@ -61,6 +61,21 @@ def test_zero_sharding():
     assert state_bytes_per_param("bf16", 1, 8) == (2, 2, 1.5)
     assert state_bytes_per_param("bf16", 2, 8) == (2, 0.25, 1.5)
     assert state_bytes_per_param("bf16", 3, 8) == (0.25, 0.25, 1.5)
+
+
+def test_bf16_optimizer_state():
+    # Apex DistributedFusedAdam with dtype bf16 (NeMo's distributed_fused_adam): parameter copy, m, v at 2 B
+    assert state_bytes_per_param("bf16", 0, 8, optimizer_dtype="bf16") == (2, 2, 6)
+    assert state_bytes_per_param("bf16", 1, 2, optimizer_dtype="bf16") == (2, 2, 3)
+    assert state_bytes_per_param("bf16", 1, 2, "megatron", "bf16") == (2, 4, 3)
+    with pytest.raises(ValueError, match="optimizer_dtype"):
+        state_bytes_per_param("bf16", 1, 2, optimizer_dtype="fp8")
+    model = CATALOGUE["llama3-8b"]
+    c = Choice(8, 1, 8, 1, 8, "1f1b", 1, "selective", 1, True)
+    cl = make_cluster("h100-sxm", 64)
+    fp32, bf16 = (evaluate(model, cl, c, opts=Options(optimizer_dtype=d)) for d in ("fp32", "bf16"))
+    assert bf16.memory.optimizer == pytest.approx(fp32.memory.optimizer / 2)
+    assert bf16.memory.weights == fp32.memory.weights and bf16.memory.activations == fp32.memory.activations
 
 
 @pytest.mark.parametrize("sched,p,m,v", [("1f1b", 4, 16, 1), ("1f1b", 4, 3, 1), ("zb-h1", 4, 12, 1),

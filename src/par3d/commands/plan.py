@@ -174,6 +174,9 @@ def register(sub) -> None:
                    help="model-state bytes per parameter: seed = 2 B weights + 2 B gradients + 12 B Adam "
                         "(16 B); megatron = Megatron-LM's fp32 main gradients (18 B; its distributed optimizer "
                         "= ZeRO-1: 6 + 12/d) (default: %(default)s)")
+    g.add_argument("--optimizer-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="dtype of Adam's state (master copy, m, v): fp32 = 12 B per parameter; bf16 = 6 B, as "
+                        "NeMo's distributed_fused_adam with dtype bf16 keeps it (default: %(default)s)")
     g.add_argument("--memory-headroom", type=_headroom, default=0.05,
                    help="share of each GPU's memory a fitting plan leaves free (default: %(default)s)")
     g = p.add_argument_group("limits and output")
@@ -387,7 +390,8 @@ def _run(args: argparse.Namespace) -> int:
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1)
-    opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom)
+    opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom,
+                   optimizer_dtype=args.optimizer_dtype)
     args.plan_options = opts
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
@@ -407,7 +411,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
-               "memory": {"accounting": opts.memory_accounting, "headroom": opts.memory_headroom,
+               "memory": {"accounting": opts.memory_accounting, "optimizer_dtype": opts.optimizer_dtype,
+                          "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
                "plans": [p.to_dict() for p in res.plans],
                "search": {"considered": res.considered, "simulated": res.simulated,

@@ -135,6 +135,7 @@ class Options:
 
     memory_accounting: str = "seed"  # "seed" (16 B/param) or "megatron" (fp32 main grads): memory.py
     memory_headroom: float = 0.05  # share of capacity a fitting plan leaves free (allocator, spikes)
+    optimizer_dtype: str = "fp32"  # Adam's state dtype: "bf16" = NeMo's distributed_fused_adam dtype bf16 (memory.py)
     flash_attention: bool = False  # blockwise attention: no s² scores stored (always so with cp > 1)
 
     def capacity(self, cluster: Cluster) -> float:
@@ -933,7 +934,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = opts.memory_accounting, opts.flash_attention or cluster.flash
-    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc)
+    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc, opts.optimizer_dtype)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
                                        cluster.dtype, c.cp, flash)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
@@ -948,7 +949,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                     zero3_live=zero3_live_params(model, cluster, c))
+                     zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype)
     return mb, arg
 
 

@@ -11,6 +11,16 @@ Model states (mixed-precision Adam; Rajbhandari et al. 2020 "ZeRO", §3.1; seed 
 documentation's table): bf16 weights 2 B + fp32 main gradients 4 B (the gradient buffer that
 accumulates across micro-batches and is reduced) + fp32 master, m, v 12 B = 18 B/param; its
 distributed optimizer (our ZeRO-1) shards the 12 B: 6 + 12/d.  fp32: 4 + 4 + 8.
+`optimizer_dtype="bf16"`: Adam's state kept in bf16 -- Apex's DistributedFusedAdam (the distributed
+optimizer of NeMo 1.0's `optim.name: distributed_fused_adam`) allocates, per parameter of its shard,
+a parameter copy (`store_params`, default on), exp_avg and exp_avg_sq, all three in its `dtype`
+(apex/contrib/optimizers/distributed_fused_adam.py, StateBucket); NVIDIA's Nemotron-4 340B recipe sets
+`optim.dtype: bf16` (NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml): 3 x 2 = 6 B, not 12.
+fp8 weights: with Transformer Engine's fp8 primary weights (NeMo `fp8_params`, TE `fp8_model_init`) a
+GEMM weight is 1 B plus its cached 1 B transpose (Hopper's fp8 GEMMs take only TN), i.e. bf16's 2 B;
+without them TE also caches an fp8 copy and transpose of every GEMM weight beside the bf16 one
+(`weight_fp8`, `weight_t_fp8` workspaces kept across micro-batches), 2 B more per GEMM parameter,
+which is not counted here (the fp8 rows' recipes are taken to use fp8 primary weights).
 ZeRO over the group of size d that holds the same weights (DP × CP: context-parallel ranks hold the
 same weights and reduce their gradients together, as Megatron's distributed optimizer does): stage 1
 shards the optimizer state (12/d), stage 2 also the gradients (2/d), stage 3 also the weights (2/d).
@@ -54,6 +64,8 @@ from .models import ModelSpec
 OTHER_FIXED = 1.0 * GiB
 FRAGMENTATION = 0.10
 ACCOUNTINGS = ("seed", "megatron")
+# bytes of Adam's state per parameter (master copy, m, v) by the optimizer's state dtype (see above)
+OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0}
 # bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
 # Engine casts GEMM inputs to fp8 inside the GEMM's wrapper)
 ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -81,13 +93,17 @@ class MemoryBreakdown:
             ("activations", self.activations), ("other", self.other), ("total", self.total))}
 
 
-def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "seed") -> tuple[float, float, float]:
+def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "seed",
+                          optimizer_dtype: str = "fp32") -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter held by this rank's model shard; `dp` is the
-    size of the group ZeRO shards over (dp × cp)."""
+    size of the group ZeRO shards over (dp × cp); `optimizer_dtype` the dtype of Adam's state
+    (16-bit training only)."""
+    if optimizer_dtype not in OPTIMIZER_BYTES:
+        raise ValueError(f"optimizer_dtype {optimizer_dtype!r}: choose one of {sorted(OPTIMIZER_BYTES)}")
     if dtype == "fp32":
         w, g, o = 4.0, 4.0, 8.0
     else:
-        w, g, o = 2.0, (4.0 if accounting == "megatron" else 2.0), 12.0
+        w, g, o = 2.0, (4.0 if accounting == "megatron" else 2.0), OPTIMIZER_BYTES[optimizer_dtype]
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -140,11 +156,12 @@ class RankShape:
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
                 recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
-                accounting: str = "seed", zero3_live: float | None = None) -> MemoryBreakdown:
+                accounting: str = "seed", zero3_live: float | None = None,
+                optimizer_dtype: str = "fp32") -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so we use the rank's mean layers per chunk."""
-    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting)
+    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)
     per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
     layers_per_unit = sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight * layers_per_unit * per_layer

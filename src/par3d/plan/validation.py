@@ -63,14 +63,21 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)))
 
 
+def options_of(row: dict[str, Any]) -> Options:
+    """The row's memory facts: `optimizer_dtype` where the source's optimizer keeps Adam's state in
+    bf16 (memory.py)."""
+    return Options(optimizer_dtype=str(row.get("optimizer_dtype", "fp32")))
+
+
 def predict(row: dict[str, Any]) -> Prediction:
     model, cluster = model_of(row), cluster_of(row)
     fixed = Fixed(**row["fixed"])
-    res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1)
+    opts = options_of(row)
+    res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1, opts=opts)
     in_headroom = bool(res.plans)
     if not res.plans:  # the published run ran: its memory is checked against the GPU's capacity alone
         res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1,
-                     opts=Options(memory_headroom=0.0))
+                     opts=replace(opts, memory_headroom=0.0))
     if res.plans:
         plan, fits = res.plans[0], True
     elif row.get("evaluate_unfit"):  # the published layout, every field given, even if memory.py says no
@@ -79,7 +86,7 @@ def predict(row: dict[str, Any]) -> Prediction:
         m = int(row["global_batch"]) // (dp * f["micro_batch"])
         c = Choice(f["tp"], f["pp"], dp, f["micro_batch"], m, f.get("schedule", "1f1b"), f.get("virtual_stages", 1),
                    f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1))
-        plan, fits = evaluate(model, cluster, c), False
+        plan, fits = evaluate(model, cluster, c, opts=opts), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
     value = metric_value(plan, str(row["metric"]), int(row["gpus"]))
