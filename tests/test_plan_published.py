@@ -120,3 +120,12 @@ def test_llama3_long_context_plans():
     res = search(replace(model, seq_len=131072), make_cluster("h100-sxm", 16384), 128,
                  Fixed(tp=8, pp=16, cp=16), Limits(), top=1)
     assert res.plans and res.plans[0].choice.cp == 16
+
+
+def test_docs_table_is_the_scripts_output(predictions):
+    """docs/planner.md section 9 quotes `python -m par3d.plan.validation` verbatim (table and summary)."""
+    import os
+
+    preds = [predictions[r["name"]] for r in ROWS]
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    assert validation.table(preds) + "\n\n" + validation.summary(preds) in doc

@@ -6,24 +6,34 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   (312 BF16/FP16); H100 SXM5 datasheet (989 BF16/FP16, 1979 FP8); H200 datasheet (same compute as
   H100 SXM); B200 in the DGX B200 datasheet (2250 BF16/FP16, 4500 FP8 dense per GPU)).
 - `mamf`: Maximum Achievable Matmul FLOPS, the best large aligned GEMM measured with cuBLAS through
-  torch.matmul (S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, MAMF
-  comparison table, and the H200→B200 comparison in the same book): A100 SXM 267.9 BF16 (85.9 %),
-  H100 SXM 792.1 BF16 (80.1 %), H100/H200 SXM 794.5 BF16, H200 SXM FP8 1453.4 (73.4 %),
-  B200 SXM 1745.0 BF16 (77.6 %), B200 FP8 3432.5 (76.3 %).  FP16 runs the same tensor-core path
-  as BF16 at the same peak, so it takes the BF16 entry; H100's FP8 takes H200's (same GH100 die,
-  same clocks; only HBM differs, which a compute-bound GEMM does not see).
+  torch (`torch.mm`; FP8 through `torch._scaled_mm` with per-tensor scales and its default
+  `use_fast_accum=False`, i.e. the split accumulator Transformer Engine uses for its dgrad and wgrad
+  GEMMs) as a short burst at boost clock (S. Bekman, "Machine Learning Engineering",
+  compute/accelerator/README.md, "Maximum Achievable and Sustainable Matmul FLOPS comparison table",
+  2026 revision, mamf-finder v4): A100 SXM 267.9 BF16 (the earlier revision's figure, which the
+  A100's fit below was made on); H100 SXM 795 BF16, 1403 FP8; H200 SXM 850 BF16, 1525 FP8;
+  B200 SXM 1737 BF16, 3350 FP8.  FP16 runs the same tensor-core path as BF16 at the same peak, so it
+  takes the BF16 entry.
+- `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
+  held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
+  yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
+  1767-1918 MHz against the 1980 MHz burst); B200 SXM 1439 BF16, 2788 FP8 (975-987 W, ~1400-1450
+  MHz against 1965).  The table has no MSMF for H100 SXM or A100 SXM.
 - `sustained`: the share of `mamf` a GPU keeps inside a real training step, for hours, at its
-  power limit (MAMF is a short burst at boost clock).
-  * H100, H200, B200 — not fitted: the HPL sustained-clock ratio.  1305 MHz is the clock an A100
-    sustains at its 400 W limit running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as
-    summarised by G. Lockwood, "Peak FLOPS", glennklockwood.com) → 0.926; the later GPUs take the
-    same ratio (no equally citable sustained clock of their own).
+  power limit (MAMF is a short burst at boost clock) = MSMF / MAMF of the same measurement.
+  * H200: 755/850 = 0.888 (BF16), 1354/1525 = 0.888 (FP8).  B200: 1439/1737 = 0.828 (BF16),
+    2788/3350 = 0.832 (FP8).  Not fitted.
+  * H100 SXM: H200's ratios (same GH100 die, same 700 W limit and clocks; only HBM differs, which a
+    compute-bound GEMM barely sees), applied to H100's own MAMF: 706 BF16, 1246 FP8.  Not fitted.
   * A100 — **fitted**: 0.926 × 0.91 = 0.843, the one number that makes the ten rows of Narayanan
-    et al. 2021 Table 1 average zero error (validation.toml; with 0.926 they average +6.5 %).  It is
-    the only throughput constant set from a validation row; every other row is out of sample.
-    The per-layer times of Korthikanti et al. 2022 Table 4 (22B layer, TP 8, micro-batch 4: 7.7 ms
-    forward, 11.9 ms backward) are matched within 1 % at 0.926 and within 8 % at 0.843: the fitted
-    share also carries what a whole step adds to its layers (launch gaps, stragglers, logging).
+    et al. 2021 Table 1 average zero error (validation.toml; with 0.926 they average +6.5 %).  0.926
+    is the HPL sustained-clock ratio: 1305 MHz is the clock an A100 sustains at its 400 W limit
+    running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised by G. Lockwood,
+    "Peak FLOPS", glennklockwood.com).  It is the only throughput constant set from a validation
+    row; every other row is out of sample.  The per-layer times of Korthikanti et al. 2022 Table 4
+    (22B layer, TP 8, micro-batch 4: 7.7 ms forward, 11.9 ms backward) are matched within 1 % at
+    0.926 and within 8 % at 0.843: the fitted share also carries what a whole step adds to its
+    layers (launch gaps, stragglers, logging).
   `par3d calibrate` on a GPU replaces these with measured ones.
 
 `hardware.py` builds each catalogue device's `gemm` entry from this table; a hardware file may
@@ -35,15 +45,28 @@ from __future__ import annotations
 HPL_SUSTAINED = 1305.0 / 1410.0  # A100's HPL sustained clock / boost clock (see above)
 SUSTAINED_A100 = HPL_SUSTAINED * 0.91  # fitted to Narayanan et al. 2021 Table 1 (see above)
 
-# gpu family -> dtype -> (peak TFLOP/s, MAMF TFLOP/s)
-TABLE: dict[str, dict[str, tuple[float, float]]] = {
-    "a100": {"bf16": (312.0, 267.9), "fp16": (312.0, 267.9)},
-    "h100": {"bf16": (989.0, 792.1), "fp16": (989.0, 792.1), "fp8": (1979.0, 1453.4)},
-    "h200": {"bf16": (989.0, 794.5), "fp16": (989.0, 794.5), "fp8": (1979.0, 1453.4)},
-    "b200": {"bf16": (2250.0, 1745.0), "fp16": (2250.0, 1745.0), "fp8": (4500.0, 3432.5)},
+# gpu family -> dtype -> (peak TFLOP/s, MAMF TFLOP/s, MSMF TFLOP/s or None where not measured)
+TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
+    "a100": {"bf16": (312.0, 267.9, None), "fp16": (312.0, 267.9, None)},
+    "h100": {"bf16": (989.0, 795.0, None), "fp16": (989.0, 795.0, None), "fp8": (1979.0, 1403.0, None)},
+    "h200": {"bf16": (989.0, 850.0, 755.0), "fp16": (989.0, 850.0, 755.0), "fp8": (1979.0, 1525.0, 1354.0)},
+    "b200": {"bf16": (2250.0, 1737.0, 1439.0), "fp16": (2250.0, 1737.0, 1439.0),
+             "fp8": (4500.0, 3350.0, 2788.0)},
 }
-SUSTAINED: dict[str, float] = {"a100": SUSTAINED_A100, "h100": HPL_SUSTAINED, "h200": HPL_SUSTAINED,
-                               "b200": HPL_SUSTAINED}
+# a GPU without its own MSMF takes the sustained/burst ratio of the GPU with the same die and power limit
+SAME_DIE: dict[str, str] = {"h100": "h200"}
+SUSTAINED_FITTED: dict[str, float] = {"a100": SUSTAINED_A100}
+
+
+def sustained_ratio(family: str, dtype: str) -> float:
+    """MSMF / MAMF for this GPU and dtype (its own, else its same-die sibling's; A100: the fitted share)."""
+    if family in SUSTAINED_FITTED:
+        return SUSTAINED_FITTED[family]
+    for fam in (family, SAME_DIE.get(family)):
+        row = TABLE.get(fam or "", {}).get(dtype)
+        if row is not None and row[2] is not None:
+            return row[2] / row[1]
+    return HPL_SUSTAINED
 
 
 def achievable_fraction(family: str, dtype: str) -> float | None:
@@ -51,8 +74,8 @@ def achievable_fraction(family: str, dtype: str) -> float | None:
     row = TABLE.get(family, {}).get(dtype)
     if row is None:
         return None
-    peak, mamf = row
-    return mamf / peak * SUSTAINED.get(family, 1.0)
+    peak, mamf, _ = row
+    return mamf / peak * sustained_ratio(family, dtype)
 
 
-__all__ = ["TABLE", "SUSTAINED", "achievable_fraction"]
+__all__ = ["TABLE", "SAME_DIE", "achievable_fraction", "sustained_ratio"]

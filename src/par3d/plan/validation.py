@@ -121,13 +121,18 @@ def table(preds: list[Prediction]) -> str:
     return "\n".join(out)
 
 
+def summary(preds: list[Prediction]) -> str:
+    """The line under the table: rows, how many within ±10 %, median and largest |error|."""
+    errs = sorted(abs(p.error) for p in preds)
+    within = sum(e <= DEFAULT_BOUND for e in errs)
+    return (f"{len(preds)} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {errs[len(errs) // 2]:.1%}, "
+            f"max {errs[-1]:.1%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     preds = [predict(r) for r in rows()]
     print(table(preds))
-    errs = sorted(abs(p.error) for p in preds)
-    within = sum(e <= DEFAULT_BOUND for e in errs)
-    print(f"\n{len(preds)} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {errs[len(errs) // 2]:.1%}, "
-          f"max {errs[-1]:.1%}")
+    print("\n" + summary(preds))
     return 0
 
 
