@@ -5,8 +5,9 @@ Model states (mixed-precision Adam; Rajbhandari et al. 2020 "ZeRO", §3.1; seed 
     = 16 B/param — the seed's count (Megatron keeps fp32 main gradients, 4 B; we follow the seed).
     fp32 training: weights 4 + gradients 4 + optimizer 8 (m, v; no separate master copy).
     fp16 is counted as bf16 (loss scaling adds a scalar).  fp8 (Transformer Engine style: fp8 GEMM
-    inputs, bf16 weights and activations between kernels, fp32 master and moments) as bf16 too: the fp8
-    copies of weights and GEMM inputs are transient or replace a bf16 copy, so bf16 is the upper bound.
+    inputs, bf16 weights and activations between kernels, fp32 master and moments) as bf16 too: for
+    activations an upper bound (TE saves a GEMM's input for its weight gradient as its fp8 cast,
+    transformer_engine/pytorch/module/linear.py; not modelled); for weights see "fp8 weights" below.
 `accounting="megatron"` counts states as Megatron-LM allocates them (its distributed-optimizer
 documentation's table): bf16 weights 2 B + fp32 main gradients 4 B (the gradient buffer that
 accumulates across micro-batches and is reduced) + fp32 master, m, v 12 B = 18 B/param; its
