@@ -310,3 +310,64 @@ def test_optimizer_dtype_flag(capsys):
     assert a["memory"]["optimizer_dtype"] == "fp32" and b["memory"]["optimizer_dtype"] == "bf16"
     oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
     assert ob == pytest.approx(oa / 2, rel=1e-2)
+
+
+def test_fp8_current_scaling_flag(capsys):
+    """--fp8-scaling current (Transformer Engine's Float8CurrentScaling): the JSON says so; the layers'
+    elementwise traffic grows by one read of each cast input except the MLP activation, and with SP each
+    layer adds four amax all-reduces over TP; delayed (the default) and bf16 runs are untouched."""
+    from par3d.plan.compute import elementwise_bytes
+    from par3d.plan.models import CATALOGUE
+
+    base = ["--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256", "--tp", "4",
+            "--pp", "8", "--cp", "1", "--micro-batch", "1", "--schedule", "interleaved", "--virtual-stages", "5",
+            "--zero-stage", "1", "--recompute", "none", "--top", "1", "--json"]
+
+    def one(*extra):
+        rc, out, _ = run(capsys, *base, *extra)
+        assert rc == 0
+        d = json.loads(out)
+        return d["hardware"], d["plans"][0]
+
+    hw_d, delayed = one("--dtype", "fp8")
+    hw_c, current = one("--dtype", "fp8", "--fp8-scaling", "current")
+    assert hw_d["fp8_scaling"] == "delayed" and hw_c["fp8_scaling"] == "current"
+    assert current["breakdown_s"]["compute"] > delayed["breakdown_s"]["compute"]
+    assert current["breakdown_s"]["tp_comm"] > delayed["breakdown_s"]["tp_comm"]
+    _, bf = one()
+    _, bf_c = one("--fp8-scaling", "current")
+    assert bf_c["step_time_s"] == bf["step_time_s"]  # only fp8 has a scaling recipe
+    m = CATALOGUE["llama3-70b"]
+    tok, h, t = m.seq_len, m.hidden, 4
+    extra = elementwise_bytes(m, 1, t, True, True, "fp8", True) - elementwise_bytes(m, 1, t, True, True, "fp8")
+    assert extra == pytest.approx(2 * tok * (2 * h / t + h / t))
+
+
+def test_tp_overlap_pipeline_method():
+    """TE's pipeline overlap of a forward reduce-scatter (num_sm SMs for the communication, the GEMM in
+    num_splits chunks on the rest, the last chunk's reduce-scatter exposed): the forward's TP time is the
+    ring's for the other GEMMs plus chunk + (k-1)·max(chunk, rs) + rs − gemm for the listed one; the
+    backward keeps the ring pricing."""
+    from dataclasses import replace
+
+    from par3d.plan.compute import gemm_time, layer_gemms
+    from par3d.plan.cost import Choice, tp_overlap_exposed
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    model = CATALOGUE["llama3-70b"]
+    ring = replace(make_cluster("h100-sxm", 64, 8, dtype="fp8"), tp_comm_overlap=True)
+    pipe = replace(ring, tp_overlap_pipeline=(("attn_out", 24, 4),))
+    c = Choice(4, 8, 2, 1, 128, "interleaved", 5, "none", 1, True)
+    coll = 1e-3
+    g = {x.name: x for x in layer_gemms(model, 1, 4)}["attn_out"]
+    dev = ring.device
+    whole = gemm_time(g, dev, "fp8")
+    ring_one = gemm_time(replace(g, m=g.m // 4), dev, "fp8")
+    ring_one = ring_one + 3 * (max(ring_one, coll / 3) + dev.sigma * min(ring_one, coll / 3)) - whole
+    chunk = gemm_time(replace(g, m=g.m // 4), dev, "fp8") * dev.sms / (dev.sms - 24)
+    pipe_one = chunk + 3 * max(chunk, coll / 4) + coll / 4 - whole
+    f_ring, f_pipe = tp_overlap_exposed(model, ring, c, coll), tp_overlap_exposed(model, pipe, c, coll)
+    assert f_pipe - f_ring == pytest.approx(pipe_one - ring_one)
+    assert pipe_one > 0 and ring_one > 0
+    assert tp_overlap_exposed(model, pipe, c, coll, forward=False) == pytest.approx(f_ring)

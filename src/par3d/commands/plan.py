@@ -133,6 +133,10 @@ def register(sub) -> None:
                         "sequence parallelism): each all-gather hides under the GEMM that consumes it, each "
                         "reduce-scatter under the GEMM that feeds it, at the overlap slowdown (default: off, "
                         "Megatron-Core's default)")
+    g.add_argument("--fp8-scaling", choices=("delayed", "current"), default="delayed",
+                   help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
+                        "earlier steps, fused into the cast) or current (Float8CurrentScaling: an amax pass "
+                        "over the tensor before each cast, one more read of it) (default: %(default)s)")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead (default: "
                         "par3d, PyTorch FSDP) or each weight matrix by its sub-module's hook, one matrix ahead "
@@ -268,7 +272,7 @@ def _cluster(args: argparse.Namespace):
     from dataclasses import replace as _replace
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, zero3_unit=args.zero3_unit,
-                  tp_comm_overlap=args.tp_comm_overlap)
+                  tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
                          f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"

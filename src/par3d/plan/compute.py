@@ -143,7 +143,8 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
     return 24.0 * tokens * model.hidden**2 / tp
 
 
-def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16") -> float:
+def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
+                      fp8_current: bool = False) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
@@ -170,6 +171,10 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
         # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
         by += 4 * tok * (2 * h * rep + h / t + model.ffn / t)
+        if fp8_current:  # current scaling: each cast first reads its input for the amax ("two reads per
+            # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
+            # MLP activation's amax is computed inside the activation kernel (TE PR #2004), so not its cast
+            by += 2 * tok * (2 * h * rep + h / t)
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -189,7 +194,7 @@ class LayerTimes:
 
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
-                flash: bool = False) -> LayerTimes:
+                flash: bool = False, fp8_current: bool = False) -> LayerTimes:
     gs = layer_gemms(model, b, tp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp)
@@ -203,7 +208,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_eff) + KERNEL_S
     else:
         core = times["attn_scores"] + times["attn_values"]
-    elem = elementwise_bytes(model, b, tp, sp, flash, dtype) / (dev.mem_bw * dev.mem_eff)
+    elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current) / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     loss = LOGIT_BYTES / 3 * b * model.seq_len  # the forward's third (backward = 2 × forward)
     loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)

@@ -355,29 +355,52 @@ def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object) -> f
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
 
 
+def tp_collective_small(cluster: Cluster, c: Choice) -> float:
+    """One all-reduce of a 4-byte scalar (an FP8 amax) over the TP group: its latency."""
+    if c.tp <= 1:
+        return 0.0
+    if not cluster.hier:
+        return comm.all_reduce(4.0, c.tp, links(cluster, c).tp).total  # type: ignore[arg-type]
+    return comm.collective("all_reduce", 4.0, c.tp, 1, cluster).total
+
+
 # The GEMM each TP collective of a layer pairs with under tp_comm_overlap (sequence parallelism): the
 # all-gathers before the QKV and MLP-in GEMMs, the reduce-scatters after the output projection and MLP-out
 # (forward; the backward's dgrad GEMMs have the same shapes and swap the two kinds)
 TP_OVERLAP_GEMMS = ("qkv", "attn_out", "mlp_in", "mlp_out")
 
 
-def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float) -> float:
-    """One layer's TP time (forward, one micro-batch) under Megatron-Core's tp_comm_overlap, as
-    Transformer Engine's ring-exchange userbuffers run it (the method Megatron-Bridge's H100 configs
-    pick for every forward collective, src/megatron/bridge/training/comm_overlap.py): the GEMM is split
-    into tp chunks of M/tp rows; tp − 1 of them each run beside one of the ring's tp − 1 steps (each
-    step `coll`/(tp − 1) seconds: one all-gather or reduce-scatter is `coll`), one chunk runs alone
-    (the rank's own slice: first for an all-gather, last for a reduce-scatter).  So a collective costs
+def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float, forward: bool = True) -> float:
+    """One layer's TP time (one micro-batch) under Megatron-Core's tp_comm_overlap, as Transformer
+    Engine's userbuffers run it.  Ring exchange (the method Megatron-Bridge's FP8 H100 configs pick for
+    every forward collective, src/megatron/bridge/training/comm_overlap.py): the GEMM is split into tp
+    chunks of M/tp rows; tp − 1 of them each run beside one of the ring's tp − 1 steps (each step
+    `coll`/(tp − 1) seconds: one all-gather or reduce-scatter is `coll`), one chunk runs alone (the
+    rank's own slice: first for an all-gather, last for a reduce-scatter).  So a collective costs
     chunk + (tp − 1)·overlapped(chunk, step) − gemm: what the steps outlast their chunks, the slowdown σ
-    of the shared part, and the chunks' own loss of efficiency (smaller GEMMs, one launch each)."""
+    of the shared part, and the chunks' own loss of efficiency (smaller GEMMs, one launch each).
+
+    A forward reduce-scatter the cluster lists in `tp_overlap_pipeline` (name, num_sm, num_splits) runs
+    by TE's "pipeline" method instead (`split_overlap_rs`): the GEMM in num_splits chunks of M/num_splits
+    rows on SMs − num_sm (`set_sm_margin`: the GEMM is launched on the SMs the communication kernel
+    leaves), each chunk's reduce-scatter (`coll`/num_splits, on num_sm SMs) beside the next chunk, the
+    last one exposed: chunk + (num_splits − 1)·max(chunk, rs) + rs − gemm.  The backward's collectives
+    (bulk and ring-exchange overlaps in every config) keep the ring pricing."""
     dev, dtype = cluster.device, cluster.dtype
     gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp)}
+    pipeline = {name: (sm, k) for name, sm, k in cluster.tp_overlap_pipeline} if forward else {}
     n = c.tp
     step = coll / (n - 1)
     out = 0.0
     for name in TP_OVERLAP_GEMMS:
         g = gs[name]
         whole = gemm_time(g, dev, dtype)
+        if name in pipeline:
+            sm, k = pipeline[name]
+            chunk = gemm_time(replace(g, m=max(1, g.m // k)), dev, dtype) * dev.sms / max(1, dev.sms - sm)
+            rs = coll / k
+            out += chunk + (k - 1) * max(chunk, rs) + rs - whole
+            continue
         chunk = gemm_time(replace(g, m=max(1, g.m // n)), dev, dtype)
         out += chunk + (n - 1) * overlapped(chunk, step, dev.sigma) - whole
     return out
@@ -514,10 +537,10 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
-                   flash: bool = False) -> LayerTimes:
+                   flash: bool = False, fp8_current: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core."""
-    lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash)  # type: ignore[arg-type]
+    lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current)  # type: ignore[arg-type]
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
@@ -645,15 +668,24 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     lk = links(cluster, c)
     hier = cluster.hier
     lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                                    blockwise_attention(cluster, c))
+                                    blockwise_attention(cluster, c), cluster.fp8_current)
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
     # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
     ar = tp_collective(cluster, c, act, lk.tp)
-    tp_layer = 2 * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+    tp_layer = tp_layer_b = 2 * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
     if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
         tp_layer = tp_overlap_exposed(model, cluster, c, ar / 2)
+        tp_layer_b = tp_overlap_exposed(model, cluster, c, ar / 2, forward=False) if cluster.tp_overlap_pipeline \
+            else tp_layer
+    if cluster.fp8_current and c.sequence_parallel and c.tp > 1:
+        # current scaling of a sequence-parallel tensor needs the amax of the whole tensor before its cast:
+        # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,
+        # `with_amax_reduction`, `amax_reduction_group = tp_group`; the row-parallel grad outputs likewise),
+        # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
+        amax = 2 * tp_collective_small(cluster, c)
+        tp_layer, tp_layer_b = tp_layer + amax, tp_layer_b + amax
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     rec_comm = tp_layer if c.recompute == "full" else 0.0
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
@@ -691,7 +723,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         bc = 2 * fc
         br = n * rec
         f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
-        b_tp = n * tp_layer + n * rec_comm
+        b_tp = n * tp_layer_b + n * rec_comm
         f_cp, b_cp = n * cpf, n * (cpb + cpr)
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":

@@ -252,10 +252,24 @@ class Cluster:
     # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
     # Megatron-Core; NeMo / Megatron-Bridge's H100 recipes turn it on.
     tp_comm_overlap: bool = False
+    # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
+    # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
+    # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
+    # chunk (cost.tp_overlap_exposed).  Empty: every collective by ring exchange.  A recipe's userbuffers
+    # config says which (e.g. NeMo-Framework-Launcher conf/training/tp_overlap/*.yaml: proj_fprop/fc2_fprop)
+    tp_overlap_pipeline: tuple[tuple[str, int, int], ...] = ()
+    # how Transformer Engine scales FP8 tensors (dtype fp8 only): "delayed" (amax from earlier steps' history,
+    # fused into the cast: one read) or "current" (Float8CurrentScaling: an amax pass over the tensor before
+    # its cast, two reads; compute.elementwise_bytes).  NeMo 24.07 ran delayed, Megatron-Bridge's FP8-CS current
+    fp8_scaling: str = "delayed"
     # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
     cp_comm: str = "ring"
+
+    @property
+    def fp8_current(self) -> bool:
+        return self.dtype == "fp8" and self.fp8_scaling == "current"
 
     @property
     def nodes(self) -> int:
@@ -289,6 +303,8 @@ class Cluster:
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "overlap_grad_reduce": self.overlap_grad_reduce, "zero3_unit": self.zero3_unit,
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
+            "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
+            "fp8_scaling": self.fp8_scaling,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }

@@ -60,7 +60,10 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
     return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
-                   tp_comm_overlap=bool(row.get("tp_comm_overlap", False)))
+                   tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
+                   tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
+                                             for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
+                   fp8_scaling=str(row.get("fp8_scaling", "delayed")))
 
 
 def options_of(row: dict[str, Any]) -> Options:
