@@ -236,6 +236,9 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert all(x >= 0.0 for x in sync["latency_us"] + sync["skew"]) and hw["pipeline_hop_us"] >= 0.0
     assert {"layers": 2, "hidden": 192, "seq_len": 96} in hw["calibrated"]["references"]
     assert hw["measurements"]["pipeline_hop"]["hops"] > 0
+    # one rank running the calibration GPTs: the solo slowdown and the speed check fidelity repeats
+    assert 0.5 <= hw["solo_slowdown"] <= 3.0 and len(hw["measurements"]["solo"]["step_s"]) == 3
+    assert hw["speed_check"]["step_s"] > 0 and hw["speed_check"]["passes"] == [hw["speed_check"]["step_s"]]
     prims = hw["kernels"]["primitives"]
     assert set(prims) == {"linear", "attention", "layer_norm", "gelu", "add", "embedding", "cross_entropy",
                           "ring_block", "merge"}
@@ -598,3 +601,26 @@ def test_zero1_and_zero2_pay_their_calls_at_the_measured_kinds(tmp_path):
     d2 = predict(z2, hw).breakdown["dp_comm"]
     units = 4 + 2  # the blocks, the embedding, the head
     assert d2 >= 2 * units * 3000e-6 + units * 2000e-6  # every micro-batch's unit reductions, one gather each
+
+
+def test_solo_slowdown_scales_the_primitives_and_its_fit_recovers_it(tmp_path):
+    """`solo_slowdown` multiplies the arithmetic priced from the primitives (not the fixed costs);
+    the calibration's fit on a one-rank run recovers a known value, below 1 too."""
+    from par3d.calibrate import fit_contention
+    from par3d.plan import cost
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import choice, cluster_of, model_spec
+
+    cfg = _cfg()
+    base = _hw(tmp_path, kernels=_kernels(1e-6))
+    slow = _hw(tmp_path, kernels=_kernels(1e-6), solo_slowdown=1.5)
+    st0 = cost.stage_times(model_spec(cfg), cluster_of(base, cfg), choice(cfg))
+    st1 = cost.stage_times(model_spec(cfg), cluster_of(slow, cfg), choice(cfg))
+    assert st1.f_compute[0] == pytest.approx(1.5 * st0.f_compute[0])
+    assert st1.b_compute[0] == pytest.approx(1.5 * st0.b_compute[0])
+    # the fixed costs are not scaled: f - f_compute is the same
+    assert st1.f[0] - st1.f_compute[0] == pytest.approx(st0.f[0] - st0.f_compute[0])
+    hw = {**_hardware_dict(), "kernels": _kernels(1e-5)}
+    for k in (0.8, 1.25):
+        measured = predict(cfg, hardware_from_dict({**hw, "solo_slowdown": k})).step_time_s
+        assert fit_contention(hw, cfg.to_dict(), measured, "solo_slowdown", lo=0.5, hi=3.0) == pytest.approx(k, rel=1e-6)

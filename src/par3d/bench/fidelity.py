@@ -13,6 +13,10 @@ planner would pick (least predicted time) is the measured fastest, and by how mu
 
 Layouts run in one launched world per world size (1, 2, 4 ranks), every shape's layouts in it;
 `--rounds` launches them all again in turn, and a layout's time is the median of all its steps.
+Between the worlds this process times the calibration's speed check (two calibration GPTs on one
+rank, `calibrate/probes.py`'s `speed_check`): a VM's speed moves by tens of per cent within minutes,
+so each prediction is scaled by the machine's speed while its layout ran against the speed the file
+was calibrated at; the file's own prediction is scored beside it (`*_raw`).
 With `--one-world` every layout runs in a single 4-rank world, smaller layouts on its first ranks
 and the others waiting (on a machine with fewer cores than ranks the waiting ranks can slow the
 working ones, which this option exists to measure).
@@ -149,10 +153,16 @@ Case = tuple[str, str]  # (shape name, layout name)
 
 
 def measure(cases: dict[Case, dict[str, Any]], one_world: bool, progress: bool,
-            rounds: int = 1) -> dict[Case, dict[str, Any]]:
+            rounds: int = 1, speed_ref_s: float | None = None) -> dict[str, Any]:
     """Each case's median step time over `rounds` runs.  A round launches every world once (one per
     world size, or one 4-rank world with `one_world`), every shape's layouts of that size in it, so
-    slow drift of the machine falls on every layout alike, whatever its number of ranks."""
+    slow drift of the machine falls on every layout alike, whatever its number of ranks; every
+    other round runs a world's layouts in reverse order, so drift within a world does too.
+
+    With `speed_ref_s` (the hardware file's `speed_check`), the speed check runs in this process
+    before the first world and after each one, and each case gets the machine's speed factor while
+    its worlds ran: the mean of the checks around each of its worlds over `speed_ref_s`, averaged
+    over the rounds (1.0 = as fast as during the calibration)."""
     from par3d.distributed import launch
 
     size = {c: GRID[c[1]][0] * GRID[c[1]][1] * GRID[c[1]][2] * CP_OF.get(c[1], 1) for c in cases}
@@ -163,18 +173,32 @@ def measure(cases: dict[Case, dict[str, Any]], one_world: bool, progress: bool,
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases) * rounds, desc="fidelity", unit="run", file=sys.stderr, dynamic_ncols=True)
+    check = None
+    if speed_ref_s:
+        from par3d.calibrate.probes import speed_check as check
+    checks: list[float] = [check()] if check else []
     times: dict[Case, list[float]] = {c: [] for c in cases}
-    for _ in range(rounds):
+    factors: dict[Case, list[float]] = {c: [] for c in cases}
+    for r in range(rounds):
         for w, group in worlds.items():
-            got = launch(world_worker, w, ([cases[c] for c in group],), timeout_s=300, wall_timeout_s=3600,
+            order = group[::-1] if r % 2 else group
+            got = launch(world_worker, w, ([cases[c] for c in order],), timeout_s=300, wall_timeout_s=3600,
                          threads=1)[0]
-            for c, t in zip(group, got, strict=True):
+            if check:
+                checks.append(check())
+            for c, t in zip(order, got, strict=True):
                 times[c] += t
+                if check:
+                    factors[c].append((checks[-2] + checks[-1]) / 2 / speed_ref_s)  # type: ignore[operator]
             if bar is not None:
                 bar.update(len(group))
     if bar is not None:
         bar.close()
-    return {c: {"measured_s": statistics.median(t), "step_times_s": t} for c, t in times.items()}
+    out: dict[str, Any] = {c: {"measured_s": statistics.median(t), "step_times_s": t,
+                               "speed_factor": statistics.fmean(factors[c]) if factors[c] else 1.0}
+                           for c, t in times.items()}
+    out["speed_checks_s"] = checks
+    return out
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -245,7 +269,11 @@ def pooled(shapes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = False,
                  progress: bool = True, rounds: int = 1,
-                 shapes: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+                 shapes: dict[str, dict[str, int]] | None = None, speed_check: bool = True) -> dict[str, Any]:
+    """Predict and measure every layout of `shapes`.  A row's `predicted_s` is the planner's
+    prediction from the hardware file (`predicted_raw_s`) times the machine's speed factor while it
+    ran (`speed_factor`, from the speed check; 1.0 without one); the summaries score `predicted_s`
+    and, under the keys ending `_raw`, the file's own prediction."""
     from par3d.config import RunConfig
     from par3d.plan.hardware import load_hardware_file
     from par3d.predict import predict
@@ -254,12 +282,13 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
     shapes = shapes or {"reference": MODEL}
     refs = (hw.extra.get("calibrated") or {}).get("references") or \
         [{"layers": 4, "hidden": 128, "seq_len": 64}]  # files written before the list: the reference
+    speed_ref = (hw.extra.get("speed_check") or {}).get("step_s") if speed_check else None
     cases: dict[Case, dict[str, Any]] = {}
     for sname, shape in shapes.items():
         for n in valid_layouts(shape, names):
             cases[(sname, n)] = layout_config(n, steps, shape=shape)
-    measured = measure(cases, one_world, progress, rounds)
-    per_shape = []
+    measured = measure(cases, one_world, progress, rounds, speed_ref)
+    per_shape, per_shape_raw = [], []
     for sname, shape in shapes.items():
         rows = []
         for (sn, n), cfg in cases.items():
@@ -267,20 +296,32 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
                 continue
             dp, pp, tp, sched, m, v, rc, zero = GRID[n]
             p = predict(RunConfig.from_dict(cfg), hw)
+            got = measured[(sn, n)]
             rows.append({"name": n, "shape": sname, "dp": dp, "pp": pp, "tp": tp, "schedule": sched,
                          "microbatches": m, "virtual_stages": v, "recompute": rc, "zero_stage": zero,
-                         "cp": CP_OF.get(n, 1), "predicted_s": p.step_time_s, "measured_s": measured[(sn, n)]["measured_s"],
-                         "predicted_bubble": p.bubble_fraction, "step_times_s": measured[(sn, n)]["step_times_s"]})
+                         "cp": CP_OF.get(n, 1), "predicted_s": p.step_time_s * got["speed_factor"],
+                         "predicted_raw_s": p.step_time_s, "speed_factor": got["speed_factor"],
+                         "measured_s": got["measured_s"],
+                         "predicted_bubble": p.bubble_fraction, "step_times_s": got["step_times_s"]})
         if len(rows) < 2:
             continue
+        raw = [dict(r, predicted_s=r["predicted_raw_s"]) for r in rows]
         per_shape.append({"name": sname, "model": shape, "role": role(shape, refs), **summarize(rows)})
+        per_shape_raw.append({"name": sname, "role": role(shape, refs), **summarize(raw)})
+        for r, q in zip(rows, raw, strict=True):
+            r["error_raw"] = q["error"]
     ins = [s for s in per_shape if s["role"] == "in-sample"]
     held = [s for s in per_shape if s["role"] == "held-out"]
     # the current keys describe the in-sample shape (the one the calibration ran), or the first
     first = ins[0] if ins else per_shape[0]
     out = {k: first[k] for k in ("layouts", "median_abs_error", "spearman", "pick_is_fastest", "pick", "fastest",
                                  "pick_regret")}
-    out.update({"in_sample": pooled(ins), "heldout": pooled(held), "shapes": per_shape,
+    out.update({"in_sample": pooled(ins), "heldout": pooled(held),
+                "in_sample_raw": pooled([s for s in per_shape_raw if s["role"] == "in-sample"]),
+                "heldout_raw": pooled([s for s in per_shape_raw if s["role"] == "held-out"]),
+                "shapes": per_shape,
+                "speed_check": {"calibrated_s": speed_ref, "checks_s": measured["speed_checks_s"],
+                                "factors": [c / speed_ref for c in measured["speed_checks_s"]] if speed_ref else []},
                 "model": {**first["model"], "dtype": "fp32"}, "steps": steps, "hardware": hardware,
                 "calibration_references": refs, "one_world": one_world,
                 "load_average": list(os.getloadavg())})  # other processes on the machine perturb timings
@@ -360,15 +401,26 @@ def format_table(res: dict[str, Any]) -> str:
             lines.append(f"== {s['name']} ({s['role']}): {m.get('layers')} layers, h {m.get('hidden')}, "
                          f"{m.get('heads')} heads, s {m.get('seq_len')}, vocab {m.get('vocab')}, "
                          f"global batch {m.get('global_batch')}")
-        lines.append(f"{'layout':22s} {'ranks':>5s} {'predicted':>10s} {'measured':>10s} {'error':>7s}")
+        lines.append(f"{'layout':22s} {'ranks':>5s} {'predicted':>10s} {'measured':>10s} {'error':>7s} "
+                     f"{'speed':>6s} {'file only':>10s} {'error':>7s}")
         for r in s["layouts"]:
+            raw = r.get("predicted_raw_s", r["predicted_s"])
             lines.append(f"{r['name']:22s} {r['dp'] * r['pp'] * r['tp'] * r.get('cp', 1):5d} {r['predicted_s'] * 1e3:8.1f}ms "
-                         f"{r['measured_s'] * 1e3:8.1f}ms {r['error']:+7.0%}")
+                         f"{r['measured_s'] * 1e3:8.1f}ms {r['error']:+7.0%} {r.get('speed_factor', 1.0):6.2f} "
+                         f"{raw * 1e3:8.1f}ms {r.get('error_raw', r['error']):+7.0%}")
         lines.append(f"median |error| {s['median_abs_error']:.1%}   Spearman {s['spearman']:.3f}   planner's pick "
                      f"{s['pick']} {'is' if s['pick_is_fastest'] else 'is not'} the measured fastest ({s['fastest']};"
                      f" regret {s['pick_regret']:.0%})")
-    for key, label in (("in_sample", "in-sample"), ("heldout", "held-out")):
-        if res.get(key):
+    sc = res.get("speed_check") or {}
+    if sc.get("factors"):
+        lines.append(f"speed check: {sc['calibrated_s'] * 1e3:.0f} ms in the calibration; the machine ran at "
+                     + ", ".join(f"{f:.2f}" for f in sc["factors"]) + " x that time around the worlds "
+                     "(predictions are scaled by it; 'file only' is the hardware file's own prediction)")
+    else:
+        lines.append("speed check: none (--no-speed-check, or a hardware file without `speed_check`)")
+    for key, label in (("in_sample", "in-sample"), ("heldout", "held-out"),
+                       ("in_sample_raw", "in-sample, file only"), ("heldout_raw", "held-out, file only")):
+        if res.get(key) and (not key.endswith("_raw") or sc.get("factors")):
             lines.append(_goal_line(label, res[key]))
     return "\n".join(lines)
 
@@ -401,11 +453,16 @@ def register(bsub: Any) -> None:
     ap.add_argument("--rounds", type=int, default=2,
                     help="launch every world this many times in turn and take the median of all of a "
                          "layout's steps, so the machine's drift falls on every layout alike (default 2)")
+    ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
+                    help="do not time the speed check between the worlds: predict from the hardware file "
+                         "alone (by default each prediction is scaled by how fast the machine ran the "
+                         "calibration's speed check around that layout's worlds, against the file's time; "
+                         "both are reported)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer steps, one round and a quick calibration when one is needed (noisier)")
     ap.add_argument("--json", action="store_true",
                     help='print {"layouts", "median_abs_error", "spearman", "pick_is_fastest", "in_sample", '
-                         '"heldout", "shapes", ...}')
+                         '"heldout", "in_sample_raw", "heldout_raw", "speed_check", "shapes", ...}')
     ap.set_defaults(func=run)
 
 
@@ -453,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(hw, fh, indent=1)
     rounds = 1 if args.quick else max(1, args.rounds)
     res = run_fidelity(hardware, names, steps, one_world=args.one_world, progress=not args.json,
-                       rounds=rounds, shapes=usable)
+                       rounds=rounds, shapes=usable, speed_check=args.speed_check)
     res["rounds"] = rounds
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:

@@ -258,11 +258,11 @@ def fit_point_sync(hw: dict[str, Any], runs: list[tuple[dict[str, Any], float]])
 
 def fit_contention(hw: dict[str, Any], cfg: dict[str, Any], measured_step_s: float, key: str,
                    lo: float = 1.0, hi: float = 4.0) -> float:
-    """The co-run slowdown `key` (`corun_slowdown` with as many busy ranks as cores,
-    `oversubscribed_slowdown` with twice as many) that makes the planner's model match the reference
-    run with DP over that many ranks: ranks computing side by side slow each other beyond
-    time-sharing (shared caches and memory bandwidth, the backend's threads).  The model's step time
-    grows with the slowdown, so bisection; clamped to [lo, hi]."""
+    """The slowdown `key` that makes the planner's model match a measured run: `solo_slowdown` on one
+    rank (the primitives inside a model's step vs timed one by one), `corun_slowdown` with DP over
+    as many busy ranks as cores, `oversubscribed_slowdown` with twice as many (ranks computing side
+    by side slow each other beyond time-sharing: shared caches and memory bandwidth, the backend's
+    threads).  The model's step time grows with the slowdown, so bisection; clamped to [lo, hi]."""
     from par3d.config import RunConfig
     from par3d.plan.hardware import hardware_from_dict
     from par3d.predict import predict
@@ -270,8 +270,9 @@ def fit_contention(hw: dict[str, Any], cfg: dict[str, Any], measured_step_s: flo
     run = RunConfig.from_dict(cfg)
 
     def step(x: float) -> float:
-        extra = {key: x} if key == "oversubscribed_slowdown" else {key: x, "oversubscribed_slowdown":
-                                                                     hw.get("oversubscribed_slowdown", x)}
+        extra = {key: x}
+        if key == "corun_slowdown":  # an oversubscribed slowdown not fitted yet follows the co-run one
+            extra["oversubscribed_slowdown"] = hw.get("oversubscribed_slowdown", x)
         return predict(run, hardware_from_dict({**hw, **extra})).step_time_s
 
     if step(lo) >= measured_step_s:

@@ -332,6 +332,39 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
     return {"overheads": ov, "rounds": rounds, "tiny": TINY}
 
 
+# ---- 3b. one rank running a whole model, and the machine's speed ------------------------------------
+
+# the primitives inside a model's step vs timed one by one (`solo_slowdown`): the calibration GPTs of
+# the sync-point fit, each on one rank
+SOLO_SHAPES = SYNC_SHAPES
+# the speed check: two calibration GPTs on one rank, a second of work in all, timed again by `bench
+# fidelity` between its launched worlds — a VM's speed moves by tens of per cent over minutes
+# (docs/measured.md §2).  Not the reference: `bench fidelity` scores that shape (in-sample)
+SPEED_SHAPES = (SYNC_SMALL, SYNC_WIDE)
+SPEED_STEPS = 6
+
+
+def solo_passes(quick: bool) -> int:
+    return 1 if quick else 3
+
+
+def measure_solo() -> dict[str, Any]:
+    """Each calibration GPT of `SOLO_SHAPES` on one rank, in this process (one thread): its median
+    step time; and the speed check's total (`speed_check`'s statistic, from the same runs)."""
+    times = [run_probe(probe_config(steps=SPEED_STEPS, **shape))["step_s"] for shape in SOLO_SHAPES]
+    speed = sum(t for shape, t in zip(SOLO_SHAPES, times, strict=True) if shape in SPEED_SHAPES)
+    return {"step_s": times, "speed_s": speed}
+
+
+def speed_check(steps: int = SPEED_STEPS) -> float:
+    """The speed check (seconds): the sum of the median step times of `SPEED_SHAPES` on one rank,
+    in this process with one thread (what a training rank gets)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return sum(run_probe(probe_config(steps=steps, **shape))["step_s"] for shape in SPEED_SHAPES)
+
+
 # ---- 4. the reference on several ranks ------------------------------------------------------------
 
 def probe_worker(cfg_dict: dict[str, Any]) -> float:
@@ -493,7 +526,7 @@ def measure_synthetic(schedule: str, p: int, m: int, tf: float, tb: float, steps
             "median_step_time_s": statistics.median(h["step_time_s"] for h in r0["history"][1:])}
 
 
-__all__ = ["KINDS", "REFERENCE", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
+__all__ = ["KINDS", "REFERENCE", "SOLO_SHAPES", "SPEED_SHAPES", "SPEED_STEPS", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
            "measure_gemms", "measure_mem_bw", "measure_overheads", "measure_primitives", "measure_synthetic",
-           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "sync_configs",
+           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "sync_configs",
            "sync", "time_call"]

@@ -4,6 +4,7 @@ content.  What lands where is listed in docs/measured.md, section 1."""
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -30,8 +31,6 @@ def probe_runs(quick: bool) -> int:
 
 def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
     """The median step time of `cfg` on `ranks` ranks, the median over `probe_runs` launches."""
-    import statistics
-
     from par3d.distributed import launch
 
     return statistics.median(launch(probes.probe_worker, ranks, (cfg,), timeout_s=120, wall_timeout_s=600,
@@ -55,7 +54,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_prims + n_gemm + 1 + probes.overhead_passes(quick) + 10, desc="calibrate", unit="probe",
+        bar = tqdm(total=n_prims + n_gemm + 2 + probes.overhead_passes(quick) + 11, desc="calibrate", unit="probe",
                    file=sys.stderr, dynamic_ncols=True)
 
     def tick() -> None:
@@ -71,12 +70,18 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     gfit = fits.fit_gemm(gemms)
     mem_bw = probes.measure_mem_bw(quick)
     tick()
+    # one rank running the calibration GPTs, in passes spread over the calibration (its start,
+    # middle and end): the solo slowdown and the speed check `bench fidelity` repeats
+    solo = [probes.measure_solo()]
+    tick()
     over = probes.measure_overheads(quick, tick)
     overheads = fits.residual_overheads(over["overheads"], kernels, over["tiny"])
     coll = launch(probes.collective_worker, nproc, (probes.message_sizes(quick), quick, progress), timeout_s=120,
                   wall_timeout_s=900, threads=1)[0]
     tick()
     cfits = fits.fit_collectives(coll)
+    if probes.solo_passes(quick) > 2:
+        solo.append(probes.measure_solo())
     pooled, p2p = cfits["pooled_all_reduce"], cfits["p2p"]["2"]
     link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
             "bw_gbps": pooled["bw_gbps"]}
@@ -140,6 +145,19 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                 pairs.append((cfg, got))
                 tick()
             sync_runs[str(rpc)] = {"tp": tp, "dp": dp, "ranks": tp * dp, "runs": pairs}
+    if probes.solo_passes(quick) > 1:
+        solo.append(probes.measure_solo())
+    tick()
+    solo_step = [statistics.median(p["step_s"][i] for p in solo) for i in range(len(probes.SOLO_SHAPES))]
+    solo_cfgs = [probes.probe_config(steps=probes.SPEED_STEPS, **shape) for shape in probes.SOLO_SHAPES]
+    if kernels:  # the arithmetic comes from the primitives: how much slower they run inside a step
+        hw["solo_slowdown"] = statistics.median(fits.fit_contention(hw, cfg, t, "solo_slowdown", lo=0.5, hi=3.0)
+                                                for cfg, t in zip(solo_cfgs, solo_step, strict=True))
+    speed = statistics.median(p["speed_s"] for p in solo)
+    if not on_gpu:  # `bench fidelity` repeats it on this host's CPU
+        hw["speed_check"] = {"shapes": [{k: sh[k] for k in ("layers", "hidden", "heads", "seq", "micro_batch")}
+                                        for sh in probes.SPEED_SHAPES],
+                             "steps": probes.SPEED_STEPS, "step_s": speed, "passes": [p["speed_s"] for p in solo]}
     # each term's fit depends a little on the others (DP's gradient reductions pay the sync, TP's
     # ranks compute side by side): fitted in turn, twice
     for _ in range(1 if sync_runs else 2):
@@ -170,6 +188,8 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                           "tiny": over["tiny"], "collectives": coll,
                           "reference": dict(probes.REFERENCE), "reference_dp": contention,
                           "reference_tp": {"tp": nproc, "step_s": tp_step}, "pipeline_hop": hop,
+                          "solo": {"models": [{k: sh[k] for k in ("layers", "hidden", "seq")} for sh in probes.SOLO_SHAPES],
+                                   "passes": solo, "step_s": solo_step},
                           "collective_sync": {rpc: {"tp": r["tp"], "dp": r["dp"], "ranks": r["ranks"],
                                                     "models": [{k: c["model"][k] for k in ("layers", "hidden", "seq_len")}
                                                                for c, _ in r["runs"]],

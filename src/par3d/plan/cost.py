@@ -787,10 +787,11 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
         emb = kern.embedding(model.hidden, s_loc, c.micro_batch, c.tp, sp)
         head = kern.head(model.hidden, model.vocab, s_loc, c.micro_batch, c.tp, sp)
         rec = {"none": 0.0, "selective": blk.core_fwd, "full": blk.fwd}[c.recompute]
+        k = prof.solo  # the primitives inside a model's step, not timed one by one (plan/profile.py)
         for s, n in enumerate(lay.layers):
-            fc = n * blk.fwd + (emb[0] if lay.embed[s] else 0.0) + (head[0] if lay.head[s] else 0.0)
-            bc = n * blk.bwd + (emb[1] if lay.embed[s] else 0.0) + (head[1] if lay.head[s] else 0.0)
-            br = n * rec
+            fc = k * (n * blk.fwd + (emb[0] if lay.embed[s] else 0.0) + (head[0] if lay.head[s] else 0.0))
+            bc = k * (n * blk.bwd + (emb[1] if lay.embed[s] else 0.0) + (head[1] if lay.head[s] else 0.0))
+            br = k * n * rec
             st.f[s] = fc + st.waits["f"][s]
             st.b[s] = bc + br + st.waits["b"][s]
             # the measured backward is not split into input and weight gradients: half each, as the

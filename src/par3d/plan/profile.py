@@ -27,6 +27,9 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
   added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
   running side by side slow each other (shared caches, memory bandwidth);
+- `solo`: how much slower the primitives run inside a whole model's step on one rank than timed
+  one by one (a primitive repeated alone keeps its operands hot in the caches; in a step forty
+  kernels follow each other), measured by `par3d calibrate` on its calibration GPTs at one rank;
 - `bw_full_backward`: a runtime whose BW re-walks the graph BI kept (eager ZB-H1 before issue 17),
   so BW costs a whole backward, not only the weight GEMMs.  A property of the runtime, not of the
   machine (`RUNTIME_BW_FULL_BACKWARD`): off since `pipeline/runtime.py` splits the backward for
@@ -114,6 +117,7 @@ class Profile:
     hop: float = 0.0
     sync: float = 0.0
     cores: int | None = None
+    solo: float = 1.0
     corun: float = 1.0
     oversub: float = 1.0
     bw_full_backward: bool = False
@@ -127,7 +131,7 @@ class Profile:
         return next((lk for k, lk in self.collectives if k == kind), None)
 
 
-RUNTIME_KEYS = ("overheads", "links", "cores", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
+RUNTIME_KEYS = ("overheads", "links", "cores", "solo_slowdown", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
                 "collective_sync", "pipeline_hop_us", "kernels")
 
 
@@ -159,6 +163,7 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         # the per-point model replaces the older constant per message step
         sync=0.0 if point_sync is not None else float(x.get("collective_sync_us", 0.0) or 0.0) * US,
         cores=int(x["cores"]) if x.get("cores") else None,
+        solo=float(x.get("solo_slowdown", 1.0) or 1.0),
         corun=corun,
         oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
         bw_full_backward=bool(rt.get("bw_full_backward", RUNTIME_BW_FULL_BACKWARD)),
@@ -183,8 +188,6 @@ def contention(prof: Profile | None, world: int, busy: float | None = None) -> f
     else:
         extra = prof.corun + (prof.oversub - prof.corun) * min(1.0, (busy - k) / k)
     return max(1.0, busy / k) * extra
-
-
 
 
 def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: int | None = None) -> Cluster:
