@@ -176,41 +176,42 @@ def test_fidelity_and_synthetic_without_out_leave_the_committed_results(tmp_path
     assert _results_snapshot() == before
 
 
-def test_speed_factor_follows_the_checks_around_each_world(monkeypatch, tmp_path):
-    """The speed check runs before the first world and after each; a layout's prediction is the
-    file's times the mean of the checks around its worlds over the file's own check, averaged over
-    the rounds; every other round runs a world's layouts in reverse order; the file-only
-    prediction is scored beside it."""
+def test_speed_factor_follows_each_worlds_checks(monkeypatch, tmp_path):
+    """Each launched world runs the speed check first and last; a layout's prediction is the file's
+    times the mean of its world's two checks over the file's check at that world size, averaged over
+    the rounds; every other round runs a world's layouts in reverse order; the file-only prediction
+    is scored beside it."""
     from test_calibrate import _hardware_dict
 
-    import par3d.calibrate.probes as probes
     import par3d.distributed as distributed
     from par3d.bench import fidelity
 
-    checks = iter([1.0, 1.2, 1.4, 1.0, 1.6])  # before; after w1 r1, w2 r1, w1 r2, w2 r2
-    monkeypatch.setattr(probes, "speed_check", lambda *a, **k: next(checks))
-    orders: list[list[int]] = []
+    checks = iter([[1.0, 1.2], [2.4, 2.8], [1.4, 1.0], [2.0, 3.2]])  # w1 r1, w2 r1, w1 r2, w2 r2
+    calls: list[tuple[int, list[int], bool]] = []
 
     def fake_launch(fn, world, args, **kw):  # each layout's step times: 10 ms × its micro-batches
-        cfgs = args[0]
-        orders.append([c["parallel"]["microbatches"] for c in cfgs])
-        return [[[0.01 * c["parallel"]["microbatches"]] * 2 for c in cfgs]]
+        cfgs, check = args
+        calls.append((world, [c["parallel"]["microbatches"] for c in cfgs], check))
+        return [{"times": [[0.01 * c["parallel"]["microbatches"]] * 2 for c in cfgs],
+                 "checks": next(checks) if check else []}]
 
     monkeypatch.setattr(distributed, "launch", fake_launch)
     path = tmp_path / "hw.json"
-    path.write_text(json.dumps({**_hardware_dict(), "speed_check": {"step_s": 1.0}}))
+    path.write_text(json.dumps({**_hardware_dict(), "speed_check": {"step_s": {"1": 1.0, "2": 2.0}}}))
     res = fidelity.run_fidelity(str(path), ["single", "single-m4", "dp2"], 3, progress=False, rounds=2,
                                 shapes={"reference": SHAPES["reference"]})
-    assert orders == [[1, 4], [1], [4, 1], [1]]  # round 2 runs the 1-rank world's layouts reversed
+    # round 2 runs the 1-rank world's layouts reversed; every world runs the check
+    assert calls == [(1, [1, 4], True), (2, [1], True), (1, [4, 1], True), (2, [1], True)]
     rows = {r["name"]: r for r in res["shapes"][0]["layouts"]}
-    # 1-rank world: checks (1.0, 1.2) in round 1, (1.4, 1.0) in round 2; 2-rank: (1.2, 1.4), (1.0, 1.6)
     assert rows["single"]["speed_factor"] == pytest.approx((1.1 + 1.2) / 2)
     assert rows["dp2"]["speed_factor"] == pytest.approx((1.3 + 1.3) / 2)
     for r in rows.values():
         assert r["predicted_s"] == pytest.approx(r["predicted_raw_s"] * r["speed_factor"])
         assert r["error_raw"] == pytest.approx(r["predicted_raw_s"] / r["measured_s"] - 1)
-    assert res["speed_check"]["checks_s"] == [1.0, 1.2, 1.4, 1.0, 1.6]
-    assert res["in_sample_raw"]["layouts"] == 3 and "speed check: 1000 ms" in format_table(res)
+    assert [c["factor"] for c in res["speed_check"]["worlds"]] == pytest.approx([1.1, 1.3, 1.2, 1.3])
+    assert res["in_sample_raw"]["layouts"] == 3 and "1 rank 1.10, 2 ranks 1.30" in format_table(res)
+    calls.clear()
     off = fidelity.run_fidelity(str(path), ["single", "dp2"], 3, progress=False, speed_check=False,
                                 shapes={"reference": SHAPES["reference"]})
-    assert all(r["speed_factor"] == 1.0 for r in off["layouts"]) and off["speed_check"]["checks_s"] == []
+    assert all(r["speed_factor"] == 1.0 for r in off["layouts"]) and off["speed_check"]["worlds"] == []
+    assert [c[2] for c in calls] == [False, False]

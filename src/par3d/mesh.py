@@ -165,6 +165,25 @@ class Groups:
 
 P2P_CHANNELS = ("act", "grad", "act_wrap", "grad_wrap")  # schedules.p2p_channel's names
 
+# process groups already made in this process, by (default group, kind, ranks, timeout): a process
+# that runs several layouts one after another (`bench fidelity`'s worlds, the tests' shared worlds)
+# reuses a group instead of making another.  Each gloo group keeps its threads for the life of the
+# process; made anew per run they piled up, and every layout ran slower than the one before it
+# (1.2-1.5x by the end of a 2-rank world of 60 layouts on two cores, docs/measured.md §2).
+_GROUPS: dict[tuple[Any, ...], Any] = {}
+
+
+def _group(kind: str, ranks: list[int], kw: dict[str, Any]) -> Any:
+    """`dist.new_group(ranks)` for this kind, or the one made before with the same key.  Collective
+    like `new_group`: every rank of the world calls it in the same order with the same arguments, so
+    every rank finds the key in its cache or none does."""
+    import torch.distributed as dist
+
+    key = (id(dist.distributed_c10d._get_default_group()), kind, tuple(ranks), kw.get("timeout"))
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(ranks, **kw)
+    return _GROUPS[key]
+
 
 def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
                  p2p_pairs: list[tuple[int, int]] | None = None, backend_p2p: bool = True) -> Groups | None:
@@ -196,7 +215,7 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
     kinds = ["tp", "cp", "pp", "dp", "embed", *twins] + (["dpcp"] if mesh.cp > 1 and mesh.dp > 1 else [])
     for kind in kinds:
         for ranks in mesh.all_groups("pp" if kind in twins else kind):
-            pg = dist.new_group(ranks, **kw) if len(ranks) > 1 and initialized else None
+            pg = _group(kind, ranks, kw) if len(ranks) > 1 and initialized else None
             if global_rank in ranks:
                 # the pp twins: activations and gradients, each way, travel on separate
                 # communicators, so a transport that matches messages by order and runs a
@@ -209,14 +228,14 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
         for a, b in pairs:
             for ch in P2P_CHANNELS:
                 ranks = [col[a], col[b]]
-                pg = dist.new_group(ranks, **kw) if initialized else None
+                pg = _group(f"p2p-{ch}", ranks, kw) if initialized else None
                 if global_rank in ranks:
                     p2p[(ch, a, b)] = Group("pp", ranks, ranks.index(global_rank), pg)
     world_ranks = list(range(mesh.world_size))
     world_pg = None
     if initialized and mesh.world_size > 1:
         whole = mesh.world_size == dist.get_world_size()
-        world_pg = dist.group.WORLD if whole else dist.new_group(world_ranks, **kw)
+        world_pg = dist.group.WORLD if whole else _group("world", world_ranks, kw)
     if global_rank >= mesh.world_size:
         return None
     # middle pipeline stages hold no embedding copy: a group of their own

@@ -13,10 +13,11 @@ planner would pick (least predicted time) is the measured fastest, and by how mu
 
 Layouts run in one launched world per world size (1, 2, 4 ranks), every shape's layouts in it;
 `--rounds` launches them all again in turn, and a layout's time is the median of all its steps.
-Between the worlds this process times the calibration's speed check (two calibration GPTs on one
-rank, `calibrate/probes.py`'s `speed_check`): a VM's speed moves by tens of per cent within minutes,
-so each prediction is scaled by the machine's speed while its layout ran against the speed the file
-was calibrated at; the file's own prediction is scored beside it (`*_raw`).
+Each launched world first and last runs the calibration's speed check at its size (two calibration
+GPTs with DP over its ranks, `calibrate/probes.py`'s `speed_check`): a VM's speed moves by tens of
+per cent within minutes, and a launch of several ranks runs fast or slow as a whole, so each
+prediction is scaled by the machine's speed while its layout ran against the speed the file was
+calibrated at; the file's own prediction is scored beside it (`*_raw`).
 With `--one-world` every layout runs in a single 4-rank world, smaller layouts on its first ranks
 and the others waiting (on a machine with fewer cores than ranks the waiting ranks can slow the
 working ones, which this option exists to measure).
@@ -134,35 +135,41 @@ def valid_layouts(shape: dict[str, int], names: list[str]) -> list[str]:
     return out
 
 
-def world_worker(cfgs: list[dict[str, Any]]) -> list[list[float]]:
+def world_worker(cfgs: list[dict[str, Any]], check: bool = False) -> dict[str, Any]:
     """On every rank of a launched world: run each layout once; rank 0 returns each layout's step
-    times (the first step of each run skipped: it warms up)."""
+    times (the first step of each run skipped: it warms up) and, with `check`, the speed check on
+    every rank of this world before the first layout and after the last."""
     import torch.distributed as dist
 
+    from par3d.calibrate.probes import speed_check
     from par3d.train import worker
 
+    checks = [speed_check(dist.get_world_size())] if check else []
     times: list[list[float]] = []
     for cfg in cfgs:
         r = worker(cfg, {"quiet": True})
         times.append([h["step_time_s"] for h in r["history"][1:]])
         dist.barrier()  # the next layout starts together on every rank
-    return times if dist.get_rank() == 0 else []
+    if check:
+        checks.append(speed_check(dist.get_world_size()))
+    return {"times": times, "checks": checks} if dist.get_rank() == 0 else {}
 
 
 Case = tuple[str, str]  # (shape name, layout name)
 
 
 def measure(cases: dict[Case, dict[str, Any]], one_world: bool, progress: bool,
-            rounds: int = 1, speed_ref_s: float | None = None) -> dict[str, Any]:
+            rounds: int = 1, speed_ref: dict[str, float] | None = None) -> dict[str, Any]:
     """Each case's median step time over `rounds` runs.  A round launches every world once (one per
     world size, or one 4-rank world with `one_world`), every shape's layouts of that size in it, so
     slow drift of the machine falls on every layout alike, whatever its number of ranks; every
     other round runs a world's layouts in reverse order, so drift within a world does too.
 
-    With `speed_ref_s` (the hardware file's `speed_check`), the speed check runs in this process
-    before the first world and after each one, and each case gets the machine's speed factor while
-    its worlds ran: the mean of the checks around each of its worlds over `speed_ref_s`, averaged
-    over the rounds (1.0 = as fast as during the calibration)."""
+    With `speed_ref` (the hardware file's `speed_check` step time by world size), each launched
+    world of a size it has runs the speed check first and last, and each case gets the machine's
+    speed factor while it ran: the mean of its world's two checks over the file's, averaged over the
+    rounds (1.0 = as fast as during the calibration; not with `one_world`, whose smaller layouts
+    leave ranks idle)."""
     from par3d.distributed import launch
 
     size = {c: GRID[c[1]][0] * GRID[c[1]][1] * GRID[c[1]][2] * CP_OF.get(c[1], 1) for c in cases}
@@ -173,31 +180,28 @@ def measure(cases: dict[Case, dict[str, Any]], one_world: bool, progress: bool,
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases) * rounds, desc="fidelity", unit="run", file=sys.stderr, dynamic_ncols=True)
-    check = None
-    if speed_ref_s:
-        from par3d.calibrate.probes import speed_check as check
-    checks: list[float] = [check()] if check else []
     times: dict[Case, list[float]] = {c: [] for c in cases}
     factors: dict[Case, list[float]] = {c: [] for c in cases}
+    checks: list[dict[str, Any]] = []
     for r in range(rounds):
         for w, group in worlds.items():
             order = group[::-1] if r % 2 else group
-            got = launch(world_worker, w, ([cases[c] for c in order],), timeout_s=300, wall_timeout_s=3600,
-                         threads=1)[0]
-            if check:
-                checks.append(check())
-            for c, t in zip(order, got, strict=True):
+            ref = None if one_world else (speed_ref or {}).get(str(w))
+            got = launch(world_worker, w, ([cases[c] for c in order], ref is not None), timeout_s=300,
+                         wall_timeout_s=3600, threads=1)[0]
+            f = statistics.fmean(got["checks"]) / ref if ref else 1.0
+            if ref:
+                checks.append({"round": r, "world": w, "checks_s": got["checks"], "factor": f})
+            for c, t in zip(order, got["times"], strict=True):
                 times[c] += t
-                if check:
-                    factors[c].append((checks[-2] + checks[-1]) / 2 / speed_ref_s)  # type: ignore[operator]
+                factors[c].append(f)
             if bar is not None:
                 bar.update(len(group))
     if bar is not None:
         bar.close()
     out: dict[str, Any] = {c: {"measured_s": statistics.median(t), "step_times_s": t,
-                               "speed_factor": statistics.fmean(factors[c]) if factors[c] else 1.0}
-                           for c, t in times.items()}
-    out["speed_checks_s"] = checks
+                               "speed_factor": statistics.fmean(factors[c])} for c, t in times.items()}
+    out["speed_checks"] = checks
     return out
 
 
@@ -283,6 +287,8 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
     refs = (hw.extra.get("calibrated") or {}).get("references") or \
         [{"layers": 4, "hidden": 128, "seq_len": 64}]  # files written before the list: the reference
     speed_ref = (hw.extra.get("speed_check") or {}).get("step_s") if speed_check else None
+    if not isinstance(speed_ref, dict):  # none, or the one-rank number of an older file
+        speed_ref = None
     cases: dict[Case, dict[str, Any]] = {}
     for sname, shape in shapes.items():
         for n in valid_layouts(shape, names):
@@ -320,8 +326,7 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
                 "in_sample_raw": pooled([s for s in per_shape_raw if s["role"] == "in-sample"]),
                 "heldout_raw": pooled([s for s in per_shape_raw if s["role"] == "held-out"]),
                 "shapes": per_shape,
-                "speed_check": {"calibrated_s": speed_ref, "checks_s": measured["speed_checks_s"],
-                                "factors": [c / speed_ref for c in measured["speed_checks_s"]] if speed_ref else []},
+                "speed_check": {"calibrated_s": speed_ref, "worlds": measured["speed_checks"]},
                 "model": {**first["model"], "dtype": "fp32"}, "steps": steps, "hardware": hardware,
                 "calibration_references": refs, "one_world": one_world,
                 "load_average": list(os.getloadavg())})  # other processes on the machine perturb timings
@@ -412,15 +417,16 @@ def format_table(res: dict[str, Any]) -> str:
                      f"{s['pick']} {'is' if s['pick_is_fastest'] else 'is not'} the measured fastest ({s['fastest']};"
                      f" regret {s['pick_regret']:.0%})")
     sc = res.get("speed_check") or {}
-    if sc.get("factors"):
-        lines.append(f"speed check: {sc['calibrated_s'] * 1e3:.0f} ms in the calibration; the machine ran at "
-                     + ", ".join(f"{f:.2f}" for f in sc["factors"]) + " x that time around the worlds "
-                     "(predictions are scaled by it; 'file only' is the hardware file's own prediction)")
+    if sc.get("worlds"):
+        lines.append("speed check (each world's, against the calibration's at its size; predictions are scaled "
+                     "by it, 'file only' is the hardware file's own): "
+                     + ", ".join(f"{c['world']} rank{'s' if c['world'] > 1 else ''} {c['factor']:.2f}"
+                                 for c in sc["worlds"]))
     else:
-        lines.append("speed check: none (--no-speed-check, or a hardware file without `speed_check`)")
+        lines.append("speed check: none (--no-speed-check, --one-world, or a hardware file without `speed_check`)")
     for key, label in (("in_sample", "in-sample"), ("heldout", "held-out"),
                        ("in_sample_raw", "in-sample, file only"), ("heldout_raw", "held-out, file only")):
-        if res.get(key) and (not key.endswith("_raw") or sc.get("factors")):
+        if res.get(key) and (not key.endswith("_raw") or sc.get("worlds")):
             lines.append(_goal_line(label, res[key]))
     return "\n".join(lines)
 
@@ -454,9 +460,9 @@ def register(bsub: Any) -> None:
                     help="launch every world this many times in turn and take the median of all of a "
                          "layout's steps, so the machine's drift falls on every layout alike (default 2)")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
-                    help="do not time the speed check between the worlds: predict from the hardware file "
-                         "alone (by default each prediction is scaled by how fast the machine ran the "
-                         "calibration's speed check around that layout's worlds, against the file's time; "
+                    help="do not run the speed check in each world: predict from the hardware file alone "
+                         "(by default each world runs the calibration's speed check first and last, and "
+                         "each prediction is scaled by how fast the machine ran it against the file's time; "
                          "both are reported)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer steps, one round and a quick calibration when one is needed (noisier)")

@@ -337,9 +337,11 @@ def measure_overheads(quick: bool, tick: Callable[[], None]) -> dict[str, Any]:
 # the primitives inside a model's step vs timed one by one (`solo_slowdown`): the calibration GPTs of
 # the sync-point fit, each on one rank
 SOLO_SHAPES = SYNC_SHAPES
-# the speed check: two calibration GPTs on one rank, a second of work in all, timed again by `bench
-# fidelity` between its launched worlds — a VM's speed moves by tens of per cent over minutes
-# (docs/measured.md §2).  Not the reference: `bench fidelity` scores that shape (in-sample)
+# the speed check: two calibration GPTs with DP over a world's ranks (every rank computing), a
+# second or two of work in all, run again by `bench fidelity` at the start and the end of each world
+# it launches — a VM's speed moves by tens of per cent over minutes, and a launch of several ranks
+# on two vCPUs runs fast or ~1.4x slow as a whole (docs/measured.md §2).  Not the reference:
+# `bench fidelity` scores that shape (in-sample)
 SPEED_SHAPES = (SYNC_SMALL, SYNC_WIDE)
 SPEED_STEPS = 6
 
@@ -350,19 +352,34 @@ def solo_passes(quick: bool) -> int:
 
 def measure_solo() -> dict[str, Any]:
     """Each calibration GPT of `SOLO_SHAPES` on one rank, in this process (one thread): its median
-    step time; and the speed check's total (`speed_check`'s statistic, from the same runs)."""
+    step time; and the one-rank speed check's total (`speed_check`'s statistic, from the same runs)."""
     times = [run_probe(probe_config(steps=SPEED_STEPS, **shape))["step_s"] for shape in SOLO_SHAPES]
     speed = sum(t for shape, t in zip(SOLO_SHAPES, times, strict=True) if shape in SPEED_SHAPES)
     return {"step_s": times, "speed_s": speed}
 
 
-def speed_check(steps: int = SPEED_STEPS) -> float:
-    """The speed check (seconds): the sum of the median step times of `SPEED_SHAPES` on one rank,
-    in this process with one thread (what a training rank gets)."""
-    import torch
+def speed_configs(world: int) -> list[dict[str, Any]]:
+    """The speed check's runs on a world of `world` ranks: each of `SPEED_SHAPES` with DP over them
+    (each rank keeps the shape's micro-batch)."""
+    return [probe_config(steps=SPEED_STEPS, dp=world, **shape) for shape in SPEED_SHAPES]
 
-    torch.set_num_threads(1)
-    return sum(run_probe(probe_config(steps=steps, **shape))["step_s"] for shape in SPEED_SHAPES)
+
+def speed_check(world: int = 1) -> float:
+    """The speed check (seconds) on the current world of `world` ranks, or in this process when
+    there is none: the sum of the median step times (first step skipped) of `speed_configs`.  On
+    every rank of the world; rank 0's is the one read."""
+    from par3d.train import worker
+
+    total = 0.0
+    for cfg in speed_configs(world):
+        hist = worker(cfg, {"quiet": True})["history"]
+        total += statistics.median(h["step_time_s"] for h in hist[1:] or hist)
+    return total
+
+
+def speed_worker(world: int) -> float:
+    """On every rank of a launched world: the speed check (the calibration's multi-rank value)."""
+    return speed_check(world)
 
 
 # ---- 4. the reference on several ranks ------------------------------------------------------------
@@ -528,5 +545,5 @@ def measure_synthetic(schedule: str, p: int, m: int, tf: float, tb: float, steps
 
 __all__ = ["KINDS", "REFERENCE", "SOLO_SHAPES", "SPEED_SHAPES", "SPEED_STEPS", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
            "measure_gemms", "measure_mem_bw", "measure_overheads", "measure_primitives", "measure_synthetic",
-           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "sync_configs",
+           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "speed_configs", "speed_worker", "sync_configs",
            "sync", "time_call"]

@@ -54,7 +54,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_prims + n_gemm + 2 + probes.overhead_passes(quick) + 11, desc="calibrate", unit="probe",
+        bar = tqdm(total=n_prims + n_gemm + 2 + probes.overhead_passes(quick) + 13, desc="calibrate", unit="probe",
                    file=sys.stderr, dynamic_ncols=True)
 
     def tick() -> None:
@@ -153,11 +153,16 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if kernels:  # the arithmetic comes from the primitives: how much slower they run inside a step
         hw["solo_slowdown"] = statistics.median(fits.fit_contention(hw, cfg, t, "solo_slowdown", lo=0.5, hi=3.0)
                                                 for cfg, t in zip(solo_cfgs, solo_step, strict=True))
-    speed = statistics.median(p["speed_s"] for p in solo)
-    if not on_gpu:  # `bench fidelity` repeats it on this host's CPU
+    if not on_gpu:  # `bench fidelity` repeats it in each world it launches, at the world's size
+        by_world = {"1": statistics.median(p["speed_s"] for p in solo)}
+        for n in sorted({cores, 2 * cores} - {1}) if cores >= 2 else ():
+            by_world[str(n)] = statistics.median(
+                launch(probes.speed_worker, n, (n,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
+                for _ in range(probe_runs(quick)))
+            tick()
         hw["speed_check"] = {"shapes": [{k: sh[k] for k in ("layers", "hidden", "heads", "seq", "micro_batch")}
                                         for sh in probes.SPEED_SHAPES],
-                             "steps": probes.SPEED_STEPS, "step_s": speed, "passes": [p["speed_s"] for p in solo]}
+                             "steps": probes.SPEED_STEPS, "step_s": by_world, "passes_1": [p["speed_s"] for p in solo]}
     # each term's fit depends a little on the others (DP's gradient reductions pay the sync, TP's
     # ranks compute side by side): fitted in turn, twice
     for _ in range(1 if sync_runs else 2):
