@@ -177,10 +177,10 @@ def test_fidelity_and_synthetic_without_out_leave_the_committed_results(tmp_path
 
 
 def test_speed_factor_follows_each_worlds_checks(monkeypatch, tmp_path):
-    """Each launched world runs the speed check first and last; a layout's prediction is the file's
-    times the mean of its world's two checks over the file's check at that world size, averaged over
-    the rounds; every other round runs a world's layouts in reverse order; the file-only prediction
-    is scored beside it."""
+    """Each launched world runs the speed check first and last; a layout's speed-checked prediction
+    is the planner's times the mean of its world's two checks over the file's check at that world
+    size, averaged over the rounds, scored beside the planner's own; every other round runs a
+    world's layouts in reverse order."""
     from test_calibrate import _hardware_dict
 
     import par3d.distributed as distributed
@@ -206,10 +206,11 @@ def test_speed_factor_follows_each_worlds_checks(monkeypatch, tmp_path):
     assert rows["single"]["speed_factor"] == pytest.approx((1.1 + 1.2) / 2)
     assert rows["dp2"]["speed_factor"] == pytest.approx((1.3 + 1.3) / 2)
     for r in rows.values():
-        assert r["predicted_s"] == pytest.approx(r["predicted_raw_s"] * r["speed_factor"])
-        assert r["error_raw"] == pytest.approx(r["predicted_raw_s"] / r["measured_s"] - 1)
+        assert r["predicted_checked_s"] == pytest.approx(r["predicted_s"] * r["speed_factor"])
+        assert r["error_checked"] == pytest.approx(r["predicted_checked_s"] / r["measured_s"] - 1)
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     assert [c["factor"] for c in res["speed_check"]["worlds"]] == pytest.approx([1.1, 1.3, 1.2, 1.3])
-    assert res["in_sample_raw"]["layouts"] == 3 and "1 rank 1.10, 2 ranks 1.30" in format_table(res)
+    assert res["in_sample_checked"]["layouts"] == 3 and "1 rank 1.10, 2 ranks 1.30" in format_table(res)
     calls.clear()
     off = fidelity.run_fidelity(str(path), ["single", "dp2"], 3, progress=False, speed_check=False,
                                 shapes={"reference": SHAPES["reference"]})

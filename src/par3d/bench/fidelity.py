@@ -15,9 +15,9 @@ Layouts run in one launched world per world size (1, 2, 4 ranks), every shape's 
 `--rounds` launches them all again in turn, and a layout's time is the median of all its steps.
 Each launched world first and last runs the calibration's speed check at its size (two calibration
 GPTs with DP over its ranks, `calibrate/probes.py`'s `speed_check`): a VM's speed moves by tens of
-per cent within minutes, and a launch of several ranks runs fast or slow as a whole, so each
-prediction is scaled by the machine's speed while its layout ran against the speed the file was
-calibrated at; the file's own prediction is scored beside it (`*_raw`).
+per cent within minutes, and a launch of several ranks runs fast or slow as a whole; the
+prediction times that factor is scored beside the planner's own (`*_checked`),
+to tell how much of the error is the machine's speed moving since the calibration.
 With `--one-world` every layout runs in a single 4-rank world, smaller layouts on its first ranks
 and the others waiting (on a machine with fewer cores than ranks the waiting ranks can slow the
 working ones, which this option exists to measure).
@@ -275,9 +275,10 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
                  progress: bool = True, rounds: int = 1,
                  shapes: dict[str, dict[str, int]] | None = None, speed_check: bool = True) -> dict[str, Any]:
     """Predict and measure every layout of `shapes`.  A row's `predicted_s` is the planner's
-    prediction from the hardware file (`predicted_raw_s`) times the machine's speed factor while it
-    ran (`speed_factor`, from the speed check; 1.0 without one); the summaries score `predicted_s`
-    and, under the keys ending `_raw`, the file's own prediction."""
+    prediction from the hardware file, what the summaries score; `predicted_checked_s` is it times
+    the machine's speed while the layout ran against the calibration's (`speed_factor`, from the
+    speed check; 1.0 without one), scored apart under the keys ending `_checked` — what of the error
+    is the machine's speed moving since the calibration, not the model."""
     from par3d.config import RunConfig
     from par3d.plan.hardware import load_hardware_file
     from par3d.predict import predict
@@ -294,7 +295,7 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
         for n in valid_layouts(shape, names):
             cases[(sname, n)] = layout_config(n, steps, shape=shape)
     measured = measure(cases, one_world, progress, rounds, speed_ref)
-    per_shape, per_shape_raw = [], []
+    per_shape, per_shape_checked = [], []
     for sname, shape in shapes.items():
         rows = []
         for (sn, n), cfg in cases.items():
@@ -305,17 +306,17 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
             got = measured[(sn, n)]
             rows.append({"name": n, "shape": sname, "dp": dp, "pp": pp, "tp": tp, "schedule": sched,
                          "microbatches": m, "virtual_stages": v, "recompute": rc, "zero_stage": zero,
-                         "cp": CP_OF.get(n, 1), "predicted_s": p.step_time_s * got["speed_factor"],
-                         "predicted_raw_s": p.step_time_s, "speed_factor": got["speed_factor"],
+                         "cp": CP_OF.get(n, 1), "predicted_s": p.step_time_s,
+                         "predicted_checked_s": p.step_time_s * got["speed_factor"], "speed_factor": got["speed_factor"],
                          "measured_s": got["measured_s"],
                          "predicted_bubble": p.bubble_fraction, "step_times_s": got["step_times_s"]})
         if len(rows) < 2:
             continue
-        raw = [dict(r, predicted_s=r["predicted_raw_s"]) for r in rows]
+        checked = [dict(r, predicted_s=r["predicted_checked_s"]) for r in rows]
         per_shape.append({"name": sname, "model": shape, "role": role(shape, refs), **summarize(rows)})
-        per_shape_raw.append({"name": sname, "role": role(shape, refs), **summarize(raw)})
-        for r, q in zip(rows, raw, strict=True):
-            r["error_raw"] = q["error"]
+        per_shape_checked.append({"name": sname, "role": role(shape, refs), **summarize(checked)})
+        for r, q in zip(rows, checked, strict=True):
+            r["error_checked"] = q["error"]
     ins = [s for s in per_shape if s["role"] == "in-sample"]
     held = [s for s in per_shape if s["role"] == "held-out"]
     # the current keys describe the in-sample shape (the one the calibration ran), or the first
@@ -323,8 +324,8 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
     out = {k: first[k] for k in ("layouts", "median_abs_error", "spearman", "pick_is_fastest", "pick", "fastest",
                                  "pick_regret")}
     out.update({"in_sample": pooled(ins), "heldout": pooled(held),
-                "in_sample_raw": pooled([s for s in per_shape_raw if s["role"] == "in-sample"]),
-                "heldout_raw": pooled([s for s in per_shape_raw if s["role"] == "held-out"]),
+                "in_sample_checked": pooled([s for s in per_shape_checked if s["role"] == "in-sample"]),
+                "heldout_checked": pooled([s for s in per_shape_checked if s["role"] == "held-out"]),
                 "shapes": per_shape,
                 "speed_check": {"calibrated_s": speed_ref, "worlds": measured["speed_checks"]},
                 "model": {**first["model"], "dtype": "fp32"}, "steps": steps, "hardware": hardware,
@@ -407,26 +408,26 @@ def format_table(res: dict[str, Any]) -> str:
                          f"{m.get('heads')} heads, s {m.get('seq_len')}, vocab {m.get('vocab')}, "
                          f"global batch {m.get('global_batch')}")
         lines.append(f"{'layout':22s} {'ranks':>5s} {'predicted':>10s} {'measured':>10s} {'error':>7s} "
-                     f"{'speed':>6s} {'file only':>10s} {'error':>7s}")
+                     f"{'speed':>6s} {'checked':>10s} {'error':>7s}")
         for r in s["layouts"]:
-            raw = r.get("predicted_raw_s", r["predicted_s"])
+            chk = r.get("predicted_checked_s", r["predicted_s"])
             lines.append(f"{r['name']:22s} {r['dp'] * r['pp'] * r['tp'] * r.get('cp', 1):5d} {r['predicted_s'] * 1e3:8.1f}ms "
                          f"{r['measured_s'] * 1e3:8.1f}ms {r['error']:+7.0%} {r.get('speed_factor', 1.0):6.2f} "
-                         f"{raw * 1e3:8.1f}ms {r.get('error_raw', r['error']):+7.0%}")
+                         f"{chk * 1e3:8.1f}ms {r.get('error_checked', r['error']):+7.0%}")
         lines.append(f"median |error| {s['median_abs_error']:.1%}   Spearman {s['spearman']:.3f}   planner's pick "
                      f"{s['pick']} {'is' if s['pick_is_fastest'] else 'is not'} the measured fastest ({s['fastest']};"
                      f" regret {s['pick_regret']:.0%})")
     sc = res.get("speed_check") or {}
     if sc.get("worlds"):
-        lines.append("speed check (each world's, against the calibration's at its size; predictions are scaled "
-                     "by it, 'file only' is the hardware file's own): "
+        lines.append("speed check (each world's time against the calibration's at its size; 'checked' is the "
+                     "prediction times it): "
                      + ", ".join(f"{c['world']} rank{'s' if c['world'] > 1 else ''} {c['factor']:.2f}"
                                  for c in sc["worlds"]))
     else:
         lines.append("speed check: none (--no-speed-check, --one-world, or a hardware file without `speed_check`)")
     for key, label in (("in_sample", "in-sample"), ("heldout", "held-out"),
-                       ("in_sample_raw", "in-sample, file only"), ("heldout_raw", "held-out, file only")):
-        if res.get(key) and (not key.endswith("_raw") or sc.get("worlds")):
+                       ("in_sample_checked", "in-sample, speed-checked"), ("heldout_checked", "held-out, speed-checked")):
+        if res.get(key) and (not key.endswith("_checked") or sc.get("worlds")):
             lines.append(_goal_line(label, res[key]))
     return "\n".join(lines)
 
@@ -460,15 +461,15 @@ def register(bsub: Any) -> None:
                     help="launch every world this many times in turn and take the median of all of a "
                          "layout's steps, so the machine's drift falls on every layout alike (default 2)")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
-                    help="do not run the speed check in each world: predict from the hardware file alone "
-                         "(by default each world runs the calibration's speed check first and last, and "
-                         "each prediction is scaled by how fast the machine ran it against the file's time; "
-                         "both are reported)")
+                    help="do not run the speed check in each world (by default each world runs the "
+                         "calibration's speed check first and last, and the predictions scaled by how fast "
+                         "the machine ran it against the file's time are scored beside the planner's own, "
+                         "as *_checked)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer steps, one round and a quick calibration when one is needed (noisier)")
     ap.add_argument("--json", action="store_true",
                     help='print {"layouts", "median_abs_error", "spearman", "pick_is_fastest", "in_sample", '
-                         '"heldout", "in_sample_raw", "heldout_raw", "speed_check", "shapes", ...}')
+                         '"heldout", "in_sample_checked", "heldout_checked", "speed_check", "shapes", ...}')
     ap.set_defaults(func=run)
 
 

@@ -377,12 +377,19 @@ def speed_check(world: int = 1) -> float:
     return total
 
 
-def speed_worker(world: int) -> float:
-    """On every rank of a launched world: the speed check (the calibration's multi-rank value)."""
-    return speed_check(world)
-
-
 # ---- 4. the reference on several ranks ------------------------------------------------------------
+
+def multi_worker(cfgs: list[dict[str, Any]]) -> list[float]:
+    """On every rank of a launched world: the median step time of each of `cfgs` (first step
+    skipped), one after another; all ranks meet before each."""
+    import torch.distributed as dist
+
+    out = []
+    for cfg in cfgs:
+        dist.barrier()
+        out.append(probe_worker(cfg))
+    return out
+
 
 def probe_worker(cfg_dict: dict[str, Any]) -> float:
     """On every rank of a launched world: the median step time of `cfg_dict` (first step skipped)."""
@@ -545,5 +552,5 @@ def measure_synthetic(schedule: str, p: int, m: int, tf: float, tb: float, steps
 
 __all__ = ["KINDS", "REFERENCE", "SOLO_SHAPES", "SPEED_SHAPES", "SPEED_STEPS", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
            "measure_gemms", "measure_mem_bw", "measure_overheads", "measure_primitives", "measure_synthetic",
-           "message_sizes", "primitive_sizes", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "speed_configs", "speed_worker", "sync_configs",
+           "message_sizes", "primitive_sizes", "multi_worker", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "speed_configs", "sync_configs",
            "sync", "time_call"]

@@ -29,12 +29,21 @@ def probe_runs(quick: bool) -> int:
     return 1 if quick else 3
 
 
-def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
-    """The median step time of `cfg` on `ranks` ranks, the median over `probe_runs` launches."""
+def run_together(cfgs: list[dict[str, Any]], ranks: int, quick: bool) -> list[float]:
+    """The median step time of each of `cfgs`, all run one after another in the same launched world
+    of `ranks` ranks, the median over `probe_runs` launches.  Together, because a launch of several
+    ranks on a VM's vCPUs runs fast or slow as a whole (docs/measured.md §2): the runs that a fit
+    compares (DP against TP on the same cores) then share each launch's speed."""
     from par3d.distributed import launch
 
-    return statistics.median(launch(probes.probe_worker, ranks, (cfg,), timeout_s=120, wall_timeout_s=600,
-                                    threads=1)[0] for _ in range(probe_runs(quick)))
+    got = [launch(probes.multi_worker, ranks, (cfgs,), timeout_s=120, wall_timeout_s=900, threads=1)[0]
+           for _ in range(probe_runs(quick))]
+    return [statistics.median(g[i] for g in got) for i in range(len(cfgs))]
+
+
+def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
+    """The median step time of `cfg` on `ranks` ranks, the median over `probe_runs` launches."""
+    return run_together([cfg], ranks, quick)[0]
 
 
 def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
@@ -54,7 +63,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_prims + n_gemm + 2 + probes.overhead_passes(quick) + 13, desc="calibrate", unit="probe",
+        bar = tqdm(total=n_prims + n_gemm + probes.overhead_passes(quick) + 5, desc="calibrate", unit="probe",
                    file=sys.stderr, dynamic_ncols=True)
 
     def tick() -> None:
@@ -120,30 +129,44 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     }
     steps = 7 if quick else 11
     # the reference on several ranks: DP over as many ranks as cores and twice as many (the co-run
-    # slowdowns), TP over the calibration ranks (what a collective costs inside a step)
+    # slowdowns), TP over the calibration ranks (what a collective costs inside a step); and the sync
+    # points of TP pairs with one rank per core (TP over the cores' worth of ranks) and with two
+    # (beside a second pair: DP over them), each on three calibration GPTs (plan/profile.py's
+    # SyncModel).  The runs on one number of ranks share their launches (`run_together`)
     runs: dict[str, Any] = {}
     cores = host.machine_cores()
+    worlds: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    tp = min(2, cores)
     if not on_gpu and cores >= 2:
         for n, key in ((cores, "corun_slowdown"), (2 * cores, "oversubscribed_slowdown")):
-            cfg = probes.reference_config(steps=steps, dp=n)
-            got = run_reference(cfg, n, quick)
-            runs[key] = {"dp": n, "step_s": got, "_cfg": cfg}
-            tick()
+            worlds.setdefault(n, []).append((key, probes.reference_config(steps=steps, dp=n)))
+        for rpc, dp in ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp)):
+            for k, cfg in enumerate(probes.sync_configs(steps, tp, dp)):
+                worlds.setdefault(tp * dp, []).append((f"sync {rpc} {k}", cfg))
+        # the speed check `bench fidelity` repeats in each world it launches, at the world's size
+        for n in sorted({cores, 2 * cores}):
+            for k, cfg in enumerate(probes.speed_configs(n)):
+                worlds[n].append((f"speed {n} {k}", cfg))
     tp_cfg = probes.reference_config(steps=steps, tp=nproc)
-    tp_step = run_reference(tp_cfg, nproc, quick)
-    tick()
+    if not any(cfg == tp_cfg for w in worlds.values() for _, cfg in w):
+        worlds.setdefault(nproc, []).append(("tp", tp_cfg))
+    if bar is not None:
+        bar.total += len(worlds)
+        bar.refresh()
+    got: dict[str, float] = {}
+    cfg_of = {label: cfg for w in worlds.values() for label, cfg in w}
+    for n, items in sorted(worlds.items()):
+        for (label, _), t in zip(items, run_together([c for _, c in items], n, quick), strict=True):
+            got[label] = t
+        tick()
+    for key in ("corun_slowdown", "oversubscribed_slowdown"):
+        if key in got:
+            runs[key] = {"dp": cfg_of[key]["parallel"]["dp"], "step_s": got[key], "_cfg": cfg_of[key]}
+    tp_step = next(got[label] for label, cfg in cfg_of.items() if cfg == tp_cfg)
     sync_runs: dict[str, Any] = {}
     if not on_gpu and cores >= 2:
-        # the sync points of TP pairs with one rank per core (TP over the cores' worth of ranks)
-        # and with two (beside a second pair: DP over them), each on the reference and on a
-        # narrow GPT (plan/profile.py's SyncModel)
-        tp = min(2, cores)
         for rpc, dp in ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp)):
-            pairs = []
-            for k, cfg in enumerate(probes.sync_configs(steps, tp, dp)):
-                got = tp_step if (k == 0 and dp == 1 and tp == nproc) else run_reference(cfg, tp * dp, quick)
-                pairs.append((cfg, got))
-                tick()
+            pairs = [(cfg_of[f"sync {rpc} {k}"], got[f"sync {rpc} {k}"]) for k in range(len(probes.SYNC_SHAPES))]
             sync_runs[str(rpc)] = {"tp": tp, "dp": dp, "ranks": tp * dp, "runs": pairs}
     if probes.solo_passes(quick) > 1:
         solo.append(probes.measure_solo())
@@ -155,11 +178,8 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
                                                 for cfg, t in zip(solo_cfgs, solo_step, strict=True))
     if not on_gpu:  # `bench fidelity` repeats it in each world it launches, at the world's size
         by_world = {"1": statistics.median(p["speed_s"] for p in solo)}
-        for n in sorted({cores, 2 * cores} - {1}) if cores >= 2 else ():
-            by_world[str(n)] = statistics.median(
-                launch(probes.speed_worker, n, (n,), timeout_s=120, wall_timeout_s=600, threads=1)[0]
-                for _ in range(probe_runs(quick)))
-            tick()
+        for n in sorted({cores, 2 * cores}) if cores >= 2 else ():
+            by_world[str(n)] = sum(got[f"speed {n} {k}"] for k in range(len(probes.SPEED_SHAPES)))
         hw["speed_check"] = {"shapes": [{k: sh[k] for k in ("layers", "hidden", "heads", "seq", "micro_batch")}
                                         for sh in probes.SPEED_SHAPES],
                              "steps": probes.SPEED_STEPS, "step_s": by_world, "passes_1": [p["speed_s"] for p in solo]}
