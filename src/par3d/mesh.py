@@ -208,6 +208,11 @@ def build_groups(mesh: Mesh, global_rank: int, timeout_s: float | None = None,
 
     made: dict[str, Group] = {}
     initialized = dist.is_initialized()
+    if initialized:
+        # every rank of the world starts the run together, as `new_group` made them do when every run
+        # made its own groups: a rank outside a small layout (tests run many in one world) must not
+        # race into the next run's collectives while the layout's ranks are still finishing theirs
+        dist.barrier()
     # subgroups do not inherit the world's timeout (torch gives them 30 minutes): pass ours, so a
     # collective whose peer died fails within the run's --timeout
     kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
