@@ -41,11 +41,6 @@ def run_together(cfgs: list[dict[str, Any]], ranks: int, quick: bool) -> list[fl
     return [statistics.median(g[i] for g in got) for i in range(len(cfgs))]
 
 
-def run_reference(cfg: dict[str, Any], ranks: int, quick: bool) -> float:
-    """The median step time of `cfg` on `ranks` ranks, the median over `probe_runs` launches."""
-    return run_together([cfg], ranks, quick)[0]
-
-
 def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
     """Measure everything; return the hardware file's content (a dict)."""
     import torch
