@@ -165,12 +165,13 @@ class Groups:
 
 P2P_CHANNELS = ("act", "grad", "act_wrap", "grad_wrap")  # schedules.p2p_channel's names
 
-# process groups already made in this process, by (default group, kind, ranks, timeout): a process
-# that runs several layouts one after another (`bench fidelity`'s worlds, the tests' shared worlds)
-# reuses a group instead of making another.  Each gloo group keeps its threads for the life of the
-# process; made anew per run they piled up, and every layout ran slower than the one before it
-# (1.2-1.5x by the end of a 2-rank world of 60 layouts on two cores, docs/measured.md §2).
+# process groups already made in this process for its current default group, by (kind, ranks,
+# timeout): a process that runs several layouts one after another (`bench fidelity`'s worlds, the
+# tests' shared worlds) reuses a group instead of making another.  Each gloo group keeps its threads
+# for the life of the process; made anew per run they piled up, and every layout ran slower than the
+# one before it (1.2-1.5x by the end of a 2-rank world of 60 layouts on two cores, docs/measured.md §2).
 _GROUPS: dict[tuple[Any, ...], Any] = {}
+_GROUPS_WORLD: list[Any] = [None]  # the default group the cache belongs to (held, so it is never a new one's twin)
 
 
 def _group(kind: str, ranks: list[int], kw: dict[str, Any]) -> Any:
@@ -179,7 +180,10 @@ def _group(kind: str, ranks: list[int], kw: dict[str, Any]) -> Any:
     every rank finds the key in its cache or none does."""
     import torch.distributed as dist
 
-    key = (id(dist.distributed_c10d._get_default_group()), kind, tuple(ranks), kw.get("timeout"))
+    if _GROUPS_WORLD[0] is not dist.group.WORLD:  # a new default group: the old groups are gone
+        _GROUPS.clear()
+        _GROUPS_WORLD[0] = dist.group.WORLD
+    key = (kind, tuple(ranks), kw.get("timeout"))
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(ranks, **kw)
     return _GROUPS[key]

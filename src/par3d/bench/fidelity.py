@@ -148,8 +148,7 @@ def world_worker(cfgs: list[dict[str, Any]], check: bool = False) -> dict[str, A
     times: list[list[float]] = []
     for cfg in cfgs:
         r = worker(cfg, {"quiet": True})
-        times.append([h["step_time_s"] for h in r["history"][1:]])
-        dist.barrier()  # the next layout starts together on every rank
+        times.append([h["step_time_s"] for h in r["history"][1:]])  # each run's groups meet first
     if check:
         checks.append(speed_check(dist.get_world_size()))
     return {"times": times, "checks": checks} if dist.get_rank() == 0 else {}
@@ -288,8 +287,6 @@ def run_fidelity(hardware: str, names: list[str], steps: int, one_world: bool = 
     refs = (hw.extra.get("calibrated") or {}).get("references") or \
         [{"layers": 4, "hidden": 128, "seq_len": 64}]  # files written before the list: the reference
     speed_ref = (hw.extra.get("speed_check") or {}).get("step_s") if speed_check else None
-    if not isinstance(speed_ref, dict):  # none, or the one-rank number of an older file
-        speed_ref = None
     cases: dict[Case, dict[str, Any]] = {}
     for sname, shape in shapes.items():
         for n in valid_layouts(shape, names):

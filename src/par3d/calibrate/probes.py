@@ -381,14 +381,8 @@ def speed_check(world: int = 1) -> float:
 
 def multi_worker(cfgs: list[dict[str, Any]]) -> list[float]:
     """On every rank of a launched world: the median step time of each of `cfgs` (first step
-    skipped), one after another; all ranks meet before each."""
-    import torch.distributed as dist
-
-    out = []
-    for cfg in cfgs:
-        dist.barrier()
-        out.append(probe_worker(cfg))
-    return out
+    skipped), one after another (every run's `mesh.build_groups` makes the ranks meet first)."""
+    return [probe_worker(cfg) for cfg in cfgs]
 
 
 def probe_worker(cfg_dict: dict[str, Any]) -> float:

@@ -132,10 +132,12 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     cores = host.machine_cores()
     worlds: dict[int, list[tuple[str, dict[str, Any]]]] = {}
     tp = min(2, cores)
+    # the sync points' two loads: (ranks per core, DP beside the TP pairs)
+    loads = ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp))
     if not on_gpu and cores >= 2:
         for n, key in ((cores, "corun_slowdown"), (2 * cores, "oversubscribed_slowdown")):
             worlds.setdefault(n, []).append((key, probes.reference_config(steps=steps, dp=n)))
-        for rpc, dp in ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp)):
+        for rpc, dp in loads:
             for k, cfg in enumerate(probes.sync_configs(steps, tp, dp)):
                 worlds.setdefault(tp * dp, []).append((f"sync {rpc} {k}", cfg))
         # the speed check `bench fidelity` repeats in each world it launches, at the world's size
@@ -160,7 +162,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     tp_step = next(got[label] for label, cfg in cfg_of.items() if cfg == tp_cfg)
     sync_runs: dict[str, Any] = {}
     if not on_gpu and cores >= 2:
-        for rpc, dp in ((tp / cores, cores // tp), (2 * tp / cores, 2 * cores // tp)):
+        for rpc, dp in loads:
             pairs = [(cfg_of[f"sync {rpc} {k}"], got[f"sync {rpc} {k}"]) for k in range(len(probes.SYNC_SHAPES))]
             sync_runs[str(rpc)] = {"tp": tp, "dp": dp, "ranks": tp * dp, "runs": pairs}
     if probes.solo_passes(quick) > 1:
