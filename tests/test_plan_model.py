@@ -208,6 +208,13 @@ def test_attention_kernel_generation():
         make_cluster("a100-80gb", 8).device.attn_eff
     with pytest.raises(HardwareError, match="Hopper"):
         make_cluster("a100-80gb", 8, attention_kernel="fa3")
+    # B200: cuDNN's fused attention by default (no FlashAttention-3 on Blackwell), FA2 at its own share
+    from par3d.plan.hardware import FA2_B200, FA_B200_CUDNN
+
+    assert make_cluster("b200", 8).device.attn_eff == FA_B200_CUDNN
+    assert make_cluster("b200", 8, attention_kernel="fa2").device.attn_eff == FA2_B200 < FA_B200_CUDNN
+    with pytest.raises(HardwareError, match="Hopper"):
+        make_cluster("b200", 8, attention_kernel="fa3")
     m = CATALOGUE["llama3-70b"]
     c = Choice(8, 1, 1, 1, 1, recompute="none", sequence_parallel=True)
     fa2 = evaluate(m, make_cluster("h100-sxm", 8, attention_kernel="fa2"), c)

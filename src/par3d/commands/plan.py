@@ -118,7 +118,8 @@ def register(sub) -> None:
                         "unfused attention (s² scores written, softmax and dropout over them) and stores them")
     g.add_argument("--attention-kernel", choices=("fa2", "fa3"), default=None,
                    help="the FlashAttention generation to price: fa2 (FlashAttention-2, ~35 %% of peak on H100) "
-                        "or fa3 (FlashAttention-3, Hopper and newer; ~53 %%) (default: the newest the GPU has)")
+                        "or fa3 (FlashAttention-3, Hopper only; ~53 %%) (default: the newest the GPU has; on B200 "
+                        "cuDNN's fused attention, ~38 %%)")
     g.add_argument("--cp-comm", choices=("ring", "all-gather"), default="ring",
                    help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
                         "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "

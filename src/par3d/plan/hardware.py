@@ -161,29 +161,47 @@ def _gemm(family: str) -> dict[str, float]:
 # (FLOPs counted as FlashAttention counts them: the causal half):
 # - A100: FlashAttention-2 reaches ~190 TFLOP/s fwd+bwd at 2K-8K tokens (Dao 2023, "FlashAttention-2",
 #   Fig. 6) → 0.60 of 312;
-# - H100/H200/B200: FlashAttention-3 reaches ~500-550 TFLOP/s fwd+bwd BF16 (Shah et al. 2024,
-#   "FlashAttention-3", backward and forward benchmarks) → 0.53 of 989; B200 takes the same share.
+# - H100/H200: FlashAttention-3 reaches ~500-550 TFLOP/s fwd+bwd BF16 (Shah et al. 2024,
+#   "FlashAttention-3", backward and forward benchmarks) → 0.53 of 989.
 FA_A100, FA_HOPPER = 0.60, 0.53
 # FlashAttention-2 on H100: "only 35 % utilization" (Shah et al. 2024, FlashAttention-3, abstract) →
-# 0.35 of 989, for runs that predate FlashAttention-3 (`attention_kernel="fa2"`); B200 takes it too.
+# 0.35 of 989, for runs that predate FlashAttention-3 (`attention_kernel="fa2"`).
 FA2_HOPPER = 0.35
+# B200: FlashAttention-3 is Hopper-only (sm90); Transformer Engine's fused attention on Blackwell is
+# cuDNN's.  NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training (artifacts/
+# sdpa_bf16_benchmark_results_NVIDIA_B200.csv, cuDNN 9.13, NGC PyTorch 25.09), BF16, causal, head dim 128,
+# 128 query / 8 K/V heads, 8,192 tokens: forward 1.877 ms, backward 5.833 ms for a causal forward of
+# 2.20 TFLOP → 3 × 2.20 TFLOP / 7.71 ms = 855 TFLOP/s in this model's count (backward = 2 × forward)
+# → 0.38 of 2250.  The same file's FlashAttention-2 (2.7.4) takes 22.79 ms → 290 TFLOP/s → 0.129.
+# Measured at 8,192 tokens (the B200 rows' sequence length); the rate rises with length (4,096: 0.28,
+# 16,384: 0.43 by the same count), which one share per GPU does not follow.
+FA_B200_CUDNN, FA2_B200 = 0.38, 0.129
 ATTENTION_KERNELS = ("fa2", "fa3")
+# The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
+# the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
+_KERNEL_SHARES: dict[str, dict[str, float]] = {
+    "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
+    "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
+    "b200": {"fa2": FA2_B200},
+}
 
 
 def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
     """The device with the FlashAttention generation a run used (None: the newest the GPU has:
-    FlashAttention-3 on H100/H200/B200, FlashAttention-2 on A100)."""
+    FlashAttention-3 on H100/H200, cuDNN's fused attention on B200, FlashAttention-2 on A100).  A GPU
+    described by a hardware file (or a catalogue GPU whose `attn_eff` it overrides) is priced as Hopper
+    when its share is Hopper's FA3 one, else keeps its `attn_eff` for "fa2" and refuses "fa3"."""
     if kernel is None or not dev.flash:
         return dev
-    hopper = dev.attn_eff == FA_HOPPER  # the catalogue's Hopper/Blackwell entries
-    if kernel == "fa3":
-        if not hopper:
-            raise HardwareError(f"attention kernel 'fa3': FlashAttention-3 needs Hopper or newer (H100, H200, "
-                                f"B200), not {dev.name}; use 'fa2'")
-        return dev
-    if kernel == "fa2":
-        return replace(dev, attn_eff=FA2_HOPPER) if hopper else dev
-    raise HardwareError(f"attention kernel {kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel not in ATTENTION_KERNELS:
+        raise HardwareError(f"attention kernel {kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    shares = _KERNEL_SHARES.get(dev.name)
+    if shares is None or (dev.name in DEVICES and dev.attn_eff != DEVICES[dev.name].attn_eff):
+        shares = _KERNEL_SHARES["h100-sxm"] if dev.attn_eff == FA_HOPPER else {"fa2": dev.attn_eff}
+    if kernel not in shares:
+        raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200) only, "
+                            f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
+    return replace(dev, attn_eff=shares[kernel])
 
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
@@ -195,7 +213,7 @@ DEVICES: dict[str, Device] = {
     "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132, gemm=_gemm("h200"),
                    attn_eff=FA_HOPPER),
     "b200": Device("b200", _peaks(2250, 80, 4500), 8000 * GB, 180 * GB, 148, gemm=_gemm("b200"),
-                   attn_eff=FA_HOPPER),
+                   attn_eff=FA_B200_CUDNN),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200"}
