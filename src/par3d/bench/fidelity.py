@@ -454,9 +454,11 @@ def register(bsub: Any) -> None:
     ap.add_argument("--one-world", action="store_true",
                     help="run every layout in one 4-rank world (smaller layouts on its first ranks) instead "
                          "of one world per size")
-    ap.add_argument("--rounds", type=int, default=2,
+    ap.add_argument("--rounds", type=int, default=3,
                     help="launch every world this many times in turn and take the median of all of a "
-                         "layout's steps, so the machine's drift falls on every layout alike (default 2)")
+                         "layout's steps, so the machine's drift falls on every layout alike and one launch "
+                         "that runs fast or slow as a whole does not set the median (default 3; every other "
+                         "round runs a world's layouts in reverse order)")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not run the speed check in each world (by default each world runs the "
                          "calibration's speed check first and last, and the predictions scaled by how fast "
