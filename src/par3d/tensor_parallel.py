@@ -4,6 +4,7 @@
   RowParallelLinear      "reduce output":    W split by input columns; leaves it with g
   VocabParallelEmbedding the table split by vocabulary rows; partial lookups summed with g
   vocab_parallel_cross_entropy  the loss over vocabulary-sharded logits, never gathering them
+                                (one rank: torch's fused cross-entropy, the same loss)
 
 With a TP group of size one every layer is the plain layer (f and g are identities), so the
 same code on one process is the reference every parallel run is compared with.
@@ -205,5 +206,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def vocab_parallel_cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, group: Group,
                                  vocab_start: int, vocab: int) -> torch.Tensor:
-    """Per-token loss [b, s] in fp32 from this rank's logits [b, s, V_pad/E]."""
+    """Per-token loss [b, s] in fp32 from this rank's logits [b, s, V_pad/E].
+
+    A TP group of one holds the whole vocabulary: then torch's fused log-softmax + NLL (two
+    kernels forward and two backward) computes the same loss as the sharded version's ~15 small
+    ops and their Python, which on the pipeline benchmark's last stage (b 2, s 64, V 256, one CPU
+    thread) cost ~0.5 ms per micro-batch more, forward and backward — ~4 % of that stage's work
+    (benchmarks/README.md, "Pipeline rows").  TP > 1 keeps the sharded version, and the
+    equivalence tests compare it with this one."""
+    if group.size == 1:
+        logits = logits_local.float()
+        if logits.shape[-1] > vocab:  # padding columns (none at tp 1 today; kept out all the same)
+            logits = logits[..., :vocab]
+        return F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
     return _VocabParallelCrossEntropy.apply(logits_local.float(), target, group, vocab_start, vocab)

@@ -5,7 +5,8 @@ timed — so the measured timeline this records (same `Event` format) can be lai
 predicted one.
 
 What a stage computes is separate from how the list is walked: `ModelStage` runs the chunks
-with autograd (saved-tensor hooks measure activation memory, the last stage's loss is summed),
+with autograd (saved-tensor hooks measure activation memory, on the first forward of each
+chunk and input shape; the last stage's loss is summed),
 `SyntheticStage` only waits (`--synthetic-stage-ms`, the seed's section 3.3 experiment), so
 that experiment measures exactly this walk: receives, sends, events, counters.
 
@@ -101,10 +102,13 @@ class ActivationMeter:
         self.current, self.current_bytes = set(), 0
 
     def end(self) -> int:
-        n = self.current_bytes
+        """The bytes saved since `begin`, now live."""
+        self.add(self.current_bytes)
+        return self.current_bytes
+
+    def add(self, n: int) -> None:
         self.live += n
         self.peak = max(self.peak, self.live)
-        return n
 
     def free(self, n: int) -> None:
         self.live -= n
@@ -119,14 +123,20 @@ class StepResult:
 
 
 class ModelStage:
-    """Runs this rank's model chunks: forwards with saved-tensor hooks (activation memory), the
-    loss on the last stage, backwards (whole, or split into BI and BW for zero-bubble)."""
+    """Runs this rank's model chunks: forwards (with saved-tensor hooks measuring activation
+    memory the first time, see `saved_bytes`), the loss on the last stage, backwards (whole, or split into BI and BW for zero-bubble)."""
 
     def __init__(self, chunks: list[nn.Module], p: int, n_stages: int, chunk_of: dict[int, int]):
         self.chunks, self.p, self.last = chunks, p, n_stages - 1
         self.chunk_of = chunk_of  # this rank's stage -> index into chunks
         self.meter = ActivationMeter([q for c in chunks for q in c.parameters()])
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t)
+        # bytes a forward saves, by what decides them: the chunk, its input's and targets' shapes
+        # and dtype, grad mode, train mode.  Counted (hooks on) the first time a key is seen, then
+        # reused: the hooks cost ~3 % of a forward + backward (one Python call per saved tensor,
+        # ~100 per 4-block stage; benchmarks/README.md, "Pipeline rows"), and nothing these
+        # chunks save depends on the data (no data-dependent shapes), so the count cannot change.
+        self.saved_bytes: dict[tuple[Any, ...], int] = {}
 
     def begin_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float) -> None:
         self.microbatches, self.loss_scale = microbatches, loss_scale
@@ -145,11 +155,19 @@ class ModelStage:
         x, targets = self.microbatches[a.microbatch]
         # a received activation is the transport's buffer: a fresh tensor of it becomes the leaf
         inp = None if received is None else received.detach().requires_grad_(True)
-        self.meter.begin()
-        with self.hooks:
-            out = self.chunks[self.chunk_of[a.stage]](x if inp is None else inp,
-                                                      targets if a.stage == self.last else None)
-        saved = self.meter.end()
+        chunk, src = self.chunks[self.chunk_of[a.stage]], (x if inp is None else inp)
+        tgt = targets if a.stage == self.last else None
+        key = (a.stage, src.shape, src.dtype, None if tgt is None else tgt.shape, torch.is_grad_enabled(),
+               chunk.training)
+        saved = self.saved_bytes.get(key)
+        if saved is None:
+            self.meter.begin()
+            with self.hooks:
+                out = chunk(src, tgt)
+            saved = self.saved_bytes[key] = self.meter.end()
+        else:
+            out = chunk(src, tgt)
+            self.meter.add(saved)
         self.per_mb = max(self.per_mb, saved)
         if a.stage == self.last:
             out = out.sum() * self.loss_scale
