@@ -210,9 +210,9 @@ def vocab_parallel_cross_entropy(logits_local: torch.Tensor, target: torch.Tenso
 
     A TP group of one holds the whole vocabulary: then torch's fused log-softmax + NLL (two
     kernels forward and two backward) computes the same loss as the sharded version's ~15 small
-    ops and their Python, which on the pipeline benchmark's last stage (b 2, s 64, V 256, one CPU
-    thread) cost ~0.5 ms per micro-batch more, forward and backward — ~4 % of that stage's work
-    (benchmarks/README.md, "Pipeline rows").  TP > 1 keeps the sharded version, and the
+    ops and their Python, which on the peers benchmark's last stage (b 2, s 64, V 256, one CPU
+    thread) cost 0.3-0.5 ms more per micro-batch, forward and backward: 2-3 % of that stage's
+    work (benchmarks/README.md, "Reading the rows").  TP > 1 keeps the sharded version, and the
     equivalence tests compare it with this one."""
     if group.size == 1:
         logits = logits_local.float()

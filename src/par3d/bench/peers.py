@@ -71,9 +71,10 @@ SLOWER_BECAUSE: dict[str, str] = {
           "all-reduce overlapped with backward and a fused AdamW; on one process par3d's step is within "
           "a few per cent of DDP + clip_grad_norm_ + fused AdamW either way, so a ratio near 1 is parity "
           "and its side of 1 is decided by how the OS schedules the ranks' gloo threads",
-    "pp": "PipelineRuntime.run_step shows no measurable overhead on one process (vs a plain loop over "
-          "the same micro-batches: within 2%); with more ranks than cores, step time follows how the "
-          "OS schedules ranks blocked in receives, which varies from run to run",
+    "pp": "both runtimes run the same actions in the same order with the same dependency chain, and "
+          "par3d's stage does the same work per micro-batch as torch's (profiled: event timelines per "
+          "rank and each stage's work timed alone); with more ranks than cores, step time follows how "
+          "the OS schedules ranks blocked in receives, which varies from run to run",
     "tp_block": "not expected: both blocks have one fused QKV GEMM and do 2 all-reduces forward and 2 "
                 "backward; torch's adds DTensor dispatch around each parallel linear",
 }

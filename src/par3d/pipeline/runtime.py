@@ -133,8 +133,8 @@ class ModelStage:
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.meter.pack, lambda t: t)
         # bytes a forward saves, by what decides them: the chunk, its input's and targets' shapes
         # and dtype, grad mode, train mode.  Counted (hooks on) the first time a key is seen, then
-        # reused: the hooks cost ~3 % of a forward + backward (one Python call per saved tensor,
-        # ~100 per 4-block stage; benchmarks/README.md, "Pipeline rows"), and nothing these
+        # reused: the hooks cost 2-4 % of a forward + backward (one Python call per saved tensor,
+        # ~100 per 4-block stage; benchmarks/README.md, "Reading the rows"), and nothing these
         # chunks save depends on the data (no data-dependent shapes), so the count cannot change.
         self.saved_bytes: dict[tuple[Any, ...], int] = {}
 
