@@ -10,7 +10,7 @@ import pytest
 from par3d.calibrate import fit_collectives, fit_gemm, fit_link, lstsq2
 from par3d.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
 from par3d.plan import comm as plan_comm
-from par3d.plan.hardware import GB, US, Link, load_hardware_file
+from par3d.plan.hardware import GB, US, Link, hardware_from_dict, load_hardware_file
 from par3d.plan.profile import contention, profile_of
 from par3d.predict import predict, predict_step_time
 
@@ -166,6 +166,22 @@ def test_contention_follows_the_busy_ranks(tmp_path):
     assert contention(prof, 2, busy=1.0) == pytest.approx(1.0)  # the partner idle: no co-run cost
     assert contention(prof, 2, busy=1.5) == pytest.approx(1.1)  # half way
     assert contention(prof, 4, busy=3.0) == pytest.approx(1.5 * 1.35)
+
+
+def test_fixed_costs_have_their_own_corun_slowdown(tmp_path):
+    prof = _profile(tmp_path, corun_slowdown=1.2, oversubscribed_slowdown=1.5, corun_fixed_slowdown=2.0,
+                    oversubscribed_fixed_slowdown=3.0)
+    assert contention(prof, 2, fixed=True) == pytest.approx(2.0)
+    assert contention(prof, 4, fixed=True) == pytest.approx(2 * 3.0)
+    assert contention(prof, 2) == pytest.approx(1.2)  # the arithmetic's unchanged
+    old = _profile(tmp_path, corun_slowdown=1.2, oversubscribed_slowdown=1.5)  # files without them: alike
+    assert contention(old, 2, fixed=True) == contention(old, 2) and contention(old, 4, fixed=True) == contention(old, 4)
+    # in a prediction: a DP step with more fixed-cost slowdown is slower, by the fixed costs' share only
+    cfg = _cfg(dp=2)
+    base = predict(cfg, hardware_from_dict({**_hardware_dict(), "corun_slowdown": 1.2})).step_time_s
+    more = predict(cfg, hardware_from_dict({**_hardware_dict(), "corun_slowdown": 1.2,
+                                            "corun_fixed_slowdown": 2.2})).step_time_s
+    assert base < more < base * 2.2 / 1.2
 
 
 def test_sync_and_hop_add_to_the_prediction(tmp_path):
@@ -414,6 +430,22 @@ def test_contention_fit_recovers_a_known_slowdown():
     measured = predict(cfg, hardware_from_dict({**hw, "corun_slowdown": 1.3})).step_time_s
     assert fit_contention(hw, cfg.to_dict(), measured, "corun_slowdown") == pytest.approx(1.3, rel=1e-6)
     assert fit_contention(hw, cfg.to_dict(), measured / 2, "corun_slowdown") == 1.0  # never below 1
+
+
+def test_corun_fit_recovers_known_slowdowns_of_arithmetic_and_fixed_costs():
+    from par3d.calibrate.fits import fit_corun
+    from par3d.plan.hardware import hardware_from_dict
+
+    hw = _hardware_dict()
+    # three GPTs from fixed-cost-heavy to arithmetic-heavy, DP over the 2 cores
+    cfgs = [_cfg(dp=2, layers=6, hidden=16), _cfg(dp=2), _cfg(dp=2, layers=2, hidden=192)]
+    truth = {"corun_slowdown": 1.3, "corun_fixed_slowdown": 2.1}
+    runs = [(c.to_dict(), predict(c, hardware_from_dict({**hw, **truth})).step_time_s) for c in cfgs]
+    x, y = fit_corun(hw, runs, "corun_slowdown", "corun_fixed_slowdown")
+    assert (x, y) == (pytest.approx(1.3, rel=1e-6), pytest.approx(2.1, rel=1e-6))
+    # measured faster than the model allows: both at the lower bound, never below 1
+    fast = [(c, t / 3) for c, t in runs]
+    assert fit_corun(hw, fast, "corun_slowdown", "corun_fixed_slowdown") == (1.0, 1.0)
 
 
 def test_host_is_recorded_and_another_host_warned_in_one_line(hw_file, tmp_path, capsys):

@@ -285,6 +285,43 @@ def fit_contention(hw: dict[str, Any], cfg: dict[str, Any], measured_step_s: flo
     return (lo + hi) / 2
 
 
+def fit_corun(hw: dict[str, Any], runs: list[tuple[dict[str, Any], float]], key: str, key_fixed: str,
+              lo: float = 1.0, hi: float = 4.0) -> tuple[float, float]:
+    """The co-run slowdowns `key` (the primitives' arithmetic) and `key_fixed` (the fixed costs per
+    block, action and step) that make the planner's model match DP runs with every rank computing
+    (`runs`: config, measured step), by least squares in relative error.  With every rank of a DP
+    layout computing, the model's step is linear in the two: A + x·arithmetic + y·fixed, read off
+    three predictions per run.  Each clamped to [lo, hi]; one at its bound, the other refitted."""
+    from par3d.config import RunConfig
+    from par3d.plan.hardware import hardware_from_dict
+    from par3d.predict import predict
+
+    def step(run: RunConfig, x: float, y: float) -> float:
+        return predict(run, hardware_from_dict({**hw, key: x, key_fixed: y})).step_time_s
+
+    rows, ys = [], []
+    for cfg, t in runs:
+        run = RunConfig.from_dict(cfg)
+        base = step(run, 1.0, 1.0)
+        arith, fixed = step(run, 2.0, 1.0) - base, step(run, 1.0, 2.0) - base
+        rows.append((arith, fixed))
+        ys.append(t - (base - arith - fixed))  # what the two slowed parts took
+
+    def one(col: int, other: float) -> float:  # the other factor held: least squares of the one left
+        num = sum((y - other * r[1 - col]) * r[col] / (y * y) for r, y in zip(rows, ys, strict=True) if y > 0)
+        den = sum(r[col] * r[col] / (y * y) for r, y in zip(rows, ys, strict=True) if y > 0)
+        return min(hi, max(lo, num / den)) if den > 0 else lo
+
+    x, y = lstsq2(rows, ys) if all(r[1] > 0 for r in rows) else (one(0, 1.0), 1.0)
+    if not lo <= x <= hi:
+        x = min(hi, max(lo, x))
+        y = one(1, x)
+    if not lo <= y <= hi:
+        y = min(hi, max(lo, y))
+        x = one(0, y)
+    return x, y
+
+
 def fit_pipeline_hop(p: int, m: int, stage_ms: float, measured_makespan_s: float) -> dict[str, float]:
     """Seconds a pipeline transfer costs inside a step beyond the α-β fit of isolated sends: the
     seed's §3.3 experiment's makespan beyond the schedule's own, over the number of transfers on
@@ -300,6 +337,6 @@ def fit_pipeline_hop(p: int, m: int, stage_ms: float, measured_makespan_s: float
             "schedule_makespan_s": base, "hops": hops, "hop_s": max(0.0, (measured_makespan_s - base) / hops)}
 
 
-__all__ = ["KINDS", "fit_collective_sync", "fit_collectives", "fit_contention", "fit_gemm", "fit_link", "fit_pipeline_hop",
+__all__ = ["KINDS", "fit_collective_sync", "fit_collectives", "fit_contention", "fit_corun", "fit_gemm", "fit_link", "fit_pipeline_hop",
            "fit_point_sync", "sync_load",
            "fit_primitives", "lstsq", "lstsq2", "rel_rms", "residual_overheads"]

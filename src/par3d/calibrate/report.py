@@ -119,10 +119,13 @@ def summary(hw: dict[str, Any]) -> str:
         lines.append(f"co-run      {hw['corun_slowdown']:.2f}x slower with every core busy, "
                      f"{hw.get('oversubscribed_slowdown', 1.0):.2f}x with twice as many ranks as cores "
                      f"(beyond time-sharing)")
+        if hw.get("corun_fixed_slowdown") is not None:
+            lines.append(f"co-run      fixed costs {hw['corun_fixed_slowdown']:.2f}x with every core busy, "
+                         f"{hw.get('oversubscribed_fixed_slowdown', 1.0):.2f}x with twice as many")
         dp = (hw.get("measurements") or {}).get("reference_dp") or {}
         for key, label in (("corun_slowdown", "every core busy"), ("oversubscribed_slowdown", "twice as many")):
             if dp.get(key, {}).get("fits"):
-                lines.append(f"  {label}: the median of {', '.join(f'{x:.2f}' for x in dp[key]['fits'])} "
+                lines.append(f"  {label}, one factor per GPT: {', '.join(f'{x:.2f}' for x in dp[key]['fits'])} "
                              f"(reference, then the speed check's GPTs)")
     if hw.get("collective_sync"):
         cs = hw["collective_sync"]

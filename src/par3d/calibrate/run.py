@@ -162,7 +162,8 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     for key, n in (("corun_slowdown", cores), ("oversubscribed_slowdown", 2 * cores)):
         if key in got:
             # the reference and the speed check's two calibration GPTs, each with DP over the n ranks
-            # in the same launches: one co-run slowdown for all three (`fit_contention`, the median)
+            # in the same launches: the co-run slowdowns of the arithmetic and of the fixed costs,
+            # fitted on all three together (`fits.fit_corun`; the narrow one is mostly fixed costs)
             dp_runs = [(cfg_of[key], got[key])] + [(cfg_of[f"speed {n} {k}"], got[f"speed {n} {k}"])
                                                    for k in range(len(probes.SPEED_SHAPES))]
             runs[key] = {"dp": n, "step_s": got[key], "_runs": dp_runs}
@@ -191,8 +192,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     # ranks compute side by side): fitted in turn, twice
     for _ in range(1 if sync_runs else 2):
         for key, r in runs.items():
+            fixed_key = key.replace("_slowdown", "_fixed_slowdown")
+            hw.pop(fixed_key, None)  # each GPT's one-factor fit (a diagnostic): fixed costs slowed alike
             r["fits"] = [fits.fit_contention(hw, cfg, t, key) for cfg, t in r["_runs"]]
-            hw[key] = statistics.median(r["fits"])
+            hw[key], hw[fixed_key] = fits.fit_corun(hw, r["_runs"], key, fixed_key)
         if not sync_runs:
             hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
     sync_fits = {}

@@ -304,6 +304,7 @@ class StageTimes:
     # waits inside each action (TP / ZeRO-3 collectives), which need no core
     fixed: list[float] = field(default_factory=list)
     waits: dict[str, list[float]] = field(default_factory=dict)
+    fixed_by: dict[str, list[float]] = field(default_factory=dict)  # the fixed costs inside f, b, bi, bw
 
 
 @dataclass
@@ -801,12 +802,15 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
             st.f_compute[s], st.b_compute[s], st.b_recompute[s] = fc, bc, br
     ov = prof.overheads
     rec_f = 1.0 if c.recompute == "full" else 0.0  # full recompute reruns the blocks' forward
+    st.fixed_by = {"f": [], "b": [], "bi": [], "bw": []}
     for s, n in enumerate(lay.layers):
         f_fix = ov.action_f_s + n * ov.layer_f_s
         b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
         st.f[s] += f_fix
         st.b[s] += b_fix
         st.fixed.append(f_fix + b_fix)
+        for kind, x in (("f", f_fix), ("b", b_fix), ("bi", b_fix), ("bw", b_fix)):  # BW: its own or a whole B's
+            st.fixed_by[kind].append(x)
         st.bi[s] += b_fix  # BI and BW are each one autograd pass: each pays B's fixed cost
         if prof.bw_full_backward:
             # eager zero-bubble: the weight gradients need every layer's activation gradient, which
@@ -1183,23 +1187,26 @@ class Plan:
 
 
 def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
-               busy: list[float]) -> tuple[StageTimes, float]:
+               busy: list[float]) -> tuple[StageTimes, float, float]:
     """The stage durations slowed by the host's cores (a copy; `st` may be cached by the search).
 
     Ranks share the cores only while they compute: a rank waiting in the pipeline bubble, or for
     its partners inside a TP collective, leaves its core to the others.  So the slowdown follows the
     average number of computing ranks, read off the schedule's own simulation (busy time less the
-    collective waits, over the makespan, times the ranks of each stage)."""
+    collective waits, over the makespan, times the ranks of each stage).  The fixed costs inside each
+    action slow by their own factor (`contention(..., fixed=True)`); returns both factors."""
     world = c.gpus
-    slow = contention(prof, world, computing_ranks(st, c, makespan, busy))
-    if slow == 1.0:
-        return st, slow
+    n = computing_ranks(st, c, makespan, busy)
+    slow, slow_fx = contention(prof, world, n), contention(prof, world, n, fixed=True)
+    if slow == 1.0 and slow_fx == 1.0:
+        return st, slow, slow_fx
 
     def scaled(kind: str, lst: list[float]) -> list[float]:
-        return [slow * (t - w) + w for t, w in zip(lst, st.waits[kind])]
+        fx = st.fixed_by.get(kind) or [0.0] * len(lst)
+        return [slow * (t - w - x) + slow_fx * x + w for t, w, x in zip(lst, st.waits[kind], fx, strict=True)]
 
     return replace(st, f=scaled("f", st.f), b=scaled("b", st.b), bi=scaled("bi", st.bi),
-                   bw=scaled("bw", st.bw)), slow
+                   bw=scaled("bw", st.bw)), slow, slow_fx
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
@@ -1215,13 +1222,14 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     if c.pp > 1 and validate:
         validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     prof = cluster.profile
-    slow, overhead = 1.0, 0.0
+    slow = slow_fx = 1.0
+    overhead = 0.0
     if prof is not None:
         if prof.point_sync is not None and (c.tp > 1 or c.cp > 1) and not cluster.hier:
             st = with_point_sync(st, model, c, prof, point_sync_load(st, c, prof, makespan, busy))
             makespan, bubble_wall, busy = simulate_stages(st, c)
-        st, slow = _contended(st, c, prof, makespan, busy)
-        if slow != 1.0:
+        st, slow, slow_fx = _contended(st, c, prof, makespan, busy)
+        if slow != 1.0 or slow_fx != 1.0:
             makespan, bubble_wall, busy = simulate_stages(st, c)
     tail = dp_tail(model, cluster, c, st)
     full = contention(prof, c.gpus)  # the optimizer step runs on every rank at once
@@ -1230,7 +1238,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
         # per step: the runtime's fixed cost, and the loss and gradient-norm reductions over tp,
         # pp and dp (small all-reduces, α-bound)
         small = _in_step(cluster.intra, prof)
-        overhead = full * prof.overheads.step_s + sum(comm.all_reduce(8.0, e, small).total
+        overhead = contention(prof, c.gpus, fixed=True) * prof.overheads.step_s + sum(comm.all_reduce(8.0, e, small).total
                                                       for e in (c.tp, c.pp, c.dp))
     step = makespan + tail + opt + overhead
     # breakdown on the busiest rank: its work, then the idle time split into PP transfers and bubble
@@ -1240,7 +1248,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     m = c.microbatches
     compute = slow * m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
     recompute = slow * m * sum(st.b_recompute[s] for s in stages)
-    actions_fixed = slow * m * sum(st.fixed[s] for s in stages) if st.fixed else 0.0
+    actions_fixed = slow_fx * m * sum(st.fixed[s] for s in stages) if st.fixed else 0.0
     tp_comm = m * sum(st.tp_comm[s] for s in stages)
     cp_comm = m * sum(st.cp_comm[s] for s in stages)
     zero3 = m * sum(st.zero3[s] for s in stages)

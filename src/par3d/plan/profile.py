@@ -26,7 +26,11 @@ second predictor but a *profile* that `cost.py` takes through `Cluster.profile` 
 - `sync` (files written before `collective_sync`): one constant per collective message step,
   added to every link's α;
 - `cores`, `corun`, `oversub`: busy ranks beyond the host's cores time-share them, and ranks
-  running side by side slow each other (shared caches, memory bandwidth);
+  running side by side slow each other (shared caches, memory bandwidth); `corun_fixed`,
+  `oversub_fixed`: the same for the fixed costs (the Python and autograd bookkeeping around the
+  primitives, per block, action and step), which lose more to a second rank than the arithmetic
+  does — both pairs fitted together on three calibration GPTs (files without them: the fixed costs
+  slow like the arithmetic);
 - `solo`: how much slower the primitives run inside a whole model's step on one rank than timed
   one by one (a primitive repeated alone keeps its operands hot in the caches; in a step forty
   kernels follow each other), measured by `par3d calibrate` on its calibration GPTs at one rank;
@@ -120,6 +124,8 @@ class Profile:
     solo: float = 1.0
     corun: float = 1.0
     oversub: float = 1.0
+    corun_fixed: float | None = None  # None: as `corun` / `oversub`
+    oversub_fixed: float | None = None
     bw_full_backward: bool = False
     kernels: KernelModel | None = None
     cp_link: Link | None = None
@@ -131,7 +137,8 @@ class Profile:
         return next((lk for k, lk in self.collectives if k == kind), None)
 
 
-RUNTIME_KEYS = ("overheads", "links", "cores", "solo_slowdown", "corun_slowdown", "oversubscribed_slowdown", "collective_sync_us",
+RUNTIME_KEYS = ("overheads", "links", "cores", "solo_slowdown", "corun_slowdown", "oversubscribed_slowdown",
+                "corun_fixed_slowdown", "oversubscribed_fixed_slowdown", "collective_sync_us",
                 "collective_sync", "pipeline_hop_us", "kernels")
 
 
@@ -166,6 +173,8 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         solo=float(x.get("solo_slowdown", 1.0) or 1.0),
         corun=corun,
         oversub=float(x.get("oversubscribed_slowdown", corun) or corun),
+        corun_fixed=float(x["corun_fixed_slowdown"]) if x.get("corun_fixed_slowdown") else None,
+        oversub_fixed=float(x["oversubscribed_fixed_slowdown"]) if x.get("oversubscribed_fixed_slowdown") else None,
         bw_full_backward=bool(rt.get("bw_full_backward", RUNTIME_BW_FULL_BACKWARD)),
         kernels=kernels,
         cp_link=Link("cp", cpl["alpha_us"] * US, cpl["bw_gbps"] * GB) if cpl else None,
@@ -173,20 +182,25 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         point_sync=point_sync)
 
 
-def contention(prof: Profile | None, world: int, busy: float | None = None) -> float:
+def contention(prof: Profile | None, world: int, busy: float | None = None, fixed: bool = False) -> float:
     """How much slower each rank computes when `world` ranks share the host's cores, `busy` of them
     computing at any moment on average (default: all): busy ranks beyond the cores time-share
     them (busy/cores), and ranks running side by side slow each other — the calibrated co-run
     slowdown: 1 alone, `corun` with every core busy, `oversub` with twice as many busy ranks as
-    cores; linear in between, flat beyond."""
+    cores; linear in between, flat beyond.  `fixed`: the slowdown of the fixed costs
+    (`corun_fixed`, `oversub_fixed`) instead of the arithmetic's."""
     if prof is None or not prof.cores or world == 1:
         return 1.0
     busy = world if busy is None else busy
     k = prof.cores
+    corun, oversub = prof.corun, prof.oversub
+    if fixed:
+        corun = prof.corun_fixed if prof.corun_fixed is not None else corun
+        oversub = prof.oversub_fixed if prof.oversub_fixed is not None else oversub
     if busy <= k:
-        extra = 1.0 + (prof.corun - 1.0) * max(0.0, busy - 1.0) / max(1, k - 1)
+        extra = 1.0 + (corun - 1.0) * max(0.0, busy - 1.0) / max(1, k - 1)
     else:
-        extra = prof.corun + (prof.oversub - prof.corun) * min(1.0, (busy - k) / k)
+        extra = corun + (oversub - corun) * min(1.0, (busy - k) / k)
     return max(1.0, busy / k) * extra
 
 
