@@ -300,11 +300,12 @@ class StageTimes:
     zero3: list[float]  # exposed ZeRO-3 gathers/scatters, F + B
     transfer: float
     cp_comm: list[float] = field(default_factory=list)  # exposed ring-attention K/V exchange, F + B
-    # with a runtime profile (plan/profile.py): the fixed costs added per stage (F + B), and the
-    # waits inside each action (TP / ZeRO-3 collectives), which need no core
-    fixed: list[float] = field(default_factory=list)
+    # with a runtime profile (plan/profile.py): the fixed costs added per stage to F and to each
+    # backward pass (B, and BI and BW alike: each is one autograd pass), and the waits inside each
+    # action (TP / ZeRO-3 collectives), which need no core
+    fixed_f: list[float] = field(default_factory=list)
+    fixed_b: list[float] = field(default_factory=list)
     waits: dict[str, list[float]] = field(default_factory=dict)
-    fixed_by: dict[str, list[float]] = field(default_factory=dict)  # the fixed costs inside f, b, bi, bw
 
 
 @dataclass
@@ -802,15 +803,13 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
             st.f_compute[s], st.b_compute[s], st.b_recompute[s] = fc, bc, br
     ov = prof.overheads
     rec_f = 1.0 if c.recompute == "full" else 0.0  # full recompute reruns the blocks' forward
-    st.fixed_by = {"f": [], "b": [], "bi": [], "bw": []}
     for s, n in enumerate(lay.layers):
         f_fix = ov.action_f_s + n * ov.layer_f_s
         b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
         st.f[s] += f_fix
         st.b[s] += b_fix
-        st.fixed.append(f_fix + b_fix)
-        for kind, x in (("f", f_fix), ("b", b_fix), ("bi", b_fix), ("bw", b_fix)):  # BW: its own or a whole B's
-            st.fixed_by[kind].append(x)
+        st.fixed_f.append(f_fix)
+        st.fixed_b.append(b_fix)
         st.bi[s] += b_fix  # BI and BW are each one autograd pass: each pays B's fixed cost
         if prof.bw_full_backward:
             # eager zero-bubble: the weight gradients need every layer's activation gradient, which
@@ -1202,7 +1201,7 @@ def _contended(st: StageTimes, c: Choice, prof: Profile, makespan: float,
         return st, slow, slow_fx
 
     def scaled(kind: str, lst: list[float]) -> list[float]:
-        fx = st.fixed_by.get(kind) or [0.0] * len(lst)
+        fx = (st.fixed_f if kind == "f" else st.fixed_b) or [0.0] * len(lst)
         return [slow * (t - w - x) + slow_fx * x + w for t, w, x in zip(lst, st.waits[kind], fx, strict=True)]
 
     return replace(st, f=scaled("f", st.f), b=scaled("b", st.b), bi=scaled("bi", st.bi),
@@ -1248,7 +1247,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     m = c.microbatches
     compute = slow * m * sum(st.f_compute[s] + st.b_compute[s] for s in stages)
     recompute = slow * m * sum(st.b_recompute[s] for s in stages)
-    actions_fixed = slow_fx * m * sum(st.fixed[s] for s in stages) if st.fixed else 0.0
+    actions_fixed = slow_fx * m * sum(st.fixed_f[s] + st.fixed_b[s] for s in stages) if st.fixed_f else 0.0
     tp_comm = m * sum(st.tp_comm[s] for s in stages)
     cp_comm = m * sum(st.cp_comm[s] for s in stages)
     zero3 = m * sum(st.zero3[s] for s in stages)
