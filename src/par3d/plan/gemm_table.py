@@ -19,21 +19,25 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
   1767-1918 MHz against the 1980 MHz burst); B200 SXM 1439 BF16, 2788 FP8 (975-987 W, ~1400-1450
   MHz against 1965).  The table has no MSMF for H100 SXM or A100 SXM.
-- `sustained`: the share of `mamf` a GPU keeps inside a real training step, for hours, at its
-  power limit (MAMF is a short burst at boost clock) = MSMF / MAMF of the same measurement.
+- `sustained`: the share of `mamf` a GPU's GEMMs keep for hours at its power limit, as in a training
+  step (MAMF is a short burst at boost clock) = MSMF / MAMF of the same measurement.
   * H200: 755/850 = 0.888 (BF16), 1354/1525 = 0.888 (FP8).  B200: 1439/1737 = 0.828 (BF16),
     2788/3350 = 0.832 (FP8).  Not fitted.
   * H100 SXM: H200's ratios (same GH100 die, same 700 W limit and clocks; only HBM differs, which a
     compute-bound GEMM barely sees), applied to H100's own MAMF: 706 BF16, 1246 FP8.  Not fitted.
-  * A100 — **fitted**: 0.926 × 0.91 = 0.843, the one number that makes the ten rows of Narayanan
-    et al. 2021 Table 1 average zero error (validation.toml; with 0.926 they average +6.5 %).  0.926
-    is the HPL sustained-clock ratio: 1305 MHz is the clock an A100 sustains at its 400 W limit
-    running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised by G. Lockwood,
-    "Peak FLOPS", glennklockwood.com).  It is the only throughput constant set from a validation
-    row; every other row is out of sample.  The per-layer times of Korthikanti et al. 2022 Table 4
-    (22B layer, TP 8, micro-batch 4: 7.7 ms forward, 11.9 ms backward) are matched within 1 % at
-    0.926 and within 8 % at 0.843: the fitted share also carries what a whole step adds to its
-    layers (launch gaps, stragglers, logging).
+  * A100: the HPL sustained-clock ratio 1305/1410 = 0.926: 1305 MHz is the clock an A100 sustains
+    at its 400 W limit running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised
+    by G. Lockwood, "Peak FLOPS", glennklockwood.com).  Not fitted.
+- `STEP_SHARE` = 0.91 — **fitted**, the one throughput constant set from validation rows: the share
+  of its layers' GEMM rate a whole training step keeps (launch gaps between kernels, stragglers
+  across thousands of GPUs, the data loader, logging), the number that makes the ten rows of
+  Narayanan et al. 2021 Table 1 average zero error (validation.toml; at 0.926 alone they average
+  +6.5 %).  It is a property of a step, not of the A100's silicon: the per-layer times of
+  Korthikanti et al. 2022 Table 4 (22B layer, TP 8, micro-batch 4: 7.7 ms forward, 11.9 ms backward)
+  are matched within 1 % at the clock ratio alone, so the layers need no more and the 0.91 is what
+  the step adds.  It therefore applies to every GPU (until issue 12's fourth round it applied to the
+  A100 only, and every NVIDIA H100/B200 row came out fast, +0.6 … +13.9 %: docs/planner.md §9).
+  The share of peak a GEMM reaches is mamf/peak × sustained × `STEP_SHARE`.
   `par3d calibrate` on a GPU replaces these with measured ones.
 
 `hardware.py` builds each catalogue device's `gemm` entry from this table; a hardware file may
@@ -43,7 +47,7 @@ carry its own (`par3d calibrate` on a GPU writes one: see `hardware.gemm_entry_f
 from __future__ import annotations
 
 HPL_SUSTAINED = 1305.0 / 1410.0  # A100's HPL sustained clock / boost clock (see above)
-SUSTAINED_A100 = HPL_SUSTAINED * 0.91  # fitted to Narayanan et al. 2021 Table 1 (see above)
+STEP_SHARE = 0.91  # a whole step's share of its layers' GEMM rate: fitted to Narayanan et al. 2021 Table 1
 
 # gpu family -> dtype -> (peak TFLOP/s, MAMF TFLOP/s, MSMF TFLOP/s or None where not measured)
 TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
@@ -55,13 +59,14 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
 }
 # a GPU without its own MSMF takes the sustained/burst ratio of the GPU with the same die and power limit
 SAME_DIE: dict[str, str] = {"h100": "h200"}
-SUSTAINED_FITTED: dict[str, float] = {"a100": SUSTAINED_A100}
+# a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
+SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 
 
 def sustained_ratio(family: str, dtype: str) -> float:
-    """MSMF / MAMF for this GPU and dtype (its own, else its same-die sibling's; A100: the fitted share)."""
-    if family in SUSTAINED_FITTED:
-        return SUSTAINED_FITTED[family]
+    """MSMF / MAMF for this GPU and dtype (its own, else its same-die sibling's; A100: the HPL clock ratio)."""
+    if family in SUSTAINED_CLOCK:
+        return SUSTAINED_CLOCK[family]
     for fam in (family, SAME_DIE.get(family)):
         row = TABLE.get(fam or "", {}).get(dtype)
         if row is not None and row[2] is not None:
@@ -70,12 +75,13 @@ def sustained_ratio(family: str, dtype: str) -> float:
 
 
 def achievable_fraction(family: str, dtype: str) -> float | None:
-    """Sustained achievable share of peak for a large GEMM: mamf/peak × sustained; None if unknown."""
+    """The share of peak a large GEMM reaches inside a training step: mamf/peak × sustained ×
+    `STEP_SHARE`; None if unknown."""
     row = TABLE.get(family, {}).get(dtype)
     if row is None:
         return None
     peak, mamf, _ = row
-    return mamf / peak * sustained_ratio(family, dtype)
+    return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
 
 
-__all__ = ["TABLE", "SAME_DIE", "achievable_fraction", "sustained_ratio"]
+__all__ = ["STEP_SHARE", "TABLE", "SAME_DIE", "achievable_fraction", "sustained_ratio"]
