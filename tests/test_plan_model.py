@@ -378,3 +378,20 @@ def test_hardware_dict_round_trip_keeps_the_table():
     assert hw.inter.beta == pytest.approx(cl.inter.beta)
     flat = hardware_from_dict({"device": {"base": "a100-80gb", "efficiency": 0.5}})
     assert flat.device.kernel_model == "flat"
+
+
+def test_step_share_applies_to_every_gpu():
+    """gemm_table: the one fitted constant (the step share, Narayanan Table 1) multiplies every GPU's
+    GEMM share on top of its sustained clock ratio (docs/planner.md §1, issue 12's fourth round)."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import DEVICES
+
+    assert gt.STEP_SHARE == 0.91
+    for family, dtypes in gt.TABLE.items():
+        for dtype, (peak, mamf, _) in dtypes.items():
+            clock = gt.sustained_ratio(family, dtype)
+            assert 0.8 < clock < 0.95  # a clock ratio (MSMF/MAMF or HPL), not a fitted share
+            assert gt.achievable_fraction(family, dtype) == pytest.approx(mamf / peak * clock * gt.STEP_SHARE)
+    assert gt.sustained_ratio("a100", "bf16") == pytest.approx(1305 / 1410)
+    assert gt.sustained_ratio("h100", "fp8") == pytest.approx(1354 / 1525)  # H200's, same die
+    assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * 755 / 850 * 0.91)
