@@ -157,3 +157,40 @@ def test_run_options_are_typed():
     assert RunOptions.of({"quiet": True, "stop_at_step": 4}) == RunOptions(quiet=True, stop_at_step=4)
     with pytest.raises(TypeError, match="nan_loss_at_step"):  # faults go through RunOptions.faults
         RunOptions.of({"nan_loss_at_step": 1})
+
+
+def _reports_lost_peer(conn) -> None:
+    import pickle as _p
+
+    conn.send_bytes(_p.dumps(("error", "RuntimeError: Connection closed by peer", None, time.time())))
+    time.sleep(30)
+
+
+def _killed_a_moment_later() -> None:
+    import signal as _s
+
+    time.sleep(0.3)
+    os.kill(os.getpid(), _s.SIGKILL)
+
+
+def test_a_death_seen_just_after_a_peers_error_is_the_reported_cause():
+    """The launcher's race: a peer's "connection closed" is read before the killed rank's exit shows;
+    the death (the cause) must still be what is reported, not the peer's symptom."""
+    import multiprocessing as mp
+
+    from par3d import distributed
+
+    ctx = mp.get_context("fork")
+    r0, s0 = ctx.Pipe(duplex=False)
+    r1, s1 = ctx.Pipe(duplex=False)
+    procs = [ctx.Process(target=_reports_lost_peer, args=(s0,)), ctx.Process(target=_killed_a_moment_later)]
+    for p in procs:
+        p.start()
+    s0.close()
+    s1.close()
+    try:
+        with pytest.raises(distributed.RankFailure) as e:
+            distributed._wait(procs, [r0, r1], 20.0)
+        assert e.value.rank == 1 and e.value.error == "killed by signal SIGKILL"
+    finally:
+        distributed._stop(procs)

@@ -51,6 +51,7 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_POR
 
 # How long a SIGTERM'd rank may take to go before it gets SIGKILL.
 _TERM_GRACE_S = 3.0
+DEATH_GRACE_S = 1.0  # after a reported error, how long to look for the rank death that may have caused it
 
 
 class RankFailure(RuntimeError):
@@ -346,6 +347,17 @@ def _wait(procs: list[Any], conns: list[mp_connection.Connection], wall_timeout_
             else:
                 what = "" if p.exitcode else " without returning a result"
                 deaths.append(RankFailure(rank, f"exited with code {p.exitcode}{what}"))
+        if errors and not deaths:
+            # A peer's "connection closed" can be read before the death that caused it shows (the
+            # killed rank's sentinel fires a moment later): give the others a moment to show one.
+            t_end = time.monotonic() + DEATH_GRACE_S
+            while running and (left := t_end - time.monotonic()) > 0 and not deaths:
+                for sentinel in mp_connection.wait(list(running), left):
+                    rank = running.pop(sentinel)
+                    procs[rank].join()
+                    code = procs[rank].exitcode
+                    if code is not None and code < 0 and rank not in results:  # a signal: never reports
+                        deaths.append(RankFailure(rank, f"killed by signal {_signal_name(code)}"))
         if deaths:
             raise min(deaths, key=lambda f: f.rank)
         if errors:
