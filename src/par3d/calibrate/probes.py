@@ -350,10 +350,15 @@ def solo_passes(quick: bool) -> int:
     return 1 if quick else 3
 
 
+def solo_configs() -> list[dict[str, Any]]:
+    """The one-rank runs of `SOLO_SHAPES` (what `measure_solo` times and the solo slowdown is fitted on)."""
+    return [probe_config(steps=SPEED_STEPS, **shape) for shape in SOLO_SHAPES]
+
+
 def measure_solo() -> dict[str, Any]:
     """Each calibration GPT of `SOLO_SHAPES` on one rank, in this process (one thread): its median
     step time; and the one-rank speed check's total (`speed_check`'s statistic, from the same runs)."""
-    times = [run_probe(probe_config(steps=SPEED_STEPS, **shape))["step_s"] for shape in SOLO_SHAPES]
+    times = [run_probe(cfg)["step_s"] for cfg in solo_configs()]
     speed = sum(t for shape, t in zip(SOLO_SHAPES, times, strict=True) if shape in SPEED_SHAPES)
     return {"step_s": times, "speed_s": speed}
 
@@ -546,5 +551,5 @@ def measure_synthetic(schedule: str, p: int, m: int, tf: float, tb: float, steps
 
 __all__ = ["KINDS", "REFERENCE", "SOLO_SHAPES", "SPEED_SHAPES", "SPEED_STEPS", "SYNC_SHAPES", "SYNC_SMALL", "SYNC_WIDE", "TINY", "collective_worker", "device",
            "measure_gemms", "measure_mem_bw", "measure_overheads", "measure_primitives", "measure_synthetic",
-           "message_sizes", "primitive_sizes", "multi_worker", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_passes", "speed_check", "speed_configs", "sync_configs",
+           "message_sizes", "primitive_sizes", "multi_worker", "probe_config", "probe_worker", "reference_config", "run_probe", "measure_solo", "solo_configs", "solo_passes", "speed_check", "speed_configs", "sync_configs",
            "sync", "time_call"]

@@ -177,7 +177,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         solo.append(probes.measure_solo())
     tick()
     solo_step = [statistics.median(p["step_s"][i] for p in solo) for i in range(len(probes.SOLO_SHAPES))]
-    solo_cfgs = [probes.probe_config(steps=probes.SPEED_STEPS, **shape) for shape in probes.SOLO_SHAPES]
+    solo_cfgs = probes.solo_configs()
     if kernels:  # the arithmetic comes from the primitives: how much slower they run inside a step
         hw["solo_slowdown"] = statistics.median(fits.fit_contention(hw, cfg, t, "solo_slowdown", lo=0.5, hi=3.0)
                                                 for cfg, t in zip(solo_cfgs, solo_step, strict=True))

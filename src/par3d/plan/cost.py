@@ -1237,8 +1237,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
         # per step: the runtime's fixed cost, and the loss and gradient-norm reductions over tp,
         # pp and dp (small all-reduces, α-bound)
         small = _in_step(cluster.intra, prof)
-        overhead = contention(prof, c.gpus, fixed=True) * prof.overheads.step_s + sum(comm.all_reduce(8.0, e, small).total
-                                                      for e in (c.tp, c.pp, c.dp))
+        reductions = sum(comm.all_reduce(8.0, e, small).total for e in (c.tp, c.pp, c.dp))
+        overhead = contention(prof, c.gpus, fixed=True) * prof.overheads.step_s + reductions
     step = makespan + tail + opt + overhead
     # breakdown on the busiest rank: its work, then the idle time split into PP transfers and bubble
     crit = max(range(c.pp), key=lambda r: busy[r])
