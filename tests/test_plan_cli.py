@@ -277,6 +277,25 @@ def test_tp_comm_overlap_flag(capsys):
     assert nosp_on["step_time_s"] == nosp_off["step_time_s"]
 
 
+def test_grad_reduce_in_fp32_flag(capsys):
+    """--grad-reduce-in-fp32: the JSON's hardware says so, the DP reduction costs more and the gradients
+    held are fp32 (twice the seed's 2 B); compute is untouched."""
+    base = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
+            "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
+            "--no-overlap-grad-reduce", "--top", "1", "--json"]
+    runs = []
+    for extra in ((), ("--grad-reduce-in-fp32",)):
+        rc, out, _ = run(capsys, *base, *extra)
+        assert rc == 0
+        d = json.loads(out)
+        runs.append((d["hardware"], d["plans"][0]))
+    (hw16, p16), (hw32, p32) = runs
+    assert hw16["grad_reduce_fp32"] is False and hw32["grad_reduce_fp32"] is True
+    assert p32["breakdown_s"]["compute"] == p16["breakdown_s"]["compute"]
+    assert p32["breakdown_s"]["dp_comm"] > 1.2 * p16["breakdown_s"]["dp_comm"] > 0
+    assert p32["memory_gib"]["grads"] == pytest.approx(2 * p16["memory_gib"]["grads"], rel=1e-3)
+
+
 def test_tp_overlap_exposed_bounds():
     """Each collective costs at least what its ring's unpaired chunk and the chunks' lost efficiency add,
     never more than the collective itself plus that loss; no collective, no TP time beyond that loss."""

@@ -395,3 +395,25 @@ def test_step_share_applies_to_every_gpu():
     assert gt.sustained_ratio("a100", "bf16") == pytest.approx(1305 / 1410)
     assert gt.sustained_ratio("h100", "fp8") == pytest.approx(1354 / 1525)  # H200's, same die
     assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * 755 / 850 * 0.91)
+
+
+def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradients():
+    """`Cluster.grad_reduce_fp32` (Megatron-Core grad_reduce_in_fp32, FSDP reduce_dtype=float32, Llama 3):
+    the DP reduction moves 4 B per gradient instead of 2 and the gradients held are fp32; the updated
+    weights' all-gather (ZeRO-1/2) still moves the training dtype's 2 B."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import _dp_tail_bucketed, grad_bytes, stage_times, weight_bytes
+
+    model = CATALOGUE["llama2-7b"]
+    base = replace(make_cluster("h100-sxm", 64, 8), overlap_grad_reduce=False)  # the whole reduction exposed
+    fp32 = replace(base, grad_reduce_fp32=True)
+    assert (grad_bytes(base), grad_bytes(fp32), weight_bytes(fp32)) == (2.0, 4.0, 2.0)
+    for zero in (0, 1, 2):
+        c = Choice(1, 1, 64, 1, 2, "1f1b", 1, "none", zero, False)
+        t16, t32 = (_dp_tail_bucketed(model, cl, c, stage_times(model, cl, c)) for cl in (base, fp32))
+        assert t32 > 1.5 * t16 if zero == 0 else t32 > 1.2 * t16  # the reduce doubles; the gather does not
+        m16, m32 = (evaluate(model, cl, c).memory for cl in (base, fp32))
+        assert m32.grads == pytest.approx(2 * m16.grads) and m32.weights == pytest.approx(m16.weights)
+    c3 = Choice(1, 1, 64, 1, 2, "1f1b", 1, "none", 3, False)
+    assert evaluate(model, fp32, c3).step_time > evaluate(model, base, c3).step_time  # ZeRO-3's reduce-scatters

@@ -128,6 +128,11 @@ def register(sub) -> None:
                    help="the framework reduces DP gradients bucket by bucket during the backward (default: "
                         "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
                         "it (Megatron-LM before 2023, DeepSpeed's default)")
+    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=False,
+                   help="the framework reduces DP gradients in fp32 and keeps fp32 main gradients (4 B per "
+                        "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
+                        "turns it on for bf16), FSDP reduce_dtype=float32 (torchtitan's default), Llama 3 "
+                        "(default: off, gradients reduced in the training dtype, as NVIDIA's perf recipes do)")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
                         "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
@@ -272,7 +277,8 @@ def _cluster(args: argparse.Namespace):
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
     from dataclasses import replace as _replace
 
-    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, zero3_unit=args.zero3_unit,
+    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, grad_reduce_fp32=args.grad_reduce_in_fp32,
+                  zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "

@@ -420,6 +420,18 @@ def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_g
     return comm.collective(kind, nbytes, ng, stride, cluster).total
 
 
+def grad_bytes(cluster: Cluster) -> float:
+    """Bytes per gradient element in the DP/CP (and K/V replica) reductions: the training dtype's 2 B
+    (the seed's count), or 4 B where the framework reduces in fp32 (`Cluster.grad_reduce_fp32`:
+    Megatron-Core's `grad_reduce_in_fp32`, FSDP's `reduce_dtype=float32`) or trains in fp32."""
+    return 4.0 if cluster.dtype == "fp32" or cluster.grad_reduce_fp32 else 2.0
+
+
+def weight_bytes(cluster: Cluster) -> float:
+    """Bytes per weight element a ZeRO all-gather moves: the training dtype's (fp8 keeps bf16 weights)."""
+    return 4.0 if cluster.dtype == "fp32" else 2.0
+
+
 def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
                    sigma: float) -> tuple[float, float]:
     """Extra forward and backward time of one chunk of n layers under ZeRO-3 with one-layer
@@ -732,19 +744,20 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             if z3_units is None:  # the same sub-modules in every stage
                 comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
                 z3_units = (comp, tuple(grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True) for e in w),
-                            tuple(grad_collective(cluster, c, "reduce_scatter", 2.0 * e, per_gpu_nic=True) for e in w))
+                            tuple(grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * e, per_gpu_nic=True)
+                                  for e in w))
             z3f, z3b = _zero3_submodule_exposed(n, *z3_units, ar, rec_comm, c.recompute, lt.core, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and hier:
-            layer_bytes = 2.0 * model.layer_params_per_rank(c.tp)
-            ag = grad_collective(cluster, c, "all_gather", layer_bytes, per_gpu_nic=True)
-            rs = grad_collective(cluster, c, "reduce_scatter", layer_bytes, per_gpu_nic=True)
+            layer_params = model.layer_params_per_rank(c.tp)
+            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params, per_gpu_nic=True)
+            rs = grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * layer_params, per_gpu_nic=True)
             z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs,
                                       c.recompute == "full", dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
             ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
-            rs = comm.reduce_scatter(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
+            rs = comm.reduce_scatter(grad_bytes(cluster) * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
         f = fc + f_tp + f_cp + z3f
@@ -962,6 +975,12 @@ def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float
 
 # ---- memory --------------------------------------------------------------------------------------
 
+def memory_accounting(opts: Options, cluster: Cluster) -> str:
+    """The state accounting memory.py counts: fp32 gradient reduction keeps fp32 (main) gradients,
+    4 B per parameter, as Megatron's accounting does."""
+    return "megatron" if cluster.grad_reduce_fp32 else opts.memory_accounting
+
+
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
            opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
     """The heaviest rank's memory and that rank."""
@@ -969,7 +988,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
-    acc, flash = opts.memory_accounting, opts.flash_attention or cluster.flash
+    acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc, opts.optimizer_dtype)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
                                        cluster.dtype, c.cp, flash)
@@ -1043,8 +1062,7 @@ def kv_replica_reduce(model: ModelSpec, cluster: Cluster, c: Choice, layers: int
     r = c.tp // model.kv if c.tp > model.kv else 1
     if r <= 1 or layers <= 0:
         return 0.0
-    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0
-    nbytes = gbytes * layers * 2 * model.head_dim * (model.hidden + (1 if model.bias else 0))
+    nbytes = grad_bytes(cluster) * layers * 2 * model.head_dim * (model.hidden + (1 if model.bias else 0))
     if cluster.hier:
         return comm.collective("all_reduce", nbytes, r, 1, cluster).total
     return comm.all_reduce(nbytes, r, cluster.link_for_span(c.tp)).total
@@ -1071,7 +1089,7 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
 def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
-    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
+    gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     worst = 0.0
@@ -1082,7 +1100,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         hit = costs.get(g)
         if hit is None:
             red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
-            gather = grad_collective(cluster, c, "all_gather", g) if c.zero_stage >= 1 else 0.0  # updated weights
+            gather = (grad_collective(cluster, c, "all_gather", wbytes * shape.params)  # updated weights
+                      if c.zero_stage >= 1 else 0.0)
             hit = costs[g] = (red, gather)
         red, gather = hit
         window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
@@ -1106,7 +1125,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
     if cluster.hier:
         return _dp_tail_bucketed(model, cluster, c, st)
     lk = links(cluster, c)
-    gbytes = 4.0 if cluster.dtype == "fp32" else 2.0  # seed: 2 B bf16 gradients per parameter
+    gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     if c.zero_stage >= 3:
@@ -1128,7 +1147,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> f
                                        cluster.dtype)
         else:
             red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
-            gather = comm.all_gather(g, ng, lk.grad).total  # type: ignore[arg-type]  # updated bf16 weights
+            gather = comm.all_gather(wbytes * shape.params, ng, lk.grad).total  # type: ignore[arg-type]  # updated weights
         costs[key] = (red, gather)
         if eager:
             exposed = red + gather

@@ -261,6 +261,11 @@ class Cluster:
     # the framework reduces gradients bucket by bucket during the backward (PyTorch DDP/FSDP, Megatron-LM
     # with --overlap-grad-reduce); False: after it (Megatron-LM before 2023, DeepSpeed's default)
     overlap_grad_reduce: bool = True
+    # the framework reduces gradients over DP/CP in fp32 and keeps fp32 (main) gradients: Megatron-Core's
+    # `grad_reduce_in_fp32` (Megatron-LM sets it for bf16 unless told otherwise), PyTorch FSDP's
+    # `reduce_dtype=torch.float32` (torchtitan's default), Llama 3's FSDP (Grattafiori et al. 2024 §3.3.4);
+    # False: in the training dtype, 2 B per gradient (the seed's count; NVIDIA's perf recipes)
+    grad_reduce_fp32: bool = False
     # what ZeRO-3 gathers as one unit: "layer" (par3d's runtime, PyTorch FSDP wrapping each block:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
     # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
@@ -319,7 +324,8 @@ class Cluster:
                        "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
-            "overlap_grad_reduce": self.overlap_grad_reduce, "zero3_unit": self.zero3_unit,
+            "overlap_grad_reduce": self.overlap_grad_reduce, "grad_reduce_fp32": self.grad_reduce_fp32,
+            "zero3_unit": self.zero3_unit,
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling,
