@@ -417,3 +417,20 @@ def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradie
         assert m32.grads == pytest.approx(2 * m16.grads) and m32.weights == pytest.approx(m16.weights)
     c3 = Choice(1, 1, 64, 1, 2, "1f1b", 1, "none", 3, False)
     assert evaluate(model, fp32, c3).step_time > evaluate(model, base, c3).step_time  # ZeRO-3's reduce-scatters
+
+
+def test_a_calibrated_gpu_is_described_as_the_catalogue_describes_its_own():
+    """`par3d calibrate` on a GPU measures a burst (like Bekman's MAMF); the share it writes takes the GPU's
+    sustained/burst ratio and the step share, so a burst equal to the table's MAMF gives the catalogue's
+    share (hardware.calibrated_gemm_share), not one ~1.2x faster."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import DEVICES, calibrated_gemm_share, gemm_entry_from_points
+
+    for key, family in (("h100-sxm", "h100"), ("a100-80gb", "a100"), ("b200", "b200")):
+        for dtype, (peak, mamf, _) in gt.TABLE[family].items():
+            pts = [(1e12, 0.5 * mamf), (8e12, mamf)]
+            assert gemm_entry_from_points(pts, peak) == pytest.approx(mamf / peak)
+            assert calibrated_gemm_share(pts, peak, family, dtype) == pytest.approx(DEVICES[key].gemm[dtype])
+    # an unknown GPU takes the HPL clock ratio and the step share
+    assert calibrated_gemm_share([(1e12, 500.0)], 1000.0, "", "bf16") == pytest.approx(
+        0.5 * gt.HPL_SUSTAINED * gt.STEP_SHARE)

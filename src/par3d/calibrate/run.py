@@ -95,14 +95,17 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
     peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
     gemm_share: dict[str, float] = {}
-    if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them (never run: no GPU here)
-        from par3d.plan.hardware import DEVICES, gemm_entry_from_points
+    if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
+        # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
+        from par3d.plan.hardware import DEVICES, calibrated_gemm_share
 
-        known = next((d for key, d in DEVICES.items() if key.split("-")[0] in name.lower().replace(" ", "")), None)
+        key = next((k for k in DEVICES if k.split("-")[0] in name.lower().replace(" ", "")), None)
+        known = DEVICES[key] if key is not None else None
         if known is not None:
             peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}
-        gemm_share = {dt: min(1.0, gemm_entry_from_points([(p["flops"], p["gflops"] / 1e3) for p in gemms
-                                                           if p["dtype"] == dt], peaks[dt]))
+        family = key.split("-")[0] if key is not None else ""
+        gemm_share = {dt: calibrated_gemm_share([(p["flops"], p["gflops"] / 1e3) for p in gemms if p["dtype"] == dt],
+                                                peaks[dt], family, dt)
                       for dt in peaks}
     hw: dict[str, Any] = {
         "device": {"name": name,

@@ -38,10 +38,11 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   the step adds.  It therefore applies to every GPU (until issue 12's fourth round it applied to the
   A100 only, and every NVIDIA H100/B200 row came out fast, +0.6 … +13.9 %: docs/planner.md §9).
   The share of peak a GEMM reaches is mamf/peak × sustained × `STEP_SHARE`.
-  `par3d calibrate` on a GPU replaces these with measured ones.
+  `par3d calibrate` on a GPU replaces MAMF with its own burst measurement and applies the same
+  sustained ratio and step share (`hardware.calibrated_gemm_share`).
 
 `hardware.py` builds each catalogue device's `gemm` entry from this table; a hardware file may
-carry its own (`par3d calibrate` on a GPU writes one: see `hardware.gemm_entry_from_points`).
+carry its own (`par3d calibrate` on a GPU writes one: see `hardware.calibrated_gemm_share`).
 """
 
 from __future__ import annotations

@@ -378,12 +378,23 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
 
 
 def gemm_entry_from_points(points: list[tuple[float, float]], peak_tflops: float) -> float:
-    """The `device.gemm[dtype]` value a calibration writes: the best measured (FLOPs, TFLOP/s) point's
-    share of the dtype's peak (the asymptote the table model's curve rises to).  `par3d calibrate`
-    on a GPU writes `{"device": {"gemm": {"bf16": f, ...}}}` with this; docs/planner.md."""
+    """The best measured (FLOPs, TFLOP/s) point's share of the dtype's peak: a calibration's GEMMs are a
+    short burst, so this is the GPU's MAMF share (gemm_table.py), before the sustained clock and the
+    step share (`calibrated_gemm_share`)."""
     if not points:
         raise HardwareError("gemm_entry_from_points: no measured points")
     return max(t for _, t in points) / peak_tflops
+
+
+def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float, family: str,
+                          dtype: str) -> float:
+    """The `device.gemm[dtype]` value `par3d calibrate` on a GPU writes: the best measured GEMM's share of
+    peak (a burst at boost clock, like Bekman's MAMF) × the GPU's sustained/burst ratio
+    (`gemm_table.sustained_ratio`: MSMF/MAMF where measured, the A100's HPL clock ratio otherwise) × the
+    step share, so a calibrated GPU is described as the catalogue describes its own GPUs (a burst equal
+    to the table's MAMF gives the catalogue's share).  Never run on a GPU here."""
+    burst = gemm_entry_from_points(points, peak_tflops)
+    return min(1.0, burst) * _gt.sustained_ratio(family, dtype) * _gt.STEP_SHARE
 
 
 # ---- hardware files (written by `par3d calibrate`, read by `--hardware FILE`) ---------------------
@@ -509,4 +520,4 @@ def describe(c: Cluster) -> str:
 
 __all__ = ["Cluster", "Device", "Link", "DEVICES", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
            "get_device", "make_cluster", "load_hardware_file", "hardware_from_dict", "describe",
-           "gemm_entry_from_points", "SEED_EFFICIENCY"]
+           "gemm_entry_from_points", "calibrated_gemm_share", "SEED_EFFICIENCY"]
