@@ -143,3 +143,17 @@ def test_docs_table_is_the_scripts_output(predictions):
     preds = [predictions[r["name"]] for r in ROWS]
     doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
     assert validation.table(preds) + "\n\n" + validation.summary(preds) in doc
+
+
+def test_readme_quotes_the_validation_summary(predictions):
+    """README's "Planner vs published GPU runs" bullet gives the rows, how many are within ±10 % and the
+    median error of `python -m par3d.plan.validation`."""
+    import os
+
+    errs = sorted(abs(p.error) for p in predictions.values())
+    within = sum(e <= validation.DEFAULT_BOUND for e in errs)
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    text = " ".join(readme.split())
+    assert f"the {len(errs)} rows of `src/par3d/plan/validation.toml`" in text
+    median = f"{errs[len(errs) // 2]:.1%}".replace("%", " %")
+    assert f"{within} within ±10 %, median |error| {median}" in text
