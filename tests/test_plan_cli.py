@@ -289,6 +289,7 @@ def test_grad_reduce_in_fp32_flag(capsys):
         assert rc == 0
         d = json.loads(out)
         runs.append((d["hardware"], d["plans"][0]))
+        assert d["memory"]["accounting"] == ("megatron" if extra else "seed")  # fp32 gradients counted
     (hw16, p16), (hw32, p32) = runs
     assert hw16["grad_reduce_fp32"] is False and hw32["grad_reduce_fp32"] is True
     assert p32["breakdown_s"]["compute"] == p16["breakdown_s"]["compute"]

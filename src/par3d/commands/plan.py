@@ -384,7 +384,7 @@ def runtime_support() -> tuple[int, bool]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from par3d.plan.cost import Options
+    from par3d.plan.cost import Options, memory_accounting
     from par3d.plan.models import ModelError, resolve_model
     from par3d.plan.search import Fixed, Limits, PlanError, search, suggest_fixes
 
@@ -422,7 +422,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
-               "memory": {"accounting": opts.memory_accounting, "optimizer_dtype": opts.optimizer_dtype,
+               # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
+               "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
                           "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
                "plans": [p.to_dict() for p in res.plans],
