@@ -157,3 +157,6 @@ def test_readme_quotes_the_validation_summary(predictions):
     assert f"the {len(errs)} rows of `src/par3d/plan/validation.toml`" in text
     median = f"{errs[len(errs) // 2]:.1%}".replace("%", " %")
     assert f"{within} within ±10 %, median |error| {median}" in text
+    held = sorted(abs(p.error) for p in predictions.values() if not validation.in_sample(p.row))
+    held_median = f"{held[len(held) // 2]:.1%}".replace("%", " %")
+    assert f"held out: {sum(e <= validation.DEFAULT_BOUND for e in held)} within ±10 %, median |error| {held_median}" in text

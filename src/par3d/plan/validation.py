@@ -125,12 +125,30 @@ def table(preds: list[Prediction]) -> str:
     return "\n".join(out)
 
 
-def summary(preds: list[Prediction]) -> str:
-    """The line under the table: rows, how many within ±10 %, median and largest |error|."""
+# the rows that set the one fitted constant (gemm_table.STEP_SHARE): in sample; every other row is held out
+IN_SAMPLE_PREFIX = "narayanan2021-t1-"
+
+
+def in_sample(row: dict[str, Any]) -> bool:
+    return str(row["name"]).startswith(IN_SAMPLE_PREFIX)
+
+
+def _counts(preds: list[Prediction]) -> str:
     errs = sorted(abs(p.error) for p in preds)
     within = sum(e <= DEFAULT_BOUND for e in errs)
     return (f"{len(preds)} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {errs[len(errs) // 2]:.1%}, "
             f"max {errs[-1]:.1%}")
+
+
+def summary(preds: list[Prediction]) -> str:
+    """The lines under the table: rows, how many within ±10 %, median and largest |error| — all rows,
+    then the in-sample rows (those that set the step share) and the held-out rest apart."""
+    ins = [p for p in preds if in_sample(p.row)]
+    held = [p for p in preds if not in_sample(p.row)]
+    lines = [_counts(preds)]
+    if ins and held:
+        lines += [f"in sample (set the step share): {_counts(ins)}", f"held out: {_counts(held)}"]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
