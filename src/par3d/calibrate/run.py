@@ -99,11 +99,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
         from par3d.plan.hardware import DEVICES, calibrated_gemm_share
 
-        key = next((k for k in DEVICES if k.split("-")[0] in name.lower().replace(" ", "")), None)
-        known = DEVICES[key] if key is not None else None
-        if known is not None:
+        gpu = next((k for k in DEVICES if k.split("-")[0] in name.lower().replace(" ", "")), None)
+        family = gpu.split("-")[0] if gpu is not None else ""  # gemm_table's family ("" : unknown GPU)
+        if gpu is not None:
+            known = DEVICES[gpu]
             peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}
-        family = key.split("-")[0] if key is not None else ""
         gemm_share = {dt: calibrated_gemm_share([(p["flops"], p["gflops"] / 1e3) for p in gemms if p["dtype"] == dt],
                                                 peaks[dt], family, dt)
                       for dt in peaks}
