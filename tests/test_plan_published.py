@@ -31,6 +31,8 @@ def test_the_set_holds_the_named_runs():
     assert sum(n.startswith("narayanan2021-t2-zero3-") for n in names) == 6
     assert {"bloom-176B", "llama3-405B-8192", "llama3-405B-16384"} <= names
     assert sum(n.startswith("nemo-24.07-") for n in names) == 12  # NeMo 24.07's pre-training table, whole
+    # dgxc-benchmarking v24.11.1: every column of its six dense H100 tables, BF16 and FP8 (5+6+6+8+5+5 GPU counts)
+    assert sum(n.startswith(validation.DGXC_PREFIX) for n in names) == 70
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"

@@ -370,6 +370,8 @@ def tp_collective_small(cluster: Cluster, c: Choice) -> float:
 # all-gathers before the QKV and MLP-in GEMMs, the reduce-scatters after the output projection and MLP-out
 # (forward; the backward's dgrad GEMMs have the same shapes and swap the two kinds)
 TP_OVERLAP_GEMMS = ("qkv", "attn_out", "mlp_in", "mlp_out")
+# the column-parallel GEMMs whose backward collectives userbuffers overlaps in bulk (tp_overlap_exposed)
+TP_BULK_BACKWARD = ("qkv", "mlp_in")
 
 
 def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float, forward: bool = True) -> float:
@@ -386,8 +388,16 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     by TE's "pipeline" method instead (`split_overlap_rs`): the GEMM in num_splits chunks of M/num_splits
     rows on SMs − num_sm (`set_sm_margin`: the GEMM is launched on the SMs the communication kernel
     leaves), each chunk's reduce-scatter (`coll`/num_splits, on num_sm SMs) beside the next chunk, the
-    last one exposed: chunk + (num_splits − 1)·max(chunk, rs) + rs − gemm.  The backward's collectives
-    (bulk and ring-exchange overlaps in every config) keep the ring pricing."""
+    last one exposed: chunk + (num_splits − 1)·max(chunk, rs) + rs − gemm.
+
+    The backward (`forward=False`) as every userbuffers config runs it (Transformer Engine's defaults in
+    `initialize_ub`, NeMo's and Megatron-Bridge's H100 configs): the row-parallel GEMMs' dgrad all-gathers
+    its output gradient by ring exchange (proj_dgrad, fc2_dgrad: the chunked pricing above), while each
+    column-parallel GEMM (QKV, MLP-in) has two "bulk" overlaps -- the all-gather of its sequence-parallel
+    input, which the weight gradient needs again, beside the whole dgrad GEMM (qkv_dgrad, fc1_dgrad), and
+    the reduce-scatter of that dgrad's output beside the whole wgrad GEMM (qkv_wgrad, fc1_wgrad).  A bulk
+    overlap splits nothing: overlapped(gemm, coll) − gemm each.  (dgrad and wgrad are priced at the
+    forward GEMM's time, as the backward's compute is: backward = 2 × forward.)"""
     dev, dtype = cluster.device, cluster.dtype
     gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp)}
     pipeline = {name: (sm, k) for name, sm, k in cluster.tp_overlap_pipeline} if forward else {}
@@ -397,6 +407,9 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     for name in TP_OVERLAP_GEMMS:
         g = gs[name]
         whole = gemm_time(g, dev, dtype)
+        if not forward and name in TP_BULK_BACKWARD:
+            out += 2 * (overlapped(whole, coll, dev.sigma) - whole)
+            continue
         if name in pipeline:
             sm, k = pipeline[name]
             chunk = gemm_time(replace(g, m=max(1, g.m // k)), dev, dtype) * dev.sms / max(1, dev.sms - sm)
@@ -691,8 +704,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     tp_layer = tp_layer_b = 2 * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
     if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
         tp_layer = tp_overlap_exposed(model, cluster, c, ar / 2)
-        tp_layer_b = tp_overlap_exposed(model, cluster, c, ar / 2, forward=False) if cluster.tp_overlap_pipeline \
-            else tp_layer
+        tp_layer_b = tp_overlap_exposed(model, cluster, c, ar / 2, forward=False)
     if cluster.fp8_current and c.sequence_parallel and c.tp > 1:
         # current scaling of a sequence-parallel tensor needs the amax of the whole tensor before its cast:
         # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,

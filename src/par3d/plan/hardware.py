@@ -278,7 +278,8 @@ class Cluster:
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
     # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
     # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
-    # chunk (cost.tp_overlap_exposed).  Empty: every collective by ring exchange.  A recipe's userbuffers
+    # chunk (cost.tp_overlap_exposed).  Empty: every forward collective by ring exchange (the backward: bulk and
+    # ring exchange, as every config runs it).  A recipe's userbuffers
     # config says which (e.g. NeMo-Framework-Launcher conf/training/tp_overlap/*.yaml: proj_fprop/fc2_fprop)
     tp_overlap_pipeline: tuple[tuple[str, int, int], ...] = ()
     # how Transformer Engine scales FP8 tensors (dtype fp8 only): "delayed" (amax from earlier steps' history,

@@ -140,14 +140,25 @@ def _counts(preds: list[Prediction]) -> str:
             f"max {errs[-1]:.1%}")
 
 
+# a held-out source large enough to be reported on its own line: NVIDIA's dgxc-benchmarking tables
+# (70 rows, one weak-scaling table per model and precision), so that they do not hide the others
+DGXC_PREFIX = "dgxc-24.11-"
+
+
 def summary(preds: list[Prediction]) -> str:
     """The lines under the table: rows, how many within ±10 %, median and largest |error| — all rows,
-    then the in-sample rows (those that set the step share) and the held-out rest apart."""
+    then the in-sample rows (those that set the step share) and the held-out rest apart, the held-out
+    rows once more split into dgxc-benchmarking's tables and the other sources."""
     ins = [p for p in preds if in_sample(p.row)]
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
         lines += [f"in sample (set the step share): {_counts(ins)}", f"held out: {_counts(held)}"]
+        dgxc = [p for p in held if str(p.row["name"]).startswith(DGXC_PREFIX)]
+        rest = [p for p in held if not str(p.row["name"]).startswith(DGXC_PREFIX)]
+        if dgxc and rest:
+            lines += [f"held out, dgxc-benchmarking v24.11.1: {_counts(dgxc)}",
+                      f"held out, the other sources: {_counts(rest)}"]
     return "\n".join(lines)
 
 
