@@ -434,3 +434,27 @@ def test_a_calibrated_gpu_is_described_as_the_catalogue_describes_its_own():
     # an unknown GPU takes the HPL clock ratio and the step share
     assert calibrated_gemm_share([(1e12, 500.0)], 1000.0, "", "bf16") == pytest.approx(
         0.5 * gt.HPL_SUSTAINED * gt.STEP_SHARE)
+
+
+def test_cp_ring_copies_and_merges():
+    """Transformer Engine's ring attention moves bytes besides its kernels (cost.cp_ring_bytes, counted
+    from AttnFuncWithCP): at CP 2, forward 2.5 kv + 6.75 q, backward 10.375 kv + 6 q; they grow with the
+    ring; the layer pays a third of them in its forward (backward = 2 × forward) plus one launch per
+    extra attention kernel, while CP 1 and the all-gather CP (Llama 3) pay nothing of it."""
+    from par3d.plan.compute import KERNEL_S
+    from par3d.plan.cost import cp_layer_times, cp_ring_bytes
+    from par3d.plan.hardware import get_device
+
+    assert cp_ring_bytes(6.0, 2.0, 2) == pytest.approx((2.5 * 2 + 6.75 * 6, 10.375 * 2 + 6 * 6))
+    assert all(a < b for a, b in zip(cp_ring_bytes(6.0, 2.0, 2), cp_ring_bytes(6.0, 2.0, 4)))
+    model, dev = CATALOGUE["llama3-8b"], get_device("h100-sxm")
+    ring = cp_layer_times(model, dev, "bf16", 1, 1, 2, False, True, False, True)
+    gather = cp_layer_times(model, dev, "bf16", 1, 1, 2, False, True, False, False)
+    q = 1 * 4096 * 4096 * 2
+    kv = 1 * 4096 * 2 * 1024 * 2
+    move = sum(cp_ring_bytes(q, kv, 2)) / 3 / (dev.mem_bw * dev.mem_eff)
+    assert ring.fwd - gather.fwd == pytest.approx(move + KERNEL_S)
+    assert ring.elementwise - gather.elementwise == pytest.approx(move)
+    assert ring.core == gather.core and ring.fwd_flops == gather.fwd_flops
+    one = cp_layer_times(model, dev, "bf16", 1, 1, 1, False, True, False, True)
+    assert one == cp_layer_times(model, dev, "bf16", 1, 1, 1, False, True, False, False)

@@ -73,6 +73,7 @@ except ImportError:  # pragma: no cover
 from . import comm
 from .compute import (
     DTYPE_BYTES,
+    KERNEL_S,
     LayerTimes,
     gemm_time,
     layer_gemms,
@@ -564,15 +565,42 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
-                   flash: bool = False, fp8_current: bool = False) -> LayerTimes:
+                   flash: bool = False, fp8_current: bool = False, ring: bool = True) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
-    s/cp queries against all s keys = cp blocks of the (s/cp)² core."""
+    s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
+    model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
+    and one launch per extra attention kernel."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current)  # type: ignore[arg-type]
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
+    if ring and getattr(dev, "kernel_model", "") == "table":
+        q = b * (model.seq_len // cp) * model.hidden / tp * ACT_BYTES[dtype]
+        kv = b * (model.seq_len // cp) * 2 * model.kv_dim_per_rank(tp) * ACT_BYTES[dtype]
+        # the backward's bytes (cp_ring_bytes) priced in the forward at a third of the total, as the
+        # model's backward is twice its forward
+        move = sum(cp_ring_bytes(q, kv, cp)) / 3 / (dev.mem_bw * dev.mem_eff)  # type: ignore[attr-defined]
+        extra += move + (cp - 1) * KERNEL_S
+        lt = replace(lt, elementwise=lt.elementwise + move)
     return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp, fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops,
                    core_flops=lt.core_flops * cp)
+
+
+def cp_ring_bytes(q: float, kv: float, cp: int) -> tuple[float, float]:
+    """HBM bytes (forward, backward) that Transformer Engine's ring attention (AttnFuncWithCP, the
+    causal load-balanced "p2p" method Megatron-Core runs; read in TE 1.9 and 2.18) moves outside its
+    attention kernels, per layer and micro-batch on one CP rank; q = this rank's Q (= O, = dO) bytes,
+    kv = its K and V.  Forward: K and V concatenated into the send buffer (2kv); at each of the cp − 1
+    remote steps either half of K/V or half of Q copied contiguous (half the ranks each: (kv + q)/2);
+    the output zeroed (q) and each step's partial output merged into it by its softmax statistics
+    (read, read, write: 3q, the remote steps at 3/4 of that on average, half of them on half the
+    queries).  Backward: K/V copied into the ring buffer (2kv); at each remote step half of K/V or
+    half of Q, O and dO copied ((kv + 3q)/2); dQ copied then added per step (2q + 2.5q(cp − 1));
+    dK/dV concatenated and accumulated per step (4.5kv, the remote steps at 3/4)."""
+    r = cp - 1
+    fwd = 2 * kv + r * (kv + q) / 2 + q + 3 * q * (1 + 0.75 * r)
+    bwd = 2 * kv + r * (kv + 3 * q) / 2 + 2 * q + 2.5 * q * r + 4.5 * kv * (1 + 0.75 * r)
+    return fwd, bwd
 
 
 def blockwise_attention(cluster: Cluster, c: Choice) -> bool:
@@ -695,7 +723,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     lk = links(cluster, c)
     hier = cluster.hier
     lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                                    blockwise_attention(cluster, c), cluster.fp8_current)
+                                    blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes

@@ -331,7 +331,7 @@ def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     backward (2× forward) and recompute time over m micro-batches (stage_times' fc, bc, br), which
     its makespan bound exceeds (communication, tails and the optimizer only add)."""
     lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                        blockwise_attention(cluster, c), cluster.fp8_current)
+                        blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     lay = layout(model, c.pp * c.virtual_stages)
     work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + n * rec for n, h in zip(lay.layers, lay.head)]
