@@ -392,7 +392,7 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     last one exposed: chunk + (num_splits − 1)·max(chunk, rs) + rs − gemm.
 
     The backward (`forward=False`) as every userbuffers config runs it (Transformer Engine's defaults in
-    `initialize_ub`, NeMo's and Megatron-Bridge's H100 configs): the row-parallel GEMMs' dgrad all-gathers
+    `initialize_ub`, NeMo's and Megatron-Bridge's H100 configs): each row-parallel GEMM's dgrad all-gathers
     its output gradient by ring exchange (proj_dgrad, fc2_dgrad: the chunked pricing above), while each
     column-parallel GEMM (QKV, MLP-in) has two "bulk" overlaps -- the all-gather of its sequence-parallel
     input, which the weight gradient needs again, beside the whole dgrad GEMM (qkv_dgrad, fc1_dgrad), and
