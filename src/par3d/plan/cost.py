@@ -574,9 +574,9 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
-    if ring and getattr(dev, "kernel_model", "") == "table":
+    if ring and dev.kernel_model == "table":  # type: ignore[attr-defined]
         q = b * (model.seq_len // cp) * model.hidden / tp * ACT_BYTES[dtype]
-        kv = b * (model.seq_len // cp) * 2 * model.kv_dim_per_rank(tp) * ACT_BYTES[dtype]
+        kv = kv_block_bytes(model, b, tp, cp, dtype)
         # the backward's bytes (cp_ring_bytes) priced in the forward at a third of the total, as the
         # model's backward is twice its forward
         move = sum(cp_ring_bytes(q, kv, cp)) / 3 / (dev.mem_bw * dev.mem_eff)  # type: ignore[attr-defined]
@@ -584,6 +584,12 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
         lt = replace(lt, elementwise=lt.elementwise + move)
     return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp, fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops,
                    core_flops=lt.core_flops * cp)
+
+
+def kv_block_bytes(model: ModelSpec, b: int, tp: int, cp: int, dtype: str) -> float:
+    """Bytes of one CP rank's K and V for one micro-batch (b·s/cp tokens at this TP rank's K/V width):
+    what a ring hop moves, and (cp = 1) all s tokens' K/V that Llama 3's all-gather assembles."""
+    return b * (model.seq_len // cp) * 2 * model.kv_dim_per_rank(tp) * ACT_BYTES[dtype]
 
 
 def cp_ring_bytes(q: float, kv: float, cp: int) -> tuple[float, float]:
@@ -615,7 +621,7 @@ def cp_exchange(model: ModelSpec, c: Choice, link: object, core: float, dtype: s
     K/V and dK/dV (twice the bytes) against twice the attention work."""
     if c.cp <= 1:
         return 0.0, 0.0
-    kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[dtype]
+    kv = kv_block_bytes(model, c.micro_batch, c.tp, c.cp, dtype)
     hop = comm.p2p(kv, link).total if not isinstance(link, comm.Cost) else link.total  # type: ignore[arg-type]
     ring = (c.cp - 1) * hop
     window = core * (c.cp - 1) / c.cp
@@ -632,7 +638,7 @@ def cp_all_gather(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float,
     neighbours are tp ranks apart (mesh.py), so across nodes it runs on the NICs."""
     if c.cp <= 1:
         return 0.0, 0.0
-    full = c.micro_batch * model.seq_len * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
+    full = kv_block_bytes(model, c.micro_batch, c.tp, 1, cluster.dtype)  # all s tokens' K/V
     if cluster.hier:
         ag = comm.collective("all_gather", full, c.cp, c.tp, cluster).total
         rs = comm.collective("reduce_scatter", full, c.cp, c.tp, cluster).total
@@ -652,7 +658,7 @@ def cp_exchange_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dt
     and the host's cores are busy with the ranks' own arithmetic while the backward's transfers
     fly.  Forward: cp − 1 K/V blocks; backward: cp − 1 K/V blocks and cp dK/dV accumulators (the
     last one home)."""
-    kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[dtype]
+    kv = kv_block_bytes(model, c.micro_batch, c.tp, c.cp, dtype)
     lk = prof.cp_link if prof.cp_link is not None else link
     hop = comm.p2p(kv, lk).total + (prof.sync if prof.cp_link is not None else 0.0)  # `link` is in-step already
     return (c.cp - 1) * hop, (2 * c.cp - 1) * hop
@@ -750,7 +756,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     elif eager and c.cp > 1:
         cpf, cpb = cp_exchange_eager(model, c, prof, lk.cp, dtype)  # type: ignore[arg-type]
     elif hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
-        kv = c.micro_batch * s_local * 2 * model.kv_dim_per_rank(c.tp) * db
+        kv = kv_block_bytes(model, c.micro_batch, c.tp, c.cp, dtype)
         cpf, cpb = cp_exchange(model, c, comm.send_recv(kv, c.tp, cluster, c.tp * c.cp), lt.core, dtype)
     else:
         cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
