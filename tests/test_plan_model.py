@@ -265,7 +265,7 @@ def test_replay_is_the_simulator_bit_for_bit(sched, p, m, v):
     import random
 
     from par3d.pipeline.simulate import simulate
-    from par3d.plan.replay import program, replay
+    from par3d.plan.replay import program, replay, replay_marks
 
     rng = random.Random(p * 100 + m * 10 + v)
     for transfer in (0.0, 0.37):
@@ -276,6 +276,19 @@ def test_replay_is_the_simulator_bit_for_bit(sched, p, m, v):
         tl = simulate(build(sched, p, m, v), p, m, v, durations=dur, transfer=transfer)
         ms, bubble, busy = replay(program(sched, p, m, v), dur, transfer)
         assert (ms, bubble, busy) == (tl.makespan, tl.bubble_wall, tl.busy)
+        # the stage marks the DP tail reads: each stage's first forward and its last weight-gradient action
+        _, _, _, marks = replay_marks(program(sched, p, m, v), dur, transfer)
+        assert marks == marks_of(tl.events, p * v)
+
+
+def marks_of(events, n_stages):
+    """`replay.Marks` read off a simulated timeline's events (the test's own reading)."""
+    from par3d.plan.replay import Marks
+
+    first = [min(e.start for e in events if e.stage == s and e.kind == "F") for s in range(n_stages)]
+    last = [max((e for e in events if e.stage == s and e.kind in ("B", "BW")), key=lambda e: e.end)
+            for s in range(n_stages)]
+    return Marks(tuple(first), tuple(e.end for e in last), tuple(e.end - e.start for e in last))
 
 
 def test_counted_peaks_are_the_checkers():
@@ -337,6 +350,64 @@ def test_overlap_costs_something():
     assert fb > 0.5  # the first gather and the last reduce-scatter
     assert bucketed_tail(10, 1.0, 0.5, 0.0) == pytest.approx(0.5)  # only the last bucket
     assert bucketed_tail(10, 1.0, 2.0, 0.0) == pytest.approx(20 - 9)  # network-bound
+
+
+def test_buckets_queue_behind_the_schedule():
+    """The DP tail's two queues (cost.reduce_exposed, cost.gather_exposed), by hand."""
+    from par3d.plan.cost import bucketed_tail, gather_exposed, reduce_exposed
+
+    # buckets ready 1 s apart, 0.5 s each: all but the last hide; 2 s each: the network is the bottleneck
+    ready = [float(k + 1) for k in range(10)]
+    assert reduce_exposed(ready, 0.5, 10.0, 0.0) == pytest.approx(0.5)
+    assert reduce_exposed(ready, 2.0, 10.0, 0.0) == pytest.approx(1 + 20 - 10)
+    for r, sigma in ((0.5, 0.1), (2.0, 0.1)):  # one chunk ending the step: the former single-window rule
+        assert reduce_exposed(ready, r, 10.0, sigma) == pytest.approx(bucketed_tail(10, 1.0, r, sigma))
+    # a chunk finished 30 s before the end hides all of its buckets; σ is still paid while they fly
+    assert reduce_exposed([t - 30 for t in ready], 2.0, 10.0, 0.0) == 0.0
+    assert reduce_exposed([t - 30 for t in ready], 2.0, 10.0, 0.1) == pytest.approx(0.1 * 20)
+    # gathers one bucket ahead: the first is waited for, then compute (1 s a bucket) hides 0.5 s gathers...
+    need = [float(k) for k in range(10)]
+    assert gather_exposed(need, 0.5, 0.0) == pytest.approx(0.5)
+    # ... and 2 s gathers make every bucket wait: 2 + 9 × (2 − 1)
+    assert gather_exposed(need, 2.0, 0.0) == pytest.approx(2 + 9)
+    # a rank whose first forward waits in the pipeline's warm-up has its first gather done by then
+    assert gather_exposed([5.0 + t for t in need], 0.5, 0.0) == 0.0
+
+
+def test_dp_tail_reads_the_schedule():
+    """Gradients are reduced as each chunk's last backward ends (interleaved ranks finish chunks one after
+    another through the cool-down), the updated weights gathered one bucket ahead of the next forward
+    (`overlap_param_gather`); without marks the tail is the search's lower bound; the step's tail is
+    what `evaluate` charges."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import dp_tail, schedule_marks, stage_times
+
+    model = CATALOGUE["gpt3-175b"]
+    on = make_cluster("h100-sxm", 1024, 8)
+    off = replace(on, overlap_param_gather=False)
+    one = Choice(8, 8, 16, 1, 8, "1f1b", 1, "none", 1, True)
+    inter = replace(one, schedule="interleaved", virtual_stages=6)
+    tails = {}
+    for name, c in (("1f1b", one), ("interleaved", inter)):
+        for cl in (on, off):
+            st = stage_times(model, cl, c)
+            exact = dp_tail(model, cl, c, st, schedule_marks(st, c))
+            assert 0.0 < dp_tail(model, cl, c, st) <= exact  # the bound
+            assert evaluate(model, cl, c).breakdown["dp_comm"] == pytest.approx(exact)
+            tails[name, cl.overlap_param_gather] = exact
+    # the interleaved rank's earlier chunks reduce behind its later backwards: were every chunk's gradients
+    # final only at the end (the last micro-batch's window, the former rule), more would stay exposed
+    st = stage_times(model, on, inter)
+    end, mk = schedule_marks(st, inter)
+    # (the last micro-batch's backward runs a rank's chunks from its last stage down to its first)
+    late = replace(mk, grad_end=tuple(end - sum(mk.grad_dur[s] for s in range(mine % inter.pp, mine, inter.pp))
+                                      for mine in range(len(mk.grad_end))))
+    assert dp_tail(model, on, inter, st, (end, late)) > 1.5 * tails["interleaved", True]
+    assert tails["1f1b", True] < tails["1f1b", False] and tails["interleaved", True] < tails["interleaved", False]
+    # ZeRO-0 has no gather: the flag changes nothing
+    z0 = replace(one, zero_stage=0)
+    assert (evaluate(model, on, z0).step_time == evaluate(model, off, z0).step_time)
 
 
 def test_deepspeed_zero3_prefetches_one_submodule_ahead():

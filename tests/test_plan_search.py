@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from test_plan_model import marks_of
 
 from par3d.pipeline.schedules import build, check
 from par3d.pipeline.simulate import simulate
@@ -47,7 +48,8 @@ def exhaustive(model, cluster, batch, limits):
                               transfer=st.transfer)
                 if limits.max_bubble is not None and tl.bubble_wall > limits.max_bubble:
                     continue
-                step = tl.makespan + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
+                marks = (tl.makespan, marks_of(tl.events, pp * v)) if cluster.hier else None
+                step = tl.makespan + dp_tail(model, cluster, c, st, marks) + optimizer_time(model, cluster, c)
                 rows.append((step, z, mem, c))
     rows.sort(key=lambda t: t[:3])
     return rows

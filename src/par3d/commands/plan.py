@@ -128,6 +128,11 @@ def register(sub) -> None:
                    help="the framework reduces DP gradients bucket by bucket during the backward (default: "
                         "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
                         "it (Megatron-LM before 2023, DeepSpeed's default)")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="ZeRO-1/2: the updated weights' all-gather runs one bucket ahead of the next step's "
+                        "forward (default: Megatron-Core --overlap-param-gather, as NeMo's and Megatron-Bridge's "
+                        "recipes set it); --no-overlap-param-gather: after the optimizer, exposed (Megatron-LM's "
+                        "default, DeepSpeed ZeRO-1/2)")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=False,
                    help="the framework reduces DP gradients in fp32 and keeps fp32 main gradients (4 B per "
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
@@ -277,7 +282,8 @@ def _cluster(args: argparse.Namespace):
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
     from dataclasses import replace as _replace
 
-    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, grad_reduce_fp32=args.grad_reduce_in_fp32,
+    cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
+                  grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:

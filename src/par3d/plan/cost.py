@@ -52,9 +52,14 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
   recomputed forward).  ZeRO-3's parameter collectives are priced at one GPU's NIC share, as
   DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did not fall when
   768 GPUs became 1,536, i.e. no gain from the node's other NICs); docs/planner.md.
-- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket) behind the last
-  micro-batch's backward: bucket i starts when layer i's backward ends, buckets queue on the
-  network, the tail after the backward is exposed and the backward slows by σ while buckets fly.
+- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket): a bucket is
+  ready when its layer's last backward of the step ends — read off the simulated schedule, so an
+  interleaved rank's chunks, finished one after another through the cool-down, start early — the
+  buckets queue on the network, what outlasts the makespan is exposed, and compute slows by σ while
+  buckets fly.  With `Cluster.overlap_param_gather` (Megatron-Core's `--overlap-param-gather`,
+  Apex's `overlap_param_sync`) the updated weights' all-gather runs one bucket ahead of the next
+  step's forward, each bucket needed at its layer's first forward in the schedule; without it the
+  whole gather is exposed after the optimizer.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ from .memory import (
 )
 from .models import ModelSpec
 from .profile import Profile, contention
-from .replay import program, replay
+from .replay import Marks, program, replay_marks
 
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write master, m, v + bf16 weight (14 B)
 # The table kernel model's optimizer step, as Megatron-LM's mixed-precision optimizer runs it, in HBM
@@ -995,14 +1000,15 @@ def makespan_lower_bound(st: StageTimes, c: Choice) -> float:
 
 # ---- the simulation, cached ----------------------------------------------------------------------
 
-_SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...]]] = {}
+_SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...], Marks]] = {}
 
 
-def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float]]:
-    """(makespan, bubble_wall, busy per rank) of pipeline/simulate.py's recurrence.
+def _simulated(st: StageTimes, c: Choice) -> tuple[float, tuple[float, float, tuple[float, ...], Marks]]:
+    """The cached replay (normalised) and its scale.
 
     Cached on (schedule, p, m, v, durations normalised by their maximum and rounded to 6 significant
-    digits): a makespan scales linearly when all durations and the transfer time do.
+    digits): a makespan, and every start and end, scale linearly when all durations and the transfer
+    time do.
     """
     dur = durations_of(st, c.schedule)
     scale = max(dur.values()) or 1.0
@@ -1012,11 +1018,24 @@ def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float
     hit = _SIM_CACHE.get(key)
     if hit is None:
         # the simulator's numbers, bit for bit, without building its events (plan/replay.py)
-        ms, bubble_wall, busy = replay(program(c.schedule, c.pp, c.microbatches, c.virtual_stages), dur,
-                                       st.transfer)
-        hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy))
+        ms, bubble_wall, busy, marks = replay_marks(program(c.schedule, c.pp, c.microbatches, c.virtual_stages),
+                                                    dur, st.transfer)
+        hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy), marks.scaled(1.0 / scale))
         _SIM_CACHE[key] = hit
+    return scale, hit
+
+
+def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float]]:
+    """(makespan, bubble_wall, busy per rank) of pipeline/simulate.py's recurrence (cached)."""
+    scale, hit = _simulated(st, c)
     return hit[0] * scale, hit[1], [b * scale for b in hit[2]]
+
+
+def schedule_marks(st: StageTimes, c: Choice) -> tuple[float, Marks]:
+    """(makespan, per-stage `Marks`) of the same cached replay: when each stage's weights are first
+    needed and its gradients final."""
+    scale, hit = _simulated(st, c)
+    return hit[0] * scale, hit[3].scaled(scale)
 
 
 # ---- memory --------------------------------------------------------------------------------------
@@ -1132,17 +1151,61 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
     return out
 
 
-def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+def reduce_exposed(ready: list[float], r: float, end: float, sigma: float) -> float:
+    """Exposed time after `end` of buckets reduced in the order they become ready (`ready`, sorted), r s
+    each, one at a time on the network; compute slows by σ while a bucket is in flight before `end`."""
+    t = busy = 0.0
+    for i, at in enumerate(ready):
+        start = at if i == 0 or at > t else t
+        t = start + r
+        if start < end:
+            busy += min(t, end) - start
+    return max(0.0, t - end) + sigma * busy
+
+
+def gather_exposed(need: list[float], g: float, sigma: float) -> float:
+    """Delay of a forward whose weight buckets (g s to all-gather each) are needed at the times `need`
+    (sorted, from the step's start) when each bucket's gather is issued as the previous bucket's
+    compute starts (one ahead: Megatron-Core's `overlap_param_gather`, Apex's `overlap_param_sync`),
+    the first at the start; σ slows the compute the gathers overlap."""
+    delay = 0.0
+    done = g  # the first bucket's gather, issued at the start
+    for i, at in enumerate(need):
+        start = max(at + delay, done)  # this bucket's compute waits for its weights
+        delay = start - at
+        if i + 1 < len(need):
+            done = start + g  # the next bucket's gather, issued now, the network free (its own is done)
+    return delay + sigma * max(0.0, len(need) * g - delay)
+
+
+def _dp_rank_buckets(shape: RankShape, stages: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(stage, its buckets: one per layer, at least one) for the stages a rank holds, in list order."""
+    return [(s, max(1, n)) for s, n in zip(stages, shape.layers)]
+
+
+def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
+                      marks: tuple[float, Marks] | None = None) -> float:
+    """The hierarchical clusters' DP tail: per rank, its gradients' reduction behind the schedule (one
+    bucket per layer, ready when that layer's last backward ends) and the updated weights' gather (one
+    bucket ahead of the next forward with `overlap_param_gather`, else whole after the optimizer).
+
+    `marks` (the simulated makespan and stage marks) given: the step's tail.  Not given (the search's
+    bound, before simulating): a lower bound of it — stage 0's rank alone, with stage 0's buckets
+    alone, whose last backward ends at the makespan in every unsplit schedule (the backward flows back
+    to stage 0) and whose first forward starts the step; adding the rank's other buckets only delays."""
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+    sigma = cluster.device.sigma
+    split = c.schedule in SPLIT_BACKWARD
     worst = 0.0
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
     for r, shape in enumerate(shapes):
+        if marks is None and 0 not in lists[r]:
+            continue
         g = gbytes * shape.params
-        n_layers = max(sum(shape.layers), 1)
         hit = costs.get(g)
         if hit is None:
             red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
@@ -1150,26 +1213,53 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                       if c.zero_stage >= 1 else 0.0)
             hit = costs[g] = (red, gather)
         red, gather = hit
-        window = sum(st.b[s] for s in lists[r])  # last micro-batch's backward on r
-        if cluster.overlap_grad_reduce:
-            red = bucketed_tail(n_layers, window / n_layers, red / n_layers, cluster.device.sigma)
-        worst = max(worst, red + gather)
+        buckets = _dp_rank_buckets(shape, lists[r])
+        nb = sum(n for _, n in buckets)
+        rb, gb = red / nb, gather / nb  # one bucket's reduction and gather
+        if marks is None:  # stage 0's buckets: its last backward [T − b, T], its first forward [0, f]
+            n0 = dict(buckets)[0]
+            b0 = st.bw[0] if split else st.b[0]
+            ready = [(k + 1) * b0 / n0 for k in range(n0)]
+            need = [k * st.f[0] / n0 for k in range(n0)]
+            end = b0
+            if split:  # a split schedule's last action may be any rank's: no reduction bound
+                ready = []
+        else:
+            end, mk = marks
+            ready, need = [], []
+            for s, n in buckets:
+                d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
+                ready += [e - d + (k + 1) * d / n for k in range(n)]
+                need += [f0 + k * st.f[s] / n for k in range(n)]
+            ready.sort()
+            need.sort()
+        if not cluster.overlap_grad_reduce:
+            exposed = red if (marks is not None or not split) else 0.0
+        else:
+            exposed = reduce_exposed(ready, rb, end, sigma) if ready else 0.0
+        if c.zero_stage >= 1:
+            exposed += gather_exposed(need, gb, sigma) if cluster.overlap_param_gather else gather
+        worst = max(worst, exposed)
     return worst
 
 
-def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
+            marks: tuple[float, Marks] | None = None) -> float:
     """Exposed gradient reduction after the backward: over the dp × cp ranks holding the same
-    weights, and (beside it, on the TP links) over the TP ranks holding the same K/V head."""
+    weights, and (beside it, on the TP links) over the TP ranks holding the same K/V head.  `marks`
+    (`schedule_marks`) times a hierarchical cluster's buckets by the simulated schedule; without
+    them that part is a lower bound (the search's, before simulating)."""
     kv = max(_kv_tails(model, cluster, c, st))
-    return max(_dp_tail(model, cluster, c, st), kv)
+    return max(_dp_tail(model, cluster, c, st, marks), kv)
 
 
-def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> float:
+def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
+             marks: tuple[float, Marks] | None = None) -> float:
     ng = c.dp * c.cp  # DP and CP ranks reduce their gradients together
     if ng <= 1:
         return 0.0
     if cluster.hier:
-        return _dp_tail_bucketed(model, cluster, c, st)
+        return _dp_tail_bucketed(model, cluster, c, st, marks)
     lk = links(cluster, c)
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
@@ -1295,7 +1385,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
         st, slow, slow_fx = _contended(st, c, prof, makespan, busy)
         if slow != 1.0 or slow_fx != 1.0:
             makespan, bubble_wall, busy = simulate_stages(st, c)
-    tail = dp_tail(model, cluster, c, st)
+    tail = dp_tail(model, cluster, c, st, schedule_marks(st, c) if cluster.hier else None)
     full = contention(prof, c.gpus)  # the optimizer step runs on every rank at once
     opt = full * optimizer_time(model, cluster, c)
     if prof is not None:

@@ -261,6 +261,11 @@ class Cluster:
     # the framework reduces gradients bucket by bucket during the backward (PyTorch DDP/FSDP, Megatron-LM
     # with --overlap-grad-reduce); False: after it (Megatron-LM before 2023, DeepSpeed's default)
     overlap_grad_reduce: bool = True
+    # ZeRO-1/2: the updated weights' all-gather runs one bucket ahead of the next step's forward
+    # (Megatron-Core's --overlap-param-gather, Apex DistributedFusedAdam's overlap_param_sync, which
+    # NeMo's and Megatron-Bridge's recipes set); False: after the optimizer, exposed (Megatron-LM's
+    # default, DeepSpeed's ZeRO-1/2)
+    overlap_param_gather: bool = True
     # the framework reduces gradients over DP/CP in fp32 and keeps fp32 (main) gradients: Megatron-Core's
     # `grad_reduce_in_fp32` (Megatron-LM sets it for bf16 unless told otherwise), PyTorch FSDP's
     # `reduce_dtype=torch.float32` (torchtitan's default), Llama 3's FSDP (Grattafiori et al. 2024 §3.3.4);
@@ -325,7 +330,8 @@ class Cluster:
                        "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
-            "overlap_grad_reduce": self.overlap_grad_reduce, "grad_reduce_fp32": self.grad_reduce_fp32,
+            "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
+            "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit,
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},

@@ -34,6 +34,11 @@ class Program:
     cross1: tuple[bool, ...]
     dep2: tuple[int, ...]
     cross2: tuple[bool, ...]
+    # per global stage, the action index of its first forward (micro-batch 0) and of its last
+    # gradient-producing action (B, or BW for the split backwards): when its weights are first needed
+    # and when its gradients are final (cost.dp_tail's bucket timing)
+    first_f: tuple[int, ...] = ()
+    last_grad: tuple[int, ...] = ()
 
 
 KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
@@ -131,15 +136,47 @@ def program(schedule: str, p: int, m: int, v: int) -> Program:
         raise ScheduleError(f"{schedule} p={p} m={m} v={v}: the schedule deadlocks")
     kinds = ("F", "B", "BI", "BW")
     keys = tuple((sc % n_stages, kinds[sc // n_stages]) for sc in sorted(slot_of, key=slot_of.__getitem__))
-    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(cross1), tuple(dep2), tuple(cross2))
+    # a stage's actions all run on one rank in its list's order: the last B/BW listed is the last to run
+    first = [-1] * n_stages
+    last = [-1] * n_stages
+    for a, c in zip(flat, codes):
+        if a.kind == "F":
+            if a.microbatch == 0:
+                first[a.stage] = index[c]
+        elif a.kind != "BI":
+            last[a.stage] = index[c]
+    first_f, last_grad = tuple(first), tuple(last)
+    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(cross1), tuple(dep2), tuple(cross2),
+                   first_f, last_grad)
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Per global stage, from one replay: when its first forward starts (its weights are needed), when
+    its last gradient-producing action ends (its gradients are final) and how long that action took."""
+
+    first_f: tuple[float, ...]
+    grad_end: tuple[float, ...]
+    grad_dur: tuple[float, ...]
+
+    def scaled(self, k: float) -> Marks:
+        return Marks(tuple(t * k for t in self.first_f), tuple(t * k for t in self.grad_end),
+                     tuple(t * k for t in self.grad_dur))
 
 
 def replay(prog: Program, durations: dict[tuple[int, str], float],
            transfer: float) -> tuple[float, float, list[float]]:
     """(makespan, bubble_wall, busy per rank) exactly as `simulate(...)` reports them."""
+    return replay_marks(prog, durations, transfer)[:3]
+
+
+def replay_marks(prog: Program, durations: dict[tuple[int, str], float],
+                 transfer: float) -> tuple[float, float, list[float], Marks]:
+    """`replay`'s three numbers and the stages' `Marks`."""
     dur = [float(durations[k]) for k in prog.keys]
     free = [0.0] * prog.p
     busy = [0.0] * prog.p
+    begin = [0.0] * len(prog.ranks)
     end = [0.0] * len(prog.ranks)
     makespan = 0.0
     for i, (r, k, d1, c1, d2, c2) in enumerate(zip(prog.ranks, prog.slots, prog.dep1, prog.cross1, prog.dep2,
@@ -154,10 +191,13 @@ def replay(prog: Program, durations: dict[tuple[int, str], float],
                 if e > start:
                     start = e
         stop = start + dur[k]
+        begin[i] = start
         end[i] = stop
         free[r] = stop
         busy[r] += stop - start
         if stop > makespan:
             makespan = stop
     bubble = 1.0 - sum(busy) / (prog.p * makespan) if makespan > 0 else 0.0
-    return makespan, bubble, busy
+    marks = Marks(tuple(begin[i] for i in prog.first_f), tuple(end[i] for i in prog.last_grad),
+                  tuple(end[i] - begin[i] for i in prog.last_grad))
+    return makespan, bubble, busy, marks

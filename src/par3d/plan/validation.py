@@ -59,6 +59,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
     return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)),
+                   overlap_param_gather=bool(row.get("overlap_param_gather", True)),
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
