@@ -297,6 +297,24 @@ def test_grad_reduce_in_fp32_flag(capsys):
     assert p32["memory_gib"]["grads"] == pytest.approx(2 * p16["memory_gib"]["grads"], rel=1e-3)
 
 
+def test_overlap_param_gather_flag(capsys):
+    """--no-overlap-param-gather: the updated weights' all-gather (ZeRO-1) waits after the optimizer, so
+    the DP part of the step grows; the JSON's hardware says which; compute is untouched."""
+    base = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
+            "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
+            "--top", "1", "--json"]
+    runs = []
+    for extra in ((), ("--no-overlap-param-gather",)):
+        rc, out, _ = run(capsys, *base, *extra)
+        assert rc == 0
+        d = json.loads(out)
+        runs.append((d["hardware"], d["plans"][0]))
+    (hw_on, on), (hw_off, off) = runs
+    assert hw_on["overlap_param_gather"] is True and hw_off["overlap_param_gather"] is False
+    assert on["breakdown_s"]["compute"] == off["breakdown_s"]["compute"]
+    assert off["breakdown_s"]["dp_comm"] > 2 * on["breakdown_s"]["dp_comm"] > 0
+
+
 def test_tp_overlap_exposed_bounds():
     """Each collective costs at least what its ring's unpaired chunk and the chunks' lost efficiency add,
     never more than the collective itself plus that loss; no collective, no TP time beyond that loss."""

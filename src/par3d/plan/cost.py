@@ -16,6 +16,7 @@ PP transfer = α + b·s·h·2 B/β per boundary (/t with SP: the activation is a
 DP: a ring all-reduce of this rank's gradients (ZeRO-1/2: reduce-scatter, then an all-gather of the
 updated bf16 weights after the optimizer).  The reduction overlaps the last micro-batch's backward
 on the rank (gradients are final only then); at least one bucket (one layer's share) stays exposed.
+(Hierarchical clusters time each bucket by the simulated schedule instead: see the overlap notes below.)
 ZeRO-3 gathers the weights of each chunk before its F and B and reduce-scatters the gradients after
 B, every micro-batch; the part longer than that compute is exposed.
 

@@ -141,25 +141,31 @@ def _counts(preds: list[Prediction]) -> str:
             f"max {errs[-1]:.1%}")
 
 
-# a held-out source large enough to be reported on its own line: NVIDIA's dgxc-benchmarking tables
-# (70 rows, one weak-scaling table per model and precision), so that they do not hide the others
+# held-out sources large enough to be reported on their own lines, so that they do not hide the others:
+# NVIDIA's dgxc-benchmarking tables (70 rows, one weak-scaling table per model and precision) and MLPerf
+# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs)
 DGXC_PREFIX = "dgxc-24.11-"
+MLPERF_PREFIX = "mlperf-3.1-"
+OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"))
 
 
 def summary(preds: list[Prediction]) -> str:
     """The lines under the table: rows, how many within ±10 %, median and largest |error| — all rows,
     then the in-sample rows (those that set the step share) and the held-out rest apart, the held-out
-    rows once more split into dgxc-benchmarking's tables and the other sources."""
+    rows once more split into the sources of `OWN_LINES` and the other sources."""
     ins = [p for p in preds if in_sample(p.row)]
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
         lines += [f"in sample (set the step share): {_counts(ins)}", f"held out: {_counts(held)}"]
-        dgxc = [p for p in held if str(p.row["name"]).startswith(DGXC_PREFIX)]
-        rest = [p for p in held if not str(p.row["name"]).startswith(DGXC_PREFIX)]
-        if dgxc and rest:
-            lines += [f"held out, dgxc-benchmarking v24.11.1: {_counts(dgxc)}",
-                      f"held out, the other sources: {_counts(rest)}"]
+        rest = held
+        for prefix, label in OWN_LINES:
+            own = [p for p in rest if str(p.row["name"]).startswith(prefix)]
+            if own and len(own) < len(rest):
+                lines.append(f"held out, {label}: {_counts(own)}")
+                rest = [p for p in rest if p not in own]
+        if len(rest) < len(held):
+            lines.append(f"held out, the other sources: {_counts(rest)}")
     return "\n".join(lines)
 
 
