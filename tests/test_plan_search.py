@@ -101,3 +101,26 @@ def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gp
 
     monkeypatch.setattr(S._Memo, "__init__", off)
     assert run() == shared
+
+
+def test_dp_tail_bound_never_exceeds_the_schedules_tail():
+    """The search bounds a configuration before simulating it with `dp_tail` without marks (stage 0's
+    buckets alone); the pruned search is exact only if that never exceeds the tail `evaluate` charges
+    (the schedule's own bucket timing), over schedules, ZeRO stages and both overlap flags."""
+    import itertools
+
+    from par3d.plan.cost import schedule_marks
+
+    checked = 0
+    for name in ("gpt3-175b", "llama3-70b"):
+        model = CATALOGUE[name]
+        for sched, pp, v in (("1f1b", 4, 1), ("interleaved", 4, 2), ("interleaved", 8, 2), ("gpipe", 4, 1),
+                             ("zb-h1", 4, 1), ("zb-v", 4, 2), ("dualpipe-v", 4, 2), ("1f1b", 1, 1)):
+            for ov, opg, zero, m in itertools.product((True, False), (True, False), (0, 1, 2), (2 * pp, 4 * pp)):
+                cl = replace(make_cluster("h100-sxm", 512, 8), overlap_grad_reduce=ov, overlap_param_gather=opg)
+                c = Choice(8, pp, 512 // (8 * pp), 1, m, sched, v, "none", zero, True, 1)
+                st = stage_times(model, cl, c)
+                exact = dp_tail(model, cl, c, st, schedule_marks(st, c))
+                assert dp_tail(model, cl, c, st) <= exact * (1 + 1e-9), (name, c, ov, opg)
+                checked += 1
+    assert checked == 2 * 8 * 24
