@@ -1167,8 +1167,11 @@ def reduce_exposed(ready: list[float], r: float, end: float, sigma: float) -> fl
 def gather_exposed(need: list[float], g: float, sigma: float) -> float:
     """Delay of a forward whose weight buckets (g s to all-gather each) are needed at the times `need`
     (sorted, from the step's start) when each bucket's gather is issued as the previous bucket's
-    compute starts (one ahead: Megatron-Core's `overlap_param_gather`, Apex's `overlap_param_sync`),
-    the first at the start; σ slows the compute the gathers overlap."""
+    compute starts, the first at the start; σ slows the compute the gathers overlap.  One bucket ahead
+    is Megatron-Core's `overlap_param_gather` without PP (each bucket's pre-hook dispatches the next);
+    with one-layer chunks it is also the chunk-wise dispatch of its pipeline schedules and of Apex's
+    `overlap_param_sync` (the next chunk's gathers issued when the previous chunk's first forward
+    starts), and with longer chunks nearly so (the network, not the issue time, bounds them)."""
     delay = 0.0
     done = g  # the first bucket's gather, issued at the start
     for i, at in enumerate(need):
