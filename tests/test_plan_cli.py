@@ -277,20 +277,29 @@ def test_tp_comm_overlap_flag(capsys):
     assert nosp_on["step_time_s"] == nosp_off["step_time_s"]
 
 
+# pure DP with ZeRO-1 on 64 H100: a plan whose DP tail is a visible part of the step
+ZERO1_DP64 = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
+              "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
+              "--top", "1", "--json"]
+
+
+def plans_with_and_without(capsys, flags: tuple[str, ...], extra: str) -> list[tuple[dict, dict, dict]]:
+    """(JSON hardware, best plan, memory) of ZERO1_DP64 + flags, without and with `extra`."""
+    runs = []
+    for more in ((), (extra,)):
+        rc, out, _ = run(capsys, *ZERO1_DP64, *flags, *more)
+        assert rc == 0
+        d = json.loads(out)
+        runs.append((d["hardware"], d["plans"][0], d["memory"]))
+    return runs
+
+
 def test_grad_reduce_in_fp32_flag(capsys):
     """--grad-reduce-in-fp32: the JSON's hardware says so, the DP reduction costs more and the gradients
     held are fp32 (twice the seed's 2 B); compute is untouched."""
-    base = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
-            "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
-            "--no-overlap-grad-reduce", "--top", "1", "--json"]
-    runs = []
-    for extra in ((), ("--grad-reduce-in-fp32",)):
-        rc, out, _ = run(capsys, *base, *extra)
-        assert rc == 0
-        d = json.loads(out)
-        runs.append((d["hardware"], d["plans"][0]))
-        assert d["memory"]["accounting"] == ("megatron" if extra else "seed")  # fp32 gradients counted
-    (hw16, p16), (hw32, p32) = runs
+    runs = plans_with_and_without(capsys, ("--no-overlap-grad-reduce",), "--grad-reduce-in-fp32")
+    assert [m["accounting"] for _, _, m in runs] == ["seed", "megatron"]  # fp32 gradients counted
+    (hw16, p16, _), (hw32, p32, _) = runs
     assert hw16["grad_reduce_fp32"] is False and hw32["grad_reduce_fp32"] is True
     assert p32["breakdown_s"]["compute"] == p16["breakdown_s"]["compute"]
     assert p32["breakdown_s"]["dp_comm"] > 1.2 * p16["breakdown_s"]["dp_comm"] > 0
@@ -300,16 +309,7 @@ def test_grad_reduce_in_fp32_flag(capsys):
 def test_overlap_param_gather_flag(capsys):
     """--no-overlap-param-gather: the updated weights' all-gather (ZeRO-1) waits after the optimizer, so
     the DP part of the step grows; the JSON's hardware says which; compute is untouched."""
-    base = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
-            "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
-            "--top", "1", "--json"]
-    runs = []
-    for extra in ((), ("--no-overlap-param-gather",)):
-        rc, out, _ = run(capsys, *base, *extra)
-        assert rc == 0
-        d = json.loads(out)
-        runs.append((d["hardware"], d["plans"][0]))
-    (hw_on, on), (hw_off, off) = runs
+    (hw_on, on, _), (hw_off, off, _) = plans_with_and_without(capsys, (), "--no-overlap-param-gather")
     assert hw_on["overlap_param_gather"] is True and hw_off["overlap_param_gather"] is False
     assert on["breakdown_s"]["compute"] == off["breakdown_s"]["compute"]
     assert off["breakdown_s"]["dp_comm"] > 2 * on["breakdown_s"]["dp_comm"] > 0
