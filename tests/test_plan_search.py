@@ -17,6 +17,7 @@ from par3d.plan.cost import (
     Choice,
     dp_tail,
     durations_of,
+    makespan_lower_bound,
     optimizer_time,
     rank_shapes,
     stage_times,
@@ -124,3 +125,20 @@ def test_dp_tail_bound_never_exceeds_the_schedules_tail():
                 assert dp_tail(model, cl, c, st) <= exact * (1 + 1e-9), (name, c, ov, opg)
                 checked += 1
     assert checked == 2 * 8 * 24
+
+
+def test_the_searchs_tail_bound_is_cached_per_backward_kind():
+    """1F1B and ZB-H1 share a placement and stage durations, but the tail's bound differs (a split
+    schedule's last action need not be stage 0's): the memo keeps one bound for each."""
+    from par3d.plan.search import _Memo
+
+    model = CATALOGUE["llama3-70b"]
+    cl = make_cluster("h100-sxm", 64, 8)
+    memo = _Memo(model, cl)
+    one = Choice(8, 4, 2, 1, 8, "1f1b", 1, "none", 1, True)
+    zb = replace(one, schedule="zb-h1")
+    st = memo.stage_times(one)
+    assert memo.stage_times(zb) is st  # shared: the same durations
+    b1, bz = memo.bound(one, st), memo.bound(zb, st)
+    assert b1 - makespan_lower_bound(st, one) == pytest.approx(dp_tail(model, cl, one, st) + optimizer_time(model, cl, one))
+    assert bz - makespan_lower_bound(st, zb) == pytest.approx(dp_tail(model, cl, zb, st) + optimizer_time(model, cl, zb))

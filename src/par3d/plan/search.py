@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from .cost import (
     DEFAULT_OPTIONS,
+    SPLIT_BACKWARD,
     Choice,
     Options,
     Plan,
@@ -318,7 +319,8 @@ class _Memo:
         lb = self.lb.get(k1)
         if lb is None:
             lb = self.lb[k1] = makespan_lower_bound(st, c)  # type: ignore[arg-type]
-        k2 = (id(st), _placement(c), c.dp, c.zero_stage)  # the tail reads the ranks' stages
+        # the tail reads the ranks' stages, and its bound whether the schedule splits its backwards
+        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.schedule in SPLIT_BACKWARD)
         tail = self.tail.get(k2)
         if tail is None:
             tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
