@@ -1194,9 +1194,13 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     bucket ahead of the next forward with `overlap_param_gather`, else whole after the optimizer).
 
     `marks` (the simulated makespan and stage marks) given: the step's tail.  Not given (the search's
-    bound, before simulating): a lower bound of it — stage 0's rank alone, with stage 0's buckets
-    alone, whose last backward ends at the makespan in every unsplit schedule (the backward flows back
-    to stage 0) and whose first forward starts the step; adding the rank's other buckets only delays."""
+    bound, before simulating): a lower bound of it.  Each queue costs X + σ·(total − X), X being what it
+    exposes (`reduce_exposed`, `gather_exposed`: every bucket overlaps compute unless exposed), which is
+    at least σ·total + (1 − σ)·X₀ for any X₀ <= X; X₀ is known for stage 0's buckets alone — its last
+    backward ends at the makespan in every unsplit schedule (the backward flows back to stage 0), its
+    first forward starts the step, and a rank's other buckets only delay the queue.  In a split
+    schedule the last action is some rank's B or BW, so that rank exposes at least one bucket: the
+    least σ·total + (1 − σ)·bucket over the ranks bounds it."""
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
@@ -1204,11 +1208,11 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     sigma = cluster.device.sigma
     split = c.schedule in SPLIT_BACKWARD
+    overlap_red, overlap_gather = cluster.overlap_grad_reduce, cluster.overlap_param_gather
     worst = 0.0
+    last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
     for r, shape in enumerate(shapes):
-        if marks is None and 0 not in lists[r]:
-            continue
         g = gbytes * shape.params
         hit = costs.get(g)
         if hit is None:
@@ -1220,15 +1224,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         buckets = _dp_rank_buckets(shape, lists[r])
         nb = sum(n for _, n in buckets)
         rb, gb = red / nb, gather / nb  # one bucket's reduction and gather
-        if marks is None:  # stage 0's buckets: its last backward [T − b, T], its first forward [0, f]
-            n0 = dict(buckets)[0]
-            b0 = st.bw[0] if split else st.b[0]
-            ready = [(k + 1) * b0 / n0 for k in range(n0)]
-            need = [k * st.f[0] / n0 for k in range(n0)]
-            end = b0
-            if split:  # a split schedule's last action may be any rank's: no reduction bound
-                ready = []
-        else:
+        if marks is not None:
             end, mk = marks
             ready, need = [], []
             for s, n in buckets:
@@ -1237,13 +1233,28 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 need += [f0 + k * st.f[s] / n for k in range(n)]
             ready.sort()
             need.sort()
-        if not cluster.overlap_grad_reduce:
-            exposed = red if (marks is not None or not split) else 0.0
-        else:
-            exposed = reduce_exposed(ready, rb, end, sigma) if ready else 0.0
-        if c.zero_stage >= 1:
-            exposed += gather_exposed(need, gb, sigma) if cluster.overlap_param_gather else gather
+            exposed = reduce_exposed(ready, rb, end, sigma) if overlap_red else red
+            if c.zero_stage >= 1:
+                exposed += gather_exposed(need, gb, sigma) if overlap_gather else gather
+        else:  # the bound: σ·total + (1 − σ)·X₀ per queue, X₀ from stage 0's buckets where this rank has them
+            x_red = x_gather = 0.0
+            if 0 in lists[r]:
+                n0 = dict(buckets)[0]
+                if not split:  # stage 0's last backward [T − b, T], here [0, b]
+                    x_red = reduce_exposed([(k + 1) * st.b[0] / n0 for k in range(n0)], rb, st.b[0], 0.0)
+                x_gather = gather_exposed([k * st.f[0] / n0 for k in range(n0)], gb, 0.0)  # its first forward
+            if overlap_red:
+                exposed = sigma * red + (1 - sigma) * x_red
+                last_rank = min(last_rank, sigma * red + (1 - sigma) * rb)
+            else:
+                exposed = red
+            if c.zero_stage >= 1:
+                exposed += sigma * gather + (1 - sigma) * x_gather if overlap_gather else gather
         worst = max(worst, exposed)
+    if marks is None:
+        if split and overlap_red:
+            worst = max(worst, last_rank)
+        return worst * (1 - 1e-9)  # the bound may equal the tail: keep it below the sums' rounding
     return worst
 
 
