@@ -1028,15 +1028,20 @@ def _simulated(st: StageTimes, c: Choice) -> tuple[float, tuple[float, float, tu
 
 def simulate_stages(st: StageTimes, c: Choice) -> tuple[float, float, list[float]]:
     """(makespan, bubble_wall, busy per rank) of pipeline/simulate.py's recurrence (cached)."""
+    return simulate_with_marks(st, c)[:3]
+
+
+def simulate_with_marks(st: StageTimes, c: Choice) -> tuple[float, float, list[float], Marks]:
+    """`simulate_stages`' three numbers and, from the same cached replay, the per-stage `Marks`: when each
+    stage's weights are first needed and its gradients final."""
     scale, hit = _simulated(st, c)
-    return hit[0] * scale, hit[1], [b * scale for b in hit[2]]
+    return hit[0] * scale, hit[1], [b * scale for b in hit[2]], hit[3].scaled(scale)
 
 
 def schedule_marks(st: StageTimes, c: Choice) -> tuple[float, Marks]:
-    """(makespan, per-stage `Marks`) of the same cached replay: when each stage's weights are first
-    needed and its gradients final."""
-    scale, hit = _simulated(st, c)
-    return hit[0] * scale, hit[3].scaled(scale)
+    """(makespan, per-stage `Marks`): what `dp_tail` reads."""
+    makespan, _, _, marks = simulate_with_marks(st, c)
+    return makespan, marks
 
 
 # ---- memory --------------------------------------------------------------------------------------
@@ -1387,7 +1392,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     opts = opts or DEFAULT_OPTIONS
     st = st or stage_times(model, cluster, c)
     mem_b, mem_r = mem or memory(model, cluster, c, opts)
-    makespan, bubble_wall, busy = simulate_stages(st, c)
+    makespan, bubble_wall, busy, marks = simulate_with_marks(st, c)
     if c.pp > 1 and validate:
         validate_schedule(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     prof = cluster.profile
@@ -1396,11 +1401,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     if prof is not None:
         if prof.point_sync is not None and (c.tp > 1 or c.cp > 1) and not cluster.hier:
             st = with_point_sync(st, model, c, prof, point_sync_load(st, c, prof, makespan, busy))
-            makespan, bubble_wall, busy = simulate_stages(st, c)
+            makespan, bubble_wall, busy, marks = simulate_with_marks(st, c)
         st, slow, slow_fx = _contended(st, c, prof, makespan, busy)
         if slow != 1.0 or slow_fx != 1.0:
-            makespan, bubble_wall, busy = simulate_stages(st, c)
-    tail = dp_tail(model, cluster, c, st, schedule_marks(st, c) if cluster.hier else None)
+            makespan, bubble_wall, busy, marks = simulate_with_marks(st, c)
+    tail = dp_tail(model, cluster, c, st, (makespan, marks) if cluster.hier else None)
     full = contention(prof, c.gpus)  # the optimizer step runs on every rank at once
     opt = full * optimizer_time(model, cluster, c)
     if prof is not None:

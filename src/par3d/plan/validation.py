@@ -163,7 +163,7 @@ def summary(preds: list[Prediction]) -> str:
             own = [p for p in rest if str(p.row["name"]).startswith(prefix)]
             if own and len(own) < len(rest):
                 lines.append(f"held out, {label}: {_counts(own)}")
-                rest = [p for p in rest if p not in own]
+                rest = [p for p in rest if not str(p.row["name"]).startswith(prefix)]
         if len(rest) < len(held):
             lines.append(f"held out, the other sources: {_counts(rest)}")
     return "\n".join(lines)
