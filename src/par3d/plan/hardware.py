@@ -397,8 +397,8 @@ def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float,
                           dtype: str) -> float:
     """The `device.gemm[dtype]` value `par3d calibrate` on a GPU writes: the best measured GEMM's share of
     peak (a burst at boost clock, like Bekman's MAMF) × the GPU's sustained/burst ratio
-    (`gemm_table.sustained_ratio`: MSMF/MAMF where measured, the A100's HPL clock ratio otherwise) × the
-    step share, so a calibrated GPU is described as the catalogue describes its own GPUs (a burst equal
+    (`gemm_table.sustained_ratio`: MSMF/MAMF where measured, the fitted ratio for the H100, the A100's
+    HPL clock ratio otherwise) × the step share, so a calibrated GPU is described as the catalogue describes its own GPUs (a burst equal
     to the table's MAMF gives the catalogue's share).  Never run on a GPU here."""
     burst = gemm_entry_from_points(points, peak_tflops)
     return min(1.0, burst) * _gt.sustained_ratio(family, dtype) * _gt.STEP_SHARE
