@@ -68,8 +68,6 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     "b200": {"bf16": (2250.0, 1737.0, 1439.0), "fp16": (2250.0, 1737.0, 1439.0),
              "fp8": (4500.0, 3350.0, 2788.0)},
 }
-# a GPU without its own MSMF takes the sustained/burst ratio of the GPU with the same die and power limit
-SAME_DIE: dict[str, str] = {"h100": "h200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100 has
@@ -78,17 +76,15 @@ FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8610, ("h1
 
 
 def sustained_ratio(family: str, dtype: str) -> float:
-    """MSMF / MAMF for this GPU and dtype (its own, else fitted (H100), else its same-die sibling's; A100:
-    the HPL clock ratio)."""
+    """MSMF / MAMF for this GPU and dtype (its own, else fitted (H100); A100: the HPL clock ratio)."""
     fitted = FITTED_SUSTAINED.get((family, "bf16" if dtype == "fp16" else dtype))
     if fitted is not None:
         return fitted
     if family in SUSTAINED_CLOCK:
         return SUSTAINED_CLOCK[family]
-    for fam in (family, SAME_DIE.get(family)):
-        row = TABLE.get(fam or "", {}).get(dtype)
-        if row is not None and row[2] is not None:
-            return row[2] / row[1]
+    row = TABLE.get(family, {}).get(dtype)
+    if row is not None and row[2] is not None:
+        return row[2] / row[1]
     return HPL_SUSTAINED
 
 
@@ -102,4 +98,4 @@ def achievable_fraction(family: str, dtype: str) -> float | None:
     return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
 
 
-__all__ = ["FITTED_SUSTAINED", "STEP_SHARE", "TABLE", "SAME_DIE", "achievable_fraction", "sustained_ratio"]
+__all__ = ["FITTED_SUSTAINED", "STEP_SHARE", "TABLE", "achievable_fraction", "sustained_ratio"]

@@ -12,6 +12,7 @@ import os
 import sys
 import tomllib
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from .cost import Choice, Options, Plan, evaluate
@@ -153,11 +154,13 @@ def sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[st
     return list(first.values())
 
 
-_SUSTAINED_NAMES = frozenset(str(r["name"]) for r in sustained_rows())
+@cache
+def _sustained_names() -> frozenset[str]:
+    return frozenset(str(r["name"]) for r in sustained_rows())
 
 
 def in_sample(row: dict[str, Any]) -> bool:
-    return str(row["name"]).startswith(IN_SAMPLE_PREFIX) or str(row["name"]) in _SUSTAINED_NAMES
+    return str(row["name"]).startswith(IN_SAMPLE_PREFIX) or str(row["name"]) in _sustained_names()
 
 
 def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol: float = 1e-6) -> float:
