@@ -49,7 +49,8 @@ def test_row_within_its_bound(predictions, name):
 
 # docs/planner.md section 9, "Memory in the validation": a row is checked against the planner's 5 % headroom
 # first and against the GPU's capacity alone only when its published configuration fits nowhere inside it.
-CAPACITY_ONLY = {"narayanan2021-t2-zero3-530B-640", "mbridge-25.11-llama3.1-405B-b200", "llama3-405B-16384"}
+# (the B200 405B row left it in issue 12's ninth round, when memory.py counted the fp8 casts TE saves)
+CAPACITY_ONLY = {"narayanan2021-t2-zero3-530B-640", "llama3-405B-16384"}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):

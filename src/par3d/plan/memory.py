@@ -5,9 +5,8 @@ Model states (mixed-precision Adam; Rajbhandari et al. 2020 "ZeRO", §3.1; seed 
     = 16 B/param — the seed's count (Megatron keeps fp32 main gradients, 4 B; we follow the seed).
     fp32 training: weights 4 + gradients 4 + optimizer 8 (m, v; no separate master copy).
     fp16 is counted as bf16 (loss scaling adds a scalar).  fp8 (Transformer Engine style: fp8 GEMM
-    inputs, bf16 weights and activations between kernels, fp32 master and moments) as bf16 too: for
-    activations an upper bound (TE saves a GEMM's input for its weight gradient as its fp8 cast,
-    transformer_engine/pytorch/module/linear.py; not modelled); for weights see "fp8 weights" below.
+    inputs, bf16 weights and activations between kernels, fp32 master and moments) as bf16 for the
+    states (for weights see "fp8 weights" below); its activations as TE saves them ("fp8 activations").
 `accounting="megatron"` counts states as Megatron-LM allocates them (its distributed-optimizer
 documentation's table): bf16 weights 2 B + fp32 main gradients 4 B (the gradient buffer that
 accumulates across micro-batches and is reduced) + fp32 master, m, v 12 B = 18 B/param; its
@@ -42,6 +41,12 @@ replicated K/V head per rank (models.ModelSpec.kv_dim_per_rank).
 The 34 splits as 10 replicated under TP (layer-norm inputs 4, QKV and MLP inputs 2+2, two dropout
 masks 1+1) and 24 sharded (Q, K, V, projection input 8, MLP 16 = 4·s·b·f for f = 4h).  We keep the
 split but use the real f, GQA's narrower K/V, and 8·s·b·f for a gated MLP (gate, up, act, product).
+fp8 activations (Transformer Engine: transformer_engine/pytorch/module/{linear,layernorm_linear,
+layernorm_mlp}.py save a GEMM's input for its weight gradient as the fp8 cast the forward GEMM used,
+1 B an element): the QKV and fc1 inputs (the layer-norm outputs, 2+2 → 1+1 replicated) and the fc2
+input (the activation's output, 2·s·b·f → 1·s·b·f) halve; the projection's input is saved twice, the
+attention kernel's bf16 output for its own backward and the projection's fp8 cast (+1·s·b·h sharded);
+the layer-norm inputs, Q/K/V, the fc1 output and the full-recompute checkpoints stay bf16.
 × the schedule's peak in-flight micro-batches on the rank (from the schedule checker: GPipe m,
 1F1B min(p − rank, m), ...).  The last stage also holds the logits of one micro-batch for the
 loss: 2 B (bf16 logits) + 4 B (fp32 softmax) per token per vocab entry, /t with vocab-parallel CE.
@@ -68,7 +73,8 @@ ACCOUNTINGS = ("seed", "megatron")
 # bytes of Adam's state per parameter (master copy, m, v) by the optimizer's state dtype (see above)
 OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0}
 # bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
-# Engine casts GEMM inputs to fp8 inside the GEMM's wrapper)
+# Engine casts GEMM inputs to fp8 inside the GEMM's wrapper; what it saves for the backward in fp8 is
+# counted in layer_activation_bytes)
 ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
@@ -133,6 +139,9 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     mlp = (6.0 if model.gated else 4.0) * s * b * model.ffn
     # Q, projection input (4 units of sbh/t), K and V at this rank's K/V width (replicated when tp > kv)
     sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
+    if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
+        replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
+        sharded += sbh - s * b * model.ffn  # projection input once more in fp8; fc2 input 2 -> 1
     if recompute == "selective":
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores
