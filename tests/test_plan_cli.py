@@ -436,3 +436,16 @@ def test_tp_overlap_pipeline_method():
     assert pipe_one > 0 and ring_one > 0
     assert tp_overlap_exposed(model, pipe, c, coll, forward=False) == pytest.approx(
         tp_overlap_exposed(model, ring, c, coll, forward=False))
+
+
+def test_gb200_plans_part_of_an_nvl72_domain(capsys):
+    """--gpu gb200: 72 GPUs share NVLink (the NVL72 rack); 256 GPUs are 3 racks and part of a fourth, which
+    the whole-node rule for 8-GPU nodes does not refuse; an explicit --gpus-per-node keeps the rule."""
+    rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "gb200", "--gpus", "256", "--global-batch", "256",
+                     "--dtype", "fp8", "--top", "1", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert d["plans"] and d["plans"][0]["fits"]
+    rc, _, err = run(capsys, "--model", "llama3-70b", "--gpu", "gb200", "--gpus", "100", "--gpus-per-node", "8",
+                     "--global-batch", "256")
+    assert rc != 0 and "--gpus-per-node 8" in err

@@ -488,6 +488,29 @@ def test_step_share_applies_to_every_gpu():
     assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * gt.FITTED_SUSTAINED[("h100", "bf16")] * 0.91)
 
 
+def test_gb200_is_the_b200_die_in_an_nvl72_domain():
+    """GB200 (issue 12's ninth round): its own peaks and MAMF (Bekman), the B200's measured sustained ratio
+    (no GB200 MSMF: gemm_table.SAME_DIE), the same memory bandwidth, 186 GB, and 72 GPUs per NVLink domain."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import DEVICES, default_gpus_per_node
+
+    for dtype in ("bf16", "fp8"):
+        assert gt.sustained_ratio("gb200", dtype) == gt.sustained_ratio("b200", dtype)
+        peak, mamf, msmf = gt.TABLE["gb200"][dtype]
+        assert msmf is None and DEVICES["gb200"].peak(dtype) == peak * 1e12
+        assert DEVICES["gb200"].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * 0.91)
+    gb, b = DEVICES["gb200"], DEVICES["b200"]
+    assert gb.mem_bw == b.mem_bw and gb.mem_bytes == 186e9 and gb.attn_eff == b.attn_eff
+    assert default_gpus_per_node("gb200") == 72 and default_gpus_per_node("GB200-NVL72") == 72
+    assert default_gpus_per_node("h100") == 8
+    cl = make_cluster("gb200", 256)
+    assert cl.gpus_per_node == 72 and make_cluster("b200", 256).gpus_per_node == 8
+    # a 64-GPU model replica (tp 4 x pp 16) stays on NVLink; the DP group crosses domains on the NICs
+    inside = comm.collective("all_gather", 1e9, 4, 1, cl).total
+    across = comm.collective("all_reduce", 1e9, 4, 64, cl).total
+    assert inside < across
+
+
 def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradients():
     """`Cluster.grad_reduce_fp32` (Megatron-Core grad_reduce_in_fp32, FSDP reduce_dtype=float32, Llama 3):
     the DP reduction moves 4 B per gradient instead of 2 and the gradients held are fp32; the updated

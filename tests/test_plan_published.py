@@ -53,8 +53,18 @@ def test_row_within_its_bound(predictions, name):
 CAPACITY_ONLY = {"narayanan2021-t2-zero3-530B-640", "llama3-405B-16384"}
 
 
+# rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
+# 405B rows: the interleaved warm-up priced at the mean layers per chunk; validation.toml says by how much)
+OVER_MEMORY = {"mbridge-25.11-llama3.1-405B-gb200", "mbridge-26.02-llama3.1-405B-gb200"}
+
+
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
-    assert {n for n, p in predictions.items() if not p.in_headroom} == CAPACITY_ONLY
+    assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY
+    assert {n for n, p in predictions.items() if not p.fits} == OVER_MEMORY
+    for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2)
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert cap < p.plan.memory.total < 1.1 * cap
     for n in CAPACITY_ONLY:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

@@ -97,10 +97,12 @@ def register(sub) -> None:
                         "(rotary, no biases, untied); --position/--bias/--tied-embeddings override")
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", default="a100-80gb",
-                   help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200 (default: %(default)s)")
+                   help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200 (GB200 NVL72) "
+                        "(default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
-                   help="GPUs per node sharing the fast intra-node link (default: 8, or the hardware file's)")
+                   help="GPUs per node sharing the fast intra-node link (default: 8; 72 for gb200, the NVL72 rack's "
+                        "NVLink domain; or the hardware file's)")
     g.add_argument("--intra-node-bw", type=_positive_float, default=None,
                    help="intra-node bandwidth per GPU, one direction, GB/s (default: NVLink of the GPU, "
                         "300 for A100)")
@@ -227,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
 def _cluster(args: argparse.Namespace):
     from par3d.plan.hardware import (
         HardwareError,
+        default_gpus_per_node,
         get_device,
         load_hardware_file,
         make_cluster,
@@ -265,8 +268,8 @@ def _cluster(args: argparse.Namespace):
             cl = replace(cl, flash_attention=args.flash_attention, cp_comm=args.cp_comm,
                          device=with_attention_kernel(cl.device, args.attention_kernel))
         else:
-            gpn = args.gpus_per_node or 8
             dev = get_device(args.gpu)
+            gpn = args.gpus_per_node or default_gpus_per_node(dev.name)
             if args.dtype not in dev.peak_flops:
                 have = ", ".join(d for d in ("bf16", "fp16", "fp8", "fp32") if d in dev.peak_flops)
                 raise UsageError(f"--dtype {args.dtype}: {dev.name} has no {args.dtype} tensor cores; use "
@@ -286,7 +289,10 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
-    if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node:
+    # whole nodes; a rack-scale NVLink domain (GB200 NVL72) may be taken in part (comm.py prices a group
+    # by the ranks it spans)
+    rack = not args.hardware and not args.gpus_per_node and cl.gpus_per_node > 8
+    if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
                          f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"
                          f" or {(cl.gpus // cl.gpus_per_node + 1) * cl.gpus_per_node}")

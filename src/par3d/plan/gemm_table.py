@@ -12,8 +12,12 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   compute/accelerator/README.md, "Maximum Achievable and Sustainable Matmul FLOPS comparison table",
   2026 revision, mamf-finder v4): A100 SXM 267.9 BF16 (the earlier revision's figure, which the
   A100's fit below was made on); H100 SXM 795 BF16, 1403 FP8; H200 SXM 850 BF16, 1525 FP8;
-  B200 SXM 1737 BF16, 3350 FP8.  FP16 runs the same tensor-core path as BF16 at the same peak, so it
-  takes the BF16 entry.
+  B200 SXM 1737 BF16, 3350 FP8.  GB200 (the B200 die at the GB200 NVL72's 1200 W, peaks 2500 BF16 /
+  5000 FP8 per GPU: NVIDIA GB200 NVL72 specifications, per GPU as Bekman's TFLOPS table gives them):
+  1822.0 BF16, 3615.6 FP8 (the table's 2026-08 revision, torch 2.10.0.dev, the only revision with a
+  GB200 row; the same revision has B200 at 1745.0 / 3432.5, so GB200/B200 = 1.04 / 1.05, not the
+  1.11 of the peaks).  FP16 runs the same tensor-core path as BF16 at the same peak, so it takes the
+  BF16 entry.
 - `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
   held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
   yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
@@ -35,6 +39,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     holds beyond the clock (TE's casts and amax bookkeeping as priced in compute.py may fall short) is
     not separated: it is the H100's FP8 step as the table's runs sustain it.  Reproduce with
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
+  * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SAME_DIE`: the same die,
+    clocked by the same boost logic, at 1200 W instead of 1000 W — so if anything it sustains more of its
+    burst, and this is the cautious side).  Not fitted: the GB200 validation rows are all held out.
   * A100: the HPL sustained-clock ratio 1305/1410 = 0.926: 1305 MHz is the clock an A100 sustains
     at its 400 W limit running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised
     by G. Lockwood, "Peak FLOPS", glennklockwood.com).  Not fitted.
@@ -67,7 +74,10 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     "h200": {"bf16": (989.0, 850.0, 755.0), "fp16": (989.0, 850.0, 755.0), "fp8": (1979.0, 1525.0, 1354.0)},
     "b200": {"bf16": (2250.0, 1737.0, 1439.0), "fp16": (2250.0, 1737.0, 1439.0),
              "fp8": (4500.0, 3350.0, 2788.0)},
+    "gb200": {"bf16": (2500.0, 1822.0, None), "fp16": (2500.0, 1822.0, None), "fp8": (5000.0, 3615.6, None)},
 }
+# a GPU without its own MSMF that takes the sustained/burst ratio of the same die measured elsewhere (see above)
+SAME_DIE: dict[str, str] = {"gb200": "b200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100 has
@@ -76,12 +86,14 @@ FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8610, ("h1
 
 
 def sustained_ratio(family: str, dtype: str) -> float:
-    """MSMF / MAMF for this GPU and dtype (its own, else fitted (H100); A100: the HPL clock ratio)."""
+    """MSMF / MAMF for this GPU and dtype (its own, else fitted (H100), else its die's (GB200: B200's);
+    A100: the HPL clock ratio)."""
     fitted = FITTED_SUSTAINED.get((family, "bf16" if dtype == "fp16" else dtype))
     if fitted is not None:
         return fitted
     if family in SUSTAINED_CLOCK:
         return SUSTAINED_CLOCK[family]
+    family = SAME_DIE.get(family, family)
     row = TABLE.get(family, {}).get(dtype)
     if row is not None and row[2] is not None:
         return row[2] / row[1]
@@ -98,4 +110,4 @@ def achievable_fraction(family: str, dtype: str) -> float | None:
     return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
 
 
-__all__ = ["FITTED_SUSTAINED", "STEP_SHARE", "TABLE", "achievable_fraction", "sustained_ratio"]
+__all__ = ["FITTED_SUSTAINED", "SAME_DIE", "STEP_SHARE", "TABLE", "achievable_fraction", "sustained_ratio"]

@@ -182,7 +182,7 @@ ATTENTION_KERNELS = ("fa2", "fa3")
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
-    "b200": {"fa2": FA2_B200},
+    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": FA2_B200},
 }
 
 
@@ -214,9 +214,14 @@ DEVICES: dict[str, Device] = {
                    attn_eff=FA_HOPPER),
     "b200": Device("b200", _peaks(2250, 80, 4500), 8000 * GB, 180 * GB, 148, gemm=_gemm("b200"),
                    attn_eff=FA_B200_CUDNN),
+    # GB200 NVL72 (NVIDIA GB200 NVL72 specifications, per GPU): the B200 die at 1200 W, 2500 BF16 / 5000 FP8
+    # dense, 186 GB HBM3e at 8 TB/s; 72 GPUs in one NVLink 5 domain (DEFAULT_GPUS_PER_NODE).  Attention at
+    # the B200's measured cuDNN share of peak (no GB200 measurement; assumed to scale with the clock).
+    "gb200": Device("gb200", _peaks(2500, 80, 5000), 8000 * GB, 186 * GB, 148, gemm=_gemm("gb200"),
+                    attn_eff=FA_B200_CUDNN),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
-           "h100-80gb": "h100-sxm", "b200-sxm": "b200"}
+           "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
 
 LINKS: dict[str, Link] = {
     "nvlink3": Link("nvlink3", 3 * US, 300 * GB),  # A100 NVLink/NVSwitch, per direction per GPU
@@ -233,7 +238,18 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
     "h100-sxm": ("nvlink4", "ib-ndr"),
     "h200": ("nvlink4", "ib-ndr"),
     "b200": ("nvlink5", "ib-ndr"),
+    # a GB200 compute tray: 4 GPUs, 4 ConnectX-7 at 400 Gb/s (one per GPU) out of the NVLink domain
+    "gb200": ("nvlink5", "ib-ndr"),
 }
+# GPUs that share the intra-node (NVLink) link: 8 in a DGX/HGX node; the GB200 NVL72 rack's 72 GPUs are
+# one NVLink domain (a job may take part of a rack: a group is priced by the ranks it spans, comm.py)
+DEFAULT_GPUS_PER_NODE: dict[str, int] = {"gb200": 72}
+
+
+def default_gpus_per_node(gpu: str) -> int:
+    """The catalogue GPU's NVLink domain: 8 (DGX/HGX) unless DEFAULT_GPUS_PER_NODE says otherwise."""
+    name = ALIASES.get(gpu.lower(), gpu.lower())
+    return DEFAULT_GPUS_PER_NODE.get(name, 8)
 
 
 CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
@@ -353,7 +369,7 @@ def get_device(name: str) -> Device:
     return DEVICES[key]
 
 
-def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
+def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | None = None,
                  intra_bw_gbps: float | None = None, inter_bw_gbps: float | None = None,
                  dtype: str = "bf16", efficiency: float | None = None, nics_per_node: int | None = None,
                  nic_bw_gbps: float | None = None, flash_attention: bool = True,
@@ -364,6 +380,8 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int = 8,
     (default: the GPU's NIC, one per GPU) is the node's inter-node bandwidth; `inter_bw_gbps`
     instead gives the per-GPU share directly (the older flag)."""
     dev = with_attention_kernel(get_device(gpu), attention_kernel)
+    if gpus_per_node is None:  # the GPU's NVLink domain (8; GB200 NVL72: 72)
+        gpus_per_node = default_gpus_per_node(dev.name)
     if cp_comm not in CP_COMMS:
         raise HardwareError(f"cp_comm {cp_comm!r}: choose one of {', '.join(CP_COMMS)}")
     if efficiency is not None:

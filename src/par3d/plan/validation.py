@@ -55,7 +55,7 @@ def model_of(row: dict[str, Any]) -> ModelSpec:
 
 
 def cluster_of(row: dict[str, Any]) -> Cluster:
-    cl = make_cluster(row["gpu"], int(row["gpus"]), 8, dtype=str(row.get("dtype", "bf16")),
+    cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), dtype=str(row.get("dtype", "bf16")),
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
