@@ -228,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _cluster(args: argparse.Namespace):
     from par3d.plan.hardware import (
+        DEFAULT_GPUS_PER_NODE,
         HardwareError,
         default_gpus_per_node,
         get_device,
@@ -236,6 +237,7 @@ def _cluster(args: argparse.Namespace):
         with_attention_kernel,
     )
 
+    rack = False
     try:
         if args.hardware:
             from dataclasses import replace
@@ -270,6 +272,8 @@ def _cluster(args: argparse.Namespace):
         else:
             dev = get_device(args.gpu)
             gpn = args.gpus_per_node or default_gpus_per_node(dev.name)
+            # a catalogue GPU whose NVLink domain is a rack (GB200 NVL72): a job may take part of one
+            rack = args.gpus_per_node is None and dev.name in DEFAULT_GPUS_PER_NODE
             if args.dtype not in dev.peak_flops:
                 have = ", ".join(d for d in ("bf16", "fp16", "fp8", "fp32") if d in dev.peak_flops)
                 raise UsageError(f"--dtype {args.dtype}: {dev.name} has no {args.dtype} tensor cores; use "
@@ -289,9 +293,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
-    # whole nodes; a rack-scale NVLink domain (GB200 NVL72) may be taken in part (comm.py prices a group
-    # by the ranks it spans)
-    rack = not args.hardware and not args.gpus_per_node and cl.gpus_per_node > 8
+    # whole nodes, except a rack-scale NVLink domain taken in part (comm.py prices a group by the ranks it spans)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
                          f"(whole nodes); use --gpus {cl.gpus // cl.gpus_per_node * cl.gpus_per_node or cl.gpus_per_node}"
