@@ -45,12 +45,38 @@ def test_json_1024_gpus_fast(capsys):
         assert PLAN_KEYS <= set(p)
         assert set(p["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "other", "total"}
         assert set(p["breakdown_s"]) == {"compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm",
-                                         "bubble", "optimizer"}
+                                         "bubble", "optimizer", "stragglers"}
         assert sum(p["breakdown_s"].values()) == pytest.approx(p["step_time_s"], rel=1e-6)
         assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == 1024
         assert p["micro_batch"] * p["microbatches"] * p["dp"] == 1536
         assert p["fits"] and p["memory_gib"]["total"] <= 80
         assert 0 < p["mfu"] < 1 and p["hardware_tflops_per_gpu"] >= p["model_tflops_per_gpu"]
+
+
+def test_straggler_cv_flag(capsys):
+    """--straggler-cv: 0 prices no stragglers (the step shrinks by exactly their share), the default names them
+    in --explain, and a value outside [0, 0.5] is refused before anything runs."""
+    args = ("--model", "gpt3-13b", "--gpu", "h100", "--gpus", "64", "--global-batch", "256", "--tp", "8",
+            "--pp", "2", "--json")
+    rc, out, _ = run(capsys, *args)
+    assert rc == 0
+    d = json.loads(out)
+    assert d["hardware"]["straggler_cv"] == 0.015
+    rc, out0, _ = run(capsys, *args, "--straggler-cv", "0")
+    assert rc == 0
+    d0 = json.loads(out0)
+    assert d0["hardware"]["straggler_cv"] == 0.0
+    best, best0 = d["plans"][0], d0["plans"][0]
+    assert "stragglers" not in best0["breakdown_s"]
+    if (best["tp"], best["pp"], best["micro_batch"], best["schedule"]) == (best0["tp"], best0["pp"],
+                                                                            best0["micro_batch"], best0["schedule"]):
+        assert best["step_time_s"] - best0["step_time_s"] == pytest.approx(best["breakdown_s"]["stragglers"], rel=1e-6)
+    assert best["step_time_s"] > best0["step_time_s"]
+    rc, out, _ = run(capsys, *args[:-1], "--explain")
+    assert rc == 0 and "stragglers" in out and "slowest of 64 GPUs" in out
+    with pytest.raises(SystemExit):
+        run(capsys, *args, "--straggler-cv", "0.7")
+    assert "must be a fraction in [0, 0.5]" in capsys.readouterr().err
 
 
 def test_fixed_choices_and_explain(capsys):

@@ -475,7 +475,7 @@ def test_step_share_applies_to_every_gpu():
     from par3d.plan import gemm_table as gt
     from par3d.plan.hardware import DEVICES
 
-    assert gt.STEP_SHARE == 0.91
+    assert gt.STEP_SHARE == 0.966 and gt.STEP_SPREAD == 0.015  # fitted with the cited spread in place
     for family, dtypes in gt.TABLE.items():
         for dtype, (peak, mamf, _) in dtypes.items():
             clock = gt.sustained_ratio(family, dtype)
@@ -485,7 +485,52 @@ def test_step_share_applies_to_every_gpu():
     assert gt.sustained_ratio("h200", "fp8") == pytest.approx(1354 / 1525)  # measured MSMF / MAMF
     assert gt.sustained_ratio("h100", "fp8") == gt.FITTED_SUSTAINED[("h100", "fp8")]
     assert gt.sustained_ratio("h100", "fp16") == gt.FITTED_SUSTAINED[("h100", "bf16")]
-    assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * gt.FITTED_SUSTAINED[("h100", "bf16")] * 0.91)
+    assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * gt.FITTED_SUSTAINED[("h100", "bf16")] * gt.STEP_SHARE)
+
+
+def test_straggler_factor_is_the_expected_maximum_of_n_gpus():
+    """cost.straggler_factor: 1 + cv · E[max of n standard normals] (Blom's approximation, checked here against
+    the integral E[max] = ∫ x · n φ(x) Φ(x)^(n-1) dx); 1 for one GPU or cv = 0; rising with n."""
+    import math
+
+    from par3d.plan.cost import expected_max_normal, straggler_factor
+
+    def exact(n: int) -> float:
+        h, total = 1e-3, 0.0
+        for i in range(-9000, 9000):
+            x = i * h
+            phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+            total += x * n * phi * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * h
+        return total
+
+    for n in (2, 8, 64, 1024, 16384):
+        assert expected_max_normal(n) == pytest.approx(exact(n), abs=0.03), n
+    assert straggler_factor(0.015, 1) == 1.0 and straggler_factor(0.0, 16384) == 1.0
+    values = [straggler_factor(0.015, n) for n in (8, 64, 512, 4096, 16384)]
+    assert values == sorted(values) and 1.02 < values[0] < values[-1] < 1.07
+
+
+def test_stragglers_priced_on_gpu_clusters_only():
+    """Catalogue GPUs (hierarchical clusters) take gemm_table.STEP_SPREAD; the seed's flat model and a
+    calibrated host take none; the breakdown names the stragglers' share and still sums to the step."""
+    from dataclasses import replace
+
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.cost import Choice, evaluate, straggler_factor
+
+    model = CATALOGUE["gpt3-1.3b"]
+    gpu = make_cluster("a100-80gb", 64)
+    assert gpu.step_spread == gt.STEP_SPREAD > 0
+    assert make_cluster("a100-80gb", 64, efficiency=0.48).step_spread == 0.0
+    c = Choice(2, 2, 16, 1, 8, "1f1b", 1, "none", 1, True)
+    with_s = evaluate(model, gpu, c)
+    without = evaluate(model, replace(gpu, straggler_cv=0.0), c)
+    assert "stragglers" not in without.breakdown
+    assert sum(with_s.breakdown.values()) == pytest.approx(with_s.step_time, rel=1e-9)
+    k = straggler_factor(gt.STEP_SPREAD, 64)
+    stretched = k * (without.extra["makespan_s"] + without.breakdown["optimizer"])
+    assert with_s.step_time - without.step_time == pytest.approx(stretched - without.extra["makespan_s"]
+                                                                 - without.breakdown["optimizer"], rel=1e-9)
 
 
 def test_gb200_is_the_b200_die_in_an_nvl72_domain():
@@ -498,7 +543,7 @@ def test_gb200_is_the_b200_die_in_an_nvl72_domain():
         assert gt.sustained_ratio("gb200", dtype) == gt.sustained_ratio("b200", dtype)
         peak, mamf, msmf = gt.TABLE["gb200"][dtype]
         assert msmf is None and DEVICES["gb200"].peak(dtype) == peak * 1e12
-        assert DEVICES["gb200"].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * 0.91)
+        assert DEVICES["gb200"].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * gt.STEP_SHARE)
     gb, b = DEVICES["gb200"], DEVICES["b200"]
     assert gb.mem_bw == b.mem_bw and gb.mem_bytes == 186e9 and gb.attn_eff == b.attn_eff
     assert default_gpus_per_node("gb200") == 72 and default_gpus_per_node("GB200-NVL72") == 72

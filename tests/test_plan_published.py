@@ -195,3 +195,12 @@ def test_h100_sustained_ratios_are_the_declared_fit():
     for (family, dtype), stored in gemm_table.FITTED_SUSTAINED.items():
         assert abs(validation.fit_sustained(family, dtype) - stored) < 1e-4, (family, dtype)
         assert gemm_table.sustained_ratio(family, dtype) == stored
+
+
+def test_step_share_is_the_declared_fit():
+    """gemm_table.STEP_SHARE is what `validation.fit_step_share` gives on the ten Table 1 rows with the
+    straggler spread (gemm_table.STEP_SPREAD, cited, not fitted) in place: stored to three digits."""
+    from par3d.plan import gemm_table
+
+    assert abs(validation.fit_step_share() - gemm_table.STEP_SHARE) < 5e-4
+    assert all(validation.in_sample(r) for r in ROWS if r["name"].startswith(validation.IN_SAMPLE_PREFIX))

@@ -59,6 +59,17 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _spread(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.015") from None
+    if not 0 <= v <= 0.5:
+        raise argparse.ArgumentTypeError(f"{v} must be a fraction in [0, 0.5] (0.015 = a 1.5 %% spread; 0 prices "
+                                         f"no stragglers)")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
@@ -157,6 +168,11 @@ def register(sub) -> None:
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
+    g.add_argument("--straggler-cv", type=_spread, default=None, metavar="CV",
+                   help="spread of the GPUs' step times (coefficient of variation, e.g. 0.015); a synchronous "
+                        "step runs at the slowest GPU's pace, cv x E[max of N normals] behind the mean "
+                        "(default: 0.015 on catalogue GPUs, the spread Sinha et al. (SC'22) measured across "
+                        "clusters of one GPU model; 0 with --hardware or --efficiency)")
     g.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON/TOML hardware description (written by `par3d calibrate`); replaces --gpu")
     g.add_argument("--efficiency", type=_fraction, default=None,
@@ -292,7 +308,8 @@ def _cluster(args: argparse.Namespace):
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
-                  tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling)
+                  tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
+                  straggler_cv=args.straggler_cv)
     # whole nodes, except a rack-scale NVLink domain taken in part (comm.py prices a group by the ranks it spans)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
@@ -557,8 +574,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     # -- the breakdown --
     b = best.breakdown
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
-    for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
-        out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
+    for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
+              "stragglers", "overhead"):
+        if k in b:
+            out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
+    if "stragglers" in b:
+        out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
+                   f"{cluster.step_spread:.1%}: --straggler-cv)")
     if best.choice.pp > 1:
         out += ["", _placement_line(best.choice)]
     mem = best.memory.gib()
@@ -664,7 +686,7 @@ def _cp_line(model, cluster, c) -> str:
 
 
 def _diff(best, other) -> str:
-    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
-    d = sorted(((other.breakdown[k] - best.breakdown[k], k) for k in keys), key=lambda t: -abs(t[0]))
+    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "stragglers")
+    d = sorted(((other.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0), k) for k in keys), key=lambda t: -abs(t[0]))
     parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
     return (" (" + ", ".join(parts) + ")") if parts else ""

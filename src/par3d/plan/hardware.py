@@ -311,6 +311,16 @@ class Cluster:
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
     cp_comm: str = "ring"
+    # the spread of the GPUs' step times (coefficient of variation: the silicon and power management of
+    # one SKU, and per-step jitter); a synchronous step runs at its slowest GPU's pace (cost.straggler_factor).
+    # None: gemm_table.STEP_SPREAD on hierarchical (catalogue-GPU) clusters, 0 on flat/calibrated ones
+    straggler_cv: float | None = None
+
+    @property
+    def step_spread(self) -> float:
+        if self.straggler_cv is not None:
+            return self.straggler_cv
+        return _gt.STEP_SPREAD if self.hier else 0.0
 
     @property
     def fp8_current(self) -> bool:
@@ -351,7 +361,7 @@ class Cluster:
             "zero3_unit": self.zero3_unit,
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
-            "fp8_scaling": self.fp8_scaling,
+            "fp8_scaling": self.fp8_scaling, "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }

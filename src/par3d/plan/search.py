@@ -41,6 +41,7 @@ from .cost import (
     rank_busy,
     rank_stage_lists,
     stage_times,
+    straggler_factor,
     validate_schedule,
 )
 from .hardware import Cluster
@@ -313,8 +314,9 @@ class _Memo:
 
     def bound(self, c: Choice, st: object) -> float:
         if not self.on:
-            return (makespan_lower_bound(st, c) + dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
-                    + optimizer_time(self.model, self.cluster, c))
+            return _plain_bound(self.model, self.cluster, c, st)
+        # the straggler factor stretches the makespan and the optimizer, not the DP tail (cost.evaluate)
+        k = straggler_factor(self.cluster.step_spread, c.gpus)
         k1 = (id(st), c.schedule, c.pp, c.microbatches)  # st lives in self.st for the whole search
         lb = self.lb.get(k1)
         if lb is None:
@@ -324,8 +326,16 @@ class _Memo:
         tail = self.tail.get(k2)
         if tail is None:
             tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
-                                    + optimizer_time(self.model, self.cluster, c))
-        return lb + tail
+                                    + k * optimizer_time(self.model, self.cluster, c))
+        return k * lb + tail
+
+
+def _plain_bound(model: ModelSpec, cluster: Cluster, c: Choice, st: object) -> float:
+    """The step-time lower bound without the memo: the makespan's bound and the optimizer stretched by
+    the straggler factor, plus the DP tail (cost.evaluate's sum)."""
+    k = straggler_factor(cluster.step_spread, c.gpus)
+    return (k * (makespan_lower_bound(st, c) + optimizer_time(model, cluster, c))  # type: ignore[arg-type]
+            + dp_tail(model, cluster, c, st))  # type: ignore[arg-type]
 
 
 def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
@@ -368,7 +378,7 @@ def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object,
     if memo is not None:
         lb = memo.bound(c, st)
     else:
-        lb = makespan_lower_bound(st, c) + dp_tail(model, cluster, c, st) + optimizer_time(model, cluster, c)
+        lb = _plain_bound(model, cluster, c, st)
     _counter[0] += 1
     return (lb, _counter[0], c, st, mem)
 

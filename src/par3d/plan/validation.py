@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -132,7 +133,8 @@ def table(preds: list[Prediction]) -> str:
 
 
 # The rows that set a fitted constant are in sample; every other row is held out.
-# - gemm_table.STEP_SHARE: the ten rows of Narayanan et al. 2021 Table 1 (A100);
+# - gemm_table.STEP_SHARE: the ten rows of Narayanan et al. 2021 Table 1 (A100), with the straggler spread
+#   (gemm_table.STEP_SPREAD: cited, set by no row) in place;
 # - gemm_table.FITTED_SUSTAINED (the H100's sustained/burst ratio per dtype, which no measurement gives):
 #   the smallest-GPU-count column of each dgxc-benchmarking table, BF16 and FP8 (`sustained_rows`).
 IN_SAMPLE_PREFIX = "narayanan2021-t1-"
@@ -163,6 +165,41 @@ def in_sample(row: dict[str, Any]) -> bool:
     return str(row["name"]).startswith(IN_SAMPLE_PREFIX) or str(row["name"]) in _sustained_names()
 
 
+def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
+    """The x in [lo, hi] where `mean_error` (rising with x) crosses zero."""
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if mean_error(mid) > 0:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float:
+    """The step share (gemm_table.STEP_SHARE) that makes the ten rows of Narayanan et al. 2021 Table 1
+    (A100: its sustained ratio is a measured clock, nothing else of it is fitted) average zero error, by
+    bisection, with the straggler spread (gemm_table.STEP_SPREAD, a cited constant) in place."""
+    from . import compute, gemm_table
+
+    cal = [r for r in rows() if str(r["name"]).startswith(IN_SAMPLE_PREFIX)]
+
+    def mean_error(share: float) -> float:
+        errs = []
+        for r in cal:
+            cl = cluster_of(r)
+            family, dtype = str(r["gpu"]).split("-")[0], cl.dtype
+            peak, mamf, _ = gemm_table.TABLE[family][dtype]
+            frac = mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
+            dev = replace(cl.device, gemm={**cl.device.gemm, dtype: frac})
+            errs.append(_predict_on(r, replace(cl, device=dev)).error)
+        return sum(errs) / len(errs)
+
+    out = _bisect(mean_error, lo, hi, tol)
+    compute.layer_times.cache_clear()
+    return out
+
+
 def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol: float = 1e-6) -> float:
     """The sustained/burst ratio of `family`'s `dtype` GEMMs (gemm_table.FITTED_SUSTAINED) that makes the
     calibration rows of that GPU and dtype (`sustained_rows`) average zero error, by bisection -- the
@@ -184,14 +221,9 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
             errs.append(_predict_on(r, replace(cl, device=dev)).error)
         return sum(errs) / len(errs)
 
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        if mean_error(mid) > 0:
-            hi = mid
-        else:
-            lo = mid
+    out = _bisect(mean_error, lo, hi, tol)
     compute.layer_times.cache_clear()
-    return (lo + hi) / 2
+    return out
 
 
 def _counts(preds: list[Prediction]) -> str:
@@ -233,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--fit":  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
 
+        print(f"step share: fitted {fit_step_share():.4f} (stored {gemm_table.STEP_SHARE:.4f}) on the ten "
+              f"{IN_SAMPLE_PREFIX}* rows, straggler spread {gemm_table.STEP_SPREAD}")
         for (family, dtype), stored in sorted(gemm_table.FITTED_SUSTAINED.items()):
             print(f"{family} {dtype}: fitted {fit_sustained(family, dtype):.4f} (stored {stored:.4f}) on "
                   + ", ".join(str(r["name"]) for r in sustained_rows() if r.get("dtype", "bf16") == dtype))
