@@ -171,8 +171,8 @@ def register(sub) -> None:
     g.add_argument("--straggler-cv", type=_spread, default=None, metavar="CV",
                    help="spread of the GPUs' step times (coefficient of variation, e.g. 0.015); a synchronous "
                         "step runs at the slowest GPU's pace, cv x E[max of N normals] behind the mean "
-                        "(default: 0.015 on catalogue GPUs, the spread Sinha et al. (SC'22) measured across "
-                        "clusters of one GPU model; 0 with --hardware or --efficiency)")
+                        "(default: 0.015, the spread Sinha et al. (SC'22) measured across clusters of one GPU model, "
+                        "on GPU clusters; 0 under the seed's flat model (--efficiency) and on a calibrated CPU host)")
     g.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON/TOML hardware description (written by `par3d calibrate`); replaces --gpu")
     g.add_argument("--efficiency", type=_fraction, default=None,
