@@ -488,6 +488,48 @@ def test_step_share_applies_to_every_gpu():
     assert DEVICES["h100-sxm"].gemm["bf16"] == pytest.approx(795 / 989 * gt.FITTED_SUSTAINED[("h100", "bf16")] * gt.STEP_SHARE)
 
 
+def live_layers_walked(sched: list, p: int, layers_of_stage: list[int]) -> list[int]:
+    """Each rank's peak of live layer activations, walking a built schedule's action lists: a forward
+    adds its stage's layers, a backward frees them (the same accounting as the checker's counts, weighted)."""
+    out = []
+    for acts in sched:
+        cur = peak = 0
+        for a in acts:
+            if a.kind == "F":
+                cur += layers_of_stage[a.stage]
+                peak = max(peak, cur)
+            elif a.kind in ("B", "BI"):
+                cur -= layers_of_stage[a.stage]
+        out.append(peak)
+    return out
+
+
+def test_interleaved_live_layers_counted_chunk_by_chunk():
+    """cost.peak_layers on the interleaved schedule = the built schedule walked with each chunk's own layer
+    count (uneven chunks, empty ones included), at the full m although it counts on min(m, 3p); with equal
+    chunks it is the checker's count times the layers per chunk."""
+    import random
+
+    from par3d.pipeline.schedules import interleaved
+    from par3d.plan.cost import peak_layers
+    from par3d.plan.memory import RankShape
+
+    rng = random.Random(12)
+    checked = 0
+    for p in range(2, 7):
+        for v in range(2, 5):
+            for m in (p, 2 * p, 3 * p, 5 * p, 8 * p):
+                layers = [rng.randint(0, 3) for _ in range(p * v)]
+                shapes = tuple(RankShape(0.0, tuple(layers[c * p + r] for c in range(v)), False) for r in range(p))
+                got = peak_layers("interleaved", p, m, v, shapes)
+                assert list(got) == live_layers_walked(interleaved(p, m, v), p, layers), (p, m, v, layers)
+                equal = tuple(RankShape(0.0, (2,) * v, False) for _ in range(p))
+                assert peak_layers("interleaved", p, m, v, equal) == tuple(2.0 * n for n in
+                                                                             peak_inflight("interleaved", p, m, v))
+                checked += 1
+    assert checked == 5 * 3 * 5
+
+
 def test_straggler_factor_is_the_expected_maximum_of_n_gpus():
     """cost.straggler_factor: 1 + cv · E[max of n standard normals] (Blom's approximation, checked here against
     the integral E[max] = ∫ x · n φ(x) Φ(x)^(n-1) dx); 1 for one GPU or cv = 0; rising with n."""

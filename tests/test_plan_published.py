@@ -54,7 +54,7 @@ CAPACITY_ONLY = {"narayanan2021-t2-zero3-530B-640", "llama3-405B-16384"}
 
 
 # rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
-# 405B rows: the interleaved warm-up priced at the mean layers per chunk; validation.toml says by how much)
+# 405B rows, 188.3 GiB of 173.2 on rank 1; validation.toml says what was checked)
 OVER_MEMORY = {"mbridge-25.11-llama3.1-405B-gb200", "mbridge-26.02-llama3.1-405B-gb200"}
 
 

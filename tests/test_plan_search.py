@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from test_plan_model import marks_of
+from test_plan_model import live_layers_walked, marks_of
 
 from par3d.pipeline.schedules import build, check
 from par3d.pipeline.simulate import simulate
@@ -17,6 +17,7 @@ from par3d.plan.cost import (
     Choice,
     dp_tail,
     durations_of,
+    layout,
     makespan_lower_bound,
     optimizer_time,
     rank_shapes,
@@ -39,10 +40,17 @@ def exhaustive(model, cluster, batch, limits):
                 if z > 0 and dp * cp == 1:
                     continue
                 c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
-                peaks = check(build(sched, pp, m, v), pp, m, v).peak_inflight
+                built = build(sched, pp, m, v)
+                peaks = check(built, pp, m, v).peak_inflight
+                shapes = rank_shapes(model, tp, pp, v, sched)
+                live = None  # interleaved: the built schedule walked chunk by chunk (cost.peak_layers)
+                if sched == "interleaved":
+                    lay = layout(model, pp * v)
+                    live = live_layers_walked(built, pp, list(lay.layers))
                 mem = max(rank_memory(model, shape, peaks[r], tp=tp, dp=dp, b=mb, sp=sp, recompute=rec, zero=z,
-                                      dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash).total
-                          for r, shape in enumerate(rank_shapes(model, tp, pp, v, sched)))
+                                      dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash,
+                                      inflight_layers=None if live is None else float(live[r])).total
+                          for r, shape in enumerate(shapes))
                 if mem > cap:
                     continue
                 st = stage_times(model, cluster, c)

@@ -110,10 +110,15 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()
     pc, model = cfg.parallel, model_spec(cfg)
     shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, schedule_name(cfg, strict=False))[pp_rank]
-    inflight = peak_inflight(cfg)[pp_rank]
-    mb = rank_memory(model, shape, inflight, tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
+    peaks = peak_inflight(cfg)
+    live = None  # the named interleaved schedule's live layers, chunk by chunk (cost.peak_layers)
+    if _csv_schedule(cfg) is None and pc.schedule == "interleaved" and pc.pp > 1:
+        shapes = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, pc.schedule)
+        live = cost.peak_layers(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes,
+                                peaks)[pp_rank]
+    mb = rank_memory(model, shape, peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
-                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp)
+                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live)
     return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,
             "other": mb.other}
 

@@ -270,6 +270,43 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=8192)
+def interleaved_peak_layers(p: int, m: int, v: int, r: int, layers: tuple[int, ...]) -> int:
+    """Rank r's peak of live layer activations under the interleaved schedule (pipeline/schedules.
+    interleaved: forward unit k runs chunk (k mod pv) // p, backward unit k chunk v-1-(k mod pv) // p;
+    `warm` forwards, then F(warm + j) before B(j)), each live (micro-batch, chunk) holding that chunk's
+    `layers`.  The count `counted_peaks` gives times the mean layers per chunk is exact only when the
+    rank's chunks are equal; the embedding-only and head-only chunks (Llama 3's balance) and the
+    partition's uneven splits make them differ, and the warm-up runs more units of the early chunks.
+    Live layers after F(warm + j) = S_F(warm + j + 1) - S_B(j), with S the running sums of each order;
+    both grow by p·Σ layers every p·v units, so one period of j holds every value."""
+    pv, total = p * v, m * v
+    warm = min(2 * (p - r - 1) + (v - 1) * p, total)
+    f_pre, b_pre = [0], [0]
+    for k in range(pv):
+        f_pre.append(f_pre[-1] + layers[k // p])
+        b_pre.append(b_pre[-1] + layers[v - 1 - k // p])
+    per = f_pre[-1]
+    peak = (warm // pv) * per + f_pre[warm % pv]  # S_F(warm): the warm-up's forwards
+    steady = min(total - warm, pv)  # j < pv, so S_B(j) = b_pre[j]
+    if steady > 0:
+        peak = max(peak, max(((warm + j + 1) // pv) * per + f_pre[(warm + j + 1) % pv] - b_pre[j]
+                             for j in range(steady)))
+    return peak
+
+
+def peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape, ...],
+                peaks: tuple[int, ...] | None = None) -> tuple[float, ...]:
+    """Per rank, the peak of live layer activations: the interleaved schedule's counted chunk by chunk
+    (`interleaved_peak_layers`); every other schedule's as its peak count (`peak_inflight`) times the
+    rank's mean layers per chunk — exact with one chunk per rank; on the V schedules (two chunks) a mean."""
+    peaks = peaks if peaks is not None else peak_inflight(schedule, p, m, v)
+    if schedule == "interleaved" and p > 1:
+        mm = min(m, 3 * p)  # a multiple of p whenever m is; covers the warm-up and one full period
+        return tuple(float(interleaved_peak_layers(p, mm, v, r, shape.layers)) for r, shape in enumerate(shapes))
+    return tuple(n * sum(shape.layers) / max(len(shape.layers), 1) for n, shape in zip(peaks, shapes))
+
+
 @lru_cache(maxsize=256)
 def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """The checker's peak counts from the built schedule."""
@@ -1069,11 +1106,12 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     act_scale = 1.0 + FRAGMENTATION
     logits = logits_bytes(model, c.micro_batch, c.tp, c.cp)
     arg, top = 0, -1.0
-    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, peaks, c.schedule):
+    live = _peak_layers(c.schedule, c.pp, c.microbatches, c.virtual_stages, shapes, peaks)
+    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, live, c.schedule):
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch,
+    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch, inflight_layers=live[arg],
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype)
@@ -1094,9 +1132,16 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
 
 
 @lru_cache(maxsize=8192)
-def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, peaks: tuple[int, ...],
+def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape, ...],
+                 peaks: tuple[int, ...]) -> tuple[float, ...]:
+    return peak_layers(schedule, p, min(m, 3 * p) if schedule == "interleaved" else m, v, shapes, peaks)
+
+
+@lru_cache(maxsize=8192)
+def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
                  schedule: str | None = None) -> tuple[tuple[int, float, float, bool], ...]:
-    """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest.
+    """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest
+    (`live`: each rank's peak of live layers, `peak_layers`).
 
     A rank's memory estimate rises with each of the three (the coefficients are >= 0, and rounding
     is monotone), and the scan keeps the first of equal estimates, so a rank that an earlier rank
@@ -1104,7 +1149,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, peaks: tuple[int, .
     leaves the first two ranks and the last."""
     kept: list[tuple[int, float, float, bool]] = []
     for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule)):
-        row = (r, shape.params, peaks[r] * (sum(shape.layers) / len(shape.layers)), shape.head)
+        row = (r, shape.params, live[r], shape.head)
         if not any(k[1] >= row[1] and k[2] >= row[2] and (k[3] or not row[3]) for k in kept):
             kept.append(row)
     return tuple(kept)
