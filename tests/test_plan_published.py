@@ -54,14 +54,14 @@ CAPACITY_ONLY = {"narayanan2021-t2-zero3-530B-640", "llama3-405B-16384"}
 
 
 # rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
-# 405B rows, 188.3 GiB of 173.2 on rank 1; validation.toml says what was checked)
-OVER_MEMORY = {"mbridge-25.11-llama3.1-405B-gb200", "mbridge-26.02-llama3.1-405B-gb200"}
+# 405B rows, 188.3 GiB of 173.2 on rank 1; Llama 3 at 8K GPUs, 84.7 GiB of 80; validation.toml says more)
+OVER_MEMORY = {"mbridge-25.11-llama3.1-405B-gb200", "mbridge-26.02-llama3.1-405B-gb200", "llama3-405B-8192"}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY
     assert {n for n, p in predictions.items() if not p.fits} == OVER_MEMORY
-    for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2)
+    for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2; 84.7 of 80)
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert cap < p.plan.memory.total < 1.1 * cap
