@@ -109,6 +109,23 @@ def test_hardware_file(tmp_path, capsys):
     assert json.loads(out)["hardware"]["device"]["efficiency"] == 0.6
 
 
+def test_hardware_file_straggler_cv(tmp_path, capsys):
+    """A GPU hardware file's top-level straggler_cv is the cluster's spread; --straggler-cv overrides it; a
+    value outside [0, 0.5] is refused, naming the field."""
+    hw = tmp_path / "hw.json"
+    body = {"device": {"base": "h100-sxm", "gemm": {"bf16": 0.6}}, "gpus_per_node": 8,
+            "intra": {"alpha_us": 3, "bw_gbps": 370}, "inter": {"alpha_us": 2, "bw_gbps": 45}}
+    argv = ("--model", "gpt3-1.3b", "--gpus", "16", "--hardware", str(hw), "--json")
+    for cv, flag, want in ((None, (), 0.015), (0.03, (), 0.03), (0.03, ("--straggler-cv", "0"), 0.0)):
+        hw.write_text(json.dumps({**body, **({} if cv is None else {"straggler_cv": cv})}))
+        rc, out, _ = run(capsys, *argv, *flag)
+        assert rc == 0
+        assert json.loads(out)["hardware"]["straggler_cv"] == want
+    hw.write_text(json.dumps({**body, "straggler_cv": 2}))
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2 and "straggler_cv=2" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["--model", "nope"], "--model"),
     (["--model", "gpt3-175b", "--gpus", "1024", "--tp", "3"], "--tp"),

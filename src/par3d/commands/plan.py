@@ -171,8 +171,9 @@ def register(sub) -> None:
     g.add_argument("--straggler-cv", type=_spread, default=None, metavar="CV",
                    help="spread of the GPUs' step times (coefficient of variation, e.g. 0.015); a synchronous "
                         "step runs at the slowest GPU's pace, cv x E[max of N normals] behind the mean "
-                        "(default: 0.015, the spread Sinha et al. (SC'22) measured across clusters of one GPU model, "
-                        "on GPU clusters; 0 under the seed's flat model (--efficiency) and on a calibrated CPU host)")
+                        "(default: the hardware file's straggler_cv, else 0.015 — the spread Sinha et al. (SC'22) "
+                        "measured across clusters of one GPU model — on GPU clusters; 0 under the seed's flat model "
+                        "(--efficiency) and on a calibrated CPU host)")
     g.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON/TOML hardware description (written by `par3d calibrate`); replaces --gpu")
     g.add_argument("--efficiency", type=_fraction, default=None,
@@ -309,7 +310,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
-                  straggler_cv=args.straggler_cv)
+                  straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     # whole nodes, except a rack-scale NVLink domain taken in part (comm.py prices a group by the ranks it spans)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "

@@ -212,7 +212,14 @@ def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: in
     prof = profile_of(hw)
     if gpus_per_node is None:
         gpus_per_node = gpus if prof is not None and prof.cores else (hw.gpus_per_node or 8)
-    return Cluster(hw.device, gpus, min(gpus_per_node, gpus), hw.intra, hw.inter, dtype, prof)
+    cv = hw.extra.get("straggler_cv")  # the file's own GPU spread (hardware.Cluster.straggler_cv), if it gives one
+    if cv is not None and (not isinstance(cv, (int, float)) or isinstance(cv, bool) or not 0 <= cv <= 0.5):
+        from .hardware import HardwareError
+
+        raise HardwareError(f"straggler_cv={cv!r} must be a fraction in [0, 0.5] (0.015 = a 1.5 % spread of the "
+                            f"GPUs' step times); drop it to take the default")
+    return Cluster(hw.device, gpus, min(gpus_per_node, gpus), hw.intra, hw.inter, dtype, prof,
+                   straggler_cv=None if cv is None else float(cv))
 
 
 __all__ = ["Overheads", "Profile", "SyncModel", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
