@@ -176,6 +176,18 @@ def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: flo
     return (lo + hi) / 2
 
 
+def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], float]) -> float:
+    """Mean signed error of the calibration rows `cal` with each row's GEMM share of its dtype replaced
+    by `gemm_share(gpu family, dtype)` (what a fit varies)."""
+    errs = []
+    for r in cal:
+        cl = cluster_of(r)
+        share = gemm_share(str(r["gpu"]).split("-")[0], cl.dtype)
+        dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: share})
+        errs.append(_predict_on(r, replace(cl, device=dev)).error)
+    return sum(errs) / len(errs)
+
+
 def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float:
     """The step share (gemm_table.STEP_SHARE) that makes the ten rows of Narayanan et al. 2021 Table 1
     (A100: its sustained ratio is a measured clock, nothing else of it is fitted) average zero error, by
@@ -184,18 +196,13 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float
 
     cal = [r for r in rows() if str(r["name"]).startswith(IN_SAMPLE_PREFIX)]
 
-    def mean_error(share: float) -> float:
-        errs = []
-        for r in cal:
-            cl = cluster_of(r)
-            family, dtype = str(r["gpu"]).split("-")[0], cl.dtype
+    def at(share: float) -> Callable[[str, str], float]:
+        def gemm_share(family: str, dtype: str) -> float:
             peak, mamf, _ = gemm_table.TABLE[family][dtype]
-            frac = mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
-            dev = replace(cl.device, gemm={**cl.device.gemm, dtype: frac})
-            errs.append(_predict_on(r, replace(cl, device=dev)).error)
-        return sum(errs) / len(errs)
+            return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
+        return gemm_share
 
-    out = _bisect(mean_error, lo, hi, tol)
+    out = _bisect(lambda share: _mean_error_at(cal, at(share)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
@@ -211,17 +218,8 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
     if not cal:
         raise ValueError(f"no calibration rows for {family} {dtype}")
     peak, mamf, _ = gemm_table.TABLE[family][dtype]
-
-    def mean_error(ratio: float) -> float:
-        share = mamf / peak * ratio * gemm_table.STEP_SHARE
-        errs = []
-        for r in cal:
-            cl = cluster_of(r)
-            dev = replace(cl.device, gemm={**cl.device.gemm, dtype: share})
-            errs.append(_predict_on(r, replace(cl, device=dev)).error)
-        return sum(errs) / len(errs)
-
-    out = _bisect(mean_error, lo, hi, tol)
+    out = _bisect(lambda ratio: _mean_error_at(cal, lambda _f, _d: mamf / peak * ratio * gemm_table.STEP_SHARE),
+                  lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
