@@ -659,3 +659,37 @@ def test_cp_ring_copies_and_merges():
     assert ring.core == gather.core and ring.fwd_flops == gather.fwd_flops
     one = cp_layer_times(model, dev, "bf16", 1, 1, 1, False, True, False, True)
     assert one == cp_layer_times(model, dev, "bf16", 1, 1, 1, False, True, False, False)
+
+
+def test_runtime_memory_prediction_counts_interleaved_chunks():
+    """`par3d train`'s end-of-run memory prediction (predict.predict_memory) prices an interleaved run's
+    activations by its live layers chunk by chunk, as the planner does: on 7 layers over 2 ranks x 2 chunks
+    (uneven: the head's chunk is shorter) each rank's activations are the walked schedule's live layers
+    times one layer's bytes."""
+    from par3d.config import RunConfig
+    from par3d.pipeline.schedules import interleaved
+    from par3d.plan.cost import layout
+    from par3d.plan.memory import layer_activation_bytes
+    from par3d.predict import model_spec, predict_memory
+
+    cfg = RunConfig.from_dict({"model": {"layers": 7}, "parallel": {"pp": 2, "schedule": "interleaved",
+                                                                  "virtual_stages": 2, "microbatches": 4},
+                               "train": {"global_batch": 4, "micro_batch": 1}}).resolve()
+    model = model_spec(cfg)
+    lay = layout(model, 4)
+    assert len(set(lay.layers)) > 1, "the chunks are equal: the case tests nothing"
+    walked = live_layers_walked(interleaved(2, 4, 2), 2, list(lay.layers))
+    counts = peak_inflight("interleaved", 2, 4, 2)
+    means = [counts[r] * (lay.layers[r] + lay.layers[2 + r]) / 2 for r in range(2)]
+    assert any(w != mean for w, mean in zip(walked, means)), "the mean count agrees: the case tests nothing"
+    per_layer = layer_activation_bytes(model, 1, 1, False, "none", cfg.train.dtype, 1, False)
+    for r in range(2):
+        act = predict_memory(cfg, r)["activations"]
+        head = cost_logits(model) if r == 1 else 0.0
+        assert act == pytest.approx(walked[r] * per_layer + head, rel=1e-9), (r, walked)
+
+
+def cost_logits(model) -> float:
+    from par3d.plan.memory import logits_bytes
+
+    return logits_bytes(model, 1, 1, 1)
