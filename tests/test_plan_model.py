@@ -575,6 +575,30 @@ def test_stragglers_priced_on_gpu_clusters_only():
                                                                  - without.breakdown["optimizer"], rel=1e-9)
 
 
+def test_attention_share_follows_the_sequence_length_where_measured():
+    """Device.attn_share: the B200's and GB200's measured curves (cudnn-frontend's training SDPA benchmark)
+    interpolated in log2(tokens), flat beyond the ends; one share elsewhere; a CP rank's blocks are priced at
+    their own length (the local model's), so CP 2 at 8K tokens runs its attention at the 4K share."""
+    from par3d.plan.compute import layer_times
+    from par3d.plan.cost import local_model
+    from par3d.plan.hardware import B200_CUDNN_CURVE, DEVICES, with_attention_kernel
+
+    b = DEVICES["b200"]
+    for seq, share in B200_CUDNN_CURVE:
+        assert b.attn_share(seq) == share
+    assert b.attn_share(256) == B200_CUDNN_CURVE[0][1] and b.attn_share(1 << 20) == B200_CUDNN_CURVE[-1][1]
+    mid = b.attn_share(int(4096 * 2 ** 0.5))  # halfway in log2 between 4,096 and 8,192
+    assert mid == pytest.approx((0.281 + 0.380) / 2, rel=1e-3)
+    assert DEVICES["h100-sxm"].attn_share(2048) == DEVICES["h100-sxm"].attn_share(16384) == 0.53
+    fa2 = with_attention_kernel(b, "fa2")
+    assert fa2.attn_share(8192) == 0.129 and fa2.attn_share(2048) == 0.081
+    model = CATALOGUE["llama3-8b"]
+    whole = layer_times(model, b, "bf16", 1, 1, False, True)
+    halves = layer_times(local_model(model, 2), b, "bf16", 1, 1, False, True)
+    # the 4K block's core: a quarter of the 8K core's FLOPs at 0.281 instead of 0.380 of peak
+    assert halves.core / whole.core == pytest.approx(0.25 * 0.380 / 0.281, rel=0.02)
+
+
 def test_gb200_is_the_b200_die_in_an_nvl72_domain():
     """GB200 (issue 12's ninth round): its own peaks and MAMF (Bekman), the B200's measured sustained ratio
     (no GB200 MSMF: gemm_table.SAME_DIE), the same memory bandwidth, 186 GB, and 72 GPUs per NVLink domain."""
@@ -587,7 +611,8 @@ def test_gb200_is_the_b200_die_in_an_nvl72_domain():
         assert msmf is None and DEVICES["gb200"].peak(dtype) == peak * 1e12
         assert DEVICES["gb200"].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * gt.STEP_SHARE)
     gb, b = DEVICES["gb200"], DEVICES["b200"]
-    assert gb.mem_bw == b.mem_bw and gb.mem_bytes == 186e9 and gb.attn_eff == b.attn_eff
+    assert gb.mem_bw == b.mem_bw and gb.mem_bytes == 186e9
+    assert gb.attn_share(8192) == gb.attn_eff == 0.445 and b.attn_share(8192) == b.attn_eff == 0.38  # each its own
     assert default_gpus_per_node("gb200") == 72 and default_gpus_per_node("GB200-NVL72") == 72
     assert default_gpus_per_node("h100") == 8
     cl = make_cluster("gb200", 256)

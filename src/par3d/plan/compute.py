@@ -205,7 +205,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     times = {g.name: gemm_time(g, dev, dtype) for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
     if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs
         # in bf16 (Transformer Engine's DotProductAttention: fp8 attention only with fp8_dpa, off by default)
-        core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_eff) + KERNEL_S
+        # at its measured share for this sequence length (a CP rank's block: the local model's; Device.attn_share)
+        core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_share(model.seq_len)) + KERNEL_S
     else:
         core = times["attn_scores"] + times["attn_values"]
     elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current) / (dev.mem_bw * dev.mem_eff)

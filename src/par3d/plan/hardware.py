@@ -49,6 +49,7 @@ Achieved bandwidths (the `*_eff` factors):
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -100,6 +101,9 @@ class Device:
     mem_eff: float = MEM_EFF
     attn_eff: float = 0.0  # FlashAttention's fwd+bwd share of peak; 0: no FlashAttention on this GPU
     overlap_slowdown: float | None = None  # σ; None -> NCCL_CHANNELS / sms
+    # the attention kernel's share of peak measured at several sequence lengths ((tokens, share), rising
+    # tokens), where a measurement gives them; empty: `attn_eff` at every length (`attn_share`)
+    attn_curve: tuple[tuple[int, float], ...] = ()
 
     @property
     def kernel_model(self) -> str:
@@ -114,6 +118,20 @@ class Device:
         if self.overlap_slowdown is not None:
             return self.overlap_slowdown
         return min(0.5, NCCL_CHANNELS / max(self.sms, 1))
+
+    def attn_share(self, seq: int) -> float:
+        """The attention kernel's share of peak for sequences (or CP blocks) of `seq` tokens: `attn_curve`
+        interpolated linearly in log2(tokens), held flat beyond its ends; `attn_eff` without a curve."""
+        pts = self.attn_curve
+        if not pts:
+            return self.attn_eff
+        if seq <= pts[0][0]:
+            return pts[0][1]
+        for (s0, e0), (s1, e1) in zip(pts, pts[1:]):
+            if seq <= s1:
+                w = math.log2(seq / s0) / math.log2(s1 / s0)
+                return e0 + w * (e1 - e0)
+        return pts[-1][1]
 
     def gemm_fraction(self, dtype: str) -> float:
         """Achievable share of peak for a large GEMM of this dtype (table model; flat: efficiency)."""
@@ -176,13 +194,36 @@ FA2_HOPPER = 0.35
 # Measured at 8,192 tokens (the B200 rows' sequence length); the rate rises with length (4,096: 0.28,
 # 16,384: 0.43 by the same count), which one share per GPU does not follow.
 FA_B200_CUDNN, FA2_B200 = 0.38, 0.129
+# The same file at every length it measured (512 ... 131,072 tokens), by the same count (3 × the causal
+# forward's FLOPs / (forward + backward time) / 2250): the share a B200 keeps at short sequences and CP
+# blocks is far below its 8,192-token one (cuDNN 0.15 at 2,048, 0.28 at 4,096).  No such curve is
+# published for A100/H100 in a file; they keep their one share (measured at 2K-16K tokens).
+B200_CUDNN_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.044), (1024, 0.111), (2048, 0.151), (4096, 0.281), (8192, 0.380), (16384, 0.433), (32768, 0.451),
+    (65536, 0.437), (131072, 0.427))
+B200_FA2_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.029), (1024, 0.044), (2048, 0.081), (4096, 0.111), (8192, 0.129), (16384, 0.136), (32768, 0.140),
+    (65536, 0.141), (131072, 0.141))
+# GB200: the same benchmark's GB200 file (artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv; cuDNN through
+# its frontend, `cudnn_fe`, and PyTorch's FlashAttention-2, `pyt_flash_attention`), same shapes, same count, of
+# 2500: its own measurement, in place of the B200's share it borrowed until issue 12's tenth round
+GB200_CUDNN_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.120), (1024, 0.197), (2048, 0.253), (4096, 0.388), (8192, 0.445), (16384, 0.477), (32768, 0.490),
+    (65536, 0.449), (131072, 0.431))
+GB200_FA2_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.052), (1024, 0.075), (2048, 0.097), (4096, 0.113), (8192, 0.122), (16384, 0.127), (32768, 0.130),
+    (65536, 0.131), (131072, 0.131))
 ATTENTION_KERNELS = ("fa2", "fa3")
 # The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
 # the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
-    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": FA2_B200},
+    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": 0.122},
+}
+# the measured curves of those kernels, where there are (B200, GB200: cudnn-frontend's files above)
+_KERNEL_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
+    "b200": {"fa2": B200_FA2_CURVE}, "gb200": {"fa2": GB200_FA2_CURVE},
 }
 
 
@@ -201,7 +242,7 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
     if kernel not in shares:
         raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
-    return replace(dev, attn_eff=shares[kernel])
+    return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
 
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
@@ -213,12 +254,12 @@ DEVICES: dict[str, Device] = {
     "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132, gemm=_gemm("h200"),
                    attn_eff=FA_HOPPER),
     "b200": Device("b200", _peaks(2250, 80, 4500), 8000 * GB, 180 * GB, 148, gemm=_gemm("b200"),
-                   attn_eff=FA_B200_CUDNN),
+                   attn_eff=FA_B200_CUDNN, attn_curve=B200_CUDNN_CURVE),
     # GB200 NVL72 (NVIDIA GB200 NVL72 specifications, per GPU): the B200 die at 1200 W, 2500 BF16 / 5000 FP8
-    # dense, 186 GB HBM3e at 8 TB/s; 72 GPUs in one NVLink 5 domain (DEFAULT_GPUS_PER_NODE).  Attention at
-    # the B200's measured cuDNN share of peak (no GB200 measurement; assumed to scale with the clock).
+    # dense, 186 GB HBM3e at 8 TB/s; 72 GPUs in one NVLink 5 domain (DEFAULT_GPUS_PER_NODE).  Attention: its
+    # own cuDNN measurement (GB200_CUDNN_CURVE; 0.445 at 8,192 tokens; the B200's 0.38 until issue 12's tenth round).
     "gb200": Device("gb200", _peaks(2500, 80, 5000), 8000 * GB, 186 * GB, 148, gemm=_gemm("gb200"),
-                    attn_eff=FA_B200_CUDNN),
+                    attn_eff=0.445, attn_curve=GB200_CUDNN_CURVE),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
