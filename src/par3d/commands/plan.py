@@ -65,7 +65,7 @@ def _spread(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.015") from None
     if not 0 <= v <= 0.5:
-        raise argparse.ArgumentTypeError(f"{v} must be a fraction in [0, 0.5] (0.015 = a 1.5 %% spread; 0 prices "
+        raise argparse.ArgumentTypeError(f"{v} must be a fraction in [0, 0.5] (0.015 = a 1.5 % spread; 0 prices "
                                          f"no stragglers)")
     return v
 
