@@ -686,7 +686,7 @@ def test_cp_ring_copies_and_merges():
     assert one == cp_layer_times(model, dev, "bf16", 1, 1, 1, False, True, False, False)
 
 
-def test_runtime_memory_prediction_counts_interleaved_chunks():
+def test_runtime_memory_prediction_counts_interleaved_chunks(tmp_path):
     """`par3d train`'s end-of-run memory prediction (predict.predict_memory) prices an interleaved run's
     activations by its live layers chunk by chunk, as the planner does: on 7 layers over 2 ranks x 2 chunks
     (uneven: the head's chunk is shorter) each rank's activations are the walked schedule's live layers
@@ -712,6 +712,16 @@ def test_runtime_memory_prediction_counts_interleaved_chunks():
         act = predict_memory(cfg, r)["activations"]
         head = cost_logits(model) if r == 1 else 0.0
         assert act == pytest.approx(walked[r] * per_layer + head, rel=1e-9), (r, walked)
+    # the same actions from a CSV file are priced the same (schedule_name knows their builder)
+    from par3d.pipeline.schedules import to_csv
+
+    path = tmp_path / "interleaved.csv"
+    path.write_text(to_csv(interleaved(2, 4, 2)))
+    as_csv = RunConfig.from_dict({"model": {"layers": 7}, "parallel": {"pp": 2, "schedule_csv": str(path),
+                                                                     "virtual_stages": 2, "microbatches": 4},
+                                  "train": {"global_batch": 4, "micro_batch": 1}}).resolve()
+    for r in range(2):
+        assert predict_memory(as_csv, r) == predict_memory(cfg, r)
 
 
 def cost_logits(model) -> float:
