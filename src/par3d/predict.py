@@ -62,15 +62,6 @@ def schedule_name(cfg: RunConfig, strict: bool = True) -> str:
     return pc.schedule
 
 
-def _builds(cfg: RunConfig, name: str) -> bool:
-    """The run's CSV schedule is exactly what builder `name` makes for its p, m, v."""
-    from par3d.pipeline.schedules import builder_of
-
-    pc = cfg.parallel
-    actions = _csv_schedule(cfg)
-    return actions is not None and builder_of(actions, pc.pp, int(pc.microbatches or 1), pc.virtual_stages) == name
-
-
 def peak_inflight(cfg: RunConfig) -> tuple[int, ...]:
     """Every pipeline rank's peak of live micro-batch activations: the CSV's own (the checker's),
     or the named schedule's (`plan/cost.py`)."""
@@ -118,16 +109,16 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()
     pc, model = cfg.parallel, model_spec(cfg)
-    shape = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, schedule_name(cfg, strict=False))[pp_rank]
+    try:  # a builder's schedule, named or as a CSV of its very actions
+        name, builders = schedule_name(cfg), True
+    except ValueError:  # a CSV no builder makes: a schedule of its placement, its own peaks
+        name, builders = schedule_name(cfg, strict=False), False
+    shapes = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, name)
     peaks = peak_inflight(cfg)
-    live = None  # the interleaved builder's live layers, chunk by chunk (cost.peak_layers); a CSV of its
-    # very actions (schedule_name names the builder that makes it) is priced the same
-    if schedule_name(cfg, strict=False) == "interleaved" and pc.pp > 1 and (
-            _csv_schedule(cfg) is None or _builds(cfg, "interleaved")):
-        shapes = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, "interleaved")
-        live = cost.peak_layers("interleaved", pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes,
-                                peaks)[pp_rank]
-    mb = rank_memory(model, shape, peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
+    live = None  # the interleaved builder's live layers, chunk by chunk (cost.peak_layers)
+    if builders and name == "interleaved" and pc.pp > 1:
+        live = cost.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
+    mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
                      dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live)
     return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,

@@ -191,9 +191,6 @@ FA2_HOPPER = 0.35
 # 128 query / 8 K/V heads, 8,192 tokens: forward 1.877 ms, backward 5.833 ms for a causal forward of
 # 2.20 TFLOP → 3 × 2.20 TFLOP / 7.71 ms = 855 TFLOP/s in this model's count (backward = 2 × forward)
 # → 0.38 of 2250.  The same file's FlashAttention-2 (2.7.4) takes 22.79 ms → 290 TFLOP/s → 0.129.
-# Measured at 8,192 tokens (the B200 rows' sequence length); the rate rises with length (4,096: 0.28,
-# 16,384: 0.43 by the same count), which one share per GPU does not follow.
-FA_B200_CUDNN, FA2_B200 = 0.38, 0.129
 # The same file at every length it measured (512 ... 131,072 tokens), by the same count (3 × the causal
 # forward's FLOPs / (forward + backward time) / 2250): the share a B200 keeps at short sequences and CP
 # blocks is far below its 8,192-token one (cuDNN 0.15 at 2,048, 0.28 at 4,096).  No such curve is
@@ -213,13 +210,16 @@ GB200_CUDNN_CURVE: tuple[tuple[int, float], ...] = (
 GB200_FA2_CURVE: tuple[tuple[int, float], ...] = (
     (512, 0.052), (1024, 0.075), (2048, 0.097), (4096, 0.113), (8192, 0.122), (16384, 0.127), (32768, 0.130),
     (65536, 0.131), (131072, 0.131))
+# the 8,192-token shares: what `attn_eff` reports and `--attention-kernel` swaps (the curves give the rest)
+FA_B200_CUDNN, FA2_B200 = dict(B200_CUDNN_CURVE)[8192], dict(B200_FA2_CURVE)[8192]
+FA_GB200_CUDNN, FA2_GB200 = dict(GB200_CUDNN_CURVE)[8192], dict(GB200_FA2_CURVE)[8192]
 ATTENTION_KERNELS = ("fa2", "fa3")
 # The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
 # the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
-    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": 0.122},
+    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": FA2_GB200},
 }
 # the measured curves of those kernels, where there are (B200, GB200: cudnn-frontend's files above)
 _KERNEL_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
@@ -259,7 +259,7 @@ DEVICES: dict[str, Device] = {
     # dense, 186 GB HBM3e at 8 TB/s; 72 GPUs in one NVLink 5 domain (DEFAULT_GPUS_PER_NODE).  Attention: its
     # own cuDNN measurement (GB200_CUDNN_CURVE; 0.445 at 8,192 tokens; the B200's 0.38 until issue 12's tenth round).
     "gb200": Device("gb200", _peaks(2500, 80, 5000), 8000 * GB, 186 * GB, 148, gemm=_gemm("gb200"),
-                    attn_eff=0.445, attn_curve=GB200_CUDNN_CURVE),
+                    attn_eff=FA_GB200_CUDNN, attn_curve=GB200_CUDNN_CURVE),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
