@@ -35,6 +35,8 @@ def test_the_set_holds_the_named_runs():
     assert sum(n.startswith(validation.DGXC_PREFIX) for n in names) == 70
     # MLPerf Training v3.1 GPT-3 175B: NVIDIA's seven Eos runs (512 ... 10,752 GPUs) and Azure's 10,752-GPU run
     assert sum(n.startswith(validation.MLPERF_PREFIX) for n in names) == 8
+    # llm-foundry's "H100 80GB BF16 (Large Scale)" table, whole: six MPT models x 128 / 256 / 512 GPUs (FSDP)
+    assert sum(n.startswith(validation.LLMFOUNDRY_PREFIX) for n in names) == 18
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
@@ -96,16 +98,22 @@ def plan_json(capsys, *argv):
 
 
 def test_zero3_without_model_parallelism_ranks_below_tp_pp(capsys):
-    """Table 2, as measured: ZeRO-3 without model parallelism 88 and 44 TFLOP/s against PTD's 149 and 141."""
+    """Table 2, as measured: DeepSpeed's ZeRO-3 without model parallelism 88 and 44 TFLOP/s against PTD's
+    149 and 141 (the `submodule` unit, priced at one GPU's NIC as DeepSpeed measured).  FSDP-style ZeRO-3
+    (the `layer` unit) rides the node's NICs like any NCCL ring (llm-foundry's FSDP runs, docs §5): no run
+    measured it at 175B, so what is asserted for it is the acceptance's ranking under today's defaults —
+    ZeRO-3 without model parallelism below the searched TP+PP plan."""
     for gpus in ("768", "1536"):
         best = plan_json(capsys, *GPT3, "--gpus", gpus, *PAPER_SOFTWARE, "--zero-stage", "0", "--top", "1")[0]
         assert best["tp"] > 1 and best["pp"] > 1
-        for unit in ("layer", "submodule"):  # par3d's/FSDP's ZeRO-3 and DeepSpeed's
-            z3 = plan_json(capsys, *GPT3, "--gpus", gpus, *PAPER_SOFTWARE, "--tp", "1", "--pp", "1",
-                           "--zero-stage", "3", "--zero3-unit", unit, "--top", "1")[0]
-            assert z3["step_time_s"] > 1.5 * best["step_time_s"]  # measured: 40-70 % slower
+        z3 = plan_json(capsys, *GPT3, "--gpus", gpus, *PAPER_SOFTWARE, "--tp", "1", "--pp", "1",
+                       "--zero-stage", "3", "--zero3-unit", "submodule", "--top", "1")[0]
+        assert z3["step_time_s"] > 1.5 * best["step_time_s"]  # measured: 40-70 % slower
         modern = plan_json(capsys, *GPT3, "--gpus", gpus, "--top", "1")[0]  # today's defaults, searched
         assert modern["tp"] > 1 and modern["pp"] > 1
+        fsdp = plan_json(capsys, *GPT3, "--gpus", gpus, "--tp", "1", "--pp", "1", "--zero-stage", "3",
+                         "--top", "1")[0]
+        assert fsdp["step_time_s"] > 1.1 * modern["step_time_s"]
 
 
 def test_unconstrained_gpt3_search_ranks_tp_pp_first(capsys):

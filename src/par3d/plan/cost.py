@@ -839,8 +839,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             z3f, z3b = _zero3_submodule_exposed(n, *z3_units, ar, rec_comm, c.recompute, lt.core, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and hier:
             layer_params = model.layer_params_per_rank(c.tp)
-            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params, per_gpu_nic=True)
-            rs = grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * layer_params, per_gpu_nic=True)
+            # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5)
+            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params)
+            rs = grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * layer_params)
             z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs,
                                       c.recompute == "full", dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and eager:

@@ -232,10 +232,13 @@ def _counts(preds: list[Prediction]) -> str:
 
 
 # held-out sources large enough to be reported on their own lines, so that they do not hide the others:
-# NVIDIA's dgxc-benchmarking tables (70 rows, one weak-scaling table per model and precision) and MLPerf
-# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs)
+# NVIDIA's dgxc-benchmarking tables (70 rows, one weak-scaling table per model and precision), MLPerf
+# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs) and llm-foundry's large-scale
+# H100 table (18 rows: six MPT models under PyTorch FSDP at 128 / 256 / 512 GPUs)
 MLPERF_PREFIX = "mlperf-3.1-"
-OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"))
+LLMFOUNDRY_PREFIX = "llmfoundry-"
+OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
+             (LLMFOUNDRY_PREFIX, "llm-foundry (FSDP)"))
 
 
 def summary(preds: list[Prediction]) -> str:
