@@ -162,9 +162,10 @@ def register(sub) -> None:
                         "earlier steps, fused into the cast) or current (Float8CurrentScaling: an amax pass "
                         "over the tensor before each cast, one more read of it) (default: %(default)s)")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
-                   help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead (default: "
-                        "par3d, PyTorch FSDP) or each weight matrix by its sub-module's hook, one matrix ahead "
-                        "(submodule: DeepSpeed's ZeRO-3 with its default 5e7-element prefetch bucket)")
+                   help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead, its rings "
+                        "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
+                        "sub-module's hook, one matrix ahead, at one NIC per GPU (submodule: DeepSpeed's ZeRO-3 "
+                        "with its default 5e7-element prefetch bucket, as measured in 2021)")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")

@@ -50,9 +50,11 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
 - ZeRO-3 prefetches one layer ahead: each pass over a chunk exposes its first all-gather, each
   later layer costs overlapped(its compute, the next gather), the backward's last reduce-scatter
   is exposed; the backward re-gathers the weights (twice with full recompute: once for the
-  recomputed forward).  ZeRO-3's parameter collectives are priced at one GPU's NIC share, as
-  DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did not fall when
-  768 GPUs became 1,536, i.e. no gain from the node's other NICs); docs/planner.md.
+  recomputed forward).  FSDP-style units (one layer, `zero3_unit = "layer"`) run their rings over the
+  node's NICs like any DP collective (llm-foundry's FSDP runs: MPT 13B at micro-batch 2 is as fast on
+  16-64 H100 as on 8, which one NIC per GPU could not carry); DeepSpeed's sub-module units keep one
+  GPU's NIC share, as DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did
+  not fall when 768 GPUs became 1,536); docs/planner.md §5.
 - DP gradient reduction runs bucket by bucket (one layer's gradients per bucket): a bucket is
   ready when its layer's last backward of the step ends — read off the simulated schedule, so an
   interleaved rank's chunks, finished one after another through the cool-down, start early — the
