@@ -49,8 +49,8 @@ default, calibratable as `overlap_slowdown`): compute of c seconds running while
 seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
 - ZeRO-3 prefetches one layer ahead: each pass over a chunk exposes its first all-gather, each
   later layer costs overlapped(its compute, the next gather), the backward's last reduce-scatter
-  is exposed; the backward re-gathers the weights (twice with full recompute: once for the
-  recomputed forward).  FSDP-style units (one layer, `zero3_unit = "layer"`) run their rings over the
+  is exposed; the backward re-gathers the weights once, full recompute or not (the rerun forward
+  uses them: par3d's zero.py and PyTorch FSDP alike).  FSDP-style units (one layer, `zero3_unit = "layer"`) run their rings over the
   node's NICs like any DP collective (llm-foundry's FSDP runs: MPT 13B at micro-batch 2 is as fast on
   16-64 H100 as on 8, which one NIC per GPU could not carry); DeepSpeed's sub-module units keep one
   GPU's NIC share, as DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did
@@ -499,8 +499,11 @@ def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
     all-gather and reduce-scatter."""
     n = max(n, 1)
     fwd = ag + (n - 1) * overlapped(f, ag, sigma) + f
-    gathers = ag * (2 if full else 1)  # backward re-gathers (and again for the recomputed forward)
-    bwd = gathers + (n - 1) * overlapped(b, gathers + rs, sigma) + b + rs
+    # the backward gathers each unit once, full recompute or not: the rerun forward uses the weights that
+    # gather brought (par3d's zero.py: the unit's hooks are on its module, the rerun calls its inner
+    # forward; PyTorch FSDP skips its post-forward reshard in the recomputed forward)
+    del full
+    bwd = ag + (n - 1) * overlapped(b, ag + rs, sigma) + b + rs
     return fwd - n * f, bwd - n * b
 
 
@@ -727,7 +730,7 @@ def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: s
                 head: bool) -> tuple[float, float]:
     """ZeRO-3's collectives per micro-batch on a stage (forward, backward) on a calibrated host
     running the eager runtime (zero.py): every unit is all-gathered before its forward and again
-    before its backward, and its gradients reduce-scattered after it (a tied embedding's bucket
+    before its backward (once, full recompute or not), and its gradients reduce-scattered after it (a tied embedding's bucket
     once more); each a separate call at its measured cost (`Profile.collectives`, isolated calls
     over the calibration's ranks).  None hides: the prefetch posts the next unit's gather
     asynchronously, but on a host whose cores all run ranks the backend's thread takes its time
@@ -741,8 +744,7 @@ def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: s
     rs = sum(comm.reduce_scatter(4.0 * u, g, rs_l).total for u in units)
     if embed and model.tied and c.pp == 1:  # the tied embedding's bucket: reduced every micro-batch
         rs += comm.reduce_scatter(4.0 * model.vocab * model.hidden / c.tp, g, rs_l).total
-    full = c.recompute == "full"
-    return ag, ag * (2 if full else 1) + rs
+    return ag, ag + rs  # the backward gathers once, full recompute or not (see _zero3_exposed)
 
 
 ZERO1_BUCKET_PARAMS = 1 << 20  # zero.py's bucket_numel: ZeRO-1's buckets are filled by size
