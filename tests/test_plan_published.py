@@ -37,6 +37,7 @@ def test_the_set_holds_the_named_runs():
     assert sum(n.startswith(validation.MLPERF_PREFIX) for n in names) == 8
     # llm-foundry's "H100 80GB BF16 (Large Scale)" table, whole: six MPT models x 128 / 256 / 512 GPUs (FSDP)
     assert sum(n.startswith(validation.LLMFOUNDRY_PREFIX) for n in names) == 18
+    assert {"fmsfsdp-llama2-34b-a100-128", "fmsfsdp-llama2-70b-a100-128"} <= names  # fms-fsdp's FSDP rows
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
