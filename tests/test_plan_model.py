@@ -620,6 +620,36 @@ def test_attention_share_follows_the_sequence_length_where_measured():
     assert halves.core / whole.core == pytest.approx(0.25 * 0.380 / 0.281, rel=0.02)
 
 
+def test_cudnn_generations_on_blackwell():
+    """cuDNN's fused attention by container generation (issue 12's eleventh round): cudnn-frontend measured
+    the B200 on NGC 25.09 (cuDNN 9.13) and the GB200 on NGC 25.11 (cuDNN 9.17); the GB300, measured in both,
+    bridges each GPU to the other generation by the same factor per length.  At equal software the two keep
+    the same share of peak at 8,192 tokens; each GPU's default is its own file; Hopper and Ampere refuse."""
+    from par3d.plan.hardware import (
+        B200_CUDNN917_CURVE,
+        B200_CUDNN_CURVE,
+        GB200_CUDNN913_CURVE,
+        GB200_CUDNN_CURVE,
+        HardwareError,
+        with_attention_kernel,
+    )
+
+    b, gb = make_cluster("b200", 8).device, make_cluster("gb200", 8).device
+    for dev, own in ((b, "cudnn9.13"), (gb, "cudnn9.17")):  # each GPU's default is its own file's generation
+        same = with_attention_kernel(dev, own)
+        assert (same.attn_eff, same.attn_curve) == (dev.attn_eff, dev.attn_curve)
+    b17, gb13 = with_attention_kernel(b, "cudnn9.17"), with_attention_kernel(gb, "cudnn9.13")
+    assert gb13.attn_share(8192) == pytest.approx(b.attn_share(8192), abs=0.005)
+    assert b17.attn_share(8192) == pytest.approx(gb.attn_share(8192), abs=0.005)
+    for (s0, old), (_, new), (_, gb_new), (_, gb_old) in zip(B200_CUDNN_CURVE, B200_CUDNN917_CURVE,
+                                                             GB200_CUDNN_CURVE, GB200_CUDNN913_CURVE):
+        if s0 >= 2048:  # the same bridge factor for both GPUs (rounded to 3 decimals)
+            assert new / old == pytest.approx(gb_new / gb_old, rel=0.02)
+            assert new > old
+    with pytest.raises(HardwareError, match="Blackwell"):
+        make_cluster("h100-sxm", 8, attention_kernel="cudnn9.13")
+
+
 def test_gb200_is_the_b200_die_in_an_nvl72_domain():
     """GB200 (issue 12's ninth round): its own peaks and MAMF (Bekman), the B200's measured sustained ratio
     (no GB200 MSMF: gemm_table.SAME_DIE), the same memory bandwidth, 186 GB, and 72 GPUs per NVLink domain."""

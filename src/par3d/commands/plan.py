@@ -129,10 +129,12 @@ def register(sub) -> None:
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
                         "unfused attention (s² scores written, softmax and dropout over them) and stores them")
-    g.add_argument("--attention-kernel", choices=("fa2", "fa3"), default=None,
-                   help="the FlashAttention generation to price: fa2 (FlashAttention-2, ~35 %% of peak on H100) "
-                        "or fa3 (FlashAttention-3, Hopper only; ~53 %%) (default: the newest the GPU has; on B200 "
-                        "cuDNN's fused attention, ~38 %%)")
+    g.add_argument("--attention-kernel", choices=("fa2", "fa3", "cudnn9.13", "cudnn9.17"), default=None,
+                   help="the attention kernel to price: fa2 (FlashAttention-2, ~35 %% of peak on H100), fa3 "
+                        "(FlashAttention-3, Hopper only; ~53 %%), or on B200/GB200 cuDNN's fused attention of a "
+                        "container generation: cudnn9.13 (NGC PyTorch 25.09, ~38 %% at 8K tokens) or cudnn9.17 (NGC "
+                        "25.11, ~45 %%) (default: the newest the GPU has; on B200 cudnn9.13, on GB200 cudnn9.17, "
+                        "each GPU's own measurement)")
     g.add_argument("--cp-comm", choices=("ring", "all-gather"), default="ring",
                    help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
                         "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "

@@ -210,20 +210,42 @@ GB200_CUDNN_CURVE: tuple[tuple[int, float], ...] = (
 GB200_FA2_CURVE: tuple[tuple[int, float], ...] = (
     (512, 0.052), (1024, 0.075), (2048, 0.097), (4096, 0.113), (8192, 0.122), (16384, 0.127), (32768, 0.130),
     (65536, 0.131), (131072, 0.131))
+# cuDNN's generation.  The B200 file above ran NGC PyTorch 25.09 (cuDNN 9.13.1: the benchmark README at the
+# commit that holds it, cudnn-frontend 0b1577c), the GB200 file NGC PyTorch 25.11 (cuDNN 9.17.0, cudnn-frontend
+# b372d39), so their shares differ by software as well as by GPU.  The GB300 was measured in both (its
+# artifacts file at each commit): the newer generation runs the same shapes 1.17x faster at 8,192 tokens (1.29x
+# at 4,096, 1.12x at 16,384).  Bridged through it, each GPU's curve in the other generation: the GB200 at cuDNN
+# 9.13 = its 9.17 times x the GB300's 9.13/9.17 ratio at the same length (0.380 of 2500 at 8,192 tokens -- the
+# B200's own 0.380 of 2250: at equal software the two keep the same share of peak), the B200 at cuDNN 9.17 the
+# other way.  `--attention-kernel cudnn9.13 | cudnn9.17` picks the generation a run's container had; by default
+# each GPU takes its own file's (B200 9.13, GB200 9.17).  At 512-1,024 tokens the two harnesses differ (PyTorch's
+# SDPA in the 25.09 files, the frontend directly in the 25.11 ones), so the bridge there is mostly launch cost.
+GB200_CUDNN913_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.026), (1024, 0.087), (2048, 0.174), (4096, 0.301), (8192, 0.380), (16384, 0.427), (32768, 0.447),
+    (65536, 0.416), (131072, 0.406))
+B200_CUDNN917_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.198), (1024, 0.249), (2048, 0.219), (4096, 0.363), (8192, 0.445), (16384, 0.484), (32768, 0.494),
+    (65536, 0.472), (131072, 0.453))
 # the 8,192-token shares: what `attn_eff` reports and `--attention-kernel` swaps (the curves give the rest)
 FA_B200_CUDNN, FA2_B200 = dict(B200_CUDNN_CURVE)[8192], dict(B200_FA2_CURVE)[8192]
 FA_GB200_CUDNN, FA2_GB200 = dict(GB200_CUDNN_CURVE)[8192], dict(GB200_FA2_CURVE)[8192]
-ATTENTION_KERNELS = ("fa2", "fa3")
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn9.13", "cudnn9.17")
+_CUDNN_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
+    "b200": {"cudnn9.13": B200_CUDNN_CURVE, "cudnn9.17": B200_CUDNN917_CURVE},
+    "gb200": {"cudnn9.13": GB200_CUDNN913_CURVE, "cudnn9.17": GB200_CUDNN_CURVE},
+}
 # The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
 # the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
-    "b200": {"fa2": FA2_B200}, "gb200": {"fa2": FA2_GB200},
+    "b200": {"fa2": FA2_B200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["b200"].items()}},
+    "gb200": {"fa2": FA2_GB200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["gb200"].items()}},
 }
 # the measured curves of those kernels, where there are (B200, GB200: cudnn-frontend's files above)
 _KERNEL_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
-    "b200": {"fa2": B200_FA2_CURVE}, "gb200": {"fa2": GB200_FA2_CURVE},
+    "b200": {"fa2": B200_FA2_CURVE, **_CUDNN_CURVES["b200"]},
+    "gb200": {"fa2": GB200_FA2_CURVE, **_CUDNN_CURVES["gb200"]},
 }
 
 
@@ -240,6 +262,10 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
     if shares is None or (dev.name in DEVICES and dev.attn_eff != DEVICES[dev.name].attn_eff):
         shares = _KERNEL_SHARES["h100-sxm"] if dev.attn_eff == FA_HOPPER else {"fa2": dev.attn_eff}
     if kernel not in shares:
+        if kernel.startswith("cudnn"):
+            raise HardwareError(f"attention kernel {kernel!r}: cuDNN's fused attention is priced by generation on "
+                                f"Blackwell (B200, GB200) only, not {dev.name}; use 'fa2' or 'fa3' or leave "
+                                f"--attention-kernel out (the GPU's newest)")
         raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
