@@ -362,7 +362,7 @@ def test_overlap_costs_something():
     from par3d.plan.cost import _zero3_exposed, bucketed_tail, overlapped
 
     assert overlapped(1.0, 0.5, 0.1) == pytest.approx(1.05)
-    f, fb = _zero3_exposed(10, 1.0, 2.0, 0.5, 0.5, False, 0.1)
+    f, fb = _zero3_exposed(10, 1.0, 2.0, 0.5, 0.5, 0.1)
     assert f == pytest.approx(0.5 + 9 * 0.05)  # first gather exposed, then σ on each overlap
     assert fb > 0.5  # the first gather and the last reduce-scatter
     assert bucketed_tail(10, 1.0, 0.5, 0.0) == pytest.approx(0.5)  # only the last bucket

@@ -492,8 +492,7 @@ def weight_bytes(cluster: Cluster) -> float:
     return 4.0 if cluster.dtype == "fp32" else 2.0
 
 
-def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
-                   sigma: float) -> tuple[float, float]:
+def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, sigma: float) -> tuple[float, float]:
     """Extra forward and backward time of one chunk of n layers under ZeRO-3 with one-layer
     prefetch: f, b = one layer's forward and backward (+ recompute) time; ag, rs = one layer's
     all-gather and reduce-scatter."""
@@ -502,7 +501,6 @@ def _zero3_exposed(n: int, f: float, b: float, ag: float, rs: float, full: bool,
     # the backward gathers each unit once, full recompute or not: the rerun forward uses the weights that
     # gather brought (par3d's zero.py: the unit's hooks are on its module, the rerun calls its inner
     # forward; PyTorch FSDP skips its post-forward reshard in the recomputed forward)
-    del full
     bwd = ag + (n - 1) * overlapped(b, ag + rs, sigma) + b + rs
     return fwd - n * f, bwd - n * b
 
@@ -846,8 +844,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5)
             ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params)
             rs = grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * layer_params)
-            z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs,
-                                      c.recompute == "full", dev.sigma)
+            z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
