@@ -50,11 +50,12 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
 - ZeRO-3 prefetches one layer ahead: each pass over a chunk exposes its first all-gather, each
   later layer costs overlapped(its compute, the next gather), the backward's last reduce-scatter
   is exposed; the backward re-gathers the weights once, full recompute or not (the rerun forward
-  uses them: par3d's zero.py and PyTorch FSDP alike).  FSDP-style units (one layer, `zero3_unit = "layer"`) run their rings over the
-  node's NICs like any DP collective (llm-foundry's FSDP runs: MPT 13B at micro-batch 2 is as fast on
-  16-64 H100 as on 8, which one NIC per GPU could not carry); DeepSpeed's sub-module units keep one
-  GPU's NIC share, as DeepSpeed's ZeRO-3 measured (Narayanan et al. 2021, Table 2: its step time did
-  not fall when 768 GPUs became 1,536); docs/planner.md §5.
+  uses them: par3d's zero.py and PyTorch FSDP alike).  FSDP-style units (one layer,
+  `zero3_unit = "layer"`) run their rings over the node's NICs like any DP collective (llm-foundry's
+  FSDP runs: MPT 13B at micro-batch 2 is as fast on 16-64 H100 as on 8, which one NIC per GPU could
+  not carry); DeepSpeed's sub-module units keep one GPU's NIC share, as DeepSpeed's ZeRO-3 measured
+  (Narayanan et al. 2021, Table 2: its step time did not fall when 768 GPUs became 1,536);
+  docs/planner.md §5.
 - DP gradient reduction runs bucket by bucket (one layer's gradients per bucket): a bucket is
   ready when its layer's last backward of the step ends — read off the simulated schedule, so an
   interleaved rank's chunks, finished one after another through the cool-down, start early — the
@@ -728,8 +729,8 @@ def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: s
                 head: bool) -> tuple[float, float]:
     """ZeRO-3's collectives per micro-batch on a stage (forward, backward) on a calibrated host
     running the eager runtime (zero.py): every unit is all-gathered before its forward and again
-    before its backward (once, full recompute or not), and its gradients reduce-scattered after it (a tied embedding's bucket
-    once more); each a separate call at its measured cost (`Profile.collectives`, isolated calls
+    before its backward (once, full recompute or not), and its gradients reduce-scattered after it
+    (a tied embedding's bucket once more); each a separate call at its measured cost (`Profile.collectives`, isolated calls
     over the calibration's ranks).  None hides: the prefetch posts the next unit's gather
     asynchronously, but on a host whose cores all run ranks the backend's thread takes its time
     from them; the prefetch does absorb the ranks' drift, so no in-step sync is added."""
