@@ -38,6 +38,9 @@ def test_the_set_holds_the_named_runs():
     # llm-foundry's "H100 80GB BF16 (Large Scale)" table, whole: six MPT models x 128 / 256 / 512 GPUs (FSDP)
     assert sum(n.startswith(validation.LLMFOUNDRY_PREFIX) for n in names) == 18
     assert {"fmsfsdp-llama2-34b-a100-128", "fmsfsdp-llama2-70b-a100-128"} <= names  # fms-fsdp's FSDP rows
+    # the Nemotron-4 reports' own pre-training runs: every stage of each batch ramp (15B: Table 1, 340B: Table 2)
+    assert {f"nemotron4-paper-15B-{g}" for g in (768, 1536, 2304)} <= names
+    assert {f"nemotron4-paper-340B-{g}" for g in (1536, 3072, 6144)} <= names
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
@@ -152,6 +155,19 @@ def test_tensor_vs_pipeline_tradeoff_as_measured():
                           sequence_parallel=False)
             rate[tp] = search(model, cl, batch, fixed, Limits(allow_inter_node_tp=True), top=1).plans[0].step_time
         assert min(rate, key=rate.get) == 8, rate
+
+
+def test_nemotron4_15b_misses_hinge_on_the_dp_overlap():
+    """docs/planner.md §9, twelfth round: the 15B report's rows (one micro-batch per replica per step) miss
+    by > 30 % with the distributed optimizer's collectives overlapped, as NVIDIA's recipe sets them, and
+    come within 10 % (the smaller two) and 13 % (2,304 GPUs) priced unoverlapped — the documented
+    explanation, pinned so that a change to the DP overlap pricing shows here."""
+    for name, bound in (("nemotron4-paper-15B-768", 0.10), ("nemotron4-paper-15B-1536", 0.10),
+                        ("nemotron4-paper-15B-2304", 0.13)):
+        row = next(r for r in ROWS if r["name"] == name)
+        assert validation.predict(row).error > 0.30
+        serial = dict(row, overlap_grad_reduce=False, overlap_param_gather=False)
+        assert abs(validation.predict(serial).error) <= bound, name
 
 
 def test_llama3_long_context_plans():
