@@ -41,6 +41,8 @@ def test_the_set_holds_the_named_runs():
     # the Nemotron-4 reports' own pre-training runs: every stage of each batch ramp (15B: Table 1, 340B: Table 2)
     assert {f"nemotron4-paper-15B-{g}" for g in (768, 1536, 2304)} <= names
     assert {f"nemotron4-paper-340B-{g}" for g in (1536, 3072, 6144)} <= names
+    # dgxc-benchmarking v25.05's GB200 tables, whole: Llama 3.1 405B BF16 and FP8 at 128 / 256 / 512 GPUs
+    assert {f"dgxc-25.05-llama3.1-405B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)} <= names
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
