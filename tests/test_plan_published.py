@@ -43,6 +43,9 @@ def test_the_set_holds_the_named_runs():
     assert {f"nemotron4-paper-340B-{g}" for g in (1536, 3072, 6144)} <= names
     # dgxc-benchmarking v25.05's GB200 tables, whole: Llama 3.1 405B BF16 and FP8 at 128 / 256 / 512 GPUs
     assert {f"dgxc-25.05-llama3.1-405B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)} <= names
+    assert {f"dgxc-25.05-nemotron4-340B-{d}-gb200-{s}{g}" for d in ("bf16", "fp8") for s in ("", "strong-")
+            for g in (128, 256, 512)} <= names
+    assert sum(n.startswith(validation.DGXC_2505_PREFIX) for n in names) == 20  # and its two H100 15B rows
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
