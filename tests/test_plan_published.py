@@ -235,3 +235,35 @@ def test_step_share_is_the_declared_fit():
 
     assert abs(validation.fit_step_share() - gemm_table.STEP_SHARE) < 5e-4
     assert all(validation.in_sample(r) for r in ROWS if r["name"].startswith(validation.IN_SAMPLE_PREFIX))
+
+
+def test_evidence_file_is_the_scripts_output(predictions):
+    """src/par3d/plan/evidence.json, what `par3d plan` quotes beside a prediction, is `python -m
+    par3d.plan.validation --evidence` on the current model and validation set (regenerate it when either
+    changes)."""
+    preds = [predictions[r["name"]] for r in ROWS]
+    with open(validation.EVIDENCE_PATH, encoding="utf-8") as fh:
+        assert fh.read() == validation.evidence_json(preds)
+    ev = validation.evidence(preds)
+    assert sum(int(v["rows"]) for v in ev.values()) == len(ROWS)
+    gb = ev["gb200/fp8"]  # signed: the model was fast on every GB200 FP8 row
+    assert 0 < gb["min_error_pct"] <= gb["median_error_pct"] <= gb["max_error_pct"]
+
+
+def test_plan_reports_its_evidence(capsys):
+    """`par3d plan` prints the model's signed error range on the published runs of the plan's GPU and dtype,
+    and says so when there are none (a GPU the set does not hold, or a flat --efficiency model the set does
+    not price)."""
+    from par3d.cli import main
+
+    base = ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64"]
+    assert main([*base, "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    h100 = validation.evidence_for("h100-sxm", "bf16")
+    assert h100 is not None and f"on {h100['rows']} published runs of h100-sxm bf16" in out
+    assert main([*base, "--gpu", "h100", "--dtype", "fp8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"] == validation.evidence_for("h100-sxm", "fp8")
+    assert main([*base, "--gpu", "h200"]) == 0
+    assert "no published run of h200 bf16" in capsys.readouterr().out
+    assert main([*base, "--gpu", "h100", "--efficiency", "0.5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"] is None

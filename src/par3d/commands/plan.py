@@ -226,7 +226,9 @@ def register(sub) -> None:
     g.add_argument("--top", type=_int_at_least(1), default=5, help="plans to show (default: %(default)s)")
     g.add_argument("--explain", action="store_true",
                    help="print the winner's breakdown, the seed-style per-layer accounting and why it wins")
-    g.add_argument("--json", action="store_true", help="print {model, hardware, plans: [...]} as JSON")
+    g.add_argument("--json", action="store_true",
+                   help="print {model, hardware, plans: [...], evidence} as JSON (evidence: the model's signed error "
+                        "on the validation set's published runs of this GPU and dtype, null if none)")
     g.add_argument("--emit-config", metavar="FILE", default=None,
                    help="write a `par3d train` TOML config of the best plan (restricted to the ZeRO stages "
                         "and context parallelism the runtime supports)")
@@ -462,6 +464,8 @@ def _run(args: argparse.Namespace) -> int:
                           "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
                "plans": [p.to_dict() for p in res.plans],
+               # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
+               "evidence": evidence_of(cluster),
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))
@@ -573,6 +577,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out.append("")
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
+    out.append(_evidence_line(cluster))
     if not explain:
         return "\n".join(out)
     # -- the breakdown --
@@ -648,6 +653,28 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  faster but does not fit: {u.choice.label()}: {u.step_time:.3f} s needs "
                    f"{u.memory.total / GiB:.1f} GiB > {cap:.0f} GiB")
     return "\n".join(out)
+
+
+def evidence_of(cluster) -> dict | None:
+    """How this model did on the published runs of the cluster's GPU and dtype (validation.evidence_for), for
+    catalogue GPUs priced by the table model as the validation set prices them; None otherwise."""
+    from par3d.plan.hardware import DEVICES
+    from par3d.plan.validation import evidence_for
+
+    dev = cluster.device
+    if cluster.profile is not None or dev.kernel_model != "table" or DEVICES.get(dev.name) != dev:
+        return None
+    return evidence_for(dev.name, cluster.dtype)
+
+
+def _evidence_line(cluster) -> str:
+    ev = evidence_of(cluster)
+    if ev is None:
+        return (f"evidence: no published run of {cluster.device.name} {cluster.dtype} is in the validation set "
+                "(docs/planner.md §9)")
+    return (f"evidence: on {ev['rows']} published runs of {cluster.device.name} {cluster.dtype} this model's error "
+            f"was {ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
+            f"{ev['within_10pct']} within ±10 %; positive: predicted faster than measured) — docs/planner.md §9")
 
 
 def _placement_line(c) -> str:

@@ -8,12 +8,14 @@ docs/planner.md quotes.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
+from statistics import median
 from typing import Any
 
 from .cost import Choice, Options, Plan, evaluate
@@ -264,6 +266,55 @@ def summary(preds: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
+# ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
+#
+# `par3d plan` prints, beside its prediction, the signed errors of every validation row of the same catalogue GPU
+# and dtype (docs/planner.md §9), read from evidence.json so that a plan costs no validation run; the file is
+# this module's output (`python -m par3d.plan.validation --evidence`) and a test keeps the two equal.
+EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
+
+
+def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
+    """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
+    decimal) of the model on the published runs of that GPU and dtype."""
+    groups: dict[str, list[float]] = {}
+    for p in preds:
+        key = f"{p.row['gpu']}/{_evidence_dtype(str(p.row.get('dtype', 'bf16')))}"
+        groups.setdefault(key, []).append(p.error)
+    out: dict[str, dict[str, float | int]] = {}
+    for key, errs in sorted(groups.items()):
+        errs.sort()
+        out[key] = {"rows": len(errs), "within_10pct": sum(abs(e) <= DEFAULT_BOUND for e in errs),
+                    "min_error_pct": round(100 * errs[0], 1), "median_error_pct": round(100 * median(errs), 1),
+                    "max_error_pct": round(100 * errs[-1], 1)}
+    return out
+
+
+def _evidence_dtype(dtype: str) -> str:
+    """fp16 and bf16 run the same tensor-core path at the same rate in the model: one group, "bf16"."""
+    return "bf16" if dtype == "fp16" else dtype
+
+
+def evidence_json(preds: list[Prediction]) -> str:
+    return json.dumps(evidence(preds), indent=1, sort_keys=True) + "\n"
+
+
+@cache
+def stored_evidence() -> dict[str, dict[str, float | int]]:
+    """evidence.json as committed (empty if absent)."""
+    try:
+        with open(EVIDENCE_PATH, encoding="utf-8") as fh:
+            return dict(json.load(fh))
+    except FileNotFoundError:
+        return {}
+
+
+def evidence_for(gpu: str, dtype: str) -> dict[str, float | int] | None:
+    """The stored evidence for a catalogue GPU and dtype (fp16 counted with bf16), None where the validation
+    set has no row of it."""
+    return stored_evidence().get(f"{gpu}/{_evidence_dtype(dtype)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--fit":  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
@@ -275,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(str(r["name"]) for r in sustained_rows() if r.get("dtype", "bf16") == dtype))
         return 0
     preds = [predict(r) for r in rows()]
+    if argv and argv[0] == "--evidence":  # rewrite evidence.json (what `par3d plan` quotes)
+        with open(EVIDENCE_PATH, "w", encoding="utf-8") as fh:
+            fh.write(evidence_json(preds))
+        print(f"wrote {EVIDENCE_PATH}")
+        return 0
     print(table(preds))
     print("\n" + summary(preds))
     return 0
