@@ -48,6 +48,8 @@ def test_the_set_holds_the_named_runs():
     assert sum(n.startswith(validation.DGXC_2505_PREFIX) for n in names) == 20  # and its two H100 15B rows
     # MLPerf Training v5.0's Llama 3.1 405B: every submission on a catalogue GPU (5 H100, 2 H200, 7 GB200)
     assert sum(n.startswith(validation.MLPERF5_PREFIX) for n in names) == 14
+    # MLPerf Training v4.1's GPT-3 175B: every submission on a catalogue GPU whose logs carry step times
+    assert sum(n.startswith(validation.MLPERF41_PREFIX) for n in names) == 5
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
