@@ -268,7 +268,11 @@ def test_plan_reports_its_evidence(capsys):
     assert h100 is not None and f"on {h100['rows']} published runs of h100-sxm bf16" in out
     assert main([*base, "--gpu", "h100", "--dtype", "fp8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"] == validation.evidence_for("h100-sxm", "fp8")
+    assert main([*base, "--gpu", "h100", "--attention-kernel", "fa2", "--json"]) == 0  # rows set the kernel too
+    assert json.loads(capsys.readouterr().out)["evidence"] == h100
     assert main([*base, "--gpu", "h200"]) == 0
     assert "no published run of h200 bf16" in capsys.readouterr().out
     assert main([*base, "--gpu", "h100", "--efficiency", "0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"] is None
+    assert main([*base, "--gpu", "h100", "--efficiency", "0.5"]) == 0
+    assert "evidence: none for this description" in capsys.readouterr().out

@@ -658,17 +658,29 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
 def evidence_of(cluster) -> dict | None:
     """How this model did on the published runs of the cluster's GPU and dtype (validation.evidence_for), for
     catalogue GPUs priced by the table model as the validation set prices them; None otherwise."""
+    from dataclasses import fields
+
     from par3d.plan.hardware import DEVICES
     from par3d.plan.validation import evidence_for
 
-    dev = cluster.device
-    if cluster.profile is not None or dev.kernel_model != "table" or DEVICES.get(dev.name) != dev:
+    dev, base = cluster.device, DEVICES.get(cluster.device.name)
+    # the catalogue's description, up to the attention kernel (`--attention-kernel`, which rows set too); a
+    # hardware file's own GEMM table or a flat --efficiency model is not what the validation set scored
+    # (Device compares by identity, so field by field)
+    if cluster.profile is not None or base is None or dev.kernel_model != "table" or any(
+            getattr(dev, f.name) != getattr(base, f.name) for f in fields(base)
+            if f.name not in ("attn_eff", "attn_curve")):
         return None
     return evidence_for(dev.name, cluster.dtype)
 
 
 def _evidence_line(cluster) -> str:
+    from par3d.plan.validation import evidence_for
+
     ev = evidence_of(cluster)
+    if ev is None and evidence_for(cluster.device.name, cluster.dtype) is not None:
+        return ("evidence: none for this description (a hardware file or a flat --efficiency model is not the "
+                "catalogue description the validation set scored: docs/planner.md §9)")
     if ev is None:
         return (f"evidence: no published run of {cluster.device.name} {cluster.dtype} is in the validation set "
                 "(docs/planner.md §9)")

@@ -235,8 +235,8 @@ def _counts(preds: list[Prediction]) -> str:
 
 # held-out sources large enough to be reported on their own lines, so that they do not hide the others:
 # NVIDIA's dgxc-benchmarking tables (70 rows, one weak-scaling table per model and precision), MLPerf
-# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs) and llm-foundry's large-scale
-# H100 table (18 rows: six MPT models under PyTorch FSDP at 128 / 256 / 512 GPUs) and dgxc-benchmarking v25.05's
+# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs), llm-foundry's large-scale
+# H100 table (18 rows: six MPT models under PyTorch FSDP at 128 / 256 / 512 GPUs), dgxc-benchmarking v25.05's
 # first GB200 tables (20 rows with its two H100 ones: one early Blackwell software generation), MLPerf Training
 # v4.1's GPT-3 175B (5 rows: B200 and H100) and v5.0's Llama 3.1 405B (14 rows: H100, H200 and GB200)
 MLPERF_PREFIX = "mlperf-3.1-"
