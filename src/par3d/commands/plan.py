@@ -678,10 +678,10 @@ def _evidence_line(cluster) -> str:
     from par3d.plan.validation import evidence_for
 
     ev = evidence_of(cluster)
-    if ev is None and evidence_for(cluster.device.name, cluster.dtype) is not None:
-        return ("evidence: none for this description (a hardware file or a flat --efficiency model is not the "
-                "catalogue description the validation set scored: docs/planner.md §9)")
     if ev is None:
+        if evidence_for(cluster.device.name, cluster.dtype) is not None:  # rows exist, for another description
+            return ("evidence: none for this description (a hardware file or a flat --efficiency model is not the "
+                    "catalogue description the validation set scored: docs/planner.md §9)")
         return (f"evidence: no published run of {cluster.device.name} {cluster.dtype} is in the validation set "
                 "(docs/planner.md §9)")
     return (f"evidence: on {ev['rows']} published runs of {cluster.device.name} {cluster.dtype} this model's error "

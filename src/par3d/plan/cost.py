@@ -730,8 +730,8 @@ def zero3_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: s
     """ZeRO-3's collectives per micro-batch on a stage (forward, backward) on a calibrated host
     running the eager runtime (zero.py): every unit is all-gathered before its forward and again
     before its backward (once, full recompute or not), and its gradients reduce-scattered after it
-    (a tied embedding's bucket once more); each a separate call at its measured cost (`Profile.collectives`, isolated calls
-    over the calibration's ranks).  None hides: the prefetch posts the next unit's gather
+    (a tied embedding's bucket once more); each a separate call at its measured cost
+    (`Profile.collectives`, isolated calls over the calibration's ranks).  None hides: the prefetch posts the next unit's gather
     asynchronously, but on a host whose cores all run ranks the backend's thread takes its time
     from them; the prefetch does absorb the ranks' drift, so no in-step sync is added."""
     g = c.dp * c.cp
