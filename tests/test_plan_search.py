@@ -27,7 +27,7 @@ from par3d.plan.cost import (
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import rank_memory
 from par3d.plan.models import CATALOGUE, ModelSpec
-from par3d.plan.search import RECOMPUTE_ORDER, Fixed, Limits, enumerate_choices, search
+from par3d.plan.search import RECOMPUTE_ORDER, Fixed, Limits, enumerate_choices, replicas, search
 
 
 def exhaustive(model, cluster, batch, limits):
@@ -36,10 +36,11 @@ def exhaustive(model, cluster, batch, limits):
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, batch, Fixed(), limits, Counter()):
         sp = tp > 1 and (model.seq_len // cp) % tp == 0
         for rec in RECOMPUTE_ORDER:
-            for z in range(limits.max_zero_stage + 1):
+            for z, r in [(z0, r0) for z0 in range(limits.max_zero_stage + 1)
+                         for r0 in replicas(cluster, tp, cp, pp, dp, z0, Fixed())]:
                 if z > 0 and dp * cp == 1:
                     continue
-                c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
+                c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r)
                 built = build(sched, pp, m, v)
                 peaks = check(built, pp, m, v).peak_inflight
                 shapes = rank_shapes(model, tp, pp, v, sched)
@@ -47,10 +48,10 @@ def exhaustive(model, cluster, batch, limits):
                 if sched == "interleaved":
                     lay = layout(model, pp * v)
                     live = live_layers_walked(built, pp, list(lay.layers))
-                mem = max(rank_memory(model, shape, peaks[r], tp=tp, dp=dp, b=mb, sp=sp, recompute=rec, zero=z,
-                                      dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash,
-                                      inflight_layers=None if live is None else float(live[r])).total
-                          for r, shape in enumerate(shapes))
+                mem = max(rank_memory(model, shape, peaks[k], tp=tp, dp=dp // r, b=mb, sp=sp, recompute=rec,
+                                      zero=z, dtype=cluster.dtype, v=v, cp=cp, flash=cluster.flash,
+                                      inflight_layers=None if live is None else float(live[k])).total
+                          for k, shape in enumerate(shapes))
                 if mem > cap:
                     continue
                 st = stage_times(model, cluster, c)

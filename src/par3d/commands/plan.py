@@ -203,6 +203,12 @@ def register(sub) -> None:
                         "dualpipe-v)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
+    g.add_argument("--dp-replicate", type=_int_at_least(1),
+                   help="HSDP: split the DP group into this many replicas; ZeRO shards its states inside each "
+                        "replica (dp / N ranks x cp, the nearer ranks) and all-reduces the shards' gradients "
+                        "across replicas (torchtitan's data_parallel_replicate_degree, FSDP HYBRID_SHARD, "
+                        "Megatron's num_distributed_optimizer_instances); needs ZeRO >= 1. Default: searched "
+                        "between 1 (shard over the whole group) and one replica per node under ZeRO-3")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism on (--sequence-parallel) or off "
                         "(--no-sequence-parallel); default: on whenever tp > 1")
@@ -371,6 +377,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         if args.zero_stage is not None and args.zero_stage > max_zero:
             raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
                              f"stages 0 to {max_zero}; use --zero-stage {max_zero} or drop --emit-config")
+        if args.dp_replicate is not None and args.dp_replicate > 1:
+            raise UsageError(f"--dp-replicate {args.dp_replicate} with --emit-config: par3d train has no HSDP; "
+                             "use --dp-replicate 1 or drop --emit-config")
         if args.cp is not None and args.cp > 1 and not has_cp:
             raise UsageError(f"--cp {args.cp} with --emit-config: par3d train has no context parallelism yet; "
                              f"use --cp 1 or drop --emit-config")
@@ -434,7 +443,8 @@ def _run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     _check_fixed(args, model, cluster)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
-                  args.recompute, args.zero_stage, args.sequence_parallel, args.cp)
+                  args.recompute, args.zero_stage, args.sequence_parallel, args.cp,
+                  1 if args.emit_config else args.dp_replicate)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1)
@@ -569,7 +579,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
-        out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {c.dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
+        dp = f"{c.dp_replicate}x{c.dp // c.dp_replicate}" if c.dp_replicate > 1 else str(c.dp)  # HSDP: replicas x shard
+        out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
                    f"{c.virtual_stages:>2} {c.recompute:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>6.1f} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")

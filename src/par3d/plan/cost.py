@@ -127,15 +127,26 @@ class Choice:
     zero_stage: int = 0
     sequence_parallel: bool = False
     cp: int = 1  # context-parallel degree (ring attention); mesh order tp, cp, pp, dp
+    # HSDP: the DP group splits into dp_replicate replicas of dp / dp_replicate ranks each (the inner,
+    # nearer ranks); ZeRO shards its states over one replica (× cp) and all-reduces the shards' gradients
+    # across replicas.  torchtitan's data_parallel_replicate_degree, FSDP's HYBRID_SHARD, Megatron-Core's
+    # num_distributed_optimizer_instances, DeepSpeed's MiCS.  1: ZeRO shards over the whole group.
+    dp_replicate: int = 1
 
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    @property
+    def zero_shards(self) -> int:
+        """Ranks one ZeRO state is sharded over: the DP replica's dp / dp_replicate ranks × cp."""
+        return (self.dp // self.dp_replicate) * self.cp
+
     def label(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
-        return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp} mb={self.micro_batch} m={self.microbatches} "
+        rep = f"({self.dp_replicate}x{self.dp // self.dp_replicate})" if self.dp_replicate > 1 else ""
+        return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep} mb={self.micro_batch} m={self.microbatches} "
                 f"{self.schedule}{v} recompute={self.recompute} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
 
@@ -469,13 +480,23 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     return out
 
 
-def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_gpu_nic: bool = False) -> float:
+def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_gpu_nic: bool = False,
+                    group: str = "all") -> float:
     """A collective over the dp × cp ranks that hold the same weights (hierarchical clusters);
-    `per_gpu_nic` prices it at one GPU's NIC share (ZeRO-3's parameter collectives)."""
-    ng = c.dp * c.cp
+    `per_gpu_nic` prices it at one GPU's NIC share (ZeRO-3's parameter collectives).  Under HSDP
+    (`c.dp_replicate` > 1) `group` "shard" is one replica's dp / dp_replicate × cp ranks (ZeRO's
+    gathers and reduce-scatters) and "replicate" the dp_replicate ranks holding the same shard, each
+    one replica's span apart (the shards' gradient all-reduce)."""
+    dps = c.dp // c.dp_replicate
+    if group == "replicate":
+        if c.dp_replicate <= 1:
+            return 0.0
+        return comm.collective(kind, nbytes, c.dp_replicate, strides(c)[3] * dps, cluster).total
+    ng = dps * c.cp if group == "shard" else c.dp * c.cp
     if ng <= 1:
         return 0.0
-    stride = strides(c)[1] if c.dp == 1 else strides(c)[3]  # dp × cp: the wider stride bounds members per node
+    one_dp = dps == 1 if group == "shard" else c.dp == 1
+    stride = strides(c)[1] if one_dp else strides(c)[3]  # dp × cp: the wider stride bounds members per node
     if per_gpu_nic and ng * stride > cluster.gpus_per_node:  # a group inside one node uses no NIC
         stride = max(stride, cluster.gpus_per_node)
     return comm.collective(kind, nbytes, ng, stride, cluster).total
@@ -486,6 +507,13 @@ def grad_bytes(cluster: Cluster) -> float:
     (the seed's count), or 4 B where the framework reduces in fp32 (`Cluster.grad_reduce_fp32`:
     Megatron-Core's `grad_reduce_in_fp32`, FSDP's `reduce_dtype=float32`) or trains in fp32."""
     return 4.0 if cluster.dtype == "fp32" or cluster.grad_reduce_fp32 else 2.0
+
+
+def sharded_grad_reduce(cluster: Cluster, c: Choice, nbytes: float, per_gpu_nic: bool = False) -> float:
+    """ZeRO's gradient reduction of `nbytes` of gradients: a reduce-scatter over the shard group and,
+    under HSDP, the all-reduce of each shard (nbytes / shards) across the replicas after it."""
+    rs = grad_collective(cluster, c, "reduce_scatter", nbytes, per_gpu_nic, group="shard")
+    return rs + grad_collective(cluster, c, "all_reduce", nbytes / c.zero_shards, group="replicate")
 
 
 def weight_bytes(cluster: Cluster) -> float:
@@ -836,21 +864,24 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
                 comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
-                z3_units = (comp, tuple(grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True) for e in w),
-                            tuple(grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * e, per_gpu_nic=True)
+                z3_units = (comp, tuple(grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True,
+                                                        group="shard") for e in w),
+                            tuple(sharded_grad_reduce(cluster, c, grad_bytes(cluster) * e, per_gpu_nic=True)
                                   for e in w))
             z3f, z3b = _zero3_submodule_exposed(n, *z3_units, ar, rec_comm, c.recompute, lt.core, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and hier:
             layer_params = model.layer_params_per_rank(c.tp)
             # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5)
-            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params)
-            rs = grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * layer_params)
+            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params, group="shard")
+            rs = sharded_grad_reduce(cluster, c, grad_bytes(cluster) * layer_params)
             z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
-            ag = comm.all_gather(2.0 * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
-            rs = comm.reduce_scatter(grad_bytes(cluster) * chunk_params, g, lk.grad).total  # type: ignore[arg-type]
+            gs, gr = c.zero_shards, c.dp_replicate  # HSDP: shard group, then the shards across replicas
+            ag = comm.all_gather(2.0 * chunk_params, gs, lk.grad).total  # type: ignore[arg-type]
+            rs = (comm.reduce_scatter(grad_bytes(cluster) * chunk_params, gs, lk.grad).total  # type: ignore[arg-type]
+                  + comm.all_reduce(grad_bytes(cluster) * chunk_params / gs, gr, lk.grad).total)  # type: ignore[arg-type]
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
         f = fc + f_tp + f_cp + z3f
@@ -1101,7 +1132,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
-    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.dp * c.cp, acc, opts.optimizer_dtype)
+    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
     per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
                                        cluster.dtype, c.cp, flash)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
@@ -1114,7 +1145,8 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp, b=c.micro_batch, inflight_layers=live[arg],
+    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
+                     inflight_layers=live[arg],
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype)
@@ -1270,8 +1302,9 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         g = gbytes * shape.params
         hit = costs.get(g)
         if hit is None:
-            red = grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter", g)
-            gather = (grad_collective(cluster, c, "all_gather", wbytes * shape.params)  # updated weights
+            red = (grad_collective(cluster, c, "all_reduce", g) if c.zero_stage == 0
+                   else sharded_grad_reduce(cluster, c, g))
+            gather = (grad_collective(cluster, c, "all_gather", wbytes * shape.params, group="shard")  # updated weights
                       if c.zero_stage >= 1 else 0.0)
             hit = costs[g] = (red, gather)
         red, gather = hit
@@ -1350,9 +1383,11 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
         elif eager:
             red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
                                        cluster.dtype)
-        else:
-            red = comm.reduce_scatter(g, ng, lk.grad).total  # type: ignore[arg-type]
-            gather = comm.all_gather(wbytes * shape.params, ng, lk.grad).total  # type: ignore[arg-type]  # updated weights
+        else:  # HSDP: reduce-scatter over the shard group, all-reduce of the shard across replicas
+            gs = c.zero_shards
+            red = (comm.reduce_scatter(g, gs, lk.grad).total  # type: ignore[arg-type]
+                   + comm.all_reduce(g / gs, c.dp_replicate, lk.grad).total)  # type: ignore[arg-type]
+            gather = comm.all_gather(wbytes * shape.params, gs, lk.grad).total  # type: ignore[arg-type]  # updated weights
         costs[key] = (red, gather)
         if eager:
             exposed = red + gather
@@ -1365,7 +1400,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
-    params = max(s.params for s in shapes) / (c.dp * c.cp if c.zero_stage >= 1 else 1)
+    params = max(s.params for s in shapes) / (c.zero_shards if c.zero_stage >= 1 else 1)
     dev = cluster.device
     if dev.kernel_model == "table":
         return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff)
@@ -1397,7 +1432,8 @@ class Plan:
             "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
             "schedule": c.schedule, "virtual_stages": c.virtual_stages,
             "stage_ranks": list(stage_placement(c.schedule, c.pp, c.virtual_stages)), "recompute": c.recompute,
-            "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel, "fits": self.fits,
+            "zero_stage": c.zero_stage, "dp_replicate": c.dp_replicate, "sequence_parallel": c.sequence_parallel,
+            "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in

@@ -74,6 +74,7 @@ class Fixed:
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
     cp: int | None = None
+    dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -212,6 +213,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     limits = limits or Limits()
     opts = opts or DEFAULT_OPTIONS
     res = Result([], limits=limits)
+    _check_replicate(cluster, fixed, limits)
     cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
@@ -235,10 +237,10 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 first = None  # the least-ZeRO candidate, when none fits
                 st = None  # stage times do not depend on ZeRO stages 0-2
                 fitted = False
-                for z in zeros:
+                for z, r in [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
-                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp)
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
                     total = mem[0].total
@@ -278,6 +280,46 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     return res
 
 
+def _check_replicate(cluster: Cluster, fixed: Fixed, limits: Limits) -> None:
+    """--dp-replicate's rules, before anything is priced."""
+    r = fixed.dp_replicate
+    if r is None or r == 1:
+        return
+    if r < 1:
+        raise PlanError(f"--dp-replicate {r}: the number of HSDP replicas must be >= 1; use 1 for ZeRO over "
+                        "the whole DP group", "--dp-replicate")
+    if fixed.zero_stage == 0 or limits.max_zero_stage == 0:
+        raise PlanError(f"--dp-replicate {r} with ZeRO stage 0: replicas only differ from plain DP when ZeRO "
+                        "shards inside each; add --zero-stage 1, 2 or 3 or drop --dp-replicate", "--dp-replicate")
+    if fixed.dp is not None and fixed.dp % r:
+        raise PlanError(f"--dp-replicate {r}: it must divide --dp {fixed.dp} (each replica holds dp / "
+                        f"dp_replicate ranks); use one of {_fmt([d for d in divisors(fixed.dp)])}", "--dp-replicate")
+    if cluster.profile is not None:
+        raise PlanError(f"--dp-replicate {r}: HSDP is priced on GPU descriptions and the flat model, not on a "
+                        "calibrated host (par3d's runtime has no HSDP); drop --dp-replicate or the profile",
+                        "--dp-replicate")
+
+
+def replicas(cluster: Cluster, tp: int, cp: int, pp: int, dp: int, zero: int, fixed: Fixed) -> list[int]:
+    """HSDP replica counts to try for one layout and ZeRO stage.  Fixed: that count (with ZeRO >= 1,
+    where it divides dp).  Searched: 1 (ZeRO over the whole DP group) and, when the DP group spans
+    nodes with several of its ranks in each, the node-local sharding torchtitan and FSDP's
+    HYBRID_SHARD use: one replica per node's DP ranks, so ZeRO's per-layer gathers stay on NVLink and
+    only the shards' gradient all-reduce crosses nodes (ZeRO-3 only: for ZeRO-1/2 the whole group's
+    reduce-scatter + all-gather moves no more bytes across nodes than the replicas' all-reduce)."""
+    if fixed.dp_replicate is not None:
+        r = fixed.dp_replicate
+        if r == 1:
+            return [1]
+        return [r] if zero >= 1 and dp % r == 0 else []
+    if zero < 3 or cluster.profile is not None:
+        return [1]
+    local = cluster.gpus_per_node // (tp * cp * pp) if tp * cp * pp < cluster.gpus_per_node else 1
+    if local < 2 or dp <= local or dp % local:
+        return [1]
+    return [1, dp // local]
+
+
 _counter = [0]
 
 
@@ -306,7 +348,7 @@ class _Memo:
         if not self.on:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sequence_parallel,
-               _placement(c)) + ((c.dp, c.zero_stage) if c.zero_stage >= 3 else ())
+               _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ())
         hit = self.st.get(key)
         if hit is None:
             hit = self.st[key] = stage_times(self.model, self.cluster, c)
@@ -322,7 +364,7 @@ class _Memo:
         if lb is None:
             lb = self.lb[k1] = makespan_lower_bound(st, c)  # type: ignore[arg-type]
         # the tail reads the ranks' stages, and its bound whether the schedule splits its backwards
-        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.schedule in SPLIT_BACKWARD)
+        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.dp_replicate, c.schedule in SPLIT_BACKWARD)
         tail = self.tail.get(k2)
         if tail is None:
             tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
