@@ -70,6 +70,11 @@ def test_flat_model_tail_adds_the_replicas_all_reduce():
     st = stage_times(MODEL, cl, one)
     tails = [dp_tail(MODEL, cl, choice(16, r, zero=2), st) for r in (1, 2, 4)]
     assert all(t > 0 for t in tails) and len(set(tails)) == 3
+    # ZeRO-3's per-layer collectives in the flat model: a shard group of one rank gathers nothing, and its
+    # reduction is the all-reduce of whole gradients across the 16 replicas (what plain DP moves)
+    one = stage_times(MODEL, cl, choice(16, 16))
+    assert one.zero3 != stage_times(MODEL, cl, choice(16, 1)).zero3
+    assert dp_tail(MODEL, cl, choice(16, 16), one) == 0.0  # ZeRO-3 reduces inside the stage durations
 
 
 def test_search_tries_node_local_sharding_and_picks_it_where_the_nics_are_slow():
