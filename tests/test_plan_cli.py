@@ -358,6 +358,19 @@ def test_overlap_param_gather_flag(capsys):
     assert off["breakdown_s"]["dp_comm"] > 2 * on["breakdown_s"]["dp_comm"] > 0
 
 
+def test_fp8_param_gather_flag(capsys):
+    """--fp8-param-gather: with --dtype fp8 the distributed optimizer's weight gather moves 1 B per weight, so
+    the unoverlapped gather (and the DP part of the step) shrinks; the JSON's hardware says which; compute is
+    untouched; without fp8 the flag is refused, naming it."""
+    flags = ("--dtype", "fp8", "--no-overlap-param-gather")
+    (hw_off, off, _), (hw_on, on, _) = plans_with_and_without(capsys, flags, "--fp8-param-gather")
+    assert hw_off["fp8_param_gather"] is False and hw_on["fp8_param_gather"] is True
+    assert on["breakdown_s"]["compute"] == off["breakdown_s"]["compute"]
+    assert 0 < on["breakdown_s"]["dp_comm"] < off["breakdown_s"]["dp_comm"]
+    rc, _, err = run(capsys, *ZERO1_DP64, "--fp8-param-gather")
+    assert rc == 2 and "--fp8-param-gather" in err and "--dtype fp8" in err and "Traceback" not in err
+
+
 def test_tp_overlap_exposed_bounds():
     """Each collective costs at least what its ring's unpaired chunk and the chunks' lost efficiency add,
     never more than the collective itself plus that loss; no collective, no TP time beyond that loss."""

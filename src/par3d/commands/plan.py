@@ -163,6 +163,10 @@ def register(sub) -> None:
                    help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
                         "earlier steps, fused into the cast) or current (Float8CurrentScaling: an amax pass "
                         "over the tensor before each cast, one more read of it) (default: %(default)s)")
+    g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
+                   help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
+                        "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
+                        "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); default: bf16 gathers, 2 B")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead, its rings "
                         "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
@@ -321,6 +325,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
+                  fp8_param_gather=args.fp8_param_gather,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     # whole nodes, except a rack-scale NVLink domain taken in part (comm.py prices a group by the ranks it spans)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
@@ -370,6 +375,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         args.schedule = "interleaved"
     if args.schedule == "interleaved" and args.virtual_stages == 1:
         raise UsageError("--schedule interleaved needs --virtual-stages >= 2 (or omit it to search v)")
+    if args.fp8_param_gather and cluster.dtype != "fp8":
+        raise UsageError(f"--fp8-param-gather with --dtype {cluster.dtype}: only fp8 training gathers fp8 weight "
+                         "copies; add --dtype fp8 or drop --fp8-param-gather")
     if getattr(args, "emit_smoke", False) and not args.emit_config:
         raise UsageError("--emit-smoke shrinks the config --emit-config writes; add --emit-config FILE")
     if args.emit_config:

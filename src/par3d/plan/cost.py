@@ -517,7 +517,10 @@ def sharded_grad_reduce(cluster: Cluster, c: Choice, nbytes: float, per_gpu_nic:
 
 
 def weight_bytes(cluster: Cluster) -> float:
-    """Bytes per weight element a ZeRO all-gather moves: the training dtype's (fp8 keeps bf16 weights)."""
+    """Bytes per weight element ZeRO-1/2's gather of updated weights moves: the training dtype's (fp8 keeps
+    bf16 weights), or 1 B where fp8 copies are gathered (`Cluster.fp8_param_gather`)."""
+    if cluster.dtype == "fp8" and cluster.fp8_param_gather:
+        return 1.0
     return 4.0 if cluster.dtype == "fp32" else 2.0
 
 

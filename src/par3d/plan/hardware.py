@@ -374,6 +374,10 @@ class Cluster:
     # fused into the cast: one read) or "current" (Float8CurrentScaling: an amax pass over the tensor before
     # its cast, two reads; compute.elementwise_bytes).  NeMo 24.07 ran delayed, Megatron-Bridge's FP8-CS current
     fp8_scaling: str = "delayed"
+    # dtype fp8: ZeRO-1/2's gather of updated weights moves fp8 copies (1 B per weight; Megatron-Core's DDP
+    # `fp8_param_gather`, set by NeMo 2's and Megatron-Bridge's FP8 precision presets and by MLPerf's NeMo
+    # configs, FP8_PARAM_GATHER / FP8_PARAMS) instead of bf16 (2 B, the default here: cost.weight_bytes)
+    fp8_param_gather: bool = False
     # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
@@ -428,7 +432,8 @@ class Cluster:
             "zero3_unit": self.zero3_unit,
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
-            "fp8_scaling": self.fp8_scaling, "straggler_cv": self.step_spread,
+            "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
+            "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},
         }
