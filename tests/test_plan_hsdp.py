@@ -120,6 +120,8 @@ def test_cli_flag_json_table_and_bad_input(capsys, tmp_path):
     assert plans and all(p["dp_replicate"] == 2 for p in plans)
     rc, out, _ = run(capsys, *base, "--dp-replicate", "2")
     assert rc == 0 and " 2x8 " in out and "dp=16(2x8)" in out
+    rc, _, err = run(capsys, *base, "--dp-replicate", "3")  # divides no layout's dp: said, with a fix
+    assert rc == 1 and "--dp-replicate 3 does not divide dp" in err and "--dp-replicate 2)" in err
     for argv, word in ((["--zero-stage", "0", "--dp-replicate", "2"], "ZeRO stage 0"),
                        (["--dp", "16", "--dp-replicate", "3"], "must divide --dp 16"),
                        (["--dp-replicate", "2", "--emit-config", str(tmp_path / "x.toml")], "no HSDP")):

@@ -237,7 +237,11 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 first = None  # the least-ZeRO candidate, when none fits
                 st = None  # stage times do not depend on ZeRO stages 0-2
                 fitted = False
-                for z, r in [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]:
+                pairs = [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]
+                if not pairs:  # a fixed --dp-replicate that does not divide this layout's dp
+                    res.rejected[f"--dp-replicate {fixed.dp_replicate} does not divide dp"] += 1
+                    continue
+                for z, r in pairs:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
                     c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r)
@@ -614,6 +618,9 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
             fixes.append(f"{hint} ({fixed.schedule} needs {why}), or --schedule zb-h1")
         elif reason == "pp > layers" and fixed.pp is not None:
             fixes.append(f"--pp <= {model.layers}")
+        elif reason.startswith("--dp-replicate") and fixed.dp_replicate is not None:
+            fixes.append(f"a --dp-replicate that divides dp (dp = GPUs / (tp·cp·pp); e.g. the GPUs' nodes: "
+                         f"--dp-replicate {max(1, cluster.gpus // cluster.gpus_per_node)}), or drop --dp-replicate")
     if not fixes:
         fixes.append("drop some fixed choices (--tp --cp --pp --dp --micro-batch --schedule --zero-stage "
                      "--recompute): together they exclude every layout")
