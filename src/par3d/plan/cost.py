@@ -211,8 +211,10 @@ def stage_placement(schedule: str, p: int, v: int) -> tuple[int, ...]:
 @lru_cache(maxsize=1024)
 def rank_stage_lists(schedule: str, p: int, v: int) -> tuple[tuple[int, ...], ...]:
     """Per rank, the global stages it holds, in increasing order (its chunks 0, 1, ...)."""
-    rank_of = stage_placement(schedule, p, v)
-    return tuple(tuple(s for s in range(p * v) if rank_of[s] == r) for r in range(p))
+    lists: list[list[int]] = [[] for _ in range(p)]
+    for s, r in enumerate(stage_placement(schedule, p, v)):  # one pass: p·v stages, not p² · v tests
+        lists[r].append(s)
+    return tuple(tuple(x) for x in lists)
 
 
 @lru_cache(maxsize=1024)
@@ -222,10 +224,11 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
     embedding (stage 0) and the head (stage 2p-1)."""
     lay = layout(model, pp * v)
     out = []
+    per_layer = model.layer_params_per_rank(tp)
     for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
         params = 0.0
         for s in stages:
-            params += lay.layers[s] * model.layer_params_per_rank(tp)
+            params += lay.layers[s] * per_layer
             if lay.embed[s]:
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
@@ -1127,24 +1130,33 @@ def memory_accounting(opts: Options, cluster: Cluster) -> str:
     return "megatron" if cluster.grad_reduce_fp32 else opts.memory_accounting
 
 
+@lru_cache(maxsize=8192)
+def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
+                 b: int, sp: bool, recompute: str, cp: int) -> tuple:
+    """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
+    shapes = rank_shapes(model, tp, pp, v, schedule)
+    peaks = peak_inflight(schedule, pp, m, v)
+    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+    live = _peak_layers(schedule, pp, m, v, shapes, peaks)
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp), live, _heavy_ranks(model, tp, pp, v, live,
+                                                                                          schedule)
+
+
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
            opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
     """The heaviest rank's memory and that rank."""
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
-    peaks = peak_inflight(c.schedule, c.pp, c.microbatches, c.virtual_stages)
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
+    shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
+        model, cluster.dtype, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+        c.sequence_parallel, c.recompute, c.cp)
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
-    per_layer = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
-                                       cluster.dtype, c.cp, flash)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
-    logits = logits_bytes(model, c.micro_batch, c.tp, c.cp)
     arg, top = 0, -1.0
-    live = _peak_layers(c.schedule, c.pp, c.microbatches, c.virtual_stages, shapes, peaks)
-    for r, params, units, head in _heavy_ranks(model, c.tp, c.pp, c.virtual_stages, live, c.schedule):
+    for r, params, units, head in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
@@ -1301,8 +1313,15 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     worst = 0.0
     last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
+    bounded: set[tuple[float, int, bool]] = set()  # the bound: ranks alike in these expose alike
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
+        has0 = 0 in lists[r]
+        nb = sum(max(1, n) for n in shape.layers)  # its buckets: one per layer, at least one per stage
+        if marks is None:
+            if (g, nb, has0) in bounded:
+                continue
+            bounded.add((g, nb, has0))
         hit = costs.get(g)
         if hit is None:
             red = (grad_collective(cluster, c, "all_reduce", g) if c.zero_stage == 0
@@ -1311,13 +1330,11 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                       if c.zero_stage >= 1 else 0.0)
             hit = costs[g] = (red, gather)
         red, gather = hit
-        buckets = _dp_rank_buckets(shape, lists[r])
-        nb = sum(n for _, n in buckets)
         rb, gb = red / nb, gather / nb  # one bucket's reduction and gather
         if marks is not None:
             end, mk = marks
             ready, need = [], []
-            for s, n in buckets:
+            for s, n in _dp_rank_buckets(shape, lists[r]):
                 d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
                 ready += [e - d + (k + 1) * d / n for k in range(n)]
                 need += [f0 + k * st.f[s] / n for k in range(n)]
@@ -1328,8 +1345,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 exposed += gather_exposed(need, gb, sigma) if overlap_gather else gather
         else:  # the bound: σ·total + (1 − σ)·X₀ per queue, X₀ from stage 0's buckets where this rank has them
             x_red = x_gather = 0.0
-            if 0 in lists[r]:
-                n0 = dict(buckets)[0]
+            if has0:
+                n0 = max(1, shape.layers[lists[r].index(0)])
                 if not split:  # stage 0's last backward [T − b, T], here [0, b]
                     x_red = reduce_exposed([(k + 1) * st.b[0] / n0 for k in range(n0)], rb, st.b[0], 0.0)
                 x_gather = gather_exposed([k * st.f[0] / n0 for k in range(n0)], gb, 0.0)  # its first forward

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 class ModelError(ValueError):
@@ -40,6 +40,14 @@ class ModelSpec:
     learned_pos: bool = True  # GPT-style learned position embeddings (False: rotary)
     bias: bool = True
     norm: str = "layer"  # "layer" (LayerNorm: weight + bias) or "rms" (RMSNorm: weight)
+
+    def __hash__(self) -> int:
+        # the planner's caches key on the model thousands of times a search: hash the fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def ffn(self) -> int:
