@@ -1313,15 +1313,15 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     worst = 0.0
     last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
-    bounded: set[tuple[float, int, bool]] = set()  # the bound: ranks alike in these expose alike
+    bounded: set[tuple[float, tuple[int, ...], bool]] = set()  # the bound: ranks alike in these expose alike
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
         has0 = 0 in lists[r]
-        nb = sum(max(1, n) for n in shape.layers)  # its buckets: one per layer, at least one per stage
         if marks is None:
-            if (g, nb, has0) in bounded:
+            if (g, shape.layers, has0) in bounded:
                 continue
-            bounded.add((g, nb, has0))
+            bounded.add((g, shape.layers, has0))
+        nb = sum(max(1, n) for n in shape.layers)  # its buckets: one per layer, at least one per stage
         hit = costs.get(g)
         if hit is None:
             red = (grad_collective(cluster, c, "all_reduce", g) if c.zero_stage == 0
