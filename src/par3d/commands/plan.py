@@ -206,6 +206,10 @@ def register(sub) -> None:
                    help="model chunks per pipeline rank v (> 1 implies --schedule interleaved; 2 with zb-v and "
                         "dualpipe-v)")
     g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation")
+    g.add_argument("--recompute-layers", type=_int_at_least(1), metavar="N",
+                   help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
+                        "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
+                        "implies --recompute full")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
     g.add_argument("--dp-replicate", type=_int_at_least(1),
                    help="HSDP: split the DP group into this many replicas; ZeRO shards its states inside each "
@@ -388,6 +392,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         if args.dp_replicate is not None and args.dp_replicate > 1:
             raise UsageError(f"--dp-replicate {args.dp_replicate} with --emit-config: par3d train has no HSDP; "
                              "use --dp-replicate 1 or drop --emit-config")
+        if args.recompute_layers is not None:
+            raise UsageError(f"--recompute-layers {args.recompute_layers} with --emit-config: par3d train "
+                             "recomputes every layer or none; drop --recompute-layers or --emit-config")
         if args.cp is not None and args.cp > 1 and not has_cp:
             raise UsageError(f"--cp {args.cp} with --emit-config: par3d train has no context parallelism yet; "
                              f"use --cp 1 or drop --emit-config")
@@ -452,7 +459,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_fixed(args, model, cluster)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
                   args.recompute, args.zero_stage, args.sequence_parallel, args.cp,
-                  1 if args.emit_config else args.dp_replicate)
+                  1 if args.emit_config else args.dp_replicate, args.recompute_layers)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1)

@@ -132,6 +132,9 @@ class Choice:
     # across replicas.  torchtitan's data_parallel_replicate_degree, FSDP's HYBRID_SHARD, Megatron-Core's
     # num_distributed_optimizer_instances, DeepSpeed's MiCS.  1: ZeRO shards over the whole group.
     dp_replicate: int = 1
+    # full recomputation of only the first `recompute_layers` layers of every chunk (Megatron-LM's
+    # --recompute-method block --recompute-num-layers N); 0: every layer (recompute == "full" only)
+    recompute_layers: int = 0
 
     @property
     def gpus(self) -> int:
@@ -146,9 +149,19 @@ class Choice:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         rep = f"({self.dp_replicate}x{self.dp // self.dp_replicate})" if self.dp_replicate > 1 else ""
+        rec = f"{self.recompute}({self.recompute_layers})" if self.recompute_layers else self.recompute
         return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep} mb={self.micro_batch} m={self.microbatches} "
-                f"{self.schedule}{v} recompute={self.recompute} zero={self.zero_stage} "
+                f"{self.schedule}{v} recompute={rec} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
+
+
+def recomputed_layers(c: Choice, n: int) -> int:
+    """Layers of an n-layer chunk whose forward the backward reruns: all of them under full recomputation,
+    the first `c.recompute_layers` under Megatron-LM's block method, none otherwise (selective
+    recomputation reruns only the attention core: `layer_times`' core)."""
+    if c.recompute != "full":
+        return 0
+    return n if c.recompute_layers <= 0 else min(n, c.recompute_layers)
 
 
 @dataclass(frozen=True)
@@ -862,10 +875,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             continue
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
-        br = n * rec
+        nr = recomputed_layers(c, n) if c.recompute == "full" else n  # block method: the first nr layers
+        br = nr * rec
         f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
-        b_tp = n * tp_layer_b + n * rec_comm
-        f_cp, b_cp = n * cpf, n * (cpb + cpr)
+        b_tp = n * tp_layer_b + nr * rec_comm
+        f_cp, b_cp = n * cpf, n * cpb + nr * cpr
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
@@ -880,7 +894,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5)
             ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params, group="shard")
             rs = sharded_grad_reduce(cluster, c, grad_bytes(cluster) * layer_params)
-            z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, 2 * lt.fwd + rec + 2 * ar + rec_comm, ag, rs, dev.sigma)
+            if nr == n:
+                b_layer = 2 * lt.fwd + rec + 2 * ar + rec_comm
+            else:  # a layer's recompute averaged over the chunk (block method: its first nr layers)
+                b_layer = 2 * lt.fwd + nr / n * (rec + rec_comm) + 2 * ar
+            z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, b_layer, ag, rs, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
@@ -1130,13 +1148,29 @@ def memory_accounting(opts: Options, cluster: Cluster) -> str:
     return "megatron" if cluster.grad_reduce_fp32 else opts.memory_accounting
 
 
+def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str, cp: int, flash: bool,
+                             chunks: int, rec_layers: int) -> float:
+    """One layer's stored activations, averaged over a chunk of which the first `rec_layers` keep only their
+    input (full recomputation) and the rest keep everything (Megatron-LM's block method); the chunk is the
+    model's mean, layers / chunks (an embedding or head chunk is not told apart)."""
+    n = model.layers / chunks
+    full = layer_activation_bytes(model, b, tp, sp, "full", dtype, cp, flash)
+    if rec_layers >= n:  # every layer: plain full recomputation
+        return full
+    none = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+    return (rec_layers * full + (n - rec_layers) * none) / n
+
+
 @lru_cache(maxsize=8192)
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
-                 b: int, sp: bool, recompute: str, cp: int) -> tuple:
+                 b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
     shapes = rank_shapes(model, tp, pp, v, schedule)
     peaks = peak_inflight(schedule, pp, m, v)
-    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+    if recompute == "full" and rec_layers > 0:
+        per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
+    else:
+        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp), live, _heavy_ranks(model, tp, pp, v, live,
                                                                                           schedule)
@@ -1150,7 +1184,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
         model, cluster.dtype, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp)
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers)
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
@@ -1164,7 +1198,8 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                      inflight_layers=live[arg],
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                     zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype)
+                     zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
+                     per_layer=per_layer if c.recompute_layers else None)
     return mb, arg
 
 
@@ -1452,6 +1487,7 @@ class Plan:
             "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "microbatches": c.microbatches,
             "schedule": c.schedule, "virtual_stages": c.virtual_stages,
             "stage_ranks": list(stage_placement(c.schedule, c.pp, c.virtual_stages)), "recompute": c.recompute,
+            "recompute_layers": c.recompute_layers,
             "zero_stage": c.zero_stage, "dp_replicate": c.dp_replicate, "sequence_parallel": c.sequence_parallel,
             "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
@@ -1564,7 +1600,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     tokens = global_batch * model.seq_len
     n = c.gpus
     model_fl = global_batch * model_flops_per_sequence(model)
-    hw_fl = model_fl + global_batch * recompute_flops_per_sequence(model, c.recompute)
+    rec_share = 1.0  # block-method recomputation reruns some layers of each chunk
+    if c.recompute == "full" and c.recompute_layers:
+        rec_share = sum(recomputed_layers(c, k) for k in layout(model, c.pp * c.virtual_stages).layers) / model.layers
+    hw_fl = model_fl + global_batch * rec_share * recompute_flops_per_sequence(model, c.recompute)
     peak = cluster.device.peak(cluster.dtype)
     mtf = model_fl / step / n
     return Plan(c, mem_b, mem_r, mem_b.total <= opts.capacity(cluster), step, breakdown, bubble_wall,

@@ -167,13 +167,15 @@ class RankShape:
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
                 recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
                 accounting: str = "seed", zero3_live: float | None = None,
-                optimizer_dtype: str = "fp32", inflight_layers: float | None = None) -> MemoryBreakdown:
+                optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
+                per_layer: float | None = None) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
     cost.peak_layers) we use the rank's mean layers per chunk."""
     wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)
-    per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+    if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
+        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight_layers * per_layer

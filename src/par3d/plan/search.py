@@ -75,6 +75,7 @@ class Fixed:
     sequence_parallel: bool | None = None
     cp: int | None = None
     dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
+    recompute_layers: int | None = None  # block-method full recomputation (cost.Choice.recompute_layers)
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -214,9 +215,13 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     opts = opts or DEFAULT_OPTIONS
     res = Result([], limits=limits)
     _check_replicate(cluster, fixed, limits)
+    _check_recompute_layers(cluster, fixed)
     cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
+    rec_layers = fixed.recompute_layers or 0
+    if rec_layers:
+        recs = ["full"]
     # (lower bound of step time, tie-breaker, choice, stage times, memory)
     queue: list[tuple[float, int, Choice, object, object]] = []
     unfit: list[tuple[float, int, Choice, object, object]] = []
@@ -244,7 +249,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 for z, r in pairs:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
-                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r)
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
                     total = mem[0].total
@@ -282,6 +287,26 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         if not res.plans or best_unfit.step_time < res.plans[0].step_time:
             res.fastest_unfit = best_unfit
     return res
+
+
+def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
+    """--recompute-layers' rules, before anything is priced."""
+    n = fixed.recompute_layers
+    if n is None:
+        return
+    flag = "--recompute-layers"
+    if n < 1:
+        raise PlanError(f"{flag} {n}: the layers of each chunk to recompute must be >= 1; omit it to recompute "
+                        "every layer", flag)
+    if fixed.recompute not in (None, "full"):
+        raise PlanError(f"{flag} {n} with --recompute {fixed.recompute}: the block method recomputes whole "
+                        "layers; use --recompute full or drop --recompute-layers", flag)
+    if cluster.zero3_unit == "submodule":
+        raise PlanError(f"{flag} {n} with --zero3-unit submodule: DeepSpeed's sub-module ZeRO-3 is priced with "
+                        "every layer recomputed or none; drop one of the two", flag)
+    if cluster.profile is not None:
+        raise PlanError(f"{flag} {n}: a calibrated host prices par3d's runtime, which recomputes every layer or "
+                        "none; drop --recompute-layers or the profile", flag)
 
 
 def _check_replicate(cluster: Cluster, fixed: Fixed, limits: Limits) -> None:
@@ -351,7 +376,7 @@ class _Memo:
     def stage_times(self, c: Choice) -> object:
         if not self.on:
             return stage_times(self.model, self.cluster, c)
-        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sequence_parallel,
+        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
                _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ())
         hit = self.st.get(key)
         if hit is None:

@@ -99,7 +99,8 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
         dp = int(row["gpus"]) // (f["tp"] * f.get("cp", 1) * f["pp"])
         m = int(row["global_batch"]) // (dp * f["micro_batch"])
         c = Choice(f["tp"], f["pp"], dp, f["micro_batch"], m, f.get("schedule", "1f1b"), f.get("virtual_stages", 1),
-                   f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1), f.get("dp_replicate", 1))
+                   f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1), f.get("dp_replicate", 1),
+                   f.get("recompute_layers", 0))
         plan, fits = evaluate(model, cluster, c, opts=opts), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
@@ -128,7 +129,8 @@ def table(preds: list[Prediction]) -> str:
         cp = f" × cp {c.cp}" if c.cp > 1 else ""
         rep = f" ({c.dp_replicate} replicas)" if c.dp_replicate > 1 else ""
         lay = f"tp {c.tp}{cp} × pp {c.pp} × dp {c.dp}{rep}, mb {c.micro_batch}, {c.schedule}" + (
-            f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", rec {c.recompute}, zero {c.zero_stage}"
+            f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", rec {c.recompute}" + (
+            f" ({c.recompute_layers} layers per chunk)" if c.recompute_layers else "") + f", zero {c.zero_stage}"
         miss = "" if abs(p.error) <= DEFAULT_BOUND else " (miss)"
         mem = "" if p.in_headroom else (" (in memory, not in the 5 % headroom)" if p.fits else " (over memory)")
         out.append(f"| {p.row['name']} | {lay}{mem} | {p.row['published']:g} | "
