@@ -246,12 +246,13 @@ def _counts(preds: list[Prediction]) -> str:
 MLPERF_PREFIX = "mlperf-3.1-"
 LLMFOUNDRY_PREFIX = "llmfoundry-"
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
+MLPERF40_PREFIX = "mlperf-4.0-"  # MLPerf Training v4.0's GPT-3 175B submissions (issue 12's thirteenth round)
 MLPERF41_PREFIX = "mlperf-4.1-"  # MLPerf Training v4.1's GPT-3 175B submissions (issue 12's twelfth round)
 MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissions (issue 12's twelfth round)
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (LLMFOUNDRY_PREFIX, "llm-foundry (FSDP)"), (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
-             (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"), (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
+             (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"), (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"))
 
 
