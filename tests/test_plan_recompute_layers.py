@@ -76,6 +76,8 @@ def test_cli(capsys, tmp_path):
     assert rc == 0
     plans = json.loads(out)["plans"]
     assert plans and all(p["recompute"] == "full" and p["recompute_layers"] == 2 for p in plans)
+    rc, out, _ = run(capsys, *base, "--recompute-layers", "2", "--top", "1")
+    assert rc == 0 and "  full(2) " in out and "recompute=full(2)" in out
     for argv, word in ((["--recompute", "none", "--recompute-layers", "2"], "--recompute none"),
                        (["--recompute-layers", "2", "--emit-config", str(tmp_path / "x.toml")], "par3d train")):
         rc, _, err = run(capsys, *base, *argv)
