@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_plan_cli import run  # `par3d plan` in-process: (rc, stdout, stderr)
 
-from par3d.cli import main
 from par3d.plan import comm
 from par3d.plan.cost import (
     Choice,
@@ -103,12 +103,6 @@ def test_fixed_replicas_and_their_errors():
         with pytest.raises(PlanError, match=word) as e:
             search(MODEL, cl, 32, fixed, Limits())
         assert e.value.flag == "--dp-replicate"
-
-
-def run(capsys, *argv):
-    rc = main(["plan", *argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_cli_flag_json_table_and_bad_input(capsys, tmp_path):

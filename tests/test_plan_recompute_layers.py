@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_plan_cli import run  # `par3d plan` in-process: (rc, stdout, stderr)
 
-from par3d.cli import main
 from par3d.plan.cost import Choice, evaluate, layout, memory, stage_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import CATALOGUE
@@ -61,12 +61,6 @@ def test_search_fixes_the_block_method_and_refuses_what_cannot_price_it():
 
     with pytest.raises(PlanError, match="submodule"):
         search(MODEL, replace(CLUSTER, zero3_unit="submodule"), 128, Fixed(recompute_layers=3), Limits())
-
-
-def run(capsys, *argv):
-    rc = main(["plan", *argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_cli(capsys, tmp_path):
