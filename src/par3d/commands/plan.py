@@ -594,10 +594,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
-        dp = f"{c.dp_replicate}x{c.dp // c.dp_replicate}" if c.dp_replicate > 1 else str(c.dp)  # HSDP: replicas x shard
-        rec = f"{c.recompute}({c.recompute_layers})" if c.recompute_layers else c.recompute  # block method: N layers
+        dp = c.dp_split if c.dp_replicate > 1 else str(c.dp)
         out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
-                   f"{c.virtual_stages:>2} {rec:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
+                   f"{c.virtual_stages:>2} {c.recompute_label:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>6.1f} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
     best = res.plans[0]

@@ -141,6 +141,16 @@ class Choice:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def dp_split(self) -> str:
+        """HSDP's DP group as replicas x shard ranks ("4x8")."""
+        return f"{self.dp_replicate}x{self.dp // self.dp_replicate}"
+
+    @property
+    def recompute_label(self) -> str:
+        """The recomputation, with the block method's layers per chunk ("full(5)")."""
+        return f"{self.recompute}({self.recompute_layers})" if self.recompute_layers else self.recompute
+
+    @property
     def zero_shards(self) -> int:
         """Ranks one ZeRO state is sharded over: the DP replica's dp / dp_replicate ranks × cp."""
         return (self.dp // self.dp_replicate) * self.cp
@@ -148,20 +158,17 @@ class Choice:
     def label(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
-        rep = f"({self.dp_replicate}x{self.dp // self.dp_replicate})" if self.dp_replicate > 1 else ""
-        rec = f"{self.recompute}({self.recompute_layers})" if self.recompute_layers else self.recompute
+        rep = f"({self.dp_split})" if self.dp_replicate > 1 else ""
         return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep} mb={self.micro_batch} m={self.microbatches} "
-                f"{self.schedule}{v} recompute={rec} zero={self.zero_stage} "
+                f"{self.schedule}{v} recompute={self.recompute_label} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
 
 
 def recomputed_layers(c: Choice, n: int) -> int:
-    """Layers of an n-layer chunk whose forward the backward reruns: all of them under full recomputation,
-    the first `c.recompute_layers` under Megatron-LM's block method, none otherwise (selective
-    recomputation reruns only the attention core: `layer_times`' core)."""
-    if c.recompute != "full":
-        return 0
-    return n if c.recompute_layers <= 0 else min(n, c.recompute_layers)
+    """Layers of an n-layer chunk that pay a layer's recompute (the forward under full recomputation, the
+    attention core under selective, nothing under none): every layer, or the first `c.recompute_layers`
+    under Megatron-LM's block method (full recomputation only)."""
+    return min(n, c.recompute_layers) if c.recompute_layers > 0 else n
 
 
 @dataclass(frozen=True)
@@ -532,6 +539,14 @@ def sharded_grad_reduce(cluster: Cluster, c: Choice, nbytes: float, per_gpu_nic:
     return rs + grad_collective(cluster, c, "all_reduce", nbytes / c.zero_shards, group="replicate")
 
 
+def flat_sharded_reduce(c: Choice, nbytes: float, link: object) -> float:
+    """`sharded_grad_reduce` in the seed's flat model: a ring reduce-scatter over the shard group and the
+    shards' ring all-reduce across the replicas, both on one link."""
+    gs = c.zero_shards
+    return (comm.reduce_scatter(nbytes, gs, link).total  # type: ignore[arg-type]
+            + comm.all_reduce(nbytes / gs, c.dp_replicate, link).total)  # type: ignore[arg-type]
+
+
 def weight_bytes(cluster: Cluster) -> float:
     """Bytes per weight element ZeRO-1/2's gather of updated weights moves: the training dtype's (fp8 keeps
     bf16 weights), or 1 B where fp8 copies are gathered (`Cluster.fp8_param_gather`)."""
@@ -875,7 +890,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             continue
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
-        nr = recomputed_layers(c, n) if c.recompute == "full" else n  # block method: the first nr layers
+        nr = recomputed_layers(c, n)  # block method: the first nr layers
         br = nr * rec
         f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = n * tp_layer_b + nr * rec_comm
@@ -902,10 +917,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute
-            gs, gr = c.zero_shards, c.dp_replicate  # HSDP: shard group, then the shards across replicas
-            ag = comm.all_gather(2.0 * chunk_params, gs, lk.grad).total  # type: ignore[arg-type]
-            rs = (comm.reduce_scatter(grad_bytes(cluster) * chunk_params, gs, lk.grad).total  # type: ignore[arg-type]
-                  + comm.all_reduce(grad_bytes(cluster) * chunk_params / gs, gr, lk.grad).total)  # type: ignore[arg-type]
+            ag = comm.all_gather(2.0 * chunk_params, c.zero_shards, lk.grad).total  # type: ignore[arg-type]
+            rs = flat_sharded_reduce(c, grad_bytes(cluster) * chunk_params, lk.grad)
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
         f = fc + f_tp + f_cp + z3f
@@ -1438,11 +1451,9 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
         elif eager:
             red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
                                        cluster.dtype)
-        else:  # HSDP: reduce-scatter over the shard group, all-reduce of the shard across replicas
-            gs = c.zero_shards
-            red = (comm.reduce_scatter(g, gs, lk.grad).total  # type: ignore[arg-type]
-                   + comm.all_reduce(g / gs, c.dp_replicate, lk.grad).total)  # type: ignore[arg-type]
-            gather = comm.all_gather(wbytes * shape.params, gs, lk.grad).total  # type: ignore[arg-type]  # updated weights
+        else:
+            red = flat_sharded_reduce(c, g, lk.grad)
+            gather = comm.all_gather(wbytes * shape.params, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
         costs[key] = (red, gather)
         if eager:
             exposed = red + gather
@@ -1601,7 +1612,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     n = c.gpus
     model_fl = global_batch * model_flops_per_sequence(model)
     rec_share = 1.0  # block-method recomputation reruns some layers of each chunk
-    if c.recompute == "full" and c.recompute_layers:
+    if c.recompute_layers:
         rec_share = sum(recomputed_layers(c, k) for k in layout(model, c.pp * c.virtual_stages).layers) / model.layers
     hw_fl = model_fl + global_batch * rec_share * recompute_flops_per_sequence(model, c.recompute)
     peak = cluster.device.peak(cluster.dtype)

@@ -322,7 +322,7 @@ def _check_replicate(cluster: Cluster, fixed: Fixed, limits: Limits) -> None:
                         "shards inside each; add --zero-stage 1, 2 or 3 or drop --dp-replicate", "--dp-replicate")
     if fixed.dp is not None and fixed.dp % r:
         raise PlanError(f"--dp-replicate {r}: it must divide --dp {fixed.dp} (each replica holds dp / "
-                        f"dp_replicate ranks); use one of {_fmt([d for d in divisors(fixed.dp)])}", "--dp-replicate")
+                        f"dp_replicate ranks); use one of {_fmt(divisors(fixed.dp))}", "--dp-replicate")
     if cluster.profile is not None:
         raise PlanError(f"--dp-replicate {r}: HSDP is priced on GPU descriptions and the flat model, not on a "
                         "calibrated host (par3d's runtime has no HSDP); drop --dp-replicate or the profile",

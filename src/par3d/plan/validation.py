@@ -242,7 +242,8 @@ def _counts(preds: list[Prediction]) -> str:
 # Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs), llm-foundry's large-scale
 # H100 table (18 rows: six MPT models under PyTorch FSDP at 128 / 256 / 512 GPUs), dgxc-benchmarking v25.05's
 # first GB200 tables (20 rows with its two H100 ones: one early Blackwell software generation), MLPerf Training
-# v4.1's GPT-3 175B (5 rows: B200 and H100) and v5.0's Llama 3.1 405B (14 rows: H100, H200 and GB200)
+# v4.0's and v4.1's GPT-3 175B (4 rows: H100; 5 rows: B200 and H100), v5.0's Llama 3.1 405B (14 rows: H100, H200
+# and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200)
 MLPERF_PREFIX = "mlperf-3.1-"
 LLMFOUNDRY_PREFIX = "llmfoundry-"
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
@@ -252,7 +253,8 @@ MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissi
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (LLMFOUNDRY_PREFIX, "llm-foundry (FSDP)"), (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
-             (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"), (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
+             (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
+             (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"))
 
 
