@@ -789,3 +789,20 @@ def cost_logits(model) -> float:
     from par3d.plan.memory import logits_bytes
 
     return logits_bytes(model, 1, 1, 1)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts = 8"),  # Mixtral
+    ({"n_routed_experts": 256}, "n_routed_experts = 256"),  # DeepSeek V3
+    ({"head_dim": 256}, "head_dim = 256"),  # Gemma-style heads wider than hidden / heads
+])
+def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, **extra}))
+    with pytest.raises(ValueError, match=words):
+        resolve_model(str(p))
+    # a consistent head_dim and a one-expert key are dense models: read as before
+    p.write_text(json.dumps({**cfg, "head_dim": 128, "num_experts": 1}))
+    assert resolve_model(str(p)).params() == pytest.approx(CATALOGUE["llama3-8b"].params(), rel=1e-6)

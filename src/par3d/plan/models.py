@@ -180,6 +180,7 @@ def from_hf_config(path: str) -> ModelSpec:
     if missing:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
+    _refuse_unmodelled(cfg, path, int(hidden), int(heads))  # type: ignore[arg-type]
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
@@ -190,6 +191,30 @@ def from_hf_config(path: str) -> ModelSpec:
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
                      norm="rms" if rms else "layer")
+
+
+# config.json keys that give a model's routed-expert count (Mixtral, Qwen-MoE / OLMoE, DeepSeek V2/V3, DBRX)
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _refuse_unmodelled(cfg: dict, path: str, hidden: int, heads: int) -> None:
+    """Refuse the config.json shapes the planner would otherwise price as something they are not: a
+    mixture of experts read as a dense model (one expert's MLP, none of the others' weights, no
+    token dispatch), or attention heads whose width is not hidden / heads (Gemma, Qwen3-32B: the Q and
+    output projections are heads × head_dim wide, which `ModelSpec` derives from hidden)."""
+    for k in EXPERT_KEYS:
+        n = cfg.get(k)
+        if isinstance(n, int) and n > 1:
+            raise ModelError(f"--model {path}: config.json's {k} = {n} describes a mixture-of-experts model; "
+                             "the planner prices dense decoder layers only (no routed experts, expert "
+                             "parallelism or token dispatch), and reading it as dense would count one expert "
+                             "of its MLP; plan a dense model of the same attention and active MLP width with "
+                             "--layers/--hidden/--heads/--ffn-hidden instead, and treat the result as a bound")
+    hd = cfg.get("head_dim")
+    if isinstance(hd, int) and hd * heads != hidden:
+        raise ModelError(f"--model {path}: config.json's head_dim = {hd} with {heads} heads makes the attention "
+                         f"{hd * heads} wide, not hidden_size = {hidden}; the planner derives the head width as "
+                         "hidden / heads, so this model cannot be described yet (no --head-dim flag)")
 
 
 NORMS = ("layer", "rms")
