@@ -96,15 +96,21 @@ def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, ba
 @pytest.mark.parametrize("name,gpu,gpus,batch", [("gpt3-175b", "a100-40gb", 64, 512), ("llama3-70b", "h100-sxm", 64, 256)])
 def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch):
     """search's _Memo (stage times shared across schedules, memoised bounds, the unfit branch and
-    bound) returns what the search without it does: same plans, same times, same fastest unfit."""
+    bound, candidates priced only when the simulation order reaches them) returns what the search
+    without it does: same plans, same times, same fastest unfit, the same number of simulations and
+    the same best plan of each layout (`--explain`)."""
     from par3d.plan import search as S
 
     def run():
-        res = S.search(CATALOGUE[name], make_cluster(gpu, gpus, 8), batch, report_unfit=True, top=8)
+        model, cluster = CATALOGUE[name], make_cluster(gpu, gpus, 8)
+        res = S.search(model, cluster, batch, report_unfit=True, top=8)
         u = res.fastest_unfit
-        return [(p.choice, p.step_time) for p in res.plans], (u.choice, u.step_time) if u else None
+        layouts = [(p.choice, p.step_time) for p in S.best_per_layout(model, cluster, res)]
+        return ([(p.choice, p.step_time) for p in res.plans], (u.choice, u.step_time) if u else None,
+                res.simulated, res.considered, layouts)
 
     shared = run()
+    assert (shared[0] and len(shared[4]) > 1) or shared[1] is not None  # each case compares something
     orig = S._Memo.__init__
 
     def off(self, model, cluster):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .cost import (
@@ -104,6 +105,9 @@ class Result:
     nearest_unfit: Plan | None = None  # with nothing fitting: the candidate needing the least memory
     per_layout: dict = field(default_factory=dict)  # (tp, cp, pp, dp) -> its fitting candidates (queue items)
     limits: Limits | None = None  # the limits searched under
+    # a deferred queue item (stage times None: its bound the arithmetic alone) -> the item with its full
+    # bound and the same tie-breaker (`_Memo.expand`); None when every item was bounded when pushed
+    expand: Callable[[tuple], tuple] | None = field(default=None, repr=False, compare=False)
 
 
 def divisors(n: int) -> list[int]:
@@ -227,6 +231,13 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     unfit: list[tuple[float, int, Choice, object, object]] = []
     nearest: tuple[float, Choice, object] | None = None  # least memory among the candidates that do not fit
     memo = _Memo(model, cluster)
+    # bound every candidate by its arithmetic first and price the rest of its bound (stage times, the
+    # makespan's bound, the DP tail) only when the simulation order reaches it: the same candidates are
+    # simulated in the same order (`_simulate_best`), most are never priced.  --max-bubble rejects by
+    # the full bound when a candidate is pushed, and a runtime profile has no cheap bound: both as before.
+    lazy = memo.on and limits.max_bubble is None
+    if lazy:
+        res.expand = memo.expand
     unfit_raw: list[tuple[Choice, object]] = []
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
                                                              res.rejected):
@@ -258,6 +269,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         # always slower (ZeRO-1 shards the optimizer step and reduce-scatters half of an
                         # all-reduce), so keeping only the smallest would change what the search returns
                         fitted = True
+                        if lazy:
+                            _push_deferred(queue, c, mem, res, memo)
+                            continue
                         if z >= 3 or st is None:
                             st_z = memo.stage_times(c)
                             if z < 3:
@@ -372,6 +386,24 @@ class _Memo:
         self.st: dict[tuple, object] = {}
         self.lb: dict[tuple, float] = {}
         self.tail: dict[tuple, float] = {}
+        self.work: dict[tuple, float] = {}
+
+    def compute_bound(self, c: Choice) -> float:
+        """`_compute_bound` stretched by the straggler factor (which multiplies the makespan in the full
+        bound), a hair below it so that rounding never lifts it above that bound; the busiest rank's
+        work per micro-batch is shared by every m and ZeRO stage of a layout."""
+        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sequence_parallel, c.schedule)
+        work = self.work.get(key)
+        if work is None:
+            work = self.work[key] = _compute_bound(self.model, self.cluster, replace(c, microbatches=1))
+        k = straggler_factor(self.cluster.step_spread, c.gpus)
+        return k * (c.microbatches * work) * (1 - 1e-9)
+
+    def expand(self, item: tuple) -> tuple:
+        """A deferred queue item with its full bound (`bound`), keeping its tie-breaker."""
+        _, n, c, _, mem = item
+        st = self.stage_times(c)
+        return (self.bound(c, st), n, c, st, mem)
 
     def stage_times(self, c: Choice) -> object:
         if not self.on:
@@ -454,6 +486,14 @@ def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object,
     return (lb, _counter[0], c, st, mem)
 
 
+def _push_deferred(queue: list, c: Choice, mem: object, res: Result, memo: _Memo) -> None:
+    """Queue a candidate under its arithmetic bound (`_Memo.compute_bound`); `_Memo.expand` prices it."""
+    _counter[0] += 1
+    item = (memo.compute_bound(c), _counter[0], c, None, mem)
+    heapq.heappush(queue, item)
+    res.per_layout.setdefault((c.tp, c.cp, c.pp, c.dp), []).append(item)
+
+
 def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: object, limits: Limits,
           res: Result, top: int, st: object = None, memo: _Memo | None = None) -> None:
     item = _bound(model, cluster, c, mem, st, memo)
@@ -473,9 +513,13 @@ def _simulate_best(queue: list, model: ModelSpec, cluster: Cluster, limits: Limi
                    train_tokens: float, opts: Options | None = None, check: bool = True) -> list[Plan]:
     best: list[Plan] = []
     while queue:
-        lb, _, c, st, mem = heapq.heappop(queue)
+        item = heapq.heappop(queue)
+        lb, _, c, st, mem = item
         if len(best) >= top and lb > best[-1].step_time:  # ties may still rank above: simulate them
             break
+        if st is None:  # deferred: back in the queue under its full bound (never below this one)
+            heapq.heappush(queue, res.expand(item))  # type: ignore[misc]
+            continue
         plan = evaluate(model, cluster, c, train_tokens, st, mem, opts, validate=False)
         res.simulated += 1
         if limits.max_bubble is not None and plan.bubble_fraction > limits.max_bubble:
@@ -499,7 +543,10 @@ def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int 
     recommended plans, so their schedules skip the full checker (`validate_schedule`, which the
     search runs on every plan it ranks); their peaks are the counted ones the search uses, which
     tests/test_plan_model.py compares with the checker."""
-    layouts = sorted(res.per_layout.items(), key=lambda kv: min(t[0] for t in kv[1]))[:limit]
+    items_of = res.per_layout
+    if res.expand is not None:  # the layouts are ranked by their full bounds: price every deferred item
+        items_of = {key: [res.expand(t) if t[3] is None else t for t in items] for key, items in items_of.items()}
+    layouts = sorted(items_of.items(), key=lambda kv: min(t[0] for t in kv[1]))[:limit]
     win = res.plans[0].choice if res.plans else None
     plans = []
     for key, items in layouts:
@@ -508,7 +555,7 @@ def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int 
             continue
         queue = list(items)
         heapq.heapify(queue)
-        scratch = Result([])
+        scratch = Result([], expand=res.expand)
         best = _simulate_best(queue, model, cluster, res.limits or Limits(), scratch, 1, train_tokens, opts,
                               check=False)
         plans.extend(best)
