@@ -8,6 +8,7 @@ set must hold the rows issue 12 names; and the searches of the acceptance criter
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -191,7 +192,6 @@ def test_llama3_long_context_plans():
 
 def test_docs_table_is_the_scripts_output(predictions):
     """docs/planner.md section 9 quotes `python -m par3d.plan.validation` verbatim (table and summary)."""
-    import os
 
     preds = [predictions[r["name"]] for r in ROWS]
     doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
@@ -201,7 +201,6 @@ def test_docs_table_is_the_scripts_output(predictions):
 def test_readme_quotes_the_validation_summary(predictions):
     """README's "Planner vs published GPU runs" bullet gives the rows, how many are within ±10 % and the
     median error of `python -m par3d.plan.validation`."""
-    import os
 
     errs = sorted(abs(p.error) for p in predictions.values())
     within = sum(e <= validation.DEFAULT_BOUND for e in errs)
@@ -249,7 +248,9 @@ def test_evidence_file_is_the_scripts_output(predictions):
     with open(validation.EVIDENCE_PATH, encoding="utf-8") as fh:
         assert fh.read() == validation.evidence_json(preds)
     ev = validation.evidence(preds)
-    assert sum(int(v["rows"]) for v in ev.values()) == len(ROWS)
+    assert sum(int(v["rows"]) for k, v in ev.items() if not k.startswith("regime/")) == len(ROWS)
+    for name, (_, rule) in validation.REGIMES.items():  # a regime counts the rows whose priced plan it matches
+        assert ev[f"regime/{name}"]["rows"] == sum(rule(p.plan.choice) for p in preds)
     for key, e in ev.items():  # signed errors, ordered; fp16 rows counted with bf16
         assert e["min_error_pct"] <= e["median_error_pct"] <= e["max_error_pct"], key
         assert 0 <= e["within_10pct"] <= e["rows"] and not key.endswith("/fp16")
@@ -276,3 +277,28 @@ def test_plan_reports_its_evidence(capsys):
     assert json.loads(capsys.readouterr().out)["evidence"] is None
     assert main([*base, "--gpu", "h100", "--efficiency", "0.5"]) == 0
     assert "evidence: none for this description" in capsys.readouterr().out
+
+
+def test_plan_quotes_the_regime_it_falls_in(capsys):
+    """A plan of one micro-batch per step over wide data parallelism without recomputation (the regime the
+    validation set's largest misses share) carries that regime's errors as a caveat; other plans do not."""
+    from par3d.cli import main
+
+    base = ["plan", "--model", "llama3-8b", "--seq-len", "2048", "--gpu", "h100", "--gpus", "128", "--tp", "1", "--pp", "1", "--cp", "1",
+            "--micro-batch", "1", "--global-batch", "128"]
+    reg = validation.stored_evidence()["regime/one-microbatch-wide-dp-no-recompute"]
+    assert int(reg["within_10pct"]) < int(reg["rows"]) / 2 and float(reg["median_error_pct"]) > 10
+    assert main([*base, "--recompute", "none", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["regimes"] and p["regimes"][0]["rows"] == reg["rows"] for p in plans)
+    assert main([*base, "--recompute", "none"]) == 0
+    assert f"caveat: on {reg['rows']} published runs with one micro-batch per step" in capsys.readouterr().out
+    assert main([*base, "--recompute", "full", "--json"]) == 0  # recomputation: outside the regime
+    assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
+    assert main([*base, "--recompute", "none", "--efficiency", "0.5", "--json"]) == 0  # not the set's description
+    assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
+    # the README and docs quote the regime's figures as evidence.json holds them
+    for doc in ("README.md", "docs/planner.md"):
+        text = " ".join(open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8").read().split())
+        assert f"{reg['rows']} such published runs" in text or f"{reg['rows']} rows from nine sources" in text, doc
+        assert f"{reg['median_error_pct']} %" in text, doc

@@ -488,7 +488,8 @@ def _run(args: argparse.Namespace) -> int:
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
                           "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
-               "plans": [p.to_dict() for p in res.plans],
+               # each plan with the regimes of the validation set it falls in, and the model's errors there
+               "plans": [{**p.to_dict(), "regimes": regime_evidence_of(cluster, p.choice)} for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence_of(cluster),
                "search": {"considered": res.considered, "simulated": res.simulated,
@@ -604,6 +605,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
     out.append(_evidence_line(cluster))
+    out += _regime_lines(cluster, best.choice)
     if not explain:
         return "\n".join(out)
     # -- the breakdown --
@@ -713,6 +715,21 @@ def _evidence_line(cluster) -> str:
     return (f"evidence: on {ev['rows']} published runs of {cluster.device.name} {cluster.dtype} this model's error "
             f"was {ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
             f"{ev['within_10pct']} within ±10 %; positive: predicted faster than measured) — docs/planner.md §9")
+
+
+def regime_evidence_of(cluster, c) -> list[dict]:
+    """The validation regimes (validation.REGIMES) a plan falls in, with the model's errors there: only where
+    the GPU's evidence applies (`evidence_of`: the catalogue description the set was priced with)."""
+    from par3d.plan.validation import regime_evidence
+
+    return regime_evidence(c) if evidence_of(cluster) is not None else []
+
+
+def _regime_lines(cluster, c) -> list[str]:
+    return [f"caveat: on {ev['rows']} published runs with {ev['rule']} this model's error was "
+            f"{ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
+            f"{ev['within_10pct']} within ±10 %): read this plan's speed as an upper bound — docs/planner.md §9"
+            for ev in regime_evidence_of(cluster, c)]
 
 
 def _placement_line(c) -> str:

@@ -287,13 +287,32 @@ def summary(preds: list[Prediction]) -> str:
 EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
 
 
+#
+# Beside the GPU, a regime: a kind of plan whose published runs the model misses one way, across sources, by
+# more than its GPU's spread says (docs/planner.md §9, fourteenth round).  Read off the misses, so it is a
+# description of the set, not a prediction; `par3d plan` quotes it as a caveat on the plans it matches.
+REGIMES: dict[str, tuple[str, Callable[[Choice], bool]]] = {
+    "one-microbatch-wide-dp-no-recompute": (
+        "one micro-batch per step, ZeRO/data parallelism over >= 32 ranks (dp x cp), no recomputation",
+        lambda c: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
+}
+
+
+def regimes_of(c: Choice) -> list[str]:
+    """The names of the REGIMES a configuration falls in."""
+    return [name for name, (_, rule) in REGIMES.items() if rule(c)]
+
+
 def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
     """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
-    decimal) of the model on the published runs of that GPU and dtype."""
+    decimal) of the model on the published runs of that GPU and dtype; per "regime/NAME" the same over the
+    rows whose priced configuration falls in that regime (`REGIMES`)."""
     groups: dict[str, list[float]] = {}
     for p in preds:
         key = f"{p.row['gpu']}/{_evidence_dtype(str(p.row.get('dtype', 'bf16')))}"
         groups.setdefault(key, []).append(p.error)
+        for name in regimes_of(p.plan.choice):
+            groups.setdefault(f"regime/{name}", []).append(p.error)
     out: dict[str, dict[str, float | int]] = {}
     for key, errs in sorted(groups.items()):
         errs.sort()
@@ -320,6 +339,16 @@ def stored_evidence() -> dict[str, dict[str, float | int]]:
             return dict(json.load(fh))
     except FileNotFoundError:
         return {}
+
+
+def regime_evidence(c: Choice) -> list[dict[str, object]]:
+    """The stored evidence of each regime a configuration falls in, with the regime's name and rule."""
+    out: list[dict[str, object]] = []
+    for name in regimes_of(c):
+        ev = stored_evidence().get(f"regime/{name}")
+        if ev is not None:
+            out.append({"regime": name, "rule": REGIMES[name][0], **ev})
+    return out
 
 
 def evidence_for(gpu: str, dtype: str) -> dict[str, float | int] | None:
