@@ -505,3 +505,22 @@ def test_gb200_plans_part_of_an_nvl72_domain(capsys):
     rc, _, err = run(capsys, "--model", "llama3-70b", "--gpu", "gb200", "--gpus", "100", "--gpus-per-node", "8",
                      "--global-batch", "256")
     assert rc != 0 and "--gpus-per-node 8" in err
+
+
+def test_head_dim_flag(capsys, tmp_path):
+    """--head-dim describes heads wider than hidden / heads (Qwen3-32B) from flags alone; the JSON says the
+    width; par3d train cannot run such heads, so --emit-config refuses them before anything is written."""
+    qwen3 = ["--layers", "64", "--hidden", "5120", "--heads", "64", "--kv-heads", "8", "--head-dim", "128",
+             "--ffn-hidden", "25600", "--gated-mlp", "--norm", "rms", "--vocab", "151936", "--seq-len", "4096",
+             "--gpu", "h100", "--gpus", "64", "--global-batch", "128"]
+    rc, out, err = run(capsys, *qwen3, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["model"]["head_dim"] == 128 and d["model"]["params"] == pytest.approx(32.8e9, rel=0.005)
+    rc, out, err = run(capsys, *qwen3[:8], *qwen3[10:], "--json")  # without it: 80-channel heads, fewer FLOPs
+    assert rc == 0, err
+    narrow = json.loads(out)
+    assert narrow["model"]["head_dim"] == 80 and narrow["plans"][0]["step_time_s"] < d["plans"][0]["step_time_s"]
+    cfg = tmp_path / "run.toml"
+    rc, out, err = run(capsys, *qwen3, "--emit-config", str(cfg))
+    assert rc == 2 and "--emit-config with head_dim 128" in err and not cfg.exists()

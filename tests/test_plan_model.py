@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -794,7 +795,6 @@ def cost_logits(model) -> float:
 @pytest.mark.parametrize("extra, words", [
     ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts = 8"),  # Mixtral
     ({"n_routed_experts": 256}, "n_routed_experts = 256"),  # DeepSeek V3
-    ({"head_dim": 256}, "head_dim = 256"),  # Gemma-style heads wider than hidden / heads
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
@@ -806,3 +806,35 @@ def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     # a consistent head_dim and a one-expert key are dense models: read as before
     p.write_text(json.dumps({**cfg, "head_dim": 128, "num_experts": 1}))
     assert resolve_model(str(p)).params() == pytest.approx(CATALOGUE["llama3-8b"].params(), rel=1e-6)
+
+
+def test_heads_with_their_own_width(tmp_path):
+    """head_dim (config.json) / --head-dim: Q, the attention output and the output projection are heads ×
+    head_dim wide, not hidden.  Qwen3-32B's config gives its published 32.8B parameters."""
+    from par3d.plan.compute import layer_gemms
+    from par3d.plan.memory import layer_activation_bytes
+
+    cfg = {"model_type": "qwen3", "num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+           "max_position_embeddings": 40960, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = resolve_model(str(p), seq_len=4096)
+    assert (m.head_dim, m.q_dim, m.kv_dim) == (128, 8192, 1024)
+    assert m.params() == pytest.approx(32.8e9, rel=0.005)  # Qwen3-32B's model card
+    flags = resolve_model(None, 64, 5120, 64, 4096, 151936, 25600, 8, True, "rms", False, head_dim=128)
+    assert flags.params() == m.params()
+    # the same heads at the default width: a smaller model, priced narrower
+    narrow = replace(m, head_size=None)
+    assert narrow.q_dim == 5120 and narrow.params() < m.params()
+    g, gn = ({x.name: x for x in layer_gemms(mm, 1, 8)} for mm in (m, narrow))
+    assert (g["qkv"].n, g["attn_out"].k) == (8192 // 8 + 2 * 128, 8192 // 8)
+    assert (gn["qkv"].n, gn["attn_out"].k) == (5120 // 8 + 2 * 80, 5120 // 8)
+    wide, base = (layer_activation_bytes(mm, 1, 8, True, "selective", "bf16", 1, True) for mm in (m, narrow))
+    assert wide - base == pytest.approx(4.0 * 4096 * (8192 - 5120) / 8 + 4.0 * 4096 * 8 * (128 - 80) / 8)
+    # a head_dim equal to hidden / heads is the default width; hidden need not divide by heads with one
+    assert resolve_model(None, 32, 4096, 32, head_dim=128).head_size is None
+    assert resolve_model(None, 4, 1000, 3, head_dim=64).q_dim == 192
+    with pytest.raises(ValueError, match="--head-dim"):
+        resolve_model(None, 4, 1000, 3)

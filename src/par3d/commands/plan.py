@@ -93,6 +93,9 @@ def register(sub) -> None:
     g.add_argument("--ffn-hidden", type=_int_at_least(1), help="MLP inner size (default 4 x hidden)")
     g.add_argument("--kv-heads", type=_int_at_least(1),
                    help="key/value heads for grouped-query attention (must divide --heads; default: --heads)")
+    g.add_argument("--head-dim", type=_int_at_least(1), default=None,
+                   help="channels per attention head when heads x head_dim is not --hidden (Gemma, Qwen3-32B, "
+                        "Mistral NeMo; Megatron's --kv-channels; default: hidden / heads)")
     g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                    help="SwiGLU-style gated MLP with three matrices (--gated-mlp) or a GeLU MLP with two "
                         "(--no-gated-mlp)")
@@ -452,10 +455,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
                               args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
-                              args.position, args.bias)
+                              args.position, args.bias, args.head_dim)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)
+    if model.head_size is not None:  # heads of their own width: priced by the GPU descriptions only
+        if args.emit_config:
+            raise UsageError(f"--emit-config with head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not "
+                             f"--hidden {model.hidden}): par3d train's attention has hidden / heads channels per "
+                             "head; drop --head-dim (or the config.json's head_dim) or --emit-config")
+        if cluster.profile is not None:
+            raise UsageError(f"head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not --hidden "
+                             f"{model.hidden}) with a calibrated host: its measured block has hidden / heads "
+                             "channels per head; plan it on a GPU description, or drop --head-dim")
     _check_fixed(args, model, cluster)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
                   args.recompute, args.zero_stage, args.sequence_parallel, args.cp,

@@ -1,7 +1,8 @@
 """FLOPs and time of a transformer layer on one GPU.
 
 FLOPs (forward, one micro-batch of b sequences of length s, T = b·s tokens, TP degree t):
-- QKV projection 2·T·h·(h + 2·kv_dim)/t, output projection 2·T·h²/t,
+- QKV projection 2·T·h·(q + 2·kv_dim)/t, output projection 2·T·h·q/t (q = heads · head_dim, = h
+  unless the heads have a width of their own: models.ModelSpec.q_dim),
 - MLP 2·T·h·f·(2 or 3)/t (3 matrices when gated),
 - attention core (QKᵀ and ·V) 4·T·s·h/t  (not halved for causal masks, as Megatron counts),
 so for f = 4h, MHA: 24·T·h² + 4·T·s·h = 24·T·h²·(1 + s/(6h))  (Narayanan et al. 2021, eq. 3;
@@ -118,10 +119,10 @@ def layer_gemms(model: ModelSpec, b: int, tp: int) -> list[Gemm]:
     f_out = (2 if model.gated else 1) * model.ffn // t
     return [
         # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
-        Gemm("qkv", tok, h // t + 2 * round(model.kv_dim_per_rank(t)), h),
+        Gemm("qkv", tok, model.q_dim // t + 2 * round(model.kv_dim_per_rank(t)), h),
         Gemm("attn_scores", s, s, model.head_dim, b * model.heads // t),
         Gemm("attn_values", s, model.head_dim, s, b * model.heads // t),
-        Gemm("attn_out", tok, h, h // t),
+        Gemm("attn_out", tok, h, model.q_dim // t),
         Gemm("mlp_in", tok, f_out, h),
         Gemm("mlp_out", tok, h, model.ffn // t),
     ]
@@ -165,7 +166,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     by += (3 if model.gated else 2) * tok * model.ffn / t * d  # activation
     if not model.learned_pos:
-        by += 2 * tok * (h + model.kv_dim) / t * d  # rotary on Q and K
+        by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast

@@ -685,7 +685,7 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
         return lt
     extra = (cp - 1) * lt.core
     if ring and dev.kernel_model == "table":  # type: ignore[attr-defined]
-        q = b * (model.seq_len // cp) * model.hidden / tp * ACT_BYTES[dtype]
+        q = b * (model.seq_len // cp) * model.q_dim / tp * ACT_BYTES[dtype]
         kv = kv_block_bytes(model, b, tp, cp, dtype)
         # the backward's bytes (cp_ring_bytes) priced in the forward at a third of the total, as the
         # model's backward is twice its forward

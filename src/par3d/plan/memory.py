@@ -137,11 +137,13 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # GeLU: fc1 output 2 + GeLU output 2 units of s·b·f; SwiGLU: fc1's 2f-wide output 4 + fc2's input 2
     # (Megatron-Core's fused bias-SwiGLU saves only its input, megatron/core/fusions/fused_bias_swiglu.py)
     mlp = (6.0 if model.gated else 4.0) * s * b * model.ffn
-    # Q, projection input (4 units of sbh/t), K and V at this rank's K/V width (replicated when tp > kv)
-    sharded = 4.0 * sbh + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
+    # Q, projection input (4 units of s·b·q/t, q = heads · head_dim: h unless the heads have their own
+    # width), K and V at this rank's K/V width (replicated when tp > kv)
+    sbq = s * b * model.q_dim
+    sharded = 4.0 * sbq + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
         replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
-        sharded += sbh - s * b * model.ffn  # projection input once more in fp8; fc2 input 2 -> 1
+        sharded += sbq - s * b * model.ffn  # projection input once more in fp8; fc2 input 2 -> 1
     if recompute == "selective":
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores

@@ -2,7 +2,9 @@
 
 Parameter counts follow the standard decoder layer (Narayanan et al. 2021, §5.1; seed §4.5:
 ≈ 12·h² per layer for h→4h MLPs):
-- attention: Q and output projections h·h each, K and V h·(h·kv_heads/heads) each (GQA), + biases;
+- attention: Q and output projections h·q each (q = heads · head_dim, = h unless the heads are given a
+  width of their own: Megatron's `--kv-channels`, Hugging Face's `head_dim`), K and V h·kv_dim each
+  (kv_dim = kv_heads · head_dim; GQA), + biases;
 - MLP: 2·h·f (GeLU) or 3·h·f (gated SwiGLU, Llama);
 - two norms: 4·h for LayerNorm (weight and bias), 2·h for RMSNorm (weight only).
 Embedding V·h (+ learned positions s·h for GPT); the output head V·h unless tied (and even when
@@ -40,6 +42,7 @@ class ModelSpec:
     learned_pos: bool = True  # GPT-style learned position embeddings (False: rotary)
     bias: bool = True
     norm: str = "layer"  # "layer" (LayerNorm: weight + bias) or "rms" (RMSNorm: weight)
+    head_size: int | None = None  # one head's width; None -> hidden // heads (Megatron's --kv-channels)
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -59,7 +62,12 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size if self.head_size is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q, of the attention output and of the output projection's input: heads × head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -79,9 +87,10 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         h, f = self.hidden, self.ffn
-        attn = 2 * h * h + 2 * h * self.kv_dim
+        q = self.q_dim
+        attn = 2 * h * q + 2 * h * self.kv_dim
         mlp = (3 if self.gated else 2) * h * f
-        bias = (h + 2 * self.kv_dim + h + f * (2 if self.gated else 1) + h) if self.bias else 0
+        bias = (q + 2 * self.kv_dim + h + f * (2 if self.gated else 1) + h) if self.bias else 0
         return attn + mlp + bias + 2 * self.norm_params
 
     def layer_params_per_rank(self, tp: int) -> float:
@@ -105,6 +114,8 @@ class ModelSpec:
 
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
+        if self.head_size is not None and self.q_dim != self.hidden:
+            extra += f", head_dim={self.head_dim}"
         return (f"{self.name}: {self.params() / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{extra}, ffn {self.ffn}{' (gated)' if self.gated else ''}, "
                 f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
@@ -113,7 +124,8 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "params": self.params(), "layers": self.layers, "hidden": self.hidden,
-                "heads": self.heads, "kv_heads": self.kv, "seq_len": self.seq_len, "vocab": self.vocab,
+                "heads": self.heads, "kv_heads": self.kv, "head_dim": self.head_dim, "seq_len": self.seq_len,
+                "vocab": self.vocab,
                 "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
                 "position": "learned" if self.learned_pos else "rotary", "bias": self.bias}
 
@@ -180,7 +192,7 @@ def from_hf_config(path: str) -> ModelSpec:
     if missing:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
-    _refuse_unmodelled(cfg, path, int(hidden), int(heads))  # type: ignore[arg-type]
+    _refuse_unmodelled(cfg, path)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
@@ -190,18 +202,23 @@ def from_hf_config(path: str) -> ModelSpec:
                      pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer")
+                     norm="rms" if rms else "layer", head_size=_head_size(cfg, int(hidden), int(heads)))  # type: ignore[arg-type]
+
+
+def _head_size(cfg: dict, hidden: int, heads: int) -> int | None:
+    """config.json's `head_dim` where it differs from hidden / heads (Gemma, Qwen3-32B, Mistral NeMo)."""
+    hd = cfg.get("head_dim")
+    return hd if isinstance(hd, int) and hd * heads != hidden else None
 
 
 # config.json keys that give a model's routed-expert count (Mixtral, Qwen-MoE / OLMoE, DeepSeek V2/V3, DBRX)
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _refuse_unmodelled(cfg: dict, path: str, hidden: int, heads: int) -> None:
+def _refuse_unmodelled(cfg: dict, path: str) -> None:
     """Refuse the config.json shapes the planner would otherwise price as something they are not: a
     mixture of experts read as a dense model (one expert's MLP, none of the others' weights, no
-    token dispatch), or attention heads whose width is not hidden / heads (Gemma, Qwen3-32B: the Q and
-    output projections are heads × head_dim wide, which `ModelSpec` derives from hidden)."""
+    token dispatch)."""
     for k in EXPERT_KEYS:
         n = cfg.get(k)
         if isinstance(n, int) and n > 1:
@@ -210,11 +227,6 @@ def _refuse_unmodelled(cfg: dict, path: str, hidden: int, heads: int) -> None:
                              "parallelism or token dispatch), and reading it as dense would count one expert "
                              "of its MLP; plan a dense model of the same attention and active MLP width with "
                              "--layers/--hidden/--heads/--ffn-hidden instead, and treat the result as a bound")
-    hd = cfg.get("head_dim")
-    if isinstance(hd, int) and hd * heads != hidden:
-        raise ModelError(f"--model {path}: config.json's head_dim = {hd} with {heads} heads makes the attention "
-                         f"{hd * heads} wide, not hidden_size = {hidden}; the planner derives the head width as "
-                         "hidden / heads, so this model cannot be described yet (no --head-dim flag)")
 
 
 NORMS = ("layer", "rms")
@@ -225,13 +237,14 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   heads: int | None = None, seq_len: int | None = None, vocab: int | None = None,
                   ffn_hidden: int | None = None, kv_heads: int | None = None, gated: bool | None = None,
                   norm: str | None = None, tied: bool | None = None, position: str | None = None,
-                  bias: bool | None = None) -> ModelSpec:
+                  bias: bool | None = None, head_dim: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
     biases, tied embeddings) unless it says `--gated-mlp` or `--norm rms`: then it is Llama-style
     (rotary positions, no biases, untied embeddings), the same inference `from_hf_config` makes;
     `--position`, `--bias/--no-bias` and `--tied-embeddings/--no-tied-embeddings` override it.
+    `--head-dim` gives the heads a width of their own (q = heads × head_dim need not be hidden).
     """
     if norm is not None and norm not in NORMS:
         raise ModelError(f"--norm {norm!r}: choose one of {', '.join(NORMS)}")
@@ -250,7 +263,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                              f"--hidden --heads --seq-len --vocab")
         over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
                                       vocab=vocab, ffn_hidden=ffn_hidden, kv_heads=kv_heads, gated=gated,
-                                      norm=norm, tied=tied, learned_pos=pos, bias=bias).items()
+                                      norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -265,15 +278,18 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          tied=(not llama_like) if tied is None else tied,
                          learned_pos=(not llama_like) if pos is None else pos,
                          bias=(not llama_like) if bias is None else bias,
-                         norm=norm or ("rms" if llama_like else "layer"))
+                         norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
-                    ("--kv-heads", spec.kv)):
+                    ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
         if v < 1:
             raise ModelError(f"{flag} {v}: must be an integer >= 1")
-    if spec.hidden % spec.heads:
+    if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
+        spec = replace(spec, head_size=None)  # the default width, said explicitly: one description of it
+    if spec.head_size is None and spec.hidden % spec.heads:
         raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
-                         f"needs hidden/heads channels: pick heads dividing {spec.hidden}")
+                         f"needs hidden/heads channels: pick heads dividing {spec.hidden}, or give the heads "
+                         f"their own width with --head-dim")
     if spec.heads % spec.kv:
         raise ModelError(f"--kv-heads {spec.kv} must divide --heads {spec.heads} (each K/V head serves "
                          f"heads/kv_heads query heads); use one of "
