@@ -524,3 +524,17 @@ def test_head_dim_flag(capsys, tmp_path):
     cfg = tmp_path / "run.toml"
     rc, out, err = run(capsys, *qwen3, "--emit-config", str(cfg))
     assert rc == 2 and "--emit-config with head_dim 128" in err and not cfg.exists()
+
+
+def test_config_json_sequence_length_is_named(capsys, tmp_path):
+    """Planned from a config.json without --seq-len, the report says where the sequence length came from."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "hidden_act": "silu"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    rc, out, err = run(capsys, "--model", str(p), "--gpus", "8", "--global-batch", "16")
+    assert rc == 0, err
+    assert "x 8192 tokens per step (config.json's max_position_embeddings" in out
+    rc, out, err = run(capsys, "--model", str(p), "--seq-len", "2048", "--gpus", "8", "--global-batch", "16")
+    assert rc == 0 and "x 2048 tokens per step\n" in out

@@ -594,12 +594,24 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.2f} ms"
 
 
+def _seq_note(args) -> str:
+    """A config.json gives its longest position as the sequence length; say so where no --seq-len chose it."""
+    import os
+
+    from par3d.plan.models import CATALOGUE
+
+    if getattr(args, "seq_len", None) is None and args.model and args.model.lower() not in CATALOGUE \
+            and os.path.exists(args.model):
+        return " (config.json's max_position_embeddings; --seq-len sets the training length)"
+    return ""
+
+
 def render(model, cluster, args, res, explain: bool = False) -> str:
     from par3d.plan.hardware import GB, TFLOPS, GiB, describe
 
     out = [f"model:    {model.summary()}",
            f"cluster:  {describe(cluster)}",
-           f"batch:    {args.global_batch} sequences x {model.seq_len} tokens per step",
+           f"batch:    {args.global_batch} sequences x {model.seq_len} tokens per step" + _seq_note(args),
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",
