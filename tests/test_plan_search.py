@@ -93,8 +93,10 @@ def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, ba
         assert {"zb-v", "dualpipe-v"} <= {c.schedule for *_, c in every}
 
 
-@pytest.mark.parametrize("name,gpu,gpus,batch", [("gpt3-175b", "a100-40gb", 64, 512), ("llama3-70b", "h100-sxm", 64, 256)])
-def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch):
+@pytest.mark.parametrize("name,gpu,gpus,batch,fixed", [("gpt3-175b", "a100-40gb", 64, 512, Fixed()),
+                                                      ("llama3-70b", "h100-sxm", 64, 256, Fixed()),
+                                                      ("llama3-8b", "h100-sxm", 64, 256, Fixed(recompute_layers=3))])
+def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch, fixed):
     """search's _Memo (stage times shared across schedules, memoised bounds, the unfit branch and
     bound, candidates priced only when the simulation order reaches them) returns what the search
     without it does: same plans, same times, same fastest unfit, the same number of simulations and
@@ -103,7 +105,7 @@ def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gp
 
     def run():
         model, cluster = CATALOGUE[name], make_cluster(gpu, gpus, 8)
-        res = S.search(model, cluster, batch, report_unfit=True, top=8)
+        res = S.search(model, cluster, batch, fixed, report_unfit=True, top=8)
         u = res.fastest_unfit
         layouts = [(p.choice, p.step_time) for p in S.best_per_layout(model, cluster, res)]
         return ([(p.choice, p.step_time) for p in res.plans], (u.choice, u.step_time) if u else None,
@@ -119,6 +121,26 @@ def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gp
 
     monkeypatch.setattr(S._Memo, "__init__", off)
     assert run() == shared
+
+
+@pytest.mark.parametrize("name,gpu,gpus,batch,fixed", [
+    ("llama3-8b", "h100-sxm", 64, 256, Fixed(recompute_layers=3)),  # block recomputation
+    ("llama3-70b", "h100-sxm", 64, 128, Fixed()),  # CP, ZeRO-3 and the V schedules in the space
+    ("gpt3-175b", "a100-80gb", 256, 512, Fixed(zero_stage=3)),
+])
+def test_the_deferred_bound_never_exceeds_the_full_one(name, gpu, gpus, batch, fixed):
+    """The search queues a candidate under its arithmetic bound and prices it in full later; that is exact
+    only if the arithmetic bound is never above the full one, for every candidate of the space."""
+    from par3d.plan import search as S
+
+    model, cluster = CATALOGUE[name], make_cluster(gpu, gpus)
+    res = S.search(model, cluster, batch, fixed)
+    memo = S._Memo(model, cluster)
+    items = [t for ts in res.per_layout.values() for t in ts]
+    assert len(items) > 100 and res.expand is not None
+    for t in items:
+        full = res.expand(t) if t[3] is None else t
+        assert memo.compute_bound(t[2]) <= full[0], t[2].label()
 
 
 def test_dp_tail_bound_never_exceeds_the_schedules_tail():

@@ -41,6 +41,7 @@ from .cost import (
     optimizer_time,
     rank_busy,
     rank_stage_lists,
+    recomputed_layers,
     stage_times,
     straggler_factor,
     validate_schedule,
@@ -392,7 +393,8 @@ class _Memo:
         """`_compute_bound` stretched by the straggler factor (which multiplies the makespan in the full
         bound), a hair below it so that rounding never lifts it above that bound; the busiest rank's
         work per micro-batch is shared by every m and ZeRO stage of a layout."""
-        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sequence_parallel, c.schedule)
+        key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
+               c.schedule)
         work = self.work.get(key)
         if work is None:
             work = self.work[key] = _compute_bound(self.model, self.cluster, replace(c, microbatches=1))
@@ -449,7 +451,8 @@ def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
                         blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     lay = layout(model, c.pp * c.virtual_stages)
-    work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + n * rec for n, h in zip(lay.layers, lay.head)]
+    work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec
+            for n, h in zip(lay.layers, lay.head)]
     return c.microbatches * max(sum(work[s] for s in stages)
                                 for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
