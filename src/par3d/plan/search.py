@@ -460,13 +460,13 @@ def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
 def _least_bound_unfit(model: ModelSpec, cluster: Cluster, raw: list[tuple[Choice, object]],
                        memo: _Memo) -> list[tuple[float, int, Choice, object, object]]:
     """The configuration of least bound among those that do not fit (as one-element list; empty if
-    none), bounding only those whose arithmetic-alone bound is below the best bound found (exact:
-    that bound never exceeds the full one).  With a runtime profile every one is bounded."""
+    none), bounding only those whose arithmetic bound (`_Memo.compute_bound`) is below the best bound
+    found (exact: that bound never exceeds the full one).  With a runtime profile every one is bounded."""
     if not raw:
         return []
     if not memo.on:
         return sorted(_bound(model, cluster, c, mem, memo.stage_times(c), memo) for c, mem in raw)[:1]
-    order = sorted(((_compute_bound(model, cluster, c), i) for i, (c, _) in enumerate(raw)))
+    order = sorted(((memo.compute_bound(c), i) for i, (c, _) in enumerate(raw)))
     best: tuple[float, int, tuple] | None = None  # (bound, position in `raw`: the first of equal bounds wins)
     for cheap, i in order:
         if best is not None and cheap > best[0] * (1 + 1e-9):  # (1e-9: rounding of the two sums)
@@ -546,10 +546,7 @@ def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int 
     recommended plans, so their schedules skip the full checker (`validate_schedule`, which the
     search runs on every plan it ranks); their peaks are the counted ones the search uses, which
     tests/test_plan_model.py compares with the checker."""
-    items_of = res.per_layout
-    if res.expand is not None:  # the layouts are ranked by their full bounds: price every deferred item
-        items_of = {key: [res.expand(t) if t[3] is None else t for t in items] for key, items in items_of.items()}
-    layouts = sorted(items_of.items(), key=lambda kv: min(t[0] for t in kv[1]))[:limit]
+    layouts = _least_bound_layouts(res, limit)
     win = res.plans[0].choice if res.plans else None
     plans = []
     for key, items in layouts:
@@ -563,6 +560,37 @@ def best_per_layout(model: ModelSpec, cluster: Cluster, res: Result, limit: int 
                               check=False)
         plans.extend(best)
     return sorted(plans, key=lambda p: p.step_time)
+
+
+def _least_bound_layouts(res: Result, limit: int) -> list[tuple[tuple, list]]:
+    """The `limit` layouts of least full bound, each with its queue items, in that order (ties: the order the
+    search met them).  With deferred items (`Result.expand`) a layout's least bound is found by pricing its
+    items in the order of their arithmetic bounds until a priced one leads, and layouts are priced in the
+    order of their least arithmetic bound until `limit` priced ones lead: every bound priced is one the
+    full ranking would look at, and the ranking is the same."""
+    items_of = list(res.per_layout.items())
+    expand = res.expand
+    if expand is None:
+        order = sorted(range(len(items_of)), key=lambda i: min(t[0] for t in items_of[i][1]))
+        return [items_of[i] for i in order[:limit]]
+
+    def least(items: list) -> float:
+        heap = list(items)
+        heapq.heapify(heap)
+        while heap[0][3] is None:  # deferred: back under its full bound, never below its arithmetic one
+            heapq.heappush(heap, expand(heapq.heappop(heap)))
+        return heap[0][0]
+
+    layouts = [(min(t[0] for t in items), i, False) for i, (_, items) in enumerate(items_of)]
+    heapq.heapify(layouts)
+    out = []
+    while layouts and len(out) < limit:
+        lb, i, exact = heapq.heappop(layouts)
+        if exact:
+            out.append(items_of[i])
+        else:
+            heapq.heappush(layouts, (least(items_of[i][1]), i, True))
+    return out
 
 
 def min_microbatches(p: int, max_bubble: float, schedule: str = "1f1b", v: int = 1, m_max: int = 4096) -> int:
