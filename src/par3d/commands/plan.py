@@ -495,15 +495,20 @@ def _run(args: argparse.Namespace) -> int:
         print(_no_plan_message(model, cluster, res, opts, fixes), file=sys.stderr)
         return 1
     if args.json:
+        from par3d.plan.validation import regime_evidence
+
+        evidence = evidence_of(cluster)
+        regimes = regime_evidence if evidence is not None else (lambda _c: [])
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
                # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
                           "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
                # each plan with the regimes of the validation set it falls in, and the model's errors there
-               "plans": [{**p.to_dict(), "regimes": regime_evidence_of(cluster, p.choice)} for p in res.plans],
+               # (where the GPU's evidence applies: `regime_evidence_of`)
+               "plans": [{**p.to_dict(), "regimes": regimes(p.choice)} for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
-               "evidence": evidence_of(cluster),
+               "evidence": evidence,
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))

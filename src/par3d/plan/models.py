@@ -202,13 +202,14 @@ def from_hf_config(path: str) -> ModelSpec:
                      pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer", head_size=_head_size(cfg, int(hidden), int(heads)))  # type: ignore[arg-type]
+                     norm="rms" if rms else "layer", head_size=_head_size(cfg))
 
 
-def _head_size(cfg: dict, hidden: int, heads: int) -> int | None:
-    """config.json's `head_dim` where it differs from hidden / heads (Gemma, Qwen3-32B, Mistral NeMo)."""
+def _head_size(cfg: dict) -> int | None:
+    """config.json's `head_dim` (Gemma, Qwen3-32B, Mistral NeMo); `resolve_model` drops it where it equals
+    hidden / heads."""
     hd = cfg.get("head_dim")
-    return hd if isinstance(hd, int) and hd * heads != hidden else None
+    return hd if isinstance(hd, int) else None
 
 
 # config.json keys that give a model's routed-expert count (Mixtral, Qwen-MoE / OLMoE, DeepSeek V2/V3, DBRX)

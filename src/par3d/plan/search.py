@@ -388,18 +388,25 @@ class _Memo:
         self.lb: dict[tuple, float] = {}
         self.tail: dict[tuple, float] = {}
         self.work: dict[tuple, float] = {}
+        self.spreads: dict[int, float] = {}
 
     def compute_bound(self, c: Choice) -> float:
-        """`_compute_bound` stretched by the straggler factor (which multiplies the makespan in the full
+        """m × `_busiest_work` stretched by the straggler factor (which multiplies the makespan in the full
         bound), a hair below it so that rounding never lifts it above that bound; the busiest rank's
         work per micro-batch is shared by every m and ZeRO stage of a layout."""
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
                c.schedule)
         work = self.work.get(key)
         if work is None:
-            work = self.work[key] = _compute_bound(self.model, self.cluster, replace(c, microbatches=1))
-        k = straggler_factor(self.cluster.step_spread, c.gpus)
-        return k * (c.microbatches * work) * (1 - 1e-9)
+            work = self.work[key] = _busiest_work(self.model, self.cluster, c)
+        return self.spread(c.gpus) * (c.microbatches * work) * (1 - 1e-9)
+
+    def spread(self, gpus: int) -> float:
+        """The straggler factor of `gpus` GPUs (one per search: every candidate uses the whole cluster)."""
+        k = self.spreads.get(gpus)
+        if k is None:
+            k = self.spreads[gpus] = straggler_factor(self.cluster.step_spread, gpus)
+        return k
 
     def expand(self, item: tuple) -> tuple:
         """A deferred queue item with its full bound (`bound`), keeping its tie-breaker."""
@@ -421,7 +428,7 @@ class _Memo:
         if not self.on:
             return _plain_bound(self.model, self.cluster, c, st)
         # the straggler factor stretches the makespan and the optimizer, not the DP tail (cost.evaluate)
-        k = straggler_factor(self.cluster.step_spread, c.gpus)
+        k = self.spread(c.gpus)
         k1 = (id(st), c.schedule, c.pp, c.microbatches)  # st lives in self.st for the whole search
         lb = self.lb.get(k1)
         if lb is None:
@@ -443,18 +450,17 @@ def _plain_bound(model: ModelSpec, cluster: Cluster, c: Choice, st: object) -> f
             + dp_tail(model, cluster, c, st))  # type: ignore[arg-type]
 
 
-def _compute_bound(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
-    """A lower bound of `_bound` from the layers' arithmetic alone: the busiest rank's forward,
-    backward (2× forward) and recompute time over m micro-batches (stage_times' fc, bc, br), which
-    its makespan bound exceeds (communication, tails and the optimizer only add)."""
+def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
+    (stage_times' fc, bc, br): m times it is a lower bound of `_bound`, which its makespan bound
+    exceeds (communication, tails and the optimizer only add)."""
     lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                         blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
     lay = layout(model, c.pp * c.virtual_stages)
     work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec
             for n, h in zip(lay.layers, lay.head)]
-    return c.microbatches * max(sum(work[s] for s in stages)
-                                for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
+    return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
 def _least_bound_unfit(model: ModelSpec, cluster: Cluster, raw: list[tuple[Choice, object]],
