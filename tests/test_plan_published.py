@@ -231,6 +231,29 @@ def test_h100_sustained_ratios_are_the_declared_fit():
         assert gemm_table.sustained_ratio(family, dtype) == stored
 
 
+def test_fsdp_unit_cost_is_the_declared_fit():
+    """hardware.FSDP_UNIT_S is what `validation.fit_fsdp_unit` gives on llm-foundry's 18 rows (stored to 0.1 ms:
+    the fit lies within 0.05 ms of it), those rows are in sample, every other row that runs PyTorch FSDP is held
+    out, and the cost moves a prediction only where the row says FSDP ran."""
+    from dataclasses import replace
+
+    from par3d.plan import hardware
+
+    cal = validation.fsdp_rows()
+    assert len(cal) == 18 and all(r.get("fsdp") and validation.in_sample(r) for r in cal)
+    held = [r for r in ROWS if r.get("fsdp") and r not in cal]
+    assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt"}
+    assert not any(validation.in_sample(r) for r in held)
+    assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
+    assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(
+        hardware.FSDP_UNIT_S + 1e-4)
+    megatron = next(r for r in ROWS if r["name"] == "mbridge-25.11-llama3-8B-h100")  # Megatron-FSDP: no unit cost
+    assert not megatron.get("fsdp")
+    base = validation.predict(megatron).plan.step_time
+    priced = validation._predict_on(megatron, replace(validation.cluster_of(megatron), fsdp=True)).plan.step_time
+    assert priced > base + 32 * 16 * hardware.FSDP_UNIT_S * 0.9  # 32 layers x 16 micro-batches, each unit priced
+
+
 def test_step_share_is_the_declared_fit():
     """gemm_table.STEP_SHARE is what `validation.fit_step_share` gives on the ten Table 1 rows with the
     straggler spread (gemm_table.STEP_SPREAD, cited, not fitted) in place: stored to three digits."""
@@ -287,7 +310,10 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
     base = ["plan", "--model", "llama3-8b", "--seq-len", "2048", "--gpu", "h100", "--gpus", "128", "--tp", "1", "--pp", "1", "--cp", "1",
             "--micro-batch", "1", "--global-batch", "128"]
     reg = validation.stored_evidence()["regime/one-microbatch-wide-dp-no-recompute"]
-    assert int(reg["within_10pct"]) < int(reg["rows"]) / 2 and float(reg["median_error_pct"]) > 10
+    # the regime leans fast and holds the misses: its share within ±10 % well under the whole set's
+    allrows = [v for k, v in validation.stored_evidence().items() if not k.startswith("regime/")]
+    share = sum(int(v["within_10pct"]) for v in allrows) / sum(int(v["rows"]) for v in allrows)
+    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.25 and float(reg["median_error_pct"]) > 5
     assert main([*base, "--recompute", "none", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans and all(p["regimes"] and p["regimes"][0]["rows"] == reg["rows"] for p in plans)

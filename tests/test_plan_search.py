@@ -93,10 +93,12 @@ def test_pruned_search_returns_the_exhaustive_top_plans(name, model, cluster, ba
         assert {"zb-v", "dualpipe-v"} <= {c.schedule for *_, c in every}
 
 
-@pytest.mark.parametrize("name,gpu,gpus,batch,fixed", [("gpt3-175b", "a100-40gb", 64, 512, Fixed()),
-                                                      ("llama3-70b", "h100-sxm", 64, 256, Fixed()),
-                                                      ("llama3-8b", "h100-sxm", 64, 256, Fixed(recompute_layers=3))])
-def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch, fixed):
+@pytest.mark.parametrize("name,gpu,gpus,batch,fixed,fsdp", [("gpt3-175b", "a100-40gb", 64, 512, Fixed(), False),
+                                                           ("llama3-70b", "h100-sxm", 64, 256, Fixed(), False),
+                                                           ("llama3-8b", "h100-sxm", 64, 256, Fixed(recompute_layers=3),
+                                                            False),
+                                                           ("llama3-8b", "h100-sxm", 64, 256, Fixed(), True)])
+def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gpus, batch, fixed, fsdp):
     """search's _Memo (stage times shared across schedules, memoised bounds, the unfit branch and
     bound, candidates priced only when the simulation order reaches them) returns what the search
     without it does: same plans, same times, same fastest unfit, the same number of simulations and
@@ -104,7 +106,7 @@ def test_shared_stage_times_and_bounds_change_nothing(monkeypatch, name, gpu, gp
     from par3d.plan import search as S
 
     def run():
-        model, cluster = CATALOGUE[name], make_cluster(gpu, gpus, 8)
+        model, cluster = CATALOGUE[name], replace(make_cluster(gpu, gpus, 8), fsdp=fsdp)  # FSDP: unit cost by stage
         res = S.search(model, cluster, batch, fixed, report_unfit=True, top=8)
         u = res.fastest_unfit
         layouts = [(p.choice, p.step_time) for p in S.best_per_layout(model, cluster, res)]
@@ -183,3 +185,25 @@ def test_the_searchs_tail_bound_is_cached_per_backward_kind():
     for c, b in ((one, b1), (zb, bz)):
         assert b == pytest.approx(k * (makespan_lower_bound(st, c) + optimizer_time(model, cl, c))
                                   + dp_tail(model, cl, c, st))
+
+
+def test_fsdp_prices_its_units_under_zero_2_and_3_only():
+    """`Cluster.fsdp` (PyTorch FSDP): every layer of a stage costs FSDP_UNIT_S per micro-batch under ZeRO-2
+    (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD), a third in the forward; ZeRO-0 (DDP) and one data-parallel rank
+    are untouched; the search leaves out ZeRO-1, which FSDP has not."""
+    from par3d.plan.cost import Choice, layout, stage_times
+    from par3d.plan.hardware import FSDP_UNIT_S
+    from par3d.plan.search import Fixed, Limits, search
+
+    model = CATALOGUE["llama3-8b"]
+    plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True)
+    for z, charged in ((0, False), (2, True), (3, True)):
+        c = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", z, False)
+        a, b = stage_times(model, plain, c), stage_times(model, fsdp, c)
+        n = layout(model, 2).layers[0]  # the first stage's layers
+        unit = n * FSDP_UNIT_S if charged else 0.0
+        assert b.f[0] == pytest.approx(a.f[0] + unit / 3) and b.b[0] == pytest.approx(a.b[0] + 2 * unit / 3), z
+    one = Choice(8, 8, 1, 1, 8, "1f1b", 1, "none", 3, False)  # no data parallelism: nothing to shard
+    assert stage_times(model, fsdp, one).f == stage_times(model, plain, one).f
+    res = search(model, fsdp, 256, Fixed(tp=1, pp=1, cp=1), Limits(), top=50)
+    assert res.plans and {p.choice.zero_stage for p in res.plans} <= {0, 2, 3}

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from par3d.plan.hardware import FSDP_UNIT_S
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V: v = 2
 RECOMPUTE = ("none", "selective", "full")
@@ -175,6 +177,11 @@ def register(sub) -> None:
                         "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
                         "sub-module's hook, one matrix ahead, at one NIC per GPU (submodule: DeepSpeed's ZeRO-3 "
                         "with its default 5e7-element prefetch bucket, as measured in 2021)")
+    g.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=False,
+                   help="the data-parallel runtime is PyTorch FSDP (ZeRO-3 as FULL_SHARD or HSDP, ZeRO-2 as "
+                        "SHARD_GRAD_OP, ZeRO-0 as DDP; no ZeRO-1), each layer one wrapped unit, as llm-foundry, fms-fsdp and torchtitan run it: every "
+                        f"unit costs a fitted {FSDP_UNIT_S * 1e3:g} ms per micro-batch beyond its collectives (docs/planner.md §9, "
+                        "fifteenth round); default: Megatron-Core's distributed optimizer / Megatron-FSDP")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
@@ -330,10 +337,20 @@ def _cluster(args: argparse.Namespace):
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
-                  zero3_unit=args.zero3_unit,
+                  zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
+    if args.fsdp and args.zero3_unit == "submodule":
+        raise UsageError("--fsdp with --zero3-unit submodule: PyTorch FSDP wraps whole layers, DeepSpeed's ZeRO-3 "
+                         "gathers by sub-module; drop one of them")
+    if args.fsdp and args.zero_stage == 1:
+        raise UsageError("--fsdp with --zero-stage 1: PyTorch FSDP shards the optimizer state only with the "
+                         "gradients (SHARD_GRAD_OP = 2) or everything (FULL_SHARD = 3); use --zero-stage 2 or 3, "
+                         "0 for DDP, or drop --fsdp")
+    if args.fsdp and not cl.hier:
+        raise UsageError("--fsdp: its per-unit cost is fitted on GPU clusters and the calibrated host's or flat "
+                         "model has no place for it; use a catalogue --gpu without --efficiency, or drop --fsdp")
     # whole nodes, except a rack-scale NVLink domain taken in part (comm.py prices a group by the ranks it spans)
     if cl.gpus > cl.gpus_per_node and cl.gpus % cl.gpus_per_node and not rack:
         raise UsageError(f"--gpus {cl.gpus}: must be a multiple of --gpus-per-node {cl.gpus_per_node} "
@@ -389,6 +406,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         raise UsageError("--emit-smoke shrinks the config --emit-config writes; add --emit-config FILE")
     if args.emit_config:
         max_zero, has_cp = runtime_support()
+        if args.fsdp:
+            raise UsageError("--fsdp with --emit-config: the config is for par3d train, whose data parallelism is "
+                             "its own, not PyTorch FSDP; drop --fsdp")
         if args.zero_stage is not None and args.zero_stage > max_zero:
             raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
                              f"stages 0 to {max_zero}; use --zero-stage {max_zero} or drop --emit-config")
@@ -757,7 +777,7 @@ def regime_evidence_of(cluster, c) -> list[dict]:
 def _regime_lines(cluster, c) -> list[str]:
     return [f"caveat: on {ev['rows']} published runs with {ev['rule']} this model's error was "
             f"{ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
-            f"{ev['within_10pct']} within ±10 %): read this plan's speed as an upper bound — docs/planner.md §9"
+            f"{ev['within_10pct']} within ±10 %): read this plan's speed as likely optimistic — docs/planner.md §9"
             for ev in regime_evidence_of(cluster, c)]
 
 

@@ -64,6 +64,9 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
   Apex's `overlap_param_sync`) the updated weights' all-gather runs one bucket ahead of the next
   step's forward, each bucket needed at its layer's first forward in the schedule; without it the
   whole gather is exposed after the optimizer.
+- PyTorch FSDP (`Cluster.fsdp`; its SHARD_GRAD_OP = ZeRO-2, FULL_SHARD / HSDP = ZeRO-3) adds a fitted
+  `fsdp_unit_s` (hardware.FSDP_UNIT_S) per wrapped unit (one layer) per micro-batch to the stage that holds it, a third to the forward and two thirds to the backward, counted with the
+  ZeRO-3 exposure (`dp_comm`): what its runs lose beyond the collectives' time (hardware.py).
 """
 
 from __future__ import annotations
@@ -921,6 +924,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             rs = flat_sharded_reduce(c, grad_bytes(cluster) * chunk_params, lk.grad)
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
+        if cluster.fsdp and c.zero_stage >= 2 and g > 1 and hier:  # FSDP's unit cost: a forward hook, two backward
+            unit = n * cluster.fsdp_unit_s
+            z3f, z3b = z3f + unit / 3, z3b + 2 * unit / 3
         f = fc + f_tp + f_cp + z3f
         b = bc + br + b_tp + b_cp + z3b
         out.f.append(f)

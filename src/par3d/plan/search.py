@@ -223,6 +223,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_layers(cluster, fixed)
     cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
+    if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
+        zeros = [z for z in zeros if z != 1] or zeros
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
     rec_layers = fixed.recompute_layers or 0
     if rec_layers:
@@ -252,7 +254,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         for sp in sps:
             for rec in recs:
                 first = None  # the least-ZeRO candidate, when none fits
-                st = None  # stage times do not depend on ZeRO stages 0-2
+                st = None  # stage times do not depend on ZeRO stages 0-2 (0-1 under FSDP)
                 fitted = False
                 pairs = [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]
                 if not pairs:  # a fixed --dp-replicate that does not divide this layout's dp
@@ -273,9 +275,10 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         if lazy:
                             _push_deferred(queue, c, mem, res, memo)
                             continue
-                        if z >= 3 or st is None:
+                        shared = z < (2 if cluster.fsdp else 3)  # (FSDP prices its units under ZeRO-2 too)
+                        if not shared or st is None:
                             st_z = memo.stage_times(c)
-                            if z < 3:
+                            if shared:
                                 st = st_z
                         else:
                             st_z = st
@@ -418,7 +421,8 @@ class _Memo:
         if not self.on:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
-               _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ())
+               _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
+                   (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # FSDP's unit cost: ZeRO-2 and 3 (cost.py)
         hit = self.st.get(key)
         if hit is None:
             hit = self.st[key] = stage_times(self.model, self.cluster, c)

@@ -66,6 +66,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    overlap_param_gather=bool(row.get("overlap_param_gather", True)),
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
+                   fsdp=bool(row.get("fsdp", False)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
@@ -143,6 +144,8 @@ def table(preds: list[Prediction]) -> str:
 #   (gemm_table.STEP_SPREAD: cited, set by no row) in place;
 # - gemm_table.FITTED_SUSTAINED (the H100's sustained/burst ratio per dtype, which no measurement gives):
 #   the smallest-GPU-count column of each dgxc-benchmarking table, BF16 and FP8 (`sustained_rows`).
+# - hardware.FSDP_UNIT_S (PyTorch FSDP's cost per wrapped layer per micro-batch): llm-foundry's 18 rows
+#   (`fsdp_rows`).
 IN_SAMPLE_PREFIX = "narayanan2021-t1-"
 DGXC_PREFIX = "dgxc-24.11-"
 
@@ -168,7 +171,8 @@ def _sustained_names() -> frozenset[str]:
 
 
 def in_sample(row: dict[str, Any]) -> bool:
-    return str(row["name"]).startswith(IN_SAMPLE_PREFIX) or str(row["name"]) in _sustained_names()
+    name = str(row["name"])
+    return name.startswith((IN_SAMPLE_PREFIX, LLMFOUNDRY_PREFIX)) or name in _sustained_names()
 
 
 def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
@@ -230,6 +234,27 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
     return out
 
 
+def fsdp_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The calibration rows of hardware.FSDP_UNIT_S: llm-foundry's large-scale H100 table (PyTorch FSDP; the
+    one source measuring one FSDP stack over many model sizes and GPU counts).  The other FSDP rows (fms-fsdp,
+    torchtitan, OPT-175B) are held out.  The rule was fixed before the fit was first run (fifteenth round)."""
+    return [r for r in (rows() if all_rows is None else all_rows) if str(r["name"]).startswith(LLMFOUNDRY_PREFIX)]
+
+
+def fsdp_mean_error(unit_s: float, cal: list[dict[str, Any]] | None = None) -> float:
+    """Mean signed error of the FSDP calibration rows with each wrapped unit costing `unit_s`."""
+    cal = fsdp_rows() if cal is None else cal
+    return sum(_predict_on(r, replace(cluster_of(r), fsdp_unit_s=unit_s)).error for r in cal) / len(cal)
+
+
+def fit_fsdp_unit(lo: float = 0.0, hi: float = 0.03, tol: float = 5e-5) -> float:
+    """The per-unit cost of PyTorch FSDP (hardware.FSDP_UNIT_S, seconds per layer per micro-batch) that makes
+    the llm-foundry rows (`fsdp_rows`) average zero error, by bisection -- the prediction falls as it grows.
+    The GEMM constants (step share, sustained ratios: fitted first, on other rows) are held fixed."""
+    cal = fsdp_rows()
+    return _bisect(lambda u: -fsdp_mean_error(u, cal), lo, hi, tol)
+
+
 def _counts(preds: list[Prediction]) -> str:
     errs = sorted(abs(p.error) for p in preds)
     within = sum(e <= DEFAULT_BOUND for e in errs)
@@ -239,11 +264,11 @@ def _counts(preds: list[Prediction]) -> str:
 
 # held-out sources large enough to be reported on their own lines, so that they do not hide the others:
 # NVIDIA's dgxc-benchmarking tables (70 rows, one weak-scaling table per model and precision), MLPerf
-# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs), llm-foundry's large-scale
-# H100 table (18 rows: six MPT models under PyTorch FSDP at 128 / 256 / 512 GPUs), dgxc-benchmarking v25.05's
+# Training v3.1's GPT-3 submissions (8 rows, one recipe at 512 ... 10,752 GPUs), dgxc-benchmarking v25.05's
 # first GB200 tables (20 rows with its two H100 ones: one early Blackwell software generation), MLPerf Training
 # v4.0's and v4.1's GPT-3 175B (4 rows: H100; 5 rows: B200 and H100), v5.0's Llama 3.1 405B (14 rows: H100, H200
-# and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200)
+# and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200); the PyTorch FSDP rows held
+# out from FSDP_UNIT_S's fit: fms-fsdp's (4) and torchtitan's (5).  (llm-foundry's 18 rows are in sample.)
 MLPERF_PREFIX = "mlperf-3.1-"
 LLMFOUNDRY_PREFIX = "llmfoundry-"
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
@@ -251,11 +276,14 @@ MLPERF40_PREFIX = "mlperf-4.0-"  # MLPerf Training v4.0's GPT-3 175B submissions
 MLPERF41_PREFIX = "mlperf-4.1-"  # MLPerf Training v4.1's GPT-3 175B submissions (issue 12's twelfth round)
 MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissions (issue 12's twelfth round)
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
+FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
+TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, issue 12's fifteenth round): held out likewise
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (LLMFOUNDRY_PREFIX, "llm-foundry (FSDP)"), (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
-             (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"))
+             (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
+             (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2, A100)"))
 
 
 def summary(preds: list[Prediction]) -> str:
@@ -266,7 +294,7 @@ def summary(preds: list[Prediction]) -> str:
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
-        lines += [f"in sample (set the step share or the H100's sustained ratios): {_counts(ins)}",
+        lines += [f"in sample (set the step share, the H100's sustained ratios or FSDP's per-unit cost): {_counts(ins)}",
                   f"held out: {_counts(held)}"]
         rest = held
         for prefix, label in OWN_LINES:
