@@ -117,7 +117,9 @@ def test_zero3_without_model_parallelism_ranks_below_tp_pp(capsys):
     149 and 141 (the `submodule` unit, priced at one GPU's NIC as DeepSpeed measured).  FSDP-style ZeRO-3
     (the `layer` unit) rides the node's NICs like any NCCL ring (llm-foundry's FSDP runs, docs §5): no run
     measured it at 175B, so what is asserted for it is the acceptance's ranking under today's defaults —
-    ZeRO-3 without model parallelism below the searched TP+PP plan."""
+    ZeRO-3 without model parallelism below the searched TP+PP plan, as Megatron-FSDP-like units and as PyTorch
+    FSDP (`--fsdp`).  (Since issue 12's fifteenth round the search also recomputes the fewest layers that fit,
+    which brings that ZeRO-3 layout within 2-6 % of TP+PP: the margin asserted until then, 10 %, is gone.)"""
     for gpus in ("768", "1536"):
         best = plan_json(capsys, *GPT3, "--gpus", gpus, *PAPER_SOFTWARE, "--zero-stage", "0", "--top", "1")[0]
         assert best["tp"] > 1 and best["pp"] > 1
@@ -128,7 +130,10 @@ def test_zero3_without_model_parallelism_ranks_below_tp_pp(capsys):
         assert modern["tp"] > 1 and modern["pp"] > 1
         fsdp = plan_json(capsys, *GPT3, "--gpus", gpus, "--tp", "1", "--pp", "1", "--zero-stage", "3",
                          "--top", "1")[0]
-        assert fsdp["step_time_s"] > 1.1 * modern["step_time_s"]
+        assert fsdp["step_time_s"] > modern["step_time_s"]
+        torch_fsdp = plan_json(capsys, *GPT3, "--gpus", gpus, "--tp", "1", "--pp", "1", "--zero-stage", "3",
+                               "--fsdp", "--top", "1")[0]
+        assert torch_fsdp["step_time_s"] > fsdp["step_time_s"]
 
 
 def test_unconstrained_gpt3_search_ranks_tp_pp_first(capsys):
@@ -188,6 +193,22 @@ def test_llama3_long_context_plans():
     res = search(replace(model, seq_len=131072), make_cluster("h100-sxm", 16384), 128,
                  Fixed(tp=8, pp=16, cp=16), Limits(), top=1)
     assert res.plans and res.plans[0].choice.cp == 16
+
+
+def test_llama3_16k_bare_command_plans_within_ten_percent():
+    """Issue 12's bullet: `--tp 8 --pp 16 --cp 1` on 16,384 H100 (batch 2048) plans within 10 % of the
+    published 400 model TFLOP/s.  Without recomputation it does not fit the planner's 5 % headroom (77.2 GiB,
+    the validation row prices it in the GPU's capacity); the search's block recomputation recomputes the
+    fewest layers per chunk that fit, not every layer (334 TFLOP/s, -16.5 %)."""
+    from par3d.plan.validation import metric_value
+
+    model, cluster = CATALOGUE["llama3-405b"], make_cluster("h100-sxm", 16384)
+    res = search(model, cluster, 2048, Fixed(tp=8, pp=16, cp=1), Limits(), top=3)
+    best = res.plans[0]
+    assert best.choice.recompute == "full" and best.choice.recompute_layers >= 1
+    assert abs(metric_value(best, "model", 16384) / 400 - 1) <= 0.10
+    every = search(model, cluster, 2048, Fixed(tp=8, pp=16, cp=1), Limits(block_recompute=False), top=1)
+    assert metric_value(every.plans[0], "model", 16384) < 0.9 * 400  # every layer recomputed: the old miss
 
 
 def test_docs_table_is_the_scripts_output(predictions):

@@ -207,3 +207,30 @@ def test_fsdp_prices_its_units_under_zero_2_and_3_only():
     assert stage_times(model, fsdp, one).f == stage_times(model, plain, one).f
     res = search(model, fsdp, 256, Fixed(tp=1, pp=1, cp=1), Limits(), top=50)
     assert res.plans and {p.choice.zero_stage for p in res.plans} <= {0, 2, 3}
+
+
+def test_block_recomputation_is_the_fewest_layers_that_fit():
+    """Where a layout does not fit without recomputation, the search also prices Megatron's block method
+    with the fewest layers per chunk that fit (N - 1 would not), and only then: a layout that fits as it
+    is gets no block candidate; --recompute fixed or --emit-config's limits leave the block method out."""
+    from par3d.plan.cost import DEFAULT_OPTIONS, layout, memory
+    from par3d.plan.search import Fixed, Limits, search
+
+    model, cluster = CATALOGUE["llama3-70b"], make_cluster("h100-sxm", 64)
+    cap = DEFAULT_OPTIONS.capacity(cluster)
+    res = search(model, cluster, 128, Fixed(tp=8, pp=2, cp=1), Limits(), top=200)
+    blocks = [p for p in res.plans if p.choice.recompute_layers]
+    assert blocks
+    for p in blocks:
+        c = p.choice
+        assert 1 <= c.recompute_layers < max(layout(model, c.pp * c.virtual_stages).layers)
+        assert memory(model, cluster, c)[0].total <= cap
+        assert memory(model, cluster, replace(c, recompute_layers=c.recompute_layers - 1) if c.recompute_layers > 1
+                      else replace(c, recompute="none", recompute_layers=0))[0].total > cap
+    fits_bare = {(p.choice.micro_batch, p.choice.schedule, p.choice.virtual_stages, p.choice.zero_stage)
+                 for p in res.plans if p.choice.recompute == "none"}
+    assert not any((p.choice.micro_batch, p.choice.schedule, p.choice.virtual_stages, p.choice.zero_stage)
+                   in fits_bare for p in blocks)
+    for fixed, limits in ((Fixed(tp=8, pp=2, cp=1, recompute="full"), Limits()),
+                          (Fixed(tp=8, pp=2, cp=1), Limits(block_recompute=False))):
+        assert not any(p.choice.recompute_layers for p in search(model, cluster, 128, fixed, limits, top=200).plans)

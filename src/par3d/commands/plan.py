@@ -494,7 +494,7 @@ def _run(args: argparse.Namespace) -> int:
                   1 if args.emit_config else args.dp_replicate, args.recompute_layers)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
-                    None if has_cp else 1)
+                    None if has_cp else 1, block_recompute=not args.emit_config)
     opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom,
                    optimizer_dtype=args.optimizer_dtype)
     args.plan_options = opts

@@ -94,6 +94,9 @@ class Limits:
     max_zero_stage: int = 3  # 1 when the plan must run on par3d's runtime (--emit-config)
     max_virtual_stages: int = 8
     max_cp: int | None = None  # 1 when the runtime has no context parallelism (--emit-config)
+    # also search Megatron's block recomputation (the fewest layers per chunk that fit, where none does not);
+    # False when the plan must run on par3d's runtime (--emit-config), which recomputes every layer or none
+    block_recompute: bool = True
 
 
 @dataclass
@@ -229,6 +232,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     rec_layers = fixed.recompute_layers or 0
     if rec_layers:
         recs = ["full"]
+    # searched block recomputation: where recomputation is searched and the pricing has the block method
+    block = (limits.block_recompute and fixed.recompute is None and not rec_layers and cluster.profile is None
+             and cluster.zero3_unit != "submodule")
     # (lower bound of step time, tie-breaker, choice, stage times, memory)
     queue: list[tuple[float, int, Choice, object, object]] = []
     unfit: list[tuple[float, int, Choice, object, object]] = []
@@ -256,6 +262,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 first = None  # the least-ZeRO candidate, when none fits
                 st = None  # stage times do not depend on ZeRO stages 0-2 (0-1 under FSDP)
                 fitted = False
+                missed: list[Choice] = []  # what did not fit (without recomputation: the block method's start)
                 pairs = [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]
                 if not pairs:  # a fixed --dp-replicate that does not divide this layout's dp
                     res.rejected[f"--dp-replicate {fixed.dp_replicate} does not divide dp"] += 1
@@ -284,6 +291,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                             st_z = st
                         _push(queue, model, cluster, c, mem, limits, res, top, st_z, memo)
                         continue
+                    missed.append(c)
                     if first is None:
                         first = (c, mem)
                     if nearest is None or total < nearest[0]:
@@ -292,6 +300,20 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                     res.rejected["does not fit in memory"] += 1
                     if first is not None and report_unfit:  # the fastest-looking configurations that do not fit
                         unfit_raw.append(first)
+                if rec == "none" and block:
+                    # what does not fit without recomputation may fit recomputing the first few layers of
+                    # each chunk (Megatron's block method, --recompute-num-layers): the fewest that fit
+                    most = max(layout(model, pp * v).layers) if missed else 0
+                    for c0 in missed if most >= 2 else ():
+                        found = _fewest_block_layers(model, cluster, replace(c0, recompute="full"), cap, opts, most)
+                        if found is None:
+                            continue
+                        c, mem = found
+                        res.considered += 1
+                        if lazy:
+                            _push_deferred(queue, c, mem, res, memo)
+                        else:
+                            _push(queue, model, cluster, c, mem, limits, res, top, memo.stage_times(c), memo)
     unfit = _least_bound_unfit(model, cluster, unfit_raw, memo)
     res.plans = _simulate_best(queue, model, cluster, limits, res, top, train_tokens, opts)
     if not res.plans and nearest is not None:
@@ -305,6 +327,23 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         if not res.plans or best_unfit.step_time < res.plans[0].step_time:
             res.fastest_unfit = best_unfit
     return res
+
+
+def _fewest_block_layers(model: ModelSpec, cluster: Cluster, c: Choice, cap: float, opts: Options,
+                         most: int) -> tuple[Choice, object] | None:
+    """The block recomputation (c with recompute_layers N, 1 <= N < `most`, the layers of the longest
+    chunk) of fewest layers whose memory fits `cap`, with that memory; None if only every layer does.
+    Memory falls as N grows, so a bisection finds it."""
+    lo, hi, best = 1, most - 1, None
+    while lo <= hi:
+        n = (lo + hi) // 2
+        cn = replace(c, recompute_layers=n)
+        mem = memory(model, cluster, cn, opts)
+        if mem[0].total <= cap:
+            best, hi = (cn, mem), n - 1
+        else:
+            lo = n + 1
+    return best
 
 
 def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
