@@ -258,6 +258,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         else:
             sps = [tp > 1 and local % tp == 0]
         for sp in sps:
+            bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
+            bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
+            full_fit: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory, every layer recomputed, fitting
             for rec in recs:
                 first = None  # the least-ZeRO candidate, when none fits
                 st = None  # stage times do not depend on ZeRO stages 0-2 (0-1 under FSDP)
@@ -274,7 +277,11 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
                     total = mem[0].total
+                    if rec == "none":
+                        bare_total[(z, r)] = total
                     if total <= cap:
+                        if rec == "full":
+                            full_fit[(z, r)] = total
                         # every fitting stage is a candidate: a higher stage needs less memory but is not
                         # always slower (ZeRO-1 shards the optimizer step and reduce-scatters half of an
                         # all-reduce), so keeping only the smallest would change what the search returns
@@ -300,12 +307,18 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                     res.rejected["does not fit in memory"] += 1
                     if first is not None and report_unfit:  # the fastest-looking configurations that do not fit
                         unfit_raw.append(first)
-                if rec == "none" and block:
-                    # what does not fit without recomputation may fit recomputing the first few layers of
-                    # each chunk (Megatron's block method, --recompute-num-layers): the fewest that fit
-                    most = max(layout(model, pp * v).layers) if missed else 0
-                    for c0 in missed if most >= 2 else ():
-                        found = _fewest_block_layers(model, cluster, replace(c0, recompute="full"), cap, opts, most)
+                if rec == "none":
+                    bare_missed = missed
+                if rec == "full" and block and bare_missed:
+                    # what does not fit without recomputation but fits recomputing every layer may fit recomputing
+                    # the first few layers of each chunk (Megatron's block method, --recompute-num-layers)
+                    most = max(layout(model, pp * v).layers)
+                    for c0 in bare_missed if most >= 2 else ():
+                        key = (c0.zero_stage, c0.dp_replicate)
+                        if key not in full_fit:
+                            continue  # not even every layer recomputed fits
+                        found = _fewest_block_layers(model, cluster, replace(c0, recompute="full"), cap, opts, most,
+                                                     bare_total[key], full_fit[key])
                         if found is None:
                             continue
                         c, mem = found
@@ -330,19 +343,26 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
 
 
 def _fewest_block_layers(model: ModelSpec, cluster: Cluster, c: Choice, cap: float, opts: Options,
-                         most: int) -> tuple[Choice, object] | None:
+                         most: int, bare: float, full: float) -> tuple[Choice, object] | None:
     """The block recomputation (c with recompute_layers N, 1 <= N < `most`, the layers of the longest
     chunk) of fewest layers whose memory fits `cap`, with that memory; None if only every layer does.
-    Memory falls as N grows, so a bisection finds it."""
-    lo, hi, best = 1, most - 1, None
-    while lo <= hi:
-        n = (lo + hi) // 2
+    `bare` and `full` are the memory without recomputation and with every layer recomputed: memory falls
+    with N about linearly between them, so the guess they give is checked and walked to the fewest."""
+    def fits(n: int) -> tuple[Choice, object] | None:
         cn = replace(c, recompute_layers=n)
         mem = memory(model, cluster, cn, opts)
-        if mem[0].total <= cap:
-            best, hi = (cn, mem), n - 1
-        else:
-            lo = n + 1
+        return (cn, mem) if mem[0].total <= cap else None
+
+    n = min(most - 1, max(1, math.ceil(most * (bare - cap) / max(bare - full, 1e-9))))
+    best = fits(n)
+    while best is None and n < most - 1:  # the guess was short: more layers
+        n += 1
+        best = fits(n)
+    while best is not None and n > 1:  # the fewest: fewer while they fit
+        lower = fits(n - 1)
+        if lower is None:
+            break
+        n, best = n - 1, lower
     return best
 
 
