@@ -4,6 +4,7 @@ checker's peaks, time from pipeline/simulate.py itself."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import replace
 
@@ -234,3 +235,25 @@ def test_block_recomputation_is_the_fewest_layers_that_fit():
     for fixed, limits in ((Fixed(tp=8, pp=2, cp=1, recompute="full"), Limits()),
                           (Fixed(tp=8, pp=2, cp=1), Limits(block_recompute=False))):
         assert not any(p.choice.recompute_layers for p in search(model, cluster, 128, fixed, limits, top=200).plans)
+
+
+def test_fsdp_flag_prices_and_explains_its_unit_cost(capsys):
+    """`par3d plan --fsdp` turns the unit cost on (a slower step than the same plan without it, by the units
+    the busiest rank holds) and `--explain` says how much of dp_comm it is; contradictions are refused."""
+    from par3d.cli import main
+    from par3d.plan.hardware import FSDP_UNIT_S
+
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "64", "--global-batch", "64", "--tp", "1",
+            "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "3", "--recompute", "full"]
+    assert main([*base, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
+    assert main([*base, "--fsdp", "--json"]) == 0
+    fsdp = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
+    assert fsdp - plain == pytest.approx(32 * FSDP_UNIT_S, rel=0.05)  # 32 layers, one micro-batch (+ stragglers)
+    assert main([*base, "--fsdp", "--explain"]) == 0
+    assert f"32 layers x 1 micro-batches x {FSDP_UNIT_S * 1e3:g} ms" in capsys.readouterr().out
+    for extra in (["--zero3-unit", "submodule"], ["--efficiency", "0.5"]):
+        assert main([*base, "--fsdp", *extra]) == 2
+        assert "--fsdp" in capsys.readouterr().err
+    assert main([*base[:-4], "--zero-stage", "1", "--fsdp"]) == 2
+    assert "--fsdp with --zero-stage 1" in capsys.readouterr().err

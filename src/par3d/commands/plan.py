@@ -667,6 +667,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     if "stragglers" in b:
         out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
                    f"{cluster.step_spread:.1%}: --straggler-cv)")
+    c = best.choice
+    if cluster.fsdp and cluster.hier and c.zero_stage >= 2 and c.dp * c.cp > 1:
+        from par3d.plan.cost import rank_shapes
+
+        units = max(sum(s.layers) for s in rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule))
+        out.append(f"  (dp_comm holds PyTorch FSDP's unit cost: {units} layers x {c.microbatches} micro-batches x "
+                   f"{cluster.fsdp_unit_s * 1e3:g} ms = {units * c.microbatches * cluster.fsdp_unit_s:.3f} s: --fsdp)")
     if best.choice.pp > 1:
         out += ["", _placement_line(best.choice)]
     mem = best.memory.gib()
