@@ -90,7 +90,8 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # of llm-foundry's large-scale H100 table (PyTorch FSDP, one micro-batch per step, 1B to 70B on 128 to 512
 # GPUs) average zero error; no measurement gives it.  What it stands for is not measured apart: the per-unit
 # hooks, the copies and casts around each gather and reduce-scatter, the rate limiter's waits.  Held out:
-# fms-fsdp's, torchtitan's and OPT-175B's FSDP rows (docs/planner.md §9).  `Cluster.fsdp` turns it on.
+# llm-foundry's 2023 tables (1-21 micro-batches per step), fms-fsdp's, torchtitan's and OPT-175B's FSDP rows
+# (docs/planner.md §9).  `Cluster.fsdp` turns it on.
 FSDP_UNIT_S = 6.5e-3
 
 
