@@ -1184,15 +1184,22 @@ def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
                  b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
-    shapes = rank_shapes(model, tp, pp, v, schedule)
-    peaks = peak_inflight(schedule, pp, m, v)
+    shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m)
     if recompute == "full" and rec_layers > 0:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp), live, heavy
+
+
+@lru_cache(maxsize=4096)
+def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int) -> tuple:
+    """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
+    shape, the schedule's peak in-flight micro-batches, the live layers at the peak and the heaviest ranks."""
+    shapes = rank_shapes(model, tp, pp, v, schedule)
+    peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
-    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp), live, _heavy_ranks(model, tp, pp, v, live,
-                                                                                          schedule)
+    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule)
 
 
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
