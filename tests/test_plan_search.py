@@ -251,7 +251,10 @@ def test_fsdp_flag_prices_and_explains_its_unit_cost(capsys):
     fsdp = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
     assert fsdp - plain == pytest.approx(32 * FSDP_UNIT_S, rel=0.05)  # 32 layers, one micro-batch (+ stragglers)
     assert main([*base, "--fsdp", "--explain"]) == 0
-    assert f"32 layers x 1 micro-batches x {FSDP_UNIT_S * 1e3:g} ms" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"32 layers x 1 micro-batches x {FSDP_UNIT_S * 1e3:g} ms" in text and "add --fsdp" not in text
+    assert main(base) == 0  # a ZeRO-3 plan priced without FSDP's unit cost says how to add it
+    assert "add --fsdp" in capsys.readouterr().out
     for extra in (["--zero3-unit", "submodule"], ["--efficiency", "0.5"]):
         assert main([*base, "--fsdp", *extra]) == 2
         assert "--fsdp" in capsys.readouterr().err

@@ -655,6 +655,11 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
     out.append(_evidence_line(cluster))
     out += _regime_lines(cluster, best.choice)
+    c = best.choice
+    if (c.zero_stage == 3 and c.dp * c.cp > 1 and cluster.hier and not cluster.fsdp
+            and cluster.zero3_unit == "layer"):
+        out.append(f"note:     ZeRO-3 priced as Megatron-FSDP runs it; under PyTorch FSDP (torchtitan, llm-foundry, "
+                   f"fms-fsdp) each layer costs {FSDP_UNIT_S * 1e3:g} ms more per micro-batch: add --fsdp")
     if not explain:
         return "\n".join(out)
     # -- the breakdown --
