@@ -179,9 +179,10 @@ def register(sub) -> None:
                         "with its default 5e7-element prefetch bucket, as measured in 2021)")
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=False,
                    help="the data-parallel runtime is PyTorch FSDP (ZeRO-3 as FULL_SHARD or HSDP, ZeRO-2 as "
-                        "SHARD_GRAD_OP, ZeRO-0 as DDP; no ZeRO-1), each layer one wrapped unit, as llm-foundry, fms-fsdp and torchtitan run it: every "
-                        f"unit costs a fitted {FSDP_UNIT_S * 1e3:g} ms per micro-batch beyond its collectives (docs/planner.md §9, "
-                        "fifteenth round); default: Megatron-Core's distributed optimizer / Megatron-FSDP")
+                        "SHARD_GRAD_OP, ZeRO-0 as DDP; no ZeRO-1), each layer one wrapped unit, as llm-foundry, "
+                        f"fms-fsdp and torchtitan run it: every unit costs a fitted {FSDP_UNIT_S * 1e3:g} ms per "
+                        "micro-batch beyond its collectives (docs/planner.md §9, fifteenth round); default: "
+                        "Megatron-Core's distributed optimizer / Megatron-FSDP")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")

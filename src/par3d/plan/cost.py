@@ -65,8 +65,9 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
   step's forward, each bucket needed at its layer's first forward in the schedule; without it the
   whole gather is exposed after the optimizer.
 - PyTorch FSDP (`Cluster.fsdp`; its SHARD_GRAD_OP = ZeRO-2, FULL_SHARD / HSDP = ZeRO-3) adds a fitted
-  `fsdp_unit_s` (hardware.FSDP_UNIT_S) per wrapped unit (one layer) per micro-batch to the stage that holds it, a third to the forward and two thirds to the backward, counted with the
-  ZeRO-3 exposure (`dp_comm`): what its runs lose beyond the collectives' time (hardware.py).
+  `fsdp_unit_s` (hardware.FSDP_UNIT_S) per wrapped unit (one layer) per micro-batch to the stage that
+  holds it, a third to the forward and two thirds to the backward, counted with the ZeRO-3 exposure
+  (`dp_comm`): what its runs lose beyond the collectives' time (hardware.py).
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         for sp in sps:
             bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
             bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
-            full_fit: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory, every layer recomputed, fitting
+            full_fit: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory recomputing every layer, if it fits
             for rec in recs:
                 first = None  # the least-ZeRO candidate, when none fits
                 st = None  # stage times do not depend on ZeRO stages 0-2 (0-1 under FSDP)

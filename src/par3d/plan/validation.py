@@ -236,8 +236,9 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
 
 def fsdp_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The calibration rows of hardware.FSDP_UNIT_S: llm-foundry's large-scale H100 table (PyTorch FSDP; the
-    one source measuring one FSDP stack over many model sizes and GPU counts).  The other FSDP rows (fms-fsdp,
-    torchtitan, OPT-175B) are held out.  The rule was fixed before the fit was first run (fifteenth round)."""
+    one source measuring one FSDP stack over many model sizes and GPU counts).  The other FSDP rows (llm-foundry's
+    2023 tables, fms-fsdp, torchtitan, OPT-175B) are held out.  The rule was fixed before the fit was first run
+    (fifteenth round)."""
     return [r for r in (rows() if all_rows is None else all_rows) if str(r["name"]).startswith(LLMFOUNDRY_PREFIX)]
 
 
@@ -271,7 +272,7 @@ def _counts(preds: list[Prediction]) -> str:
 # out from FSDP_UNIT_S's fit: llm-foundry's older tables (70), fms-fsdp's (4) and torchtitan's (5).  (llm-foundry's
 # large-scale 18 rows are in sample.)
 MLPERF_PREFIX = "mlperf-3.1-"
-LLMFOUNDRY_PREFIX = "llmfoundry-"
+LLMFOUNDRY_PREFIX = "llmfoundry-mpt-"  # llm-foundry's large-scale H100 table: FSDP_UNIT_S's calibration rows
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
 MLPERF40_PREFIX = "mlperf-4.0-"  # MLPerf Training v4.0's GPT-3 175B submissions (issue 12's thirteenth round)
 MLPERF41_PREFIX = "mlperf-4.1-"  # MLPerf Training v4.1's GPT-3 175B submissions (issue 12's twelfth round)
@@ -281,7 +282,7 @@ LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 ta
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, issue 12's fifteenth round): held out likewise
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
-             (LLMFOUNDRY_PREFIX, "llm-foundry (FSDP)"), (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
+             (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
