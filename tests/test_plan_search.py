@@ -5,6 +5,7 @@ checker's peaks, time from pipeline/simulate.py itself."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import replace
 
@@ -260,3 +261,51 @@ def test_fsdp_flag_prices_and_explains_its_unit_cost(capsys):
         assert "--fsdp" in capsys.readouterr().err
     assert main([*base[:-4], "--zero-stage", "1", "--fsdp"]) == 2
     assert "--fsdp with --zero-stage 1" in capsys.readouterr().err
+
+
+def test_selective_op_recomputation_sits_between_none_and_full():
+    """`--recompute op` (torchtitan's selective op checkpointing): stores more than full recomputation and less
+    than none, recomputes more than Megatron's selective (the attention core) and less than full; its extra
+    FLOPs are the recomputed matmuls' (compute.op_shares); it is priced only when asked and refused where its
+    pricing has no place."""
+    from par3d.plan.compute import layer_gemms, layer_times, op_shares, recompute_flops_per_sequence
+    from par3d.plan.cost import Choice, evaluate
+    from par3d.plan.memory import layer_activation_bytes
+    from par3d.plan.search import Fixed, Limits, PlanError, search
+
+    model, cluster = CATALOGUE["llama3-8b"], make_cluster("h100-sxm", 64)
+    acts = {r: layer_activation_bytes(model, 1, 1, False, r, "bf16", 1, True) for r in ("none", "op", "full")}
+    assert acts["full"] < acts["op"] < acts["none"]
+    lt = layer_times(model, cluster.device, "bf16", 1, 1, False, True)
+    assert lt.core < lt.op_rec < lt.fwd and lt.op_rec > lt.elementwise
+    shares = op_shares(model)  # wk of wq/wk/wv, wo, w3 of w1/w3: K is 1/6 of Llama 3 8B's QKV (8 of 32 heads, GQA)
+    assert shares == {"qkv": pytest.approx(1 / 6), "attn_out": 1.0, "mlp_in": 0.5}
+    fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
+    gemm = sum(v for k, v in fl.items() if k not in ("attn_scores", "attn_values"))
+    op_flops = recompute_flops_per_sequence(model, "op")
+    assert op_flops == pytest.approx(model.layers * (fl["qkv"] / 6 + fl["attn_out"] + fl["mlp_in"] / 2))
+    assert 0.3 * gemm * model.layers < op_flops < 0.4 * gemm * model.layers
+    steps = {r: evaluate(model, cluster, Choice(1, 1, 64, 1, 1, "1f1b", 1, r, 3, False)).step_time
+             for r in ("none", "selective", "op", "full")}
+    assert steps["none"] < steps["selective"] < steps["op"] < steps["full"]
+    assert not any(p.choice.recompute == "op" for p in search(model, cluster, 64, Fixed(tp=1, pp=1), Limits(),
+                                                                  top=50).plans)
+    for bad in (replace(cluster, zero3_unit="submodule"),):
+        with pytest.raises(PlanError, match="--recompute op"):
+            search(model, bad, 64, Fixed(recompute="op"), Limits())
+
+
+def test_selective_op_refusals_through_the_cli(capsys):
+    """`--recompute op` is refused, naming the rule, where its pricing has no place: par3d train's config, a
+    calibrated host, the block method."""
+    from par3d.cli import main
+
+    base = ["plan", "--model", "gpt3-125m", "--gpus", "8", "--global-batch", "64", "--recompute", "op"]
+    for extra, says in ((["--gpu", "h100", "--emit-config", "x.toml"], "--recompute op with --emit-config"),
+                        (["--hardware", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
+                                                     "hardware-cpu.json"), "--gpus", "4"], "calibrated host"),
+                        (["--gpu", "h100", "--recompute-layers", "2"], "the block method recomputes whole layers")):
+        assert main([*base, *extra]) == 2
+        assert says in capsys.readouterr().err
+    assert main([*base, "--gpu", "h100", "--top", "1"]) == 0
+    assert " op " in capsys.readouterr().out

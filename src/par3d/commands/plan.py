@@ -14,7 +14,7 @@ from par3d.plan.hardware import FSDP_UNIT_S
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V: v = 2
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 
 
 class UsageError(Exception):
@@ -216,7 +216,11 @@ def register(sub) -> None:
     g.add_argument("--virtual-stages", type=_int_at_least(1),
                    help="model chunks per pipeline rank v (> 1 implies --schedule interleaved; 2 with zb-v and "
                         "dualpipe-v)")
-    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation")
+    g.add_argument("--recompute", choices=RECOMPUTE,
+                   help="activation recomputation: none; selective (Megatron's: the attention core); full (every "
+                        "layer; with --recompute-layers N the first N of each chunk); op (torchtitan's selective op "
+                        "checkpointing: matmul and attention outputs saved except every second matmul, the rest "
+                        "recomputed; only when given: the search tries none, selective, full and the block method)")
     g.add_argument("--recompute-layers", type=_int_at_least(1), metavar="N",
                    help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
                         "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
@@ -410,6 +414,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         if args.fsdp:
             raise UsageError("--fsdp with --emit-config: the config is for par3d train, whose data parallelism is "
                              "its own, not PyTorch FSDP; drop --fsdp")
+        if args.recompute == "op":
+            raise UsageError("--recompute op with --emit-config: par3d train recomputes every layer, the attention "
+                             "core or nothing; use --recompute full, selective or none, or drop --emit-config")
         if args.zero_stage is not None and args.zero_stage > max_zero:
             raise UsageError(f"--zero-stage {args.zero_stage} with --emit-config: par3d train supports ZeRO "
                              f"stages 0 to {max_zero}; use --zero-stage {max_zero} or drop --emit-config")

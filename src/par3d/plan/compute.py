@@ -191,6 +191,20 @@ class LayerTimes:
     core_flops: float
     head_flops: float
     elementwise: float = 0.0  # the non-GEMM part of fwd (table model)
+    op_rec: float = 0.0  # what torchtitan's selective op recomputation redoes (`op_shares`): its GEMMs + elementwise
+
+
+def op_shares(model: ModelSpec) -> dict[str, float]:
+    """The share of each forward GEMM that torchtitan's "selective op" activation checkpointing recomputes.
+    Its policy (torchtitan's _apply_ac_to_transformer_block, selective_ac_option "op") saves the outputs of
+    matmuls, attention and collectives but recomputes every second matmul of a block, in call order
+    wq, wk, wv, wo, w1, w3, w2 (gated MLP; fc1, fc2 otherwise), and every other op (norms, rotary, activation,
+    products, residuals).  In the fused GEMMs priced here: K's part of the QKV GEMM, the output projection,
+    half of a gated MLP's input GEMM (w3) or a plain MLP's output GEMM (fc2)."""
+    q, kv = model.q_dim, model.kv_dim
+    shares = {"qkv": kv / (q + 2 * kv), "attn_out": 1.0}
+    shares.update({"mlp_in": 0.5} if model.gated else {"mlp_out": 1.0})
+    return shares
 
 
 @lru_cache(maxsize=8192)
@@ -199,10 +213,13 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     gs = layer_gemms(model, b, tp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp)
+    shares = op_shares(model)
     if dev.kernel_model != "table":
         times = {g.name: gemm_time(g, dev, dtype) for g in gs}
         core = times["attn_scores"] + times["attn_values"]
-        return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops)
+        op = sum(times[k] * f for k, f in shares.items())
+        return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops,
+                          op_rec=op)
     times = {g.name: gemm_time(g, dev, dtype) for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
     if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs
         # in bf16 (Transformer Engine's DotProductAttention: fp8 attention only with fp8_dpa, off by default)
@@ -216,8 +233,9 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
     # the output layer is Megatron-Core's own ColumnParallelLinear, not a Transformer Engine module: bf16
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
+    op = sum(times[k] * f for k, f in shares.items()) + elem
     return LayerTimes(others + core + elem, core, gemm_time(hg, dev, head_dtype) + loss, gemm + core_f, core_f,
-                      hg.flops, elem)
+                      hg.flops, elem, op)
 
 
 def model_flops_per_sequence(model: ModelSpec) -> float:
@@ -235,4 +253,7 @@ def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
         return model.layers * (gemm + core)
     if recompute == "selective":
         return model.layers * core
+    if recompute == "op":
+        fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
+        return model.layers * sum(fl[k] * f for k, f in op_shares(model).items())
     return 0.0

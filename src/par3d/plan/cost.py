@@ -859,8 +859,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
         amax = 2 * tp_collective_small(cluster, c)
         tp_layer, tp_layer_b = tp_layer + amax, tp_layer_b + amax
-    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
-    rec_comm = tp_layer if c.recompute == "full" else 0.0
+    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd, "op": lt.op_rec}[c.recompute]
+    rec_comm = tp_layer if c.recompute == "full" else 0.0  # (selective op saves the collectives' outputs)
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime

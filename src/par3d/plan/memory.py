@@ -131,6 +131,12 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     sbh = s * b * h
     if recompute == "full":
         return scale * 2.0 * sbh / (t if sp else 1)
+    if recompute == "op":  # torchtitan's selective op: the block's input and the saved ops' outputs (compute.op_shares)
+        # replicated: the input and w2's (fc2's) output; sharded: wq's and the attention's outputs, wv's, w1's (fc1's)
+        lse = 4.0 * a * s * b / scale  # the attention kernel's fp32 log-sum-exp, saved with its output
+        kv = s * b * model.kv_dim_per_rank(t) * t
+        return scale * (4.0 * sbh / (t if sp else 1) + (4.0 * s * b * model.q_dim + 2.0 * kv
+                                                         + 2.0 * s * b * model.ffn + lse) / t)
     # LayerNorm inputs 4, attention and MLP inputs 2 + 2, the two dropout masks 1 + 1 (models without
     # biases -- Llama-style -- train without dropout, as compute.elementwise_bytes prices them)
     replicated = (10.0 if model.bias else 8.0) * sbh
@@ -183,9 +189,9 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     act = inflight_layers * per_layer
     if recompute == "full":  # the working set of the layer being recomputed and back-propagated
         act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
-    elif recompute == "selective":  # the recomputed attention's scores of the layer being back-propagated
-        act += (layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
-                - layer_activation_bytes(model, b, tp, sp, "selective", dtype, cp, flash))
+    elif recompute in ("selective", "op"):  # what the layer being back-propagated recomputes, live once
+        act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+                   - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash))
     if shape.head:
         act += logits_bytes(model, b, tp, cp)
     other = OTHER_FIXED + FRAGMENTATION * act

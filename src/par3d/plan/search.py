@@ -224,6 +224,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     res = Result([], limits=limits)
     _check_replicate(cluster, fixed, limits)
     _check_recompute_layers(cluster, fixed)
+    _check_recompute_op(cluster, fixed)
     cap = opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
@@ -364,6 +365,18 @@ def _fewest_block_layers(model: ModelSpec, cluster: Cluster, c: Choice, cap: flo
             break
         n, best = n - 1, lower
     return best
+
+
+def _check_recompute_op(cluster: Cluster, fixed: Fixed) -> None:
+    """--recompute op's rules (torchtitan's selective op checkpointing), before anything is priced."""
+    if fixed.recompute != "op":
+        return
+    if cluster.zero3_unit == "submodule":
+        raise PlanError("--recompute op with --zero3-unit submodule: DeepSpeed's sub-module ZeRO-3 is priced with "
+                        "every layer recomputed, the attention core, or none; drop one of the two", "--recompute")
+    if cluster.profile is not None:
+        raise PlanError("--recompute op: a calibrated host prices par3d's runtime, which has no selective op "
+                        "checkpointing; use --recompute none, selective or full, or plan on a GPU", "--recompute")
 
 
 def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
@@ -519,7 +532,7 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     exceeds (communication, tails and the optimizer only add)."""
     lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                         blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
-    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd}[c.recompute]
+    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd, "op": lt.op_rec}[c.recompute]
     lay = layout(model, c.pp * c.virtual_stages)
     work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec
             for n, h in zip(lay.layers, lay.head)]
