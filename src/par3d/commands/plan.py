@@ -629,17 +629,17 @@ def _ms(x: float) -> str:
 
 def _seq_note(args) -> str:
     """A config.json gives its longest position as the sequence length; say so where no --seq-len chose it."""
-    import os
+    from par3d.plan.models import is_config_path
 
-    from par3d.plan.models import CATALOGUE
-
-    if getattr(args, "seq_len", None) is None and args.model and args.model.lower() not in CATALOGUE \
-            and os.path.exists(args.model):
+    if getattr(args, "seq_len", None) is None and args.model and is_config_path(args.model):
         return " (config.json's max_position_embeddings; --seq-len sets the training length)"
     return ""
 
 
 def render(model, cluster, args, res, explain: bool = False) -> str:
+    from dataclasses import replace
+
+    from par3d.plan.cost import fsdp_unit_priced
     from par3d.plan.hardware import GB, TFLOPS, GiB, describe
 
     out = [f"model:    {model.summary()}",
@@ -664,8 +664,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out.append(_evidence_line(cluster))
     out += _regime_lines(cluster, best.choice)
     c = best.choice
-    if (c.zero_stage == 3 and c.dp * c.cp > 1 and cluster.hier and not cluster.fsdp
-            and cluster.zero3_unit == "layer"):
+    if c.zero_stage == 3 and cluster.zero3_unit == "layer" and not cluster.fsdp \
+            and fsdp_unit_priced(replace(cluster, fsdp=True), c):  # a ZeRO-3 plan --fsdp would price otherwise
         out.append(f"note:     ZeRO-3 priced as Megatron-FSDP runs it; under PyTorch FSDP (torchtitan, llm-foundry, "
                    f"fms-fsdp) each layer costs {FSDP_UNIT_S * 1e3:g} ms more per micro-batch: add --fsdp")
     if not explain:
@@ -680,8 +680,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     if "stragglers" in b:
         out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
                    f"{cluster.step_spread:.1%}: --straggler-cv)")
-    c = best.choice
-    if cluster.fsdp and cluster.hier and c.zero_stage >= 2 and c.dp * c.cp > 1:
+    if fsdp_unit_priced(cluster, c):
         from par3d.plan.cost import rank_shapes
 
         units = max(sum(s.layers) for s in rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule))

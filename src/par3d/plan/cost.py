@@ -168,6 +168,13 @@ class Choice:
                 f"sp={'on' if self.sequence_parallel else 'off'}")
 
 
+def fsdp_unit_priced(cluster: Cluster, c: Choice) -> bool:
+    """Whether `stage_times` charges PyTorch FSDP's per-unit cost (hardware.FSDP_UNIT_S): `--fsdp` on a GPU
+    cluster, its sharding strategies (ZeRO-2 SHARD_GRAD_OP, ZeRO-3 FULL_SHARD / HSDP), more than one rank
+    holding the same weights."""
+    return cluster.fsdp and cluster.hier and c.zero_stage >= 2 and c.dp * c.cp > 1
+
+
 def recomputed_layers(c: Choice, n: int) -> int:
     """Layers of an n-layer chunk that pay a layer's recompute (the forward under full recomputation, the
     attention core under selective, nothing under none): every layer, or the first `c.recompute_layers`
@@ -925,7 +932,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             rs = flat_sharded_reduce(c, grad_bytes(cluster) * chunk_params, lk.grad)
             z3f = max(0.0, ag - fc)
             z3b = max(0.0, ag + rs - bc - br)
-        if cluster.fsdp and c.zero_stage >= 2 and g > 1 and hier:  # FSDP's unit cost: a forward hook, two backward
+        if fsdp_unit_priced(cluster, c):  # FSDP's unit cost: a forward hook, two backward
             unit = n * cluster.fsdp_unit_s
             z3f, z3b = z3f + unit / 3, z3b + 2 * unit / 3
         f = fc + f_tp + f_cp + z3f

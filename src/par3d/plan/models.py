@@ -230,6 +230,11 @@ def _refuse_unmodelled(cfg: dict, path: str) -> None:
                              "--layers/--hidden/--heads/--ffn-hidden instead, and treat the result as a bound")
 
 
+def is_config_path(name: str) -> bool:
+    """Whether `--model NAME` names a config.json (or its folder) rather than a catalogue model."""
+    return name.lower() not in CATALOGUE and os.path.exists(name)
+
+
 NORMS = ("layer", "rms")
 POSITIONS = ("learned", "rotary")
 
@@ -256,7 +261,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
         key = name.lower()
         if key in CATALOGUE:
             base = CATALOGUE[key]
-        elif os.path.exists(name):
+        elif is_config_path(name):
             base = from_hf_config(os.path.join(name, "config.json") if os.path.isdir(name) else name)
         else:
             raise ModelError(f"--model {name!r} is neither a catalogue name nor a file; choose one of "

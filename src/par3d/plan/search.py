@@ -290,7 +290,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         if lazy:
                             _push_deferred(queue, c, mem, res, memo)
                             continue
-                        shared = z < (2 if cluster.fsdp else 3)  # (FSDP prices its units under ZeRO-2 too)
+                        shared = z < (2 if cluster.fsdp else 3)  # (cost.fsdp_unit_priced: FSDP prices ZeRO-2 too)
                         if not shared or st is None:
                             st_z = memo.stage_times(c)
                             if shared:
@@ -494,7 +494,7 @@ class _Memo:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
                _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
-                   (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # FSDP's unit cost: ZeRO-2 and 3 (cost.py)
+                   (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # cost.fsdp_unit_priced: ZeRO-2 and 3
         hit = self.st.get(key)
         if hit is None:
             hit = self.st[key] = stage_times(self.model, self.cluster, c)
