@@ -112,6 +112,9 @@ class Device:
     # the attention kernel's share of peak measured at several sequence lengths ((tokens, share), rising
     # tokens), where a measurement gives them; empty: `attn_eff` at every length (`attn_share`)
     attn_curve: tuple[tuple[int, float], ...] = ()
+    # what a training step keeps of that benchmarked share (`attn_sustain_of`: the GEMMs' own discount, BF16);
+    # 1.0 where the share given is already a training step's (a hardware file's own attn_eff)
+    attn_sustain: float = 1.0
 
     @property
     def kernel_model(self) -> str:
@@ -128,8 +131,12 @@ class Device:
         return min(0.5, NCCL_CHANNELS / max(self.sms, 1))
 
     def attn_share(self, seq: int) -> float:
-        """The attention kernel's share of peak for sequences (or CP blocks) of `seq` tokens: `attn_curve`
-        interpolated linearly in log2(tokens), held flat beyond its ends; `attn_eff` without a curve."""
+        """The attention kernel's share of peak inside a training step for sequences (or CP blocks) of `seq`
+        tokens: its benchmarked share (`attn_curve` interpolated linearly in log2(tokens), held flat beyond its
+        ends; `attn_eff` without a curve) times `attn_sustain`."""
+        return self.attn_sustain * self._attn_benchmarked(seq)
+
+    def _attn_benchmarked(self, seq: int) -> float:
         pts = self.attn_curve
         if not pts:
             return self.attn_eff
@@ -181,6 +188,17 @@ def _peaks(bf16: float, fp32: float, fp8: float | None = None) -> dict[str, floa
 
 def _gemm(family: str) -> dict[str, float]:
     return {dt: f for dt in _gt.TABLE[family] if (f := _gt.achievable_fraction(family, dt)) is not None}
+
+
+def attn_sustain_of(family: str) -> float:
+    """What a training step keeps of an attention kernel's benchmarked share on a `family` GPU: the same
+    discount its GEMMs take from MAMF (gemm_table: the sustained/burst ratio × the step share), at BF16, the
+    dtype attention runs in.  Why the same: every attention share in this file (FlashAttention's papers,
+    cudnn-frontend's sdpa benchmark) times one kernel alone, at the burst clock, exactly as MAMF times a GEMM;
+    inside a step the attention kernel shares the clock, power and the step's other losses with the GEMMs
+    around it.  No number is fitted for it (issue 12's sixteenth round: NeMo's long-sequence tables, where
+    attention is up to 97 % of the work, had shown the attention priced 15-19 % fast)."""
+    return _gt.sustained_ratio(family, "bf16") * _gt.STEP_SHARE
 
 
 # FlashAttention's forward+backward throughput as a share of dense peak, head dim 128, causal
@@ -280,20 +298,21 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
 
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
-                        attn_eff=FA_A100),
+                        attn_eff=FA_A100, attn_sustain=attn_sustain_of("a100")),
     "a100-80gb": Device("a100-80gb", _peaks(312, 19.5), 2039 * GB, 80 * GiB, 108, gemm=_gemm("a100"),
-                        attn_eff=FA_A100),
+                        attn_eff=FA_A100, attn_sustain=attn_sustain_of("a100")),
     "h100-sxm": Device("h100-sxm", _peaks(989, 67, 1979), 3350 * GB, 80 * GiB, 132, gemm=_gemm("h100"),
-                       attn_eff=FA_HOPPER),
+                       attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("h100")),
     "h200": Device("h200", _peaks(989, 67, 1979), 4800 * GB, 141 * GB, 132, gemm=_gemm("h200"),
-                   attn_eff=FA_HOPPER),
+                   attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("h200")),
     "b200": Device("b200", _peaks(2250, 80, 4500), 8000 * GB, 180 * GB, 148, gemm=_gemm("b200"),
-                   attn_eff=FA_B200_CUDNN, attn_curve=B200_CUDNN_CURVE),
+                   attn_eff=FA_B200_CUDNN, attn_curve=B200_CUDNN_CURVE, attn_sustain=attn_sustain_of("b200")),
     # GB200 NVL72 (NVIDIA GB200 NVL72 specifications, per GPU): the B200 die at 1200 W, 2500 BF16 / 5000 FP8
     # dense, 186 GB HBM3e at 8 TB/s; 72 GPUs in one NVLink 5 domain (DEFAULT_GPUS_PER_NODE).  Attention: its
     # own cuDNN measurement (GB200_CUDNN_CURVE; 0.445 at 8,192 tokens; the B200's 0.38 until issue 12's tenth round).
     "gb200": Device("gb200", _peaks(2500, 80, 5000), 8000 * GB, 186 * GB, 148, gemm=_gemm("gb200"),
-                    attn_eff=FA_GB200_CUDNN, attn_curve=GB200_CUDNN_CURVE),
+                    attn_eff=FA_GB200_CUDNN, attn_curve=GB200_CUDNN_CURVE,
+                    attn_sustain=attn_sustain_of("gb200")),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
@@ -607,6 +626,8 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
         gemm=gemm,
         mem_eff=get("mem_eff", 1, base.mem_eff if base else MEM_EFF),
         attn_eff=float(dv["attn_eff"]) if "attn_eff" in dv else (base.attn_eff if base else 0.0),
+        # a file's own attn_eff is taken as a training step's share; the catalogue's benchmarked one keeps its discount
+        attn_sustain=1.0 if "attn_eff" in dv or base is None else base.attn_sustain,
         overlap_slowdown=(float(dv["overlap_slowdown"]) if "overlap_slowdown" in dv
                           else (base.overlap_slowdown if base else None)),
     )

@@ -186,14 +186,19 @@ def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: flo
     return (lo + hi) / 2
 
 
-def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], float]) -> float:
+def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], float],
+                   attn_sustain: Callable[[str], float] | None = None) -> float:
     """Mean signed error of the calibration rows `cal` with each row's GEMM share of its dtype replaced
-    by `gemm_share(gpu family, dtype)` (what a fit varies)."""
+    by `gemm_share(gpu family, dtype)` (what a fit varies), and its attention kernel's in-step discount
+    (`Device.attn_sustain`, derived from the same constants: hardware.attn_sustain_of) by
+    `attn_sustain(gpu family)` where given."""
     errs = []
     for r in cal:
         cl = cluster_of(r)
-        share = gemm_share(str(r["gpu"]).split("-")[0], cl.dtype)
-        dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: share})
+        family = str(r["gpu"]).split("-")[0]
+        dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: gemm_share(family, cl.dtype)})
+        if attn_sustain is not None:
+            dev = replace(dev, attn_sustain=attn_sustain(family))
         errs.append(_predict_on(r, replace(cl, device=dev)).error)
     return sum(errs) / len(errs)
 
@@ -212,7 +217,10 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float
             return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
         return gemm_share
 
-    out = _bisect(lambda share: _mean_error_at(cal, at(share)), lo, hi, tol)
+    def sustain(share: float) -> Callable[[str], float]:
+        return lambda family: gemm_table.sustained_ratio(family, "bf16") * share
+
+    out = _bisect(lambda share: _mean_error_at(cal, at(share), sustain(share)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
@@ -228,8 +236,12 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
     if not cal:
         raise ValueError(f"no calibration rows for {family} {dtype}")
     peak, mamf, _ = gemm_table.TABLE[family][dtype]
-    out = _bisect(lambda ratio: _mean_error_at(cal, lambda _f, _d: mamf / peak * ratio * gemm_table.STEP_SHARE),
-                  lo, hi, tol)
+    # attention runs in BF16: its in-step discount moves with the BF16 ratio being fitted (hardware.attn_sustain_of)
+    # and stays at the stored one while another dtype's is fitted
+    bf16 = dtype in ("bf16", "fp16")
+    out = _bisect(lambda ratio: _mean_error_at(
+        cal, lambda _f, _d: mamf / peak * ratio * gemm_table.STEP_SHARE,
+        (lambda _f: ratio * gemm_table.STEP_SHARE) if bf16 else None), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
