@@ -340,10 +340,12 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
     base = ["plan", "--model", "llama3-8b", "--seq-len", "2048", "--gpu", "h100", "--gpus", "128", "--tp", "1", "--pp", "1", "--cp", "1",
             "--micro-batch", "1", "--global-batch", "128"]
     reg = validation.stored_evidence()["regime/one-microbatch-wide-dp-no-recompute"]
-    # the regime leans fast and holds the misses: its share within ±10 % well under the whole set's
+    # the regime leans fast and holds the misses: its share within ±10 % well under the whole set's, its median
+    # on the fast side, its largest miss fast by far more than its largest slow one (its misses: 14 fast, 1 slow)
     allrows = [v for k, v in validation.stored_evidence().items() if not k.startswith("regime/")]
     share = sum(int(v["within_10pct"]) for v in allrows) / sum(int(v["rows"]) for v in allrows)
-    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.15 and float(reg["median_error_pct"]) > 5
+    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.15 and float(reg["median_error_pct"]) > 2
+    assert float(reg["max_error_pct"]) > 3 * -float(reg["min_error_pct"])
     assert main([*base, "--recompute", "none", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans and all(p["regimes"] and p["regimes"][0]["rows"] == reg["rows"] for p in plans)
