@@ -485,6 +485,7 @@ def test_hardware_dict_round_trip_keeps_the_table():
     cl = make_cluster("h100-sxm", 16, nics_per_node=4)
     hw = hardware_from_dict(cl.to_dict())
     assert hw.device.gemm == cl.device.gemm and hw.device.kernel_model == "table"
+    assert hw.device.attn_eff == cl.device.attn_eff and hw.device.attn_sustain == cl.device.attn_sustain
     assert hw.inter.beta == pytest.approx(cl.inter.beta)
     flat = hardware_from_dict({"device": {"base": "a100-80gb", "efficiency": 0.5}})
     assert flat.device.kernel_model == "flat"
@@ -617,13 +618,17 @@ def test_attention_share_follows_the_sequence_length_where_measured():
 
     b = DEVICES["b200"]
     for seq, share in B200_CUDNN_CURVE:
-        assert b.attn_share(seq) == share
-    assert b.attn_share(256) == B200_CUDNN_CURVE[0][1] and b.attn_share(1 << 20) == B200_CUDNN_CURVE[-1][1]
-    mid = b.attn_share(int(4096 * 2 ** 0.5))  # halfway in log2 between 4,096 and 8,192
+        assert b.attn_benchmarked(seq) == share and b.attn_share(seq) == pytest.approx(b.attn_sustain * share)
+    assert b.attn_benchmarked(256) == B200_CUDNN_CURVE[0][1]
+    assert b.attn_benchmarked(1 << 20) == B200_CUDNN_CURVE[-1][1]
+    mid = b.attn_benchmarked(int(4096 * 2 ** 0.5))  # halfway in log2 between 4,096 and 8,192
     assert mid == pytest.approx((0.281 + 0.380) / 2, rel=1e-3)
-    assert DEVICES["h100-sxm"].attn_share(2048) == DEVICES["h100-sxm"].attn_share(16384) == 0.53
+    h100 = DEVICES["h100-sxm"]
+    assert h100.attn_benchmarked(2048) == h100.attn_benchmarked(16384) == 0.53
+    assert h100.attn_share(2048) == h100.attn_share(16384) == pytest.approx(0.53 * h100.attn_sustain)
     fa2 = with_attention_kernel(b, "fa2")
-    assert fa2.attn_share(8192) == 0.129 and fa2.attn_share(2048) == 0.081
+    assert fa2.attn_benchmarked(8192) == 0.129 and fa2.attn_benchmarked(2048) == 0.081
+    assert fa2.attn_sustain == b.attn_sustain  # the kernel changes, the in-step discount does not
     model = CATALOGUE["llama3-8b"]
     whole = layer_times(model, b, "bf16", 1, 1, False, True)
     halves = layer_times(local_model(model, 2), b, "bf16", 1, 1, False, True)
@@ -674,7 +679,7 @@ def test_gb200_is_the_b200_die_in_an_nvl72_domain():
         assert DEVICES["gb200"].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * gt.STEP_SHARE)
     gb, b = DEVICES["gb200"], DEVICES["b200"]
     assert gb.mem_bw == b.mem_bw and gb.mem_bytes == 186e9
-    assert gb.attn_share(8192) == gb.attn_eff == 0.445 and b.attn_share(8192) == b.attn_eff == 0.38  # each its own
+    assert gb.attn_benchmarked(8192) == gb.attn_eff == 0.445 and b.attn_benchmarked(8192) == b.attn_eff == 0.38  # each its own
     assert default_gpus_per_node("gb200") == 72 and default_gpus_per_node("GB200-NVL72") == 72
     assert default_gpus_per_node("h100") == 8
     cl = make_cluster("gb200", 256)
@@ -838,3 +843,26 @@ def test_heads_with_their_own_width(tmp_path):
     assert resolve_model(None, 4, 1000, 3, head_dim=64).q_dim == 192
     with pytest.raises(ValueError, match="--head-dim"):
         resolve_model(None, 4, 1000, 3)
+
+
+def test_attention_keeps_the_in_step_share_its_gemms_keep():
+    """Issue 12's sixteenth round: every catalogue attention share is a kernel timed alone at burst clock, as
+    MAMF is a GEMM; inside a step attention takes the GEMMs' own discount (sustained ratio × step share, BF16),
+    derived, not fitted.  A hardware file's own attn_eff is a step's share already (no discount); one that
+    keeps its base GPU's share keeps the base's discount."""
+    from par3d.plan import gemm_table
+    from par3d.plan.hardware import DEVICES, HardwareError, hardware_from_dict
+
+    for name, dev in DEVICES.items():
+        family = name.split("-")[0]
+        want = gemm_table.sustained_ratio(family, "bf16") * gemm_table.STEP_SHARE
+        assert dev.attn_sustain == pytest.approx(want) and 0.7 < dev.attn_sustain < 0.95, name
+    h100 = DEVICES["h100-sxm"]
+    # the same fraction of peak as a BF16 GEMM's, over MAMF's
+    peak, mamf, _ = gemm_table.TABLE["h100"]["bf16"]
+    assert h100.attn_sustain == pytest.approx(h100.gemm["bf16"] / (mamf / peak))
+    assert hardware_from_dict({"device": {"base": "h100-sxm", "attn_eff": 0.4}}).device.attn_sustain == 1.0
+    kept = hardware_from_dict({"device": {"base": "h100-sxm", "mem_gib": 96}}).device
+    assert kept.attn_sustain == h100.attn_sustain and kept.attn_share(4096) == h100.attn_share(4096)
+    with pytest.raises(HardwareError, match="attn_sustain"):
+        hardware_from_dict({"device": {"base": "h100-sxm", "attn_sustain": 1.5}})

@@ -134,9 +134,9 @@ class Device:
         """The attention kernel's share of peak inside a training step for sequences (or CP blocks) of `seq`
         tokens: its benchmarked share (`attn_curve` interpolated linearly in log2(tokens), held flat beyond its
         ends; `attn_eff` without a curve) times `attn_sustain`."""
-        return self.attn_sustain * self._attn_benchmarked(seq)
+        return self.attn_sustain * self.attn_benchmarked(seq)
 
-    def _attn_benchmarked(self, seq: int) -> float:
+    def attn_benchmarked(self, seq: int) -> float:
         pts = self.attn_curve
         if not pts:
             return self.attn_eff
@@ -457,7 +457,7 @@ class Cluster:
             "device": {"name": d.name, "peak_tflops": {k: v / TFLOPS for k, v in d.peak_flops.items()},
                        "mem_bw_gbps": d.mem_bw / GB, "mem_gib": d.mem_bytes / GiB, "sms": d.sms,
                        "efficiency": d.efficiency, "gemm": dict(d.gemm), "mem_eff": d.mem_eff,
-                       "attn_eff": d.attn_eff, "overlap_slowdown": d.sigma},
+                       "attn_eff": d.attn_eff, "attn_sustain": d.attn_sustain, "overlap_slowdown": d.sigma},
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
@@ -626,17 +626,19 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
         gemm=gemm,
         mem_eff=get("mem_eff", 1, base.mem_eff if base else MEM_EFF),
         attn_eff=float(dv["attn_eff"]) if "attn_eff" in dv else (base.attn_eff if base else 0.0),
-        # a file's own attn_eff is taken as a training step's share; the catalogue's benchmarked one keeps its discount
-        attn_sustain=1.0 if "attn_eff" in dv or base is None else base.attn_sustain,
+        # a file's own attn_eff is taken as a training step's share unless it says what a step keeps of it
+        # (`attn_sustain`, as Cluster.to_dict writes it); the catalogue's benchmarked one keeps its discount
+        attn_sustain=(float(dv["attn_sustain"]) if "attn_sustain" in dv
+                      else 1.0 if "attn_eff" in dv or base is None else base.attn_sustain),
         overlap_slowdown=(float(dv["overlap_slowdown"]) if "overlap_slowdown" in dv
                           else (base.overlap_slowdown if base else None)),
     )
     for key, val in (("efficiency", dev.efficiency), ("mem_eff", dev.mem_eff)):
         if not 0 < val <= 1:
             raise HardwareError(f"--hardware {path}: device.{key}={val} must be in (0, 1]")
-    if not 0 <= dev.attn_eff <= 1 or not 0 <= (dev.overlap_slowdown or 0.0) < 1:
-        raise HardwareError(f"--hardware {path}: device.attn_eff must be in [0, 1] and "
-                            f"device.overlap_slowdown in [0, 1)")
+    if not 0 <= dev.attn_eff <= 1 or not 0 <= (dev.overlap_slowdown or 0.0) < 1 or not 0 < dev.attn_sustain <= 1:
+        raise HardwareError(f"--hardware {path}: device.attn_eff must be in [0, 1], device.attn_sustain in "
+                            f"(0, 1] and device.overlap_slowdown in [0, 1)")
     li, le = DEFAULT_LINKS.get(base.name if base else "", ("nvlink3", "ib-hdr"))
     intra = _link(d["intra"], "intra", path) if "intra" in d else LINKS[li]
     inter = _link(d["inter"], "inter", path) if "inter" in d else LINKS[le]
