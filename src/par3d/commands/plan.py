@@ -139,7 +139,8 @@ def register(sub) -> None:
                         "(FlashAttention-3, Hopper only; ~53 %%), or on B200/GB200 cuDNN's fused attention of a "
                         "container generation: cudnn9.13 (NGC PyTorch 25.09, ~38 %% at 8K tokens) or cudnn9.17 (NGC "
                         "25.11, ~45 %%) (default: the newest the GPU has; on B200 cudnn9.13, on GB200 cudnn9.17, "
-                        "each GPU's own measurement)")
+                        "each GPU's own measurement); these are benchmarked shares, and a step keeps of them what its "
+                        "GEMMs keep of theirs (docs/planner.md section 1)")
     g.add_argument("--cp-comm", choices=("ring", "all-gather"), default="ring",
                    help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
                         "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "

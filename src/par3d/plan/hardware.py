@@ -654,8 +654,10 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
 
 def describe(c: Cluster) -> str:
     d = c.device
-    eff = (f"GEMMs up to {d.gemm_fraction(c.dtype):.0%} of peak (table), HBM at {d.mem_eff:.0%}"
-           + (", FlashAttention" if c.flash else "")) if d.kernel_model == "table" else         f"{d.efficiency:.0%} achievable"
+    # the attention share a step keeps (benchmarked × Device.attn_sustain), at 8K tokens where a curve has more
+    attn = f", FlashAttention at {d.attn_share(8192):.0%} of bf16 peak in a step" if c.flash else ""
+    eff = (f"GEMMs up to {d.gemm_fraction(c.dtype):.0%} of peak (table), HBM at {d.mem_eff:.0%}{attn}"
+           if d.kernel_model == "table" else f"{d.efficiency:.0%} achievable")
     return (f"{c.gpus} x {d.name} ({d.peak(c.dtype) / TFLOPS:.0f} TFLOP/s {c.dtype} peak, "
             f"{eff}, {d.mem_bw / GB:.0f} GB/s HBM, {d.mem_bytes / GiB:.0f} GiB), "
             f"{c.gpus_per_node}/node; intra {c.intra.beta / GB:g} GB/s α={c.intra.alpha / US:g} µs, "
