@@ -282,7 +282,8 @@ def _counts(preds: list[Prediction]) -> str:
 # v4.0's and v4.1's GPT-3 175B (4 rows: H100; 5 rows: B200 and H100), v5.0's Llama 3.1 405B (14 rows: H100, H200
 # and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200); the PyTorch FSDP rows held
 # out from FSDP_UNIT_S's fit: llm-foundry's older tables (70), fms-fsdp's (4) and torchtitan's (5).  (llm-foundry's
-# large-scale 18 rows are in sample.)
+# large-scale 18 rows are in sample.)  The sixteenth round's two NeMo sources: its long-sequence tables and its
+# 25.02 / 25.04 performance summaries.
 MLPERF_PREFIX = "mlperf-3.1-"
 LLMFOUNDRY_PREFIX = "llmfoundry-mpt-"  # llm-foundry's large-scale H100 table: FSDP_UNIT_S's calibration rows
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
@@ -293,13 +294,17 @@ MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 4
 LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 tables at 2K tokens (fifteenth round)
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, issue 12's fifteenth round): held out likewise
+LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 4K-1M tokens; sixteenth round)
+NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
-             (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2, A100)"))
+             (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2, A100)"),
+             (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
+             (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"))
 
 
 def summary(preds: list[Prediction]) -> str:
