@@ -89,6 +89,28 @@ def test_fixed_choices_and_explain(capsys):
     assert "per-layer accounting" in out and "roofline" in out
 
 
+def test_explain_states_the_attention_share_a_step_keeps(capsys):
+    """--explain's attention line (issue 12's sixteenth round): the kernel's benchmarked share, the in-step
+    discount and their product, which is what the step prices; FlashAttention off: no such line."""
+    import re
+
+    from par3d.plan.hardware import DEVICES
+
+    rc, out, _ = run(capsys, "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64",
+                     "--top", "1", "--explain")
+    assert rc == 0
+    m = re.search(r"attention core \(FlashAttention.*?: ([0-9.]+) ms per layer at ([0-9.]+)% of bf16 peak in a step = "
+                  r"([0-9.]+)% benchmarked × ([0-9.]+) kept", out)
+    assert m, out
+    share, bench, kept = float(m[2]), float(m[3]), float(m[4])
+    h100 = DEVICES["h100-sxm"]
+    assert bench == pytest.approx(100 * h100.attn_benchmarked(8192), abs=0.05)
+    assert kept == pytest.approx(h100.attn_sustain, abs=5e-4) and share == pytest.approx(bench * kept, abs=0.1)
+    rc, out, _ = run(capsys, "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64",
+                     "--top", "1", "--explain", "--no-flash-attention")
+    assert rc == 0 and "attention core (FlashAttention" not in out
+
+
 def test_emit_config(tmp_path, capsys):
     path = tmp_path / "plan.toml"
     rc, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "64",

@@ -721,6 +721,16 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
             f" TP bandwidth term {la.layers * la.tp_beta * 1e3:.0f} ms "
             f"({la.tp_beta / (la.tp_beta + la.flat_time):.0%}), with α {la.layers * la.tp_time * 1e3:.0f} ms "
             f"({la.tp_time / (la.tp_time + la.flat_time):.0%})"]
+    if cluster.flash:  # the attention kernel as the step prices it (benchmarked share × in-step discount, §1)
+        from par3d.plan.compute import layer_times
+
+        local = local_model(model, c.cp)
+        core = layer_times(local, dev, cluster.dtype, c.micro_batch, c.tp, c.sequence_parallel, True).core
+        block = f" (this rank's own block; the ring adds {c.cp - 1} more)" if c.cp > 1 else ""
+        out.append(f"  attention core (FlashAttention, the causal half of 4·T·s·h/tp){block}: {_ms(core)} per layer at "
+                   f"{dev.attn_share(local.seq_len):.1%} of bf16 peak in a step = "
+                   f"{dev.attn_benchmarked(local.seq_len):.1%} benchmarked × {dev.attn_sustain:.3f} kept "
+                   f"(docs/planner.md §1)")
     if c.cp > 1:
         out.append(_cp_line(model, cluster, c))
     g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
