@@ -866,3 +866,12 @@ def test_attention_keeps_the_in_step_share_its_gemms_keep():
     assert kept.attn_sustain == h100.attn_sustain and kept.attn_share(4096) == h100.attn_share(4096)
     with pytest.raises(HardwareError, match="attn_sustain"):
         hardware_from_dict({"device": {"base": "h100-sxm", "attn_sustain": 1.5}})
+    # what `par3d calibrate` on a GPU writes (it times no attention kernel): the catalogue's share and discount,
+    # read back as the catalogue prices them at 8,192 tokens; an unknown GPU gets none
+    from par3d.plan.hardware import calibrated_attention
+
+    written = hardware_from_dict({"device": {"name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 989},
+                                             "mem_bw_gbps": 3350, "mem_gib": 80, "sms": 132,
+                                             "gemm": {"bf16": 0.66}, **calibrated_attention("h100-sxm")}}).device
+    assert written.flash and written.attn_share(8192) == pytest.approx(h100.attn_share(8192))
+    assert calibrated_attention(None) == {} and calibrated_attention("no-such-gpu") == {}

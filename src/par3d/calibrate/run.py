@@ -95,9 +95,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
     peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
     gemm_share: dict[str, float] = {}
+    attention: dict[str, float] = {}
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
-        from par3d.plan.hardware import DEVICES, calibrated_gemm_share
+        from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share
 
         gpu = next((k for k in DEVICES if k.split("-")[0] in name.lower().replace(" ", "")), None)
         family = gpu.split("-")[0] if gpu is not None else ""  # gemm_table's family ("" : unknown GPU)
@@ -107,9 +108,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         gemm_share = {dt: calibrated_gemm_share([(p["flops"], p["gflops"] / 1e3) for p in gemms if p["dtype"] == dt],
                                                 peaks[dt], family, dt)
                       for dt in peaks}
+        attention = calibrated_attention(gpu)  # not timed here: the catalogue's share and in-step discount
     hw: dict[str, Any] = {
         "device": {"name": name,
-                   "peak_tflops": peaks, **({"gemm": gemm_share} if gemm_share else {}),
+                   "peak_tflops": peaks, **({"gemm": gemm_share} if gemm_share else {}), **attention,
                    "mem_bw_gbps": mem_bw / GB, "mem_gib": mem_gib_per_rank(nproc), "sms": 1,
                    # the arithmetic of a block comes from `kernels` (measured primitives); the
                    # roofline's efficiency is only used for a dtype they were not measured in

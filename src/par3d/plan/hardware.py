@@ -537,6 +537,17 @@ def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float,
     return min(1.0, burst) * _gt.sustained_ratio(family, dtype) * _gt.STEP_SHARE
 
 
+def calibrated_attention(gpu: str | None) -> dict[str, float]:
+    """The attention fields `par3d calibrate` on a GPU writes: it times no attention kernel, so a catalogue GPU
+    keeps the catalogue's benchmarked share (at 8,192 tokens, `attn_eff`) and its in-step discount
+    (`attn_sustain`) -- without them the file would price unfused attention; an unknown GPU gets none.  Never
+    run on a GPU here."""
+    if gpu is None or gpu not in DEVICES or not DEVICES[gpu].flash:
+        return {}
+    dev = DEVICES[gpu]
+    return {"attn_eff": dev.attn_eff, "attn_sustain": dev.attn_sustain}
+
+
 # ---- hardware files (written by `par3d calibrate`, read by `--hardware FILE`) ---------------------
 
 @dataclass
