@@ -699,7 +699,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"{best.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {best.mfu:.1%}, simulated bubble "
                f"{best.bubble_fraction:.1%} of wall time")
     # -- the seed's accounting at this plan's micro-batch and tp --
-    from par3d.plan.compute import Gemm, roofline
+    from par3d.plan.compute import Gemm, layer_times, roofline
     from par3d.plan.cost import layer_accounting, local_model
 
     c = best.choice
@@ -722,8 +722,6 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
             f"({la.tp_beta / (la.tp_beta + la.flat_time):.0%}), with α {la.layers * la.tp_time * 1e3:.0f} ms "
             f"({la.tp_time / (la.tp_time + la.flat_time):.0%})"]
     if cluster.flash:  # the attention kernel as the step prices it (benchmarked share × in-step discount, §1)
-        from par3d.plan.compute import layer_times
-
         local = local_model(model, c.cp)
         core = layer_times(local, dev, cluster.dtype, c.micro_batch, c.tp, c.sequence_parallel, True).core
         block = f" (this rank's own block; the ring adds {c.cp - 1} more)" if c.cp > 1 else ""

@@ -190,15 +190,16 @@ def _gemm(family: str) -> dict[str, float]:
     return {dt: f for dt in _gt.TABLE[family] if (f := _gt.achievable_fraction(family, dt)) is not None}
 
 
-def attn_sustain_of(family: str) -> float:
+def attn_sustain_of(family: str, sustained: float | None = None, step_share: float | None = None) -> float:
     """What a training step keeps of an attention kernel's benchmarked share on a `family` GPU: the same
     discount its GEMMs take from MAMF (gemm_table: the sustained/burst ratio × the step share), at BF16, the
-    dtype attention runs in.  Why the same: every attention share in this file (FlashAttention's papers,
+    dtype attention runs in (`sustained` / `step_share` in place of the stored ones: what a fit varies).  Why the same: every attention share in this file (FlashAttention's papers,
     cudnn-frontend's sdpa benchmark) times one kernel alone, at the burst clock, exactly as MAMF times a GEMM;
     inside a step the attention kernel shares the clock, power and the step's other losses with the GEMMs
     around it.  No number is fitted for it (issue 12's sixteenth round: NeMo's long-sequence tables, where
     attention is up to 97 % of the work, had shown the attention priced 15-19 % fast)."""
-    return _gt.sustained_ratio(family, "bf16") * _gt.STEP_SHARE
+    return ((_gt.sustained_ratio(family, "bf16") if sustained is None else sustained)
+            * (_gt.STEP_SHARE if step_share is None else step_share))
 
 
 # FlashAttention's forward+backward throughput as a share of dense peak, head dim 128, causal

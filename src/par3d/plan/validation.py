@@ -19,7 +19,7 @@ from statistics import median
 from typing import Any
 
 from .cost import Choice, Options, Plan, evaluate
-from .hardware import Cluster, make_cluster
+from .hardware import Cluster, attn_sustain_of, make_cluster
 from .models import CATALOGUE, ModelSpec
 from .search import Fixed, Limits, search
 
@@ -217,10 +217,8 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float
             return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
         return gemm_share
 
-    def sustain(share: float) -> Callable[[str], float]:
-        return lambda family: gemm_table.sustained_ratio(family, "bf16") * share
-
-    out = _bisect(lambda share: _mean_error_at(cal, at(share), sustain(share)), lo, hi, tol)
+    out = _bisect(lambda share: _mean_error_at(cal, at(share), lambda f: attn_sustain_of(f, step_share=share)),
+                  lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
@@ -241,7 +239,7 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol
     bf16 = dtype in ("bf16", "fp16")
     out = _bisect(lambda ratio: _mean_error_at(
         cal, lambda _f, _d: mamf / peak * ratio * gemm_table.STEP_SHARE,
-        (lambda _f: ratio * gemm_table.STEP_SHARE) if bf16 else None), lo, hi, tol)
+        (lambda f: attn_sustain_of(f, sustained=ratio)) if bf16 else None), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
