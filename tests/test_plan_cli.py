@@ -485,6 +485,39 @@ def test_fp8_current_scaling_flag(capsys):
     assert extra == pytest.approx(2 * tok * (2 * h / t + h / t))
 
 
+def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
+    """--cross-entropy: the loss's HBM traffic per logit by the implementation that runs it (compute.LOSS_BYTES:
+    Megatron-Core's unfused VocabParallelCrossEntropy, its native fusion, one fused kernel pair).  The JSON says
+    which; only the last pipeline stage's head changes, by the bytes' difference over the HBM rate; a model with
+    a large vocabulary on a small hidden size (the 1.7B GPT of Megatron-LM's README) feels it most."""
+    from par3d.plan.compute import LOSS_BYTES, layer_times
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import ModelSpec
+
+    base = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "131072", "--seq-len", "4096",
+            "--no-tied-embeddings", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--tp", "1",
+            "--pp", "1", "--cp", "1", "--micro-batch", "4", "--zero-stage", "1", "--recompute", "none", "--top", "1",
+            "--json"]
+    steps = {}
+    for ce in ("unfused", "fused", "kernel"):
+        rc, out, _ = run(capsys, *base, *(("--cross-entropy", ce) if ce != "unfused" else ()))
+        assert rc == 0
+        d = json.loads(out)
+        assert d["hardware"]["cross_entropy"] == ce
+        steps[ce] = d["plans"][0]["breakdown_s"]["compute"]
+    assert steps["unfused"] > steps["fused"] > steps["kernel"]
+    dev = make_cluster("h100-sxm", 8).device
+    m = ModelSpec("gpt-1.7b", layers=24, hidden=2048, heads=16, vocab=131072, seq_len=4096, tied=False)
+    heads = {ce: layer_times(m, dev, "bf16", 4, 1, False, True, False, ce).head_fwd for ce in LOSS_BYTES}
+    logits = 4 * 4096 * 131072
+    for ce in ("fused", "kernel"):  # the head's forward carries a third of the loss's bytes (backward = 2x)
+        assert heads["unfused"] - heads[ce] == pytest.approx(
+            (LOSS_BYTES["unfused"] - LOSS_BYTES[ce]) / 3 * logits / (dev.mem_bw * dev.mem_eff), rel=1e-9)
+    with pytest.raises(SystemExit):
+        run(capsys, *base, "--cross-entropy", "liger")
+    assert "argument --cross-entropy: invalid choice: 'liger'" in capsys.readouterr().err
+
+
 def test_tp_overlap_pipeline_method():
     """TE's pipeline overlap of a forward reduce-scatter (num_sm SMs for the communication, the GEMM in
     num_splits chunks on the rest, the last chunk's reduce-scatter exposed): the forward's TP time is the

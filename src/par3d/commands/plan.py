@@ -173,6 +173,13 @@ def register(sub) -> None:
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
                         "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); default: bf16 gathers, 2 B")
+    g.add_argument("--cross-entropy", choices=("unfused", "fused", "kernel"), default="unfused",
+                   help="how the loss's cross-entropy over the logits runs, priced as the HBM bytes its kernels "
+                        "move per logit: unfused (52 B: Megatron-Core's default VocabParallelCrossEntropy; "
+                        "PyTorch's F.cross_entropy on fp32 logits, 48 B), fused (28 B: Megatron-Core "
+                        "--cross-entropy-loss-fusion, native; NeMo 2's default) or kernel (10 B: one fused "
+                        "kernel pair, Transformer Engine's parallel cross entropy as Megatron-Bridge's perf "
+                        "recipes set it, flash-attn's CrossEntropyLoss) (default: %(default)s)")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead, its rings "
                         "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
@@ -345,7 +352,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
-                  fp8_param_gather=args.fp8_param_gather,
+                  fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     if args.fsdp and args.zero3_unit == "submodule":
         raise UsageError("--fsdp with --zero3-unit submodule: PyTorch FSDP wraps whole layers, DeepSpeed's ZeRO-3 "

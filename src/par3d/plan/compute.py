@@ -32,8 +32,24 @@ In the **table** kernel model (catalogue GPUs by default):
 - with FlashAttention (default where the GPU has it; `--no-flash-attention` turns it off) the
   attention core is one fused kernel at `attn_eff` of peak doing the causal half of the FLOPs
   the formulas above count (FlashAttention skips masked tiles), and no s² tensor is written.
-- the output head adds the cross-entropy over the logits: 14 B of HBM traffic per logit
-  (bf16 write and read, fp32 softmax write and read, bf16 gradient write).
+- the output head adds the cross-entropy over the logits as HBM traffic per logit, counted kernel by
+  kernel for the implementation that runs it (`LOSS_BYTES`, `Cluster.cross_entropy`; issue 12's
+  seventeenth round: until then one 14 B count for every run, an idealised fused kernel):
+  * "unfused", 52 B — Megatron-Core's `VocabParallelCrossEntropy` (its default: `cross_entropy_loss_fusion`
+    off; Megatron-LM since 2019 runs the same ops): forward `.float()` (read 2, write 4), max (read 4),
+    in-place subtract (4 + 4), in-place exp (4 + 4), sum (4), in-place divide (4 + 4) = 38; backward the
+    in-place multiply by the loss gradient (4 + 4) and the cast back to bf16 for the output layer's
+    backward GEMM (4 + 2) = 14.  PyTorch's `F.cross_entropy` on an fp32 copy (torchtitan, fms-fsdp) moves
+    48 B (the copy 6, log-softmax's three reads and a write 16, NLL's zero-filled gradient 4, log-softmax
+    backward 16, the cast back 6) and is priced as this class;
+  * "fused", 28 B — Megatron-Core's `cross_entropy_loss_fusion` with the native (jit) implementation, the
+    default of NeMo 2's GPTConfig from NeMo v2.0 (2024-09) to v2.3: one kernel per fused function: `.float()`
+    and max (2 + 4), subtract-exp-sum (4 + 4), divide (4 + 4), the gradient's multiply and bf16 cast (4 + 2);
+  * "kernel", 10 B — one online-softmax kernel pair on the bf16 logits that writes the gradient in the
+    forward: Transformer Engine's parallel cross entropy (`cross_entropy_fusion_impl = "te"`, which
+    Megatron-Bridge's and NeMo 2.4's performance scripts set): a max/sum pass (read 2), a loss-and-gradient
+    pass (2 + 2), the backward's scaling (2 + 2); flash-attn's CrossEntropyLoss (llm-foundry's default
+    `fused_crossentropy`) moves 6 B and is priced as this class.
 """
 
 from __future__ import annotations
@@ -47,7 +63,9 @@ from .models import ModelSpec
 TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
 SPLIT_K_MIN = 512  # smallest K slice per split-K CTA
 KERNEL_S = 3e-6  # fill and drain of one GEMM kernel (table model): a few µs, an assumption
-LOGIT_BYTES = 14.0  # HBM bytes per logit for the loss (see the module docstring)
+# HBM bytes per logit that the loss moves, forward + backward, per implementation (see the module docstring)
+LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0}
+CROSS_ENTROPY = tuple(LOSS_BYTES)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 # the dtype the fused attention kernel runs in: fp8 training (Transformer Engine, as NeMo/Megatron-Bridge
@@ -209,7 +227,7 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
-                flash: bool = False, fp8_current: bool = False) -> LayerTimes:
+                flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused") -> LayerTimes:
     gs = layer_gemms(model, b, tp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp)
@@ -229,7 +247,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = times["attn_scores"] + times["attn_values"]
     elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current) / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
-    loss = LOGIT_BYTES / 3 * b * model.seq_len  # the forward's third (backward = 2 × forward)
+    # the loss's bytes as a third of the head's forward, since the backward is priced as 2 × the forward
+    loss = LOSS_BYTES[cross_entropy] / 3 * b * model.seq_len
     loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
     # the output layer is Megatron-Core's own ColumnParallelLinear, not a Transformer Engine module: bf16
     head_dtype = ATTN_DTYPE.get(dtype, dtype)

@@ -686,12 +686,14 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
-                   flash: bool = False, fp8_current: bool = False, ring: bool = True) -> LayerTimes:
+                   flash: bool = False, fp8_current: bool = False, ring: bool = True,
+                   cross_entropy: str = "unfused") -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
     and one launch per extra attention kernel."""
-    lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current)  # type: ignore[arg-type]
+    lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
+                     cross_entropy)
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
@@ -849,7 +851,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     lk = links(cluster, c)
     hier = cluster.hier
     lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                                    blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
+                                    blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
+                                    cluster.cross_entropy)
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
@@ -1681,7 +1684,7 @@ def layer_accounting(model: ModelSpec, cluster: Cluster, micro_batch: int, tp: i
     link = cluster.link_for_span(tp)
     ar = comm.all_reduce(n, tp, link) * 2
     slow = comm.all_reduce(n, tp, cluster.inter) * 2
-    lt = layer_times(model, dev, cluster.dtype, micro_batch, tp)
+    lt = layer_times(model, dev, cluster.dtype, micro_batch, tp, cross_entropy=cluster.cross_entropy)
     return LayerAccounting(tokens, fl, fl / (dev.peak(cluster.dtype) * dev.efficiency), lt.fwd, n,
                            2 * 2 * (tp - 1) / tp * n if tp > 1 else 0.0, ar.beta, ar.alpha, slow.total,
                            model.layers)

@@ -91,8 +91,10 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # GPUs) average zero error; no measurement gives it.  What it stands for is not measured apart: the per-unit
 # hooks, the copies and casts around each gather and reduce-scatter, the rate limiter's waits.  Held out:
 # llm-foundry's 2023 tables (1-21 micro-batches per step), fms-fsdp's, torchtitan's and OPT-175B's FSDP rows
-# (docs/planner.md §9).  `Cluster.fsdp` turns it on.
-FSDP_UNIT_S = 6.5e-3
+# (docs/planner.md §9).  `Cluster.fsdp` turns it on.  6.5 ms until issue 12's seventeenth round, whose loss pricing
+# (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
+# logit cost before) moved its calibration rows.
+FSDP_UNIT_S = 6.9e-3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
@@ -416,6 +418,11 @@ class Cluster:
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
     cp_comm: str = "ring"
+    # how the loss's cross-entropy over the logits runs (compute.LOSS_BYTES: HBM bytes per logit): "unfused"
+    # (Megatron-Core's default VocabParallelCrossEntropy, PyTorch's F.cross_entropy on fp32 logits), "fused"
+    # (Megatron-Core's cross_entropy_loss_fusion, native: NeMo 2's GPTConfig default) or "kernel" (one fused
+    # kernel pair: Transformer Engine's parallel cross entropy, flash-attn's CrossEntropyLoss)
+    cross_entropy: str = "unfused"
     # the spread of the GPUs' step times (coefficient of variation: the silicon and power management of
     # one SKU, and per-step jitter); a synchronous step runs at its slowest GPU's pace (cost.straggler_factor).
     # None: gemm_table.STEP_SPREAD on hierarchical (catalogue-GPU) clusters, 0 on flat/calibrated ones
@@ -467,6 +474,7 @@ class Cluster:
             "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
+            "cross_entropy": self.cross_entropy,
             "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},

@@ -531,7 +531,8 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     (stage_times' fc, bc, br): m times it is a lower bound of `_bound`, which its makespan bound
     exceeds (communication, tails and the optimizer only add)."""
     lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                        blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring")
+                        blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
+                        cluster.cross_entropy)
     rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd, "op": lt.op_rec}[c.recompute]
     lay = layout(model, c.pp * c.virtual_stages)
     work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec

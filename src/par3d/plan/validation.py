@@ -18,6 +18,7 @@ from functools import cache
 from statistics import median
 from typing import Any
 
+from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
 from .hardware import Cluster, attn_sustain_of, make_cluster
 from .models import CATALOGUE, ModelSpec
@@ -58,6 +59,9 @@ def model_of(row: dict[str, Any]) -> ModelSpec:
 
 
 def cluster_of(row: dict[str, Any]) -> Cluster:
+    ce = str(row.get("cross_entropy", "unfused"))
+    if ce not in CROSS_ENTROPY:
+        raise ValueError(f"{row['name']}: cross_entropy {ce!r}: choose one of {', '.join(CROSS_ENTROPY)}")
     cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), dtype=str(row.get("dtype", "bf16")),
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
@@ -71,7 +75,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=str(row.get("fp8_scaling", "delayed")),
-                   fp8_param_gather=bool(row.get("fp8_param_gather", False)))
+                   fp8_param_gather=bool(row.get("fp8_param_gather", False)),
+                   cross_entropy=ce)
 
 
 def options_of(row: dict[str, Any]) -> Options:
@@ -281,7 +286,7 @@ def _counts(preds: list[Prediction]) -> str:
 # and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200); the PyTorch FSDP rows held
 # out from FSDP_UNIT_S's fit: llm-foundry's older tables (70), fms-fsdp's (4) and torchtitan's (5).  (llm-foundry's
 # large-scale 18 rows are in sample.)  The sixteenth round's two NeMo sources: its long-sequence tables and its
-# 25.02 / 25.04 performance summaries.
+# 25.02 / 25.04 performance summaries; the seventeenth round's Megatron-LM README tables (11 rows).
 MLPERF_PREFIX = "mlperf-3.1-"
 LLMFOUNDRY_PREFIX = "llmfoundry-mpt-"  # llm-foundry's large-scale H100 table: FSDP_UNIT_S's calibration rows
 DGXC_2505_PREFIX = "dgxc-25.05-"  # v25.05's GB200 tables and its new H100 15B layout (issue 12's twelfth round)
@@ -294,6 +299,7 @@ FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FS
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, issue 12's fifteenth round): held out likewise
 LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 4K-1M tokens; sixteenth round)
 NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
+MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Megatron-Core r0.8.0 on H100 (seventeenth)
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
@@ -302,7 +308,8 @@ OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPer
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
              (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2, A100)"),
              (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
-             (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"))
+             (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
+             (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"))
 
 
 def summary(preds: list[Prediction]) -> str:
