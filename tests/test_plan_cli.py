@@ -513,6 +513,15 @@ def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
     for ce in ("fused", "kernel"):  # the head's forward carries a third of the loss's bytes (backward = 2x)
         assert heads["unfused"] - heads[ce] == pytest.approx(
             (LOSS_BYTES["unfused"] - LOSS_BYTES[ce]) / 3 * logits / (dev.mem_bw * dev.mem_eff), rel=1e-9)
+    # --explain names the implementation and prints the loss's time from its bytes
+    import re
+
+    rc, out, _ = run(capsys, *[a for a in base if a != "--json"], "--cross-entropy", "fused", "--explain")
+    m = re.search(r"loss \(last stage; --cross-entropy fused\): 28 B per logit x T·V/tp = (\d+)M logits -> "
+                  r"([0-9.]+) ms per micro-batch", out)
+    assert rc == 0 and m, out
+    assert int(m[1]) == round(logits / 1e6)
+    assert float(m[2]) == pytest.approx(28 * logits / (dev.mem_bw * dev.mem_eff) * 1e3, abs=0.01)
     with pytest.raises(SystemExit):
         run(capsys, *base, "--cross-entropy", "liger")
     assert "argument --cross-entropy: invalid choice: 'liger'" in capsys.readouterr().err

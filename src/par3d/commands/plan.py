@@ -736,6 +736,14 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    f"{dev.attn_share(local.seq_len):.1%} of bf16 peak in a step = "
                    f"{dev.attn_benchmarked(local.seq_len):.1%} benchmarked × {dev.attn_sustain:.3f} kept "
                    f"(docs/planner.md §1)")
+    if dev.kernel_model == "table":  # the loss as the step prices it: bytes per logit by its implementation (§4)
+        from par3d.plan.compute import LOSS_BYTES
+
+        logits = la.tokens * -(-model.vocab // c.tp)
+        loss = LOSS_BYTES[cluster.cross_entropy] * logits / (dev.mem_bw * dev.mem_eff)
+        out.append(f"  loss (last stage; --cross-entropy {cluster.cross_entropy}): {LOSS_BYTES[cluster.cross_entropy]:g} B "
+                   f"per logit x T·V/tp = {logits / 1e6:.0f}M logits -> {_ms(loss)} per micro-batch, forward and "
+                   f"backward, at {dev.mem_eff:.0%} of HBM (docs/planner.md §4)")
     if c.cp > 1:
         out.append(_cp_line(model, cluster, c))
     g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
