@@ -286,7 +286,7 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     cal = validation.fsdp_rows()
     assert len(cal) == 18 and all(r.get("fsdp") and validation.in_sample(r) for r in cal)
     held = [r for r in ROWS if r.get("fsdp") and r not in cal]
-    assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23"}
+    assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel"}
     assert not any(validation.in_sample(r) for r in held)
     assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
     assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(
