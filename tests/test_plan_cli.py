@@ -498,14 +498,19 @@ def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
             "--no-tied-embeddings", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--tp", "1",
             "--pp", "1", "--cp", "1", "--micro-batch", "4", "--zero-stage", "1", "--recompute", "none", "--top", "1",
             "--json"]
-    steps = {}
+    steps, acts = {}, {}
     for ce in ("unfused", "fused", "kernel"):
         rc, out, _ = run(capsys, *base, *(("--cross-entropy", ce) if ce != "unfused" else ()))
         assert rc == 0
         d = json.loads(out)
         assert d["hardware"]["cross_entropy"] == ce
         steps[ce] = d["plans"][0]["breakdown_s"]["compute"]
+        acts[ce] = d["plans"][0]["memory_gib"]["activations"]
     assert steps["unfused"] > steps["fused"] > steps["kernel"]
+    # memory: the unfused and native-fused losses hold an fp32 copy of the logits (2 + 4 B each), one fused
+    # kernel only the bf16 logits it writes the gradient into (2 B; memory.LOGIT_MEMORY)
+    assert acts["unfused"] == acts["fused"]
+    assert acts["unfused"] - acts["kernel"] == pytest.approx(4 * 4 * 4096 * 131072 / 2**30, rel=1e-3)
     dev = make_cluster("h100-sxm", 8).device
     m = ModelSpec("gpt-1.7b", layers=24, hidden=2048, heads=16, vocab=131072, seq_len=4096, tied=False)
     heads = {ce: layer_times(m, dev, "bf16", 4, 1, False, True, False, ce).head_fwd for ce in LOSS_BYTES}

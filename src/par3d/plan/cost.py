@@ -1193,14 +1193,15 @@ def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
 
 @lru_cache(maxsize=8192)
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
-                 b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0) -> tuple:
+                 b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0,
+                 cross_entropy: str = "unfused") -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
     shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m)
     if recompute == "full" and rec_layers > 0:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
-    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp), live, heavy
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy
 
 
 @lru_cache(maxsize=4096)
@@ -1221,7 +1222,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
         model, cluster.dtype, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers)
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy)
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
@@ -1236,7 +1237,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
-                     per_layer=per_layer if c.recompute_layers else None)
+                     per_layer=per_layer if c.recompute_layers else None, cross_entropy=cluster.cross_entropy)
     return mb, arg
 
 

@@ -49,7 +49,11 @@ attention kernel's bf16 output for its own backward and the projection's fp8 cas
 the layer-norm inputs, Q/K/V, the fc1 output and the full-recompute checkpoints stay bf16.
 × the schedule's peak in-flight micro-batches on the rank (from the schedule checker: GPipe m,
 1F1B min(p − rank, m), ...).  The last stage also holds the logits of one micro-batch for the
-loss: 2 B (bf16 logits) + 4 B (fp32 softmax) per token per vocab entry, /t with vocab-parallel CE.
+loss, per token per vocab entry, /t with vocab-parallel CE, as the loss's implementation holds them
+(`LOGIT_MEMORY`, `Cluster.cross_entropy`, compute.LOSS_BYTES): 6 B where an fp32 copy is made (2 B bf16 logits +
+4 B fp32 softmax: Megatron-Core's unfused and native-fused cross entropy, PyTorch's F.cross_entropy on fp32
+logits), 2 B where one fused kernel keeps the bf16 logits and writes the gradient into them (Transformer Engine's
+parallel cross entropy; flash-attn's CrossEntropyLoss keeps the logits and a per-row log-sum-exp).
 
 "other" = a documented allowance for what the formulas above do not count:
     1 GiB fixed (CUDA context ~0.5 GiB, cuBLAS workspaces, NCCL buffers)
@@ -159,8 +163,12 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     return scale * (replicated / (t if sp else 1) + (sharded + scores) / t)
 
 
-def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1) -> float:
-    return 6.0 * b * model.seq_len / cp * model.vocab / tp
+# bytes per logit the loss holds between its forward and backward, by implementation (module docstring)
+LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0}
+
+
+def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1, cross_entropy: str = "unfused") -> float:
+    return LOGIT_MEMORY[cross_entropy] * b * model.seq_len / cp * model.vocab / tp
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,7 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                 recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
                 accounting: str = "seed", zero3_live: float | None = None,
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
-                per_layer: float | None = None) -> MemoryBreakdown:
+                per_layer: float | None = None, cross_entropy: str = "unfused") -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
@@ -193,7 +201,7 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
         act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
                    - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash))
     if shape.head:
-        act += logits_bytes(model, b, tp, cp)
+        act += logits_bytes(model, b, tp, cp, cross_entropy)
     other = OTHER_FIXED + FRAGMENTATION * act
     if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
         other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
