@@ -490,14 +490,16 @@ def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
     Megatron-Core's unfused VocabParallelCrossEntropy, its native fusion, one fused kernel pair).  The JSON says
     which; only the last pipeline stage's head changes, by the bytes' difference over the HBM rate; a model with
     a large vocabulary on a small hidden size (the 1.7B GPT of Megatron-LM's README) feels it most."""
-    from par3d.plan.compute import LOSS_BYTES, layer_times
+    from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, layer_times
     from par3d.plan.hardware import make_cluster
+    from par3d.plan.memory import LOGIT_MEMORY
     from par3d.plan.models import ModelSpec
 
     base = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "131072", "--seq-len", "4096",
             "--no-tied-embeddings", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--tp", "1",
             "--pp", "1", "--cp", "1", "--micro-batch", "4", "--zero-stage", "1", "--recompute", "none", "--top", "1",
             "--json"]
+    assert set(LOGIT_MEMORY) == set(CROSS_ENTROPY) == {"unfused", "fused", "kernel"}  # one set of names
     steps, acts = {}, {}
     for ce in ("unfused", "fused", "kernel"):
         rc, out, _ = run(capsys, *base, *(("--cross-entropy", ce) if ce != "unfused" else ()))

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES
 from par3d.plan.hardware import FSDP_UNIT_S
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -173,7 +174,7 @@ def register(sub) -> None:
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
                         "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); default: bf16 gathers, 2 B")
-    g.add_argument("--cross-entropy", choices=("unfused", "fused", "kernel"), default="unfused",
+    g.add_argument("--cross-entropy", choices=CROSS_ENTROPY, default="unfused",
                    help="how the loss's cross-entropy over the logits runs, priced as the HBM bytes its kernels "
                         "move per logit: unfused (52 B: Megatron-Core's default VocabParallelCrossEntropy; "
                         "PyTorch's F.cross_entropy on fp32 logits, 48 B), fused (28 B: Megatron-Core "
@@ -737,8 +738,6 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    f"{dev.attn_benchmarked(local.seq_len):.1%} benchmarked × {dev.attn_sustain:.3f} kept "
                    f"(docs/planner.md §1)")
     if dev.kernel_model == "table":  # the loss as the step prices it: bytes per logit by its implementation (§4)
-        from par3d.plan.compute import LOSS_BYTES
-
         logits = la.tokens * -(-model.vocab // c.tp)
         loss = LOSS_BYTES[cluster.cross_entropy] * logits / (dev.mem_bw * dev.mem_eff)
         out.append(f"  loss (last stage; --cross-entropy {cluster.cross_entropy}): {LOSS_BYTES[cluster.cross_entropy]:g} B "
