@@ -211,6 +211,17 @@ class LayerTimes:
     elementwise: float = 0.0  # the non-GEMM part of fwd (table model)
     op_rec: float = 0.0  # what torchtitan's selective op recomputation redoes (`op_shares`): its GEMMs + elementwise
 
+    def recomputed(self, recompute: str) -> float:
+        """What one layer's recomputation redoes in the backward, by method: the whole forward ("full"),
+        the attention core ("selective"), torchtitan's selective ops ("op"), nothing ("none")."""
+        return {"none": 0.0, "selective": self.core, "full": self.fwd, "op": self.op_rec}[recompute]
+
+
+def loss_time(model: ModelSpec, dev: Device, b: int, tp: int, cross_entropy: str = "unfused") -> float:
+    """The loss's cross-entropy over one micro-batch's logits (b·s·V/tp on this rank), forward and backward: its
+    implementation's HBM bytes per logit (`LOSS_BYTES`) at the GPU's elementwise share of HBM (table model)."""
+    return LOSS_BYTES[cross_entropy] * b * model.seq_len * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
+
 
 def op_shares(model: ModelSpec) -> dict[str, float]:
     """The share of each forward GEMM that torchtitan's "selective op" activation checkpointing recomputes.
@@ -247,9 +258,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = times["attn_scores"] + times["attn_values"]
     elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current) / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
-    # the loss's bytes as a third of the head's forward, since the backward is priced as 2 × the forward
-    loss = LOSS_BYTES[cross_entropy] / 3 * b * model.seq_len
-    loss = loss * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
+    # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
+    loss = loss_time(model, dev, b, tp, cross_entropy) / 3
     # the output layer is Megatron-Core's own ColumnParallelLinear, not a Transformer Engine module: bf16
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
     op = sum(times[k] * f for k, f in shares.items()) + elem

@@ -846,13 +846,19 @@ def zero12_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, shape: 
     return red, sum(comm.all_gather(nb * u, g, ag_l).total for u in units)
 
 
+def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTimes:
+    """One layer's times as a step of choice `c` on `cluster` prices them: `cp_layer_times` with the
+    cluster's kernel and software facts (attention, fp8 scaling, CP exchange, the loss's implementation)."""
+    return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
+                          blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
+                          cluster.cross_entropy)
+
+
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     dev, dtype = cluster.device, cluster.dtype
     lk = links(cluster, c)
     hier = cluster.hier
-    lt: LayerTimes = cp_layer_times(model, dev, dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                                    blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
-                                    cluster.cross_entropy)
+    lt = choice_layer_times(model, cluster, c)
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
@@ -869,7 +875,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
         amax = 2 * tp_collective_small(cluster, c)
         tp_layer, tp_layer_b = tp_layer + amax, tp_layer_b + amax
-    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd, "op": lt.op_rec}[c.recompute]
+    rec = lt.recomputed(c.recompute)
     rec_comm = tp_layer if c.recompute == "full" else 0.0  # (selective op saves the collectives' outputs)
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile

@@ -31,8 +31,7 @@ from .cost import (
     Choice,
     Options,
     Plan,
-    blockwise_attention,
-    cp_layer_times,
+    choice_layer_times,
     dp_tail,
     evaluate,
     layout,
@@ -530,10 +529,8 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
     (stage_times' fc, bc, br): m times it is a lower bound of `_bound`, which its makespan bound
     exceeds (communication, tails and the optimizer only add)."""
-    lt = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                        blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
-                        cluster.cross_entropy)
-    rec = {"none": 0.0, "selective": lt.core, "full": lt.fwd, "op": lt.op_rec}[c.recompute]
+    lt = choice_layer_times(model, cluster, c)
+    rec = lt.recomputed(c.recompute)
     lay = layout(model, c.pp * c.virtual_stages)
     work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec
             for n, h in zip(lay.layers, lay.head)]
