@@ -838,7 +838,7 @@ def _placement_line(c) -> str:
 def _cp_line(model, cluster, c) -> str:
     """The ring attention of one layer: K/V block, hops, the attention that hides them."""
     from par3d.plan import comm
-    from par3d.plan.cost import blockwise_attention, cp_exchange, cp_layer_times, links
+    from par3d.plan.cost import choice_layer_times, cp_exchange, links
     from par3d.plan.hardware import GB
     from par3d.plan.memory import ACT_BYTES
 
@@ -853,8 +853,7 @@ def _cp_line(model, cluster, c) -> str:
                 f"{kv * c.cp / 1e6:.1f} MB gathered per layer forward ({_ms(ag)}), dK/dV reduce-scattered "
                 f"per layer backward ({_ms(rs)}), both exposed")
     hop = comm.p2p(kv, link).total
-    core = cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
-                          blockwise_attention(cluster, c)).core
+    core = choice_layer_times(model, cluster, c).core  # the attention core as the step prices it
     fwd, bwd = cp_exchange(model, c, link, core, cluster.dtype)
     return (f"  CP ring (cp = {c.cp}, {where}, "
             f"{link.beta / GB:g} GB/s): K/V block {kv / 1e6:.1f} MB, {c.cp - 1} hops x {_ms(hop)} = "
