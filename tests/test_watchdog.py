@@ -169,14 +169,17 @@ def test_watchdog_diagnosis_from_heartbeats(monkeypatch):
     monkeypatch.setattr(wd, "_sample", lambda: next(samples))
     monkeypatch.setattr(wd, "_publish", lambda: None)
     monkeypatch.setattr(wd._stop, "wait", lambda seconds: False)  # the window passes at once
-    cases = {  # (beats, CPU ms) of ranks 0, 1, 2 at the start and the end of a 2 s window
-        "gone": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (5, 900), (7, 0)], ("gone", [1])),
-        "computing": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (7, 0), (7, 1800)], ("computing", [2])),
-        "idle": ([(5, 0), (5, 0), (5, 0)], [(7, 10), (7, 5), (7, 0)], ("idle", [])),
+    cases = {  # (beats, CPU ms) of ranks 0, 1, 2 at the start and the end of a 2 s window [and of a second one,
+        # taken only when a peer did not beat in the first: it is gone only if it did not beat in either]
+        "gone": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (5, 900), (7, 0)], [(9, 0), (5, 900), (9, 0)], ("gone", [1])),
+        "late": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (5, 1800), (7, 0)], [(9, 0), (6, 3600), (9, 0)], ("computing", [1])),
+        "computing": ([(5, 0), (5, 0), (5, 0)], [(7, 0), (7, 0), (7, 1800)], None, ("computing", [2])),
+        "idle": ([(5, 0), (5, 0), (5, 0)], [(7, 10), (7, 5), (7, 0)], None, ("idle", [])),
     }
-    for a, b, want in cases.values():
-        samples = iter([dict(enumerate(a)), dict(enumerate(b))])
+    for a, b, c, want in cases.values():
+        samples = iter([dict(enumerate(a)), dict(enumerate(b))] + ([dict(enumerate(c))] if c else []))
         assert wd.diagnose(2.0) == want
+        assert next(samples, None) is None  # the second window is sampled only when a peer looked gone
 
     def unreachable():
         raise ConnectionError("store gone")

@@ -543,26 +543,39 @@ class _Watchdog:
                 for r in self.peers}
 
     def diagnose(self, window_s: float) -> tuple[str, list[int]]:
-        """("gone" | "computing" | "idle", the ranks concerned), from two samples `window_s` apart."""
+        """("gone" | "computing" | "idle", the ranks concerned), from samples `window_s` apart.  A peer that
+        did not beat in the first window is watched for a second one before it is called gone: a live peer
+        starved of CPU (a host running more busy processes than it has cores) beats late, a dead one never
+        (the suite's busy pair on two cores once went 2 s without a beat)."""
         try:
             a = self._sample()
-            # keep beating through the window: a peer diagnosing at the same moment must not take
-            # this rank's silence for its death
-            n = max(1, math.ceil(window_s / self.tick))
-            for _ in range(n):
-                if self._stop.wait(window_s / n):
+            if self._beat_through(window_s):
+                return "computing", []
+            b, span = self._sample(), window_s
+            if len(self.peers) == 1:
+                b = {self.rank: (0, int(1e3 * time.process_time()))}
+            gone = [r for r in a if r != self.rank and b[r][0] == a[r][0]]
+            if gone:
+                if self._beat_through(window_s):
                     return "computing", []
-                self._publish()
-            b = self._sample()
+                b, span = self._sample(), 2 * window_s
+                gone = [r for r in gone if b[r][0] == a[r][0]]
         except Exception:  # the store lives in rank 0's process: unreachable = rank 0 gone
             return "gone", [0]
-        if len(self.peers) == 1:
-            b = {self.rank: (0, int(1e3 * time.process_time()))}
-        gone = [r for r in a if r != self.rank and b[r][0] == a[r][0]]
         if gone:
             return "gone", gone
-        busy = [r for r in a if b[r][1] - a[r][1] >= 1e3 * self.COMPUTING * window_s]
+        busy = [r for r in a if b[r][1] - a[r][1] >= 1e3 * self.COMPUTING * span]
         return ("computing", busy) if busy else ("idle", [])
+
+    def _beat_through(self, window_s: float) -> bool:
+        """Wait `window_s`, beating all the while (a peer diagnosing at the same moment must not take this
+        rank's silence for its death); True if the watchdog was stopped meanwhile."""
+        n = max(1, math.ceil(window_s / self.tick))
+        for _ in range(n):
+            if self._stop.wait(window_s / n):
+                return True
+            self._publish()
+        return False
 
     def _watch(self) -> None:
         warned = 0.0
