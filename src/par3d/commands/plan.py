@@ -729,8 +729,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
             f" TP bandwidth term {la.layers * la.tp_beta * 1e3:.0f} ms "
             f"({la.tp_beta / (la.tp_beta + la.flat_time):.0%}), with α {la.layers * la.tp_time * 1e3:.0f} ms "
             f"({la.tp_time / (la.tp_time + la.flat_time):.0%})"]
+    local = local_model(model, c.cp)  # the sequence one rank holds (its CP block)
     if cluster.flash:  # the attention kernel as the step prices it (benchmarked share × in-step discount, §1)
-        local = local_model(model, c.cp)
         core = layer_times(local, dev, cluster.dtype, c.micro_batch, c.tp, c.sequence_parallel, True).core
         block = f" (this rank's own block; the ring adds {c.cp - 1} more)" if c.cp > 1 else ""
         out.append(f"  attention core (FlashAttention, the causal half of 4·T·s·h/tp){block}: {_ms(core)} per layer at "
@@ -739,7 +739,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    f"(docs/planner.md §1)")
     if dev.kernel_model == "table":  # the loss as the step prices it: bytes per logit by its implementation (§4)
         logits = la.tokens * -(-model.vocab // c.tp)
-        loss = loss_time(local_model(model, c.cp), dev, c.micro_batch, c.tp, cluster.cross_entropy)
+        loss = loss_time(local, dev, c.micro_batch, c.tp, cluster.cross_entropy)
         out.append(f"  loss (last stage; --cross-entropy {cluster.cross_entropy}): {LOSS_BYTES[cluster.cross_entropy]:g} B "
                    f"per logit x T·V/tp = {logits / 1e6:.0f}M logits -> {_ms(loss)} per micro-batch, forward and "
                    f"backward, at {dev.mem_eff:.0%} of HBM (docs/planner.md §4)")
