@@ -20,11 +20,15 @@ of peak for every GEMM; it also stands in for the elementwise kernels (layer nor
 dropout) that are not modelled one by one.
 
 In the **table** kernel model (catalogue GPUs by default):
-- a GEMM takes  max(FLOPs / (peak · f_dtype · wave_eff), bytes / (HBM · mem_eff)) + t_kernel:
+- a GEMM takes  max(FLOPs · d(K) / (peak · f_dtype · wave_eff), bytes / (HBM · mem_eff)) + t_gemm:
   f_dtype is the GPU's sustained achievable share of peak for large GEMMs (gemm_table.py:
-  measured MAMF × sustained clock), wave_eff the same tile/wave quantization, t_kernel = 3 µs the
-  fill/drain of one kernel.  Achieved throughput therefore rises with size: small GEMMs are
-  bound by HBM traffic, by partly empty waves and by the fixed cost, large ones approach f_dtype.
+  measured MAMF × sustained clock), wave_eff the same tile/wave quantization, d(K) =
+  max(1, (K + K0)/K · K_ref/(K_ref + K0)) the depth curve (each output tile's fill and epilogue cost
+  about K0 = 136 of its K; K_ref = 4,096 the depth at which f_dtype is reached) and t_gemm = 6 µs the
+  kernel's fixed cost -- K0 and t_gemm fitted to OpenXLA's measured H100 GEMM table (gemm_shapes.py),
+  not to training runs.  Achieved throughput therefore rises with size: small GEMMs are bound by HBM
+  traffic, by partly empty waves and by the fixed cost, shallow ones by their tiles' fill and drain,
+  large deep ones approach f_dtype.
 - non-GEMM work is HBM traffic at `mem_eff` of the bandwidth (`elementwise_bytes`): two norms,
   two bias+dropout+residual blocks, the activation (GeLU or SwiGLU), rotary embeddings, and —
   without FlashAttention — the softmax and dropout over the b·a/t·s² attention scores;
@@ -62,7 +66,18 @@ from .models import ModelSpec
 
 TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
 SPLIT_K_MIN = 512  # smallest K slice per split-K CTA
-KERNEL_S = 3e-6  # fill and drain of one GEMM kernel (table model): a few µs, an assumption
+KERNEL_S = 3e-6  # fill and drain of one fused attention kernel (table model): a few µs, an assumption
+# A GEMM's depth and fixed cost (table model; issue 12's nineteenth round), FITTED to a GEMM benchmark and not to
+# any training run: OpenXLA's measured H100 matmul table (gemm_shapes.py: 90 GEMMs of the training regime; fit
+# reproduced by `python -m par3d.plan.gemm_shapes --fit`, scored on the same table's B200 entries, held out).
+# A GEMM of depth K runs its main loop at K / (K + GEMM_K0) of the rate it would reach at infinite depth -- each
+# output tile's pipeline fill and epilogue cost about GEMM_K0 of K -- and each kernel costs GEMM_FIXED_S more.
+GEMM_K0 = 136
+GEMM_FIXED_S = 6e-6
+# The depth at which a GPU's large-GEMM rate (MAMF x sustained x step share, gemm_table.py) is reached: the
+# deepest GEMMs of the fitted table (K = 4,096), where it peaks.  Shallower GEMMs run slower by the curve; deeper
+# ones are not extrapolated faster than that rate (no measurement beyond K = 4,096 in the table).
+GEMM_K_REF = 4096
 # HBM bytes per logit that the loss moves, forward + backward, per implementation (see the module docstring)
 LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0}
 CROSS_ENTROPY = tuple(LOSS_BYTES)
@@ -119,7 +134,9 @@ def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
     attainable = min(peak, ai * dev.mem_bw)
     we = wave_efficiency(g, dev.sms)
     if dev.kernel_model == "table":
-        t = max(g.flops / (peak * dev.gemm_fraction(dtype) * we), nbytes / (dev.mem_bw * dev.mem_eff)) + KERNEL_S
+        depth = max(1.0, (g.k + GEMM_K0) / g.k * GEMM_K_REF / (GEMM_K_REF + GEMM_K0))
+        t = max(g.flops * depth / (peak * dev.gemm_fraction(dtype) * we),
+                nbytes / (dev.mem_bw * dev.mem_eff)) + GEMM_FIXED_S
     else:
         t = max(g.flops / (peak * dev.efficiency * we), nbytes / dev.mem_bw)
     return Roofline(g.flops, nbytes, ai, dev.balance(dtype), "memory" if ai < dev.balance(dtype) else "compute",

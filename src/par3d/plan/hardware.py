@@ -94,7 +94,7 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # (docs/planner.md §9).  `Cluster.fsdp` turns it on.  6.5 ms until issue 12's seventeenth round, whose loss pricing
 # (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
 # logit cost before) moved its calibration rows.
-FSDP_UNIT_S = 6.9e-3
+FSDP_UNIT_S = 7.1e-3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
