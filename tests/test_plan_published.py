@@ -158,7 +158,7 @@ def test_unconstrained_gpt3_search_ranks_tp_pp_first(capsys):
     """The issue's acceptance search: `par3d plan --model gpt3-175b --gpu a100-80gb --gpus 1024
     --global-batch 1536` (+ the paper's software).  Met: TP+PP first, with today's defaults and with
     the paper's software.  Not met: 'within 10 % of 140': the search's best with the paper's
-    software is tp 4 x pp 16 at +19 % (docs/planner.md says why); the bound asserted is that."""
+    software is tp 4 x pp 16 at +21 % (docs/planner.md says why); the bound asserted is that."""
     top = plan_json(capsys, *GPT3, "--gpus", "1024", "--top", "5")
     assert all(p["tp"] > 1 and p["pp"] > 1 for p in top)
     paper = plan_json(capsys, *GPT3, "--gpus", "1024", *PAPER_SOFTWARE, "--zero-stage", "0", "--top", "1")[0]
@@ -217,7 +217,7 @@ def test_llama3_16k_bare_command_plans_within_ten_percent():
     """Issue 12's bullet: `--tp 8 --pp 16 --cp 1` on 16,384 H100 (batch 2048) plans within 10 % of the
     published 400 model TFLOP/s.  Without recomputation it does not fit the planner's 5 % headroom (77.2 GiB,
     the validation row prices it in the GPU's capacity); the search's block recomputation recomputes the
-    fewest layers per chunk that fit (375 TFLOP/s, -6.3 %), not every layer (338 TFLOP/s, -15.6 %)."""
+    fewest layers per chunk that fit (376 TFLOP/s, -5.9 %), not every layer (339 TFLOP/s, -15.2 %)."""
     from par3d.plan.validation import metric_value
 
     model, cluster = CATALOGUE["llama3-405b"], make_cluster("h100-sxm", 16384)

@@ -34,22 +34,24 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
     v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
-    the fit was first run, and not changed after): 0.8591 BF16 (= 683 of MAMF 795), 0.8288 FP8 (= 1163 of
+    the fit was first run, and not changed after): 0.8460 BF16 (= 673 of MAMF 795), 0.8189 FP8 (= 1149 of
     1403; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
     before its sixteenth round gave attention the same in-step discount, hardware.attn_sustain_of; 0.8544 and
     0.8165 before its seventeenth round priced the loss's cross-entropy kernel by kernel, compute.LOSS_BYTES,
-    which the calibration rows (NeMo 1.0: Megatron-Core's unfused loss) had carried in these ratios).  Those twelve
+    which the calibration rows (NeMo 1.0: Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
+    0.8288 before its nineteenth round gave GEMMs shallower than K = 4,096 their measured depth curve,
+    compute.GEMM_K0).  Those twelve
     rows are in sample; every other H100 row is held out.  What the FP8 number
     holds beyond the clock (TE's casts and amax bookkeeping as priced in compute.py may fall short) is
     not separated: it is the H100's FP8 step as the table's runs sustain it.  Reproduce with
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
   * The **training factor** (issue 12's twelfth round; `training_factor`): the H100's fitted ratio over the H200's
     measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the quotient is what a training step
-    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8591 / 0.888 = 0.967 (BF16),
-    0.8288 / 0.888 = 0.933 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
-    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.801
-    (BF16) and 0.777 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
+    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8460 / 0.888 = 0.953 (BF16),
+    0.8189 / 0.888 = 0.922 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
+    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.789
+    (BF16) and 0.768 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
     H100's did before its fit: docs/planner.md section 9), so those rows are not independent evidence for it.
   * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SAME_DIE`: the same die,
@@ -70,11 +72,12 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   at its collectives for the slowest of its N GPUs: cost.straggler_factor = 1 + σ · E[max of N standard
   normals].  (The SC'22 proceedings' abstract, of an earlier analysis of four of the clusters, states 32 %;
   docs/planner.md §9 says why 1.5 % is kept.)
-- `STEP_SHARE` = 0.9704 — **fitted**, the throughput constant every GPU shares, set from validation rows: the share
+- `STEP_SHARE` = 0.9944 — **fitted**, the throughput constant every GPU shares, set from validation rows: the share
   of its layers' GEMM rate a whole training step keeps (launch gaps between kernels, the data loader,
   logging — the slowest GPU's lag is priced apart since issue 12's tenth round, `STEP_SPREAD`; before
   it this share carried it too and was 0.91; 0.966 before issue 12's seventeenth round priced the loss's
-  cross-entropy as Megatron-LM's kernels move it, compute.LOSS_BYTES), the number that makes the ten rows of
+  cross-entropy as Megatron-LM's kernels move it, compute.LOSS_BYTES; 0.9704 before its nineteenth round gave
+  GEMMs shallower than K = 4,096 their measured depth curve, compute.GEMM_K0), the number that makes the ten rows of
   Narayanan et al. 2021 Table 1 average zero error with the straggler factor in place
   (validation.toml; `python -m par3d.plan.validation --fit`; at 0.926 alone and no stragglers they
   average +6.5 %).  It is a property of a step, not of the A100's silicon: the per-layer times of
@@ -82,7 +85,8 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   are matched within 1 % at the clock ratio alone, so the layers need no more and the share (with the
   stragglers priced apart) is what the step adds.  It therefore applies to every GPU (until issue 12's fourth round it applied to the
   A100 only, and every NVIDIA H100/B200 row came out fast, +0.6 … +13.9 %: docs/planner.md §9).
-  The share of peak a GEMM reaches is mamf/peak × sustained × `STEP_SHARE`.
+  The share of peak a deep GEMM (K >= 4,096) reaches is mamf/peak × sustained × `STEP_SHARE`; a shallower one
+  keeps less by the depth curve (compute.py, fitted to a GEMM benchmark: gemm_shapes.py).
   `par3d calibrate` on a GPU replaces MAMF with its own burst measurement and applies the same
   sustained ratio and step share (`hardware.calibrated_gemm_share`).
 

@@ -93,7 +93,8 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # llm-foundry's 2023 tables (1-21 micro-batches per step), fms-fsdp's, torchtitan's and OPT-175B's FSDP rows
 # (docs/planner.md §9).  `Cluster.fsdp` turns it on.  6.5 ms until issue 12's seventeenth round, whose loss pricing
 # (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
-# logit cost before) moved its calibration rows.
+# logit cost before) moved its calibration rows; 6.9 ms until its nineteenth round gave shallow GEMMs their measured
+# depth curve (compute.GEMM_K0).
 FSDP_UNIT_S = 7.1e-3
 
 
