@@ -49,3 +49,13 @@ def test_roofline_applies_the_depth_curve():
         g = Gemm("g", 16384, 8192, k)
         r = compute.roofline(g, dev, "bf16")
         assert r.time == pytest.approx(g.flops * depth / (peak * r.wave_eff) + GEMM_FIXED_S, rel=1e-9)
+
+
+def test_gpu_calibration_times_gemms_at_the_reference_depth():
+    """`par3d calibrate` on a GPU writes the best measured GEMM as the GPU's large-GEMM rate, which the table model
+    applies at K >= K_ref: so on a GPU it also times GEMMs of that depth; on a CPU its grid is unchanged."""
+    from par3d.calibrate import probes
+
+    cpu, gpu = probes.gemm_shapes(False), probes.gemm_shapes(False, gpu=True)
+    assert gpu[:len(cpu)] == cpu and max(k for _, _, k in cpu) < GEMM_K_REF
+    assert len(gpu) > len(cpu) and all(k == GEMM_K_REF and m * n >= 4096 * 4096 for m, n, k in gpu[len(cpu):])

@@ -227,12 +227,17 @@ def measure_primitives(dtype: str, quick: bool, tick: Callable[[], None]) -> lis
 
 # ---- 2. GEMMs and memory bandwidth ---------------------------------------------------------------
 
-def gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
-    """(M, N, K): tokens × out × in of transformer projections, plus squares for the asymptote."""
+def gemm_shapes(quick: bool, gpu: bool = False) -> list[tuple[int, int, int]]:
+    """(M, N, K): tokens × out × in of transformer projections, plus squares for the asymptote.  On a GPU also
+    GEMMs of depth 4,096 large enough to fill every SM for many waves: the planner's table model reaches a GPU's
+    large-GEMM rate at K = 4,096 (compute.GEMM_K_REF; shallower GEMMs keep less by its depth curve), so the best
+    of these is the burst rate `hardware.calibrated_gemm_share` takes (never run: no GPU here)."""
     tokens = (64, 256, 1024) if quick else (32, 128, 512, 2048)
     hidden = (64, 128) if quick else (32, 128, 256)
     shapes = [(t, 4 * h, h) for t in tokens for h in hidden] + [(t, h, 4 * h) for t in tokens[-2:] for h in hidden]
     shapes += [(n, n, n) for n in ((256, 512) if quick else (128, 512, 1024))]
+    if gpu:
+        shapes += [(4096, 4096, 4096), (8192, 8192, 4096), (16384, 8192, 4096)]
     return shapes
 
 
@@ -242,7 +247,7 @@ def measure_gemms(dtypes: list[str], quick: bool, tick: Callable[[], None]) -> l
     dev = device()
     out = []
     for dt in dtypes:
-        for m, n, k in gemm_shapes(quick):
+        for m, n, k in gemm_shapes(quick, gpu=dev.type == "cuda"):
             a = torch.randn(m, k, dtype=_dtype(dt), device=dev)
             b = torch.randn(k, n, dtype=_dtype(dt), device=dev)
             s = time_call(lambda a=a, b=b: torch.mm(a, b), min_s=0.005 if quick else 0.01)

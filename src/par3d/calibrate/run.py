@@ -56,7 +56,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     dtypes = ["fp32", "bf16"]
     kernel_dtype = "fp32"  # `par3d train`'s default dtype
     n_prims = 0 if on_gpu else len(probes.primitive_sizes(quick))
-    n_gemm = len(probes.gemm_shapes(quick)) * len(dtypes)
+    n_gemm = len(probes.gemm_shapes(quick, gpu=on_gpu)) * len(dtypes)
     bar = None
     if progress:
         from tqdm import tqdm
