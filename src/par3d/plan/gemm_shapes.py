@@ -22,7 +22,11 @@ compute.GEMM_K0 = 136 and GEMM_FIXED_S = 6 µs are its result (`python -m par3d.
 
 Scores (mean |error| with L free; `python -m par3d.plan.gemm_shapes`): H100 in sample 1.6 % (the model before
 this round, K0 = 0 and 3 µs: 13.1 %; at its MAMF level 14.1 %, every shallow GEMM fast, by up to 46 %); B200 held
-out 5.8 % (before: 27.8 %).
+out 5.8 % (before: 27.8 %).  The newest revision's re-measured groups (`LATER`, held out): bf16 H100 1.5 % (11.2 %),
+B200 5.2 % (20.8 %); FP8, which the model prices on the same curve untested until now: H100 5.8 % (10.3 %), B200
+15.6 % (38.4 %) -- the B200's FP8 GEMMs lose more with shallow K than the bf16 curve says (its own best K0 is
+about 500, which would take the H100's FP8 group from 5.8 to 9.7 %): not adopted, an FP8 curve of its own needs
+FP8 measurements the model can trust (the H100's exceed its peak).
 """
 
 from __future__ import annotations
@@ -80,26 +84,61 @@ B200: tuple[tuple[int, int, int, int, float], ...] = (
 )
 SETS = {"h100-sxm": H100, "b200": B200}
 
+# Held out too: the newest revision of the same file (read from the TensorFlow mirror punittiwari50/tensorflow-tensorflow
+# 7cc7ba55), which re-measures both GPUs and adds FP8 columns ("f8e4m3fnxf8e4m3fn->bf16").  Read: one (b, m) group
+# per GPU, every n >= 1,024 and k: sm_90 b = 2, m = 4,096; sm_100 b = 4, m = 4,096.  (n, k, bf16, fp8 TFLOP/s.)
+# The H100's FP8 entries exceed its dense FP8 peak (2,538 > 1,979 TFLOP/s at 2 x 4096^3), so its FP8 column is not
+# a measurement the model can take at face value; they are listed, and scored only as a shape.
+LATER: dict[str, tuple[int, int, tuple[tuple[int, int, float, float], ...]]] = {
+    "h100-sxm": (2, 4096, (
+        (1024, 256, 308.2, 474.3), (2048, 256, 400.1, 709.2), (4096, 256, 467.5, 955.3),
+        (1024, 512, 453.1, 827.2), (2048, 512, 548.7, 1269.2), (4096, 512, 613.2, 1569.8),
+        (1024, 1024, 598.5, 1418.4), (2048, 1024, 684.3, 1893.6), (4096, 1024, 691.8, 2218.5),
+        (1024, 2048, 721.8, 1973.7), (2048, 2048, 730.6, 2288.2), (4096, 2048, 759.2, 2395.4),
+        (1024, 4096, 746.6, 2312.9), (2048, 4096, 779.0, 2368.3), (4096, 4096, 804.2, 2537.6))),
+    "b200": (4, 4096, (
+        (1024, 256, 536.7, 670.2), (2048, 256, 790.6, 840.7), (4096, 256, 791.8, 1012.8),
+        (1024, 512, 801.2, 1046.3), (2048, 512, 913.2, 1534.9), (4096, 512, 1090.6, 1712.2),
+        (1024, 1024, 1060.5, 1868.7), (2048, 1024, 1163.1, 2400.8), (4096, 1024, 1350.5, 2651.2),
+        (1024, 2048, 1265.2, 2422.3), (2048, 2048, 1345.8, 2884.9), (4096, 2048, 1539.9, 3122.5),
+        (1024, 4096, 1411.9, 2662.0), (2048, 4096, 1465.7, 3133.3), (4096, 4096, 1670.5, 3279.7))),
+}
 
-def tflops(dev: Device, b: int, m: int, n: int, k: int, level: float, k0: float, fixed_s: float) -> float:
-    """The model's TFLOP/s for one bf16 GEMM at a rate of `level` TFLOP/s at infinite depth."""
+
+def later(gpu: str, dtype: str) -> tuple[tuple[int, int, int, int, float], ...]:
+    """The newest revision's group for `gpu` as (b, m, n, k, TFLOP/s) of `dtype` ("bf16" or "fp8")."""
+    b, m, pts = LATER[gpu]
+    return tuple((b, m, n, k, bf16 if dtype == "bf16" else fp8) for n, k, bf16, fp8 in pts)
+
+
+Points = tuple[tuple[int, int, int, int, float], ...]
+
+
+def tflops(dev: Device, b: int, m: int, n: int, k: int, level: float, k0: float, fixed_s: float,
+           dtype_bytes: int = 2) -> float:
+    """The model's TFLOP/s for one GEMM at a rate of `level` TFLOP/s at infinite depth."""
     g = Gemm("gemm", m, n, k, b)
     t = max(g.flops * (k + k0) / k / (level * 1e12 * wave_efficiency(g, dev.sms)),
-            g.bytes(2) / (dev.mem_bw * dev.mem_eff)) + fixed_s
+            g.bytes(dtype_bytes) / (dev.mem_bw * dev.mem_eff)) + fixed_s
     return g.flops / t / 1e12
 
 
-def errors(gpu: str, level: float, k0: float, fixed_s: float) -> list[float]:
+def errors(gpu: str, level: float, k0: float, fixed_s: float, points: Points | None = None,
+           dtype_bytes: int = 2) -> list[float]:
     dev = get_device(gpu)
-    return [tflops(dev, b, m, n, k, level, k0, fixed_s) / meas - 1 for b, m, n, k, meas in SETS[gpu]]
+    pts = SETS[gpu] if points is None else points
+    return [tflops(dev, b, m, n, k, level, k0, fixed_s, dtype_bytes) / meas - 1 for b, m, n, k, meas in pts]
 
 
-def best_level(gpu: str, k0: float, fixed_s: float) -> tuple[float, float]:
+def best_level(gpu: str, k0: float, fixed_s: float, points: Points | None = None,
+               dtype_bytes: int = 2) -> tuple[float, float]:
     """(mean |error|, level) with the level chosen to minimise the mean |error| (golden section)."""
+    pts = SETS[gpu] if points is None else points
+
     def cost(level: float) -> float:
-        return statistics.fmean(abs(e) for e in errors(gpu, level, k0, fixed_s))
-    top = max(p[-1] for p in SETS[gpu])
-    lo, hi = 0.8 * top, 1.5 * top
+        return statistics.fmean(abs(e) for e in errors(gpu, level, k0, fixed_s, pts, dtype_bytes))
+    top = max(p[-1] for p in pts)
+    lo, hi = 0.8 * top, 1.6 * top
     g = (5 ** 0.5 - 1) / 2
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
     for _ in range(40):
@@ -136,10 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         k0, f, level, err = fit()
         print(f"fitted K0 {k0}, fixed {f * 1e6:.1f} us (level {level:.0f} TFLOP/s), mean |error| {err:.1%}; "
               f"stored K0 {GEMM_K0}, fixed {GEMM_FIXED_S * 1e6:.1f} us")
-    for gpu, role in (("h100-sxm", "in sample"), ("b200", "held out")):
+    cases: list[tuple[str, str, Points, int]] = [
+        ("h100-sxm", "in sample", SETS["h100-sxm"], 2), ("b200", "held out", SETS["b200"], 2)]
+    cases += [(gpu, f"held out, newest revision, {dt}", later(gpu, dt), 2 if dt == "bf16" else 1)
+              for gpu in LATER for dt in ("bf16", "fp8")]
+    for gpu, role, pts, nbytes in cases:
         for name, k0, f in (("this model", GEMM_K0, GEMM_FIXED_S), ("K0 0, 3 us (before)", 0, 3e-6)):
-            err, level = best_level(gpu, k0, f)
-            print(f"{gpu} ({role}, {len(SETS[gpu])} GEMMs), {name}: mean |error| {err:.1%} at level {level:.0f}")
+            err, level = best_level(gpu, k0, f, pts, nbytes)
+            print(f"{gpu} ({role}, {len(pts)} GEMMs), {name}: mean |error| {err:.1%} at level {level:.0f}")
     return 0
 
 
