@@ -56,7 +56,9 @@ seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
   not carry); DeepSpeed's sub-module units keep one GPU's NIC share, as DeepSpeed's ZeRO-3 measured
   (Narayanan et al. 2021, Table 2: its step time did not fall when 768 GPUs became 1,536);
   docs/planner.md §5.
-- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket): a bucket is
+- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket; the embedding's and the
+  head's parameters each a bucket of its own, the embedding's ready last and needed first: `stage_buckets`,
+  issue 12's nineteenth round): a bucket is
   ready when its layer's last backward of the step ends — read off the simulated schedule, so an
   interleaved rank's chunks, finished one after another through the cool-down, start early — the
   buckets queue on the network, what outlasts the makespan is exposed, and compute slows by σ while
@@ -1332,19 +1334,20 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
     return out
 
 
-def reduce_exposed(ready: list[float], r: float, end: float, sigma: float) -> float:
+def reduce_exposed(ready: list[float], r: float | list[float], end: float, sigma: float) -> float:
     """Exposed time after `end` of buckets reduced in the order they become ready (`ready`, sorted), r s
-    each, one at a time on the network; compute slows by σ while a bucket is in flight before `end`."""
+    each (or r[i] s for bucket i), one at a time on the network; compute slows by σ while a bucket is in
+    flight before `end`."""
     t = busy = 0.0
     for i, at in enumerate(ready):
         start = at if i == 0 or at > t else t
-        t = start + r
+        t = start + (r[i] if isinstance(r, list) else r)
         if start < end:
             busy += min(t, end) - start
     return max(0.0, t - end) + sigma * busy
 
 
-def gather_exposed(need: list[float], g: float, sigma: float) -> float:
+def gather_exposed(need: list[float], g: float | list[float], sigma: float) -> float:
     """Delay of a forward whose weight buckets (g s to all-gather each) are needed at the times `need`
     (sorted, from the step's start) when each bucket's gather is issued as the previous bucket's
     compute starts, the first at the start; σ slows the compute the gathers overlap.  One bucket ahead
@@ -1352,19 +1355,43 @@ def gather_exposed(need: list[float], g: float, sigma: float) -> float:
     with one-layer chunks it is also the chunk-wise dispatch of its pipeline schedules and of Apex's
     `overlap_param_sync` (the next chunk's gathers issued when the previous chunk's first forward
     starts), and with longer chunks nearly so (the network, not the issue time, bounds them)."""
+    gs = g if isinstance(g, list) else [g] * len(need)  # each bucket's gather (sized buckets: its own)
     delay = 0.0
-    done = g  # the first bucket's gather, issued at the start
+    done = gs[0] if gs else 0.0  # the first bucket's gather, issued at the start
     for i, at in enumerate(need):
         start = max(at + delay, done)  # this bucket's compute waits for its weights
         delay = start - at
         if i + 1 < len(need):
-            done = start + g  # the next bucket's gather, issued now, the network free (its own is done)
-    return delay + sigma * max(0.0, len(need) * g - delay)
+            done = start + gs[i + 1]  # the next bucket's gather, issued now, the network free (its own is done)
+    return delay + sigma * max(0.0, sum(gs) - delay)
 
 
 def _dp_rank_buckets(shape: RankShape, stages: tuple[int, ...]) -> list[tuple[int, int]]:
     """(stage, its buckets: one per layer, at least one) for the stages a rank holds, in list order."""
     return [(s, max(1, n)) for s, n in zip(stages, shape.layers)]
+
+
+def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: float, b_dur: float,
+                  f_start: float, f_dur: float) -> list[tuple[float, float, float]]:
+    """A stage's gradient buckets as Megatron-Core's DDP forms them (issue 12's nineteenth round):
+    (ready, needed, parameters) -- one per layer, ready as its backward ends in the stage's last backward
+    [b_start, b_start + b_dur] and needed as its forward starts in the stage's first forward; the head's
+    parameters (the output layer unless tied, the final norm) ready first, at the backward's start, and
+    needed last; the embedding's (token embedding, learned positions) ready last, at the backward's end --
+    its gradient is complete only when the backward reaches the input -- and needed first.  Buckets fill
+    in that order by size (max(4·10⁷, 10⁶·dp) parameters), so a large embedding is a bucket of its own:
+    at a 131,072-token vocabulary and h = 2,048 it holds 15 % of the model."""
+    n = lay.layers[s]
+    per_layer = model.layer_params_per_rank(c.tp)
+    out = [(b_start + (k + 1) * b_dur / n, f_start + k * f_dur / n, per_layer) for k in range(n)]
+    if lay.head[s]:
+        head = (model.head_params() if (not model.tied or c.pp > 1) else model.norm_params) / c.tp
+        out.append((b_start, f_start + f_dur, head))
+    if lay.embed[s]:
+        out.append((b_start + b_dur, f_start, model.embedding_params() / c.tp))
+    if not out:
+        out.append((b_start + b_dur, f_start, 0.0))
+    return out
 
 
 def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
@@ -1389,6 +1416,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     sigma = cluster.device.sigma
     split = c.schedule in SPLIT_BACKWARD
     overlap_red, overlap_gather = cluster.overlap_grad_reduce, cluster.overlap_param_gather
+    lay = layout(model, c.pp * c.virtual_stages)
     worst = 0.0
     last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
     costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
@@ -1400,7 +1428,6 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             if (g, shape.layers, has0) in bounded:
                 continue
             bounded.add((g, shape.layers, has0))
-        nb = sum(max(1, n) for n in shape.layers)  # its buckets: one per layer, at least one per stage
         hit = costs.get(g)
         if hit is None:
             red = (grad_collective(cluster, c, "all_reduce", g) if c.zero_stage == 0
@@ -1409,29 +1436,32 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                       if c.zero_stage >= 1 else 0.0)
             hit = costs[g] = (red, gather)
         red, gather = hit
-        rb, gb = red / nb, gather / nb  # one bucket's reduction and gather
+        per = 1.0 / max(shape.params, 1e-30)  # a bucket's share of the rank's reduction and gather: its parameters'
         if marks is not None:
             end, mk = marks
-            ready, need = [], []
-            for s, n in _dp_rank_buckets(shape, lists[r]):
+            items = []
+            for s in lists[r]:
                 d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
-                ready += [e - d + (k + 1) * d / n for k in range(n)]
-                need += [f0 + k * st.f[s] / n for k in range(n)]
-            ready.sort()
-            need.sort()
-            exposed = reduce_exposed(ready, rb, end, sigma) if overlap_red else red
+                items += stage_buckets(model, c, lay, s, e - d, d, f0, st.f[s])
+            ready = sorted((t, red * n * per) for t, _, n in items)
+            need = sorted((t, gather * n * per) for _, t, n in items)
+            exposed = reduce_exposed([t for t, _ in ready], [x for _, x in ready], end, sigma) if overlap_red else red
             if c.zero_stage >= 1:
-                exposed += gather_exposed(need, gb, sigma) if overlap_gather else gather
+                exposed += (gather_exposed([t for t, _ in need], [x for _, x in need], sigma) if overlap_gather
+                            else gather)
         else:  # the bound: σ·total + (1 − σ)·X₀ per queue, X₀ from stage 0's buckets where this rank has them
             x_red = x_gather = 0.0
             if has0:
-                n0 = max(1, shape.layers[lists[r].index(0)])
+                items = stage_buckets(model, c, lay, 0, 0.0, st.b[0], 0.0, st.f[0])
                 if not split:  # stage 0's last backward [T − b, T], here [0, b]
-                    x_red = reduce_exposed([(k + 1) * st.b[0] / n0 for k in range(n0)], rb, st.b[0], 0.0)
-                x_gather = gather_exposed([k * st.f[0] / n0 for k in range(n0)], gb, 0.0)  # its first forward
+                    ready = sorted((t, red * n * per) for t, _, n in items)
+                    x_red = reduce_exposed([t for t, _ in ready], [x for _, x in ready], st.b[0], 0.0)
+                need = sorted((t, gather * n * per) for _, t, n in items)  # its first forward
+                x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                last_rank = min(last_rank, sigma * red + (1 - sigma) * rb)
+                smallest = min(n for s in lists[r] for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0))
+                last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red
             if c.zero_stage >= 1:
