@@ -875,3 +875,29 @@ def test_attention_keeps_the_in_step_share_its_gemms_keep():
                                              "gemm": {"bf16": 0.66}, **calibrated_attention("h100-sxm")}}).device
     assert written.flash and written.attn_share(8192) == pytest.approx(h100.attn_share(8192))
     assert calibrated_attention(None) == {} and calibrated_attention("no-such-gpu") == {}
+
+
+@pytest.mark.parametrize("name,tp,pp", [("llama3-8b", 1, 1), ("gpt3-175b", 4, 4), ("megatron-1t", 8, 8)])
+def test_dp_buckets_follow_megatron_cores_order(name, tp, pp):
+    """cost.stage_buckets (issue 12's nineteenth round): over a rank's stages the buckets hold exactly the rank's
+    parameters; the embedding's is ready last in its stage's backward and needed first in its forward, the
+    head's ready first and needed last; each layer bucket holds one layer's parameters."""
+    from par3d.plan.cost import layout, rank_shapes, rank_stage_lists, stage_buckets
+
+    model = CATALOGUE[name]
+    c = Choice(tp=tp, pp=pp, dp=8, micro_batch=1, microbatches=8, schedule="1f1b", virtual_stages=1,
+               recompute="none", zero_stage=1, sequence_parallel=tp > 1)
+    lay = layout(model, pp)
+    for stages, shape in zip(rank_stage_lists("1f1b", pp, 1), rank_shapes(model, tp, pp, 1, "1f1b")):
+        items = [it for s in stages for it in stage_buckets(model, c, lay, s, 10.0, 2.0, 0.0, 1.0)]
+        assert sum(n for *_, n in items) == pytest.approx(shape.params, rel=1e-12)
+        for s in stages:
+            mine = stage_buckets(model, c, lay, s, 10.0, 2.0, 0.0, 1.0)
+            layers = [it for it in mine if it[2] == model.layer_params_per_rank(tp)]
+            assert len(layers) >= lay.layers[s]
+            if lay.embed[s]:
+                emb = next(it for it in mine if it[2] == model.embedding_params() / tp)
+                assert emb[0] == max(it[0] for it in mine) == 12.0 and emb[1] == min(it[1] for it in mine) == 0.0
+            if lay.head[s]:
+                head = [it for it in mine if it[0] == 10.0]
+                assert head and head[0][1] == 1.0

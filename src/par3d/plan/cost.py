@@ -1366,11 +1366,6 @@ def gather_exposed(need: list[float], g: float | list[float], sigma: float) -> f
     return delay + sigma * max(0.0, sum(gs) - delay)
 
 
-def _dp_rank_buckets(shape: RankShape, stages: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(stage, its buckets: one per layer, at least one) for the stages a rank holds, in list order."""
-    return [(s, max(1, n)) for s, n in zip(stages, shape.layers)]
-
-
 def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: float, b_dur: float,
                   f_start: float, f_dur: float) -> list[tuple[float, float, float]]:
     """A stage's gradient buckets as Megatron-Core's DDP forms them (issue 12's nineteenth round):
