@@ -127,6 +127,20 @@ def wave_efficiency(g: Gemm, sms: int) -> float:
     return tiles / (waves * sms)
 
 
+def gemm_depth(k: int, k0: float = GEMM_K0) -> float:
+    """The depth curve: a GEMM of depth k against one at K_ref, no credit beyond it (see GEMM_K0)."""
+    return max(1.0, (k + k0) / k * GEMM_K_REF / (GEMM_K_REF + k0))
+
+
+def table_gemm_seconds(g: Gemm, rate: float, sms: int, hbm: float, dtype_bytes: int, k0: float = GEMM_K0,
+                       fixed_s: float = GEMM_FIXED_S) -> float:
+    """One GEMM in the table model: its FLOPs at `rate` FLOP/s (the large-GEMM rate, reached at K_ref) through
+    the waves and the depth curve, or its bytes at `hbm` bytes/s if slower, plus the kernel's fixed cost.
+    gemm_shapes.py fits `k0` and `fixed_s` with this same function."""
+    return max(g.flops * gemm_depth(g.k, k0) / (rate * wave_efficiency(g, sms)),
+               g.bytes(dtype_bytes) / hbm) + fixed_s
+
+
 def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
     peak = dev.peak(dtype)
     nbytes = g.bytes(DTYPE_BYTES[dtype])
@@ -134,9 +148,8 @@ def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
     attainable = min(peak, ai * dev.mem_bw)
     we = wave_efficiency(g, dev.sms)
     if dev.kernel_model == "table":
-        depth = max(1.0, (g.k + GEMM_K0) / g.k * GEMM_K_REF / (GEMM_K_REF + GEMM_K0))
-        t = max(g.flops * depth / (peak * dev.gemm_fraction(dtype) * we),
-                nbytes / (dev.mem_bw * dev.mem_eff)) + GEMM_FIXED_S
+        t = table_gemm_seconds(g, peak * dev.gemm_fraction(dtype), dev.sms, dev.mem_bw * dev.mem_eff,
+                               DTYPE_BYTES[dtype])
     else:
         t = max(g.flops / (peak * dev.efficiency * we), nbytes / dev.mem_bw)
     return Roofline(g.flops, nbytes, ai, dev.balance(dtype), "memory" if ai < dev.balance(dtype) else "compute",

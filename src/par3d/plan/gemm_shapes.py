@@ -14,9 +14,9 @@ TensorFlow at third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h. 
   first 16,000 characters of entries: 27 GEMMs.  (The newest revision re-measures both blocks with FP8 columns;
   not used.)
 
-What the model does with a shape (compute.roofline, table model): time = max(FLOPs · (K + K0) / K / (L ·
-wave_eff), bytes / (HBM · mem_eff)) + t_fixed, with the GPU's SM count, HBM bandwidth and mem_eff from the
-catalogue.  `fit` searches K0 and t_fixed with the level L free (the level of a training step comes from
+What the model does with a shape (compute.table_gemm_seconds, which compute.roofline prices every GEMM with):
+time = max(FLOPs · d(K) / (L · wave_eff), bytes / (HBM · mem_eff)) + t_fixed, d(K) the depth curve (K0 in it),
+L the rate at K = 4,096, with the GPU's SM count, HBM bandwidth and mem_eff from the catalogue.  `fit` searches K0 and t_fixed with the level L free (the level of a training step comes from
 gemm_table.py, not from here: only the curve's shape is taken), minimising the mean |error|; the stored
 compute.GEMM_K0 = 136 and GEMM_FIXED_S = 6 µs are its result (`python -m par3d.plan.gemm_shapes --fit`).
 
@@ -35,7 +35,7 @@ import argparse
 import statistics
 import sys
 
-from .compute import GEMM_FIXED_S, GEMM_K0, Gemm, wave_efficiency
+from .compute import GEMM_FIXED_S, GEMM_K0, Gemm, table_gemm_seconds
 from .hardware import Device, get_device
 
 # (b, m, n, k, measured TFLOP/s)
@@ -116,11 +116,10 @@ Points = tuple[tuple[int, int, int, int, float], ...]
 
 def tflops(dev: Device, b: int, m: int, n: int, k: int, level: float, k0: float, fixed_s: float,
            dtype_bytes: int = 2) -> float:
-    """The model's TFLOP/s for one GEMM at a rate of `level` TFLOP/s at infinite depth."""
+    """The model's TFLOP/s for one GEMM (compute.table_gemm_seconds) at a large-GEMM rate of `level` TFLOP/s."""
     g = Gemm("gemm", m, n, k, b)
-    t = max(g.flops * (k + k0) / k / (level * 1e12 * wave_efficiency(g, dev.sms)),
-            g.bytes(dtype_bytes) / (dev.mem_bw * dev.mem_eff)) + fixed_s
-    return g.flops / t / 1e12
+    return g.flops / table_gemm_seconds(g, level * 1e12, dev.sms, dev.mem_bw * dev.mem_eff, dtype_bytes,
+                                        k0, fixed_s) / 1e12
 
 
 def errors(gpu: str, level: float, k0: float, fixed_s: float, points: Points | None = None,
