@@ -421,7 +421,9 @@ def test_dp_tail_reads_the_schedule():
     # (the last micro-batch's backward runs a rank's chunks from its last stage down to its first)
     late = replace(mk, grad_end=tuple(end - sum(mk.grad_dur[s] for s in range(mine % inter.pp, mine, inter.pp))
                                       for mine in range(len(mk.grad_end))))
-    assert dp_tail(model, on, inter, st, (end, late)) > 1.5 * tails["interleaved", True]
+    # (1.44x since issue 12's twentieth round's measured overlap slowdown σ = 0.189, which slows the compute the
+    # early reductions overlap; > 1.5x asserted before, at σ = 0.12)
+    assert dp_tail(model, on, inter, st, (end, late)) > 1.3 * tails["interleaved", True]
     assert tails["1f1b", True] < tails["1f1b", False] and tails["interleaved", True] < tails["interleaved", False]
     # ZeRO-0 has no gather: the flag changes nothing
     z0 = replace(one, zero_stage=0)

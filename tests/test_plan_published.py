@@ -145,9 +145,9 @@ def test_zero3_without_model_parallelism_ranks_below_tp_pp(capsys):
                        "--zero-stage", "3", "--zero3-unit", "submodule", "--top", "1")[0]
         assert z3["step_time_s"] > 1.5 * best["step_time_s"]  # measured: 40-70 % slower
         modern = plan_json(capsys, *GPT3, "--gpus", gpus, "--top", "1")[0]  # today's defaults, searched
-        # model-parallel: TP+PP at 768; at 1,536 TP 2 under ZeRO-3 (no PP), level with the best TP+PP plan
-        # (11.534 against 11.541 s) since issue 12's nineteenth round sized the DP buckets
-        assert modern["tp"] > 1 and (modern["pp"] > 1 or gpus == "1536")
+        # TP+PP at both (from issue 12's nineteenth round, which sized the DP buckets, to its twentieth, which
+        # set the overlap slowdown σ to a measured 18.9 %, TP 2 under ZeRO-3 without PP led at 1,536 by 0.1 %)
+        assert modern["tp"] > 1 and modern["pp"] > 1
         fsdp = plan_json(capsys, *GPT3, "--gpus", gpus, "--tp", "1", "--pp", "1", "--zero-stage", "3",
                          "--top", "1")[0]
         assert fsdp["step_time_s"] > modern["step_time_s"]
@@ -195,14 +195,15 @@ def test_tensor_vs_pipeline_tradeoff_as_measured():
 
 def test_nemotron4_15b_misses_hinge_on_the_dp_overlap():
     """docs/planner.md §9, twelfth round: the 15B report's rows (one micro-batch per replica per step) miss
-    by > 25 % with the distributed optimizer's collectives overlapped, as NVIDIA's recipe sets them (> 30 % until
-    issue 12's nineteenth round gave the embedding's gradient a bucket of its own, ready last), and
+    by > 20 % with the distributed optimizer's collectives overlapped, as NVIDIA's recipe sets them (> 30 % until
+    issue 12's nineteenth round gave the embedding's gradient a bucket of its own, ready last; > 25 % until its
+    twentieth set the overlap slowdown σ to Lee et al.'s measured 18.9 %), and
     come within 10 % (the smaller two) and 13 % (2,304 GPUs) priced unoverlapped — the documented
     explanation, pinned so that a change to the DP overlap pricing shows here."""
     for name, bound in (("nemotron4-paper-15B-768", 0.10), ("nemotron4-paper-15B-1536", 0.10),
                         ("nemotron4-paper-15B-2304", 0.13)):
         row = next(r for r in ROWS if r["name"] == name)
-        assert validation.predict(row).error > 0.25
+        assert validation.predict(row).error > 0.20
         serial = dict(row, overlap_grad_reduce=False, overlap_param_gather=False)
         assert abs(validation.predict(serial).error) <= bound, name
 
@@ -369,10 +370,11 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
     # the regime leans fast and holds the misses: its share within ±10 % well under the whole set's, its median
     # on the fast side, its largest miss fast by far more than its largest slow one (its misses: 15 fast, 1 slow;
     # since issue 12's nineteenth round sized the DP buckets, 69 % within against 84 %, median +1.5 %: the margins
-    # asserted until then, 15 points and +2 %, were cut to 10 points and +1 %)
+    # asserted until then, 15 points and +2 %, were cut to 10 points and +1 %; since its twentieth set the overlap
+    # slowdown σ to Lee et al.'s measured 18.9 %, 69 % against 85 %, median +0.9 %: the median asserted above 0)
     allrows = [v for k, v in validation.stored_evidence().items() if not k.startswith("regime/")]
     share = sum(int(v["within_10pct"]) for v in allrows) / sum(int(v["rows"]) for v in allrows)
-    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.10 and float(reg["median_error_pct"]) > 1
+    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.10 and float(reg["median_error_pct"]) > 0
     assert float(reg["max_error_pct"]) > 3 * -float(reg["min_error_pct"])
     assert main([*base, "--recompute", "none", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]

@@ -34,24 +34,25 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
     v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
-    the fit was first run, and not changed after): 0.8476 BF16 (= 674 of MAMF 795), 0.8207 FP8 (= 1151 of
+    the fit was first run, and not changed after): 0.8560 BF16 (= 681 of MAMF 795), 0.8339 FP8 (= 1170 of
     1403; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
     before its sixteenth round gave attention the same in-step discount, hardware.attn_sustain_of; 0.8544 and
     0.8165 before its seventeenth round priced the loss's cross-entropy kernel by kernel, compute.LOSS_BYTES,
     which the calibration rows (NeMo 1.0: Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
     0.8288 before its nineteenth round gave GEMMs shallower than K = 4,096 their measured depth curve,
-    compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, cost.stage_buckets).  Those twelve
+    compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, cost.stage_buckets; 0.8476 and 0.8207
+    before its twentieth set the overlap slowdown to a measured 18.9 %, hardware.OVERLAP_SLOWDOWN).  Those twelve
     rows are in sample; every other H100 row is held out.  What the FP8 number
     holds beyond the clock (TE's casts and amax bookkeeping as priced in compute.py may fall short) is
     not separated: it is the H100's FP8 step as the table's runs sustain it.  Reproduce with
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
   * The **training factor** (issue 12's twelfth round; `training_factor`): the H100's fitted ratio over the H200's
     measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the quotient is what a training step
-    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8476 / 0.888 = 0.954 (BF16),
-    0.8207 / 0.888 = 0.924 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
-    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.791
-    (BF16) and 0.769 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
+    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8560 / 0.888 = 0.964 (BF16),
+    0.8339 / 0.888 = 0.939 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
+    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.798
+    (BF16) and 0.782 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
     H100's did before its fit: docs/planner.md section 9), so those rows are not independent evidence for it.
   * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SAME_DIE`: the same die,
@@ -115,7 +116,7 @@ SAME_DIE: dict[str, str] = {"gb200": "b200"}
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100 has
 # no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
-FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8476, ("h100", "fp8"): 0.8207}
+FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.856, ("h100", "fp8"): 0.8339}
 
 
 def training_factor(dtype: str) -> float:

@@ -39,11 +39,15 @@ Achieved bandwidths (the `*_eff` factors):
   8 GPUs (→ 480/450 for an all-reduce inside one node).
 - InfiniBand/RoCE: one HDR NIC reaches its 24 GB/s line rate of 25 in the same thread; 4 NICs
   per node give 86-96 GB/s bus bandwidth of 100 across nodes (NVIDIA/nccl-tests issue #119) → 0.90.
-- `overlap_slowdown` σ = 16 NCCL channels / SMs: a collective that overlaps compute runs one
-  thread block (one SM) per NCCL channel, so the compute it overlaps slows by that share of the SMs
-  (cost.py).  16 channels is an assumption (NCCL picks 8-32 by topology; NCCL_MIN/MAX_NCHANNELS
-  tune it); the HBM traffic a collective adds is not counted separately.  Calibratable as
-  `device.overlap_slowdown` in a hardware file.
+- `overlap_slowdown` σ = 0.189: compute that runs while a collective proceeds slows by this share
+  (cost.py: shared SMs, HBM and power).  **Cited, not fitted**: Lee et al., "Characterizing
+  Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power
+  Implications" (arXiv 2507.03114, 2025) measured an average computational slowdown of 18.9 % (at most
+  40.0 %) against the same compute with no communication beside it, for GPT and LLaMA models on four
+  A100, H100, MI250 and MI210 GPUs.  The average covers AMD GPUs too and one GPU count; no per-GPU,
+  per-collective figure is used.  Until issue 12's twentieth round σ was 16 NCCL channels / SMs (one
+  thread block per channel: 0.15 on A100, 0.12 on H100, 0.11 on B200), an assumption no measurement
+  gave.  Calibratable as `device.overlap_slowdown` in a hardware file.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class HardwareError(ValueError):
     """A hardware description that cannot be used; the message names the field and a fix."""
 
 
-NCCL_CHANNELS = 16  # assumed NCCL channels (one SM each) while a collective runs; see the docstring
+OVERLAP_SLOWDOWN = 0.189  # σ: Lee et al. 2025 (arXiv 2507.03114), measured average; see the docstring
 MEM_EFF = 0.80  # elementwise kernels' share of HBM bandwidth (see the module docstring)
 NVLINK_EFF = 232.5 / 300.0  # nccl-tests all_reduce busbw on 8×A100 / NVLink 3 per direction
 NVLINK4_EFF = 370.0 / 450.0  # NCCL ring / all-gather / reduce-scatter on NVLink 4 (nccl-tests #212)
@@ -94,8 +98,8 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # (docs/planner.md §9).  `Cluster.fsdp` turns it on.  6.5 ms until issue 12's seventeenth round, whose loss pricing
 # (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
 # logit cost before) moved its calibration rows; 6.9 ms until its nineteenth round gave shallow GEMMs their measured
-# depth curve (compute.GEMM_K0).
-FSDP_UNIT_S = 7.1e-3
+# depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN).
+FSDP_UNIT_S = 7.2e-3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
@@ -111,7 +115,7 @@ class Device:
     gemm: dict[str, float] = field(default_factory=dict)
     mem_eff: float = MEM_EFF
     attn_eff: float = 0.0  # FlashAttention's fwd+bwd share of peak; 0: no FlashAttention on this GPU
-    overlap_slowdown: float | None = None  # σ; None -> NCCL_CHANNELS / sms
+    overlap_slowdown: float | None = None  # σ; None -> OVERLAP_SLOWDOWN
     # the attention kernel's share of peak measured at several sequence lengths ((tokens, share), rising
     # tokens), where a measurement gives them; empty: `attn_eff` at every length (`attn_share`)
     attn_curve: tuple[tuple[int, float], ...] = ()
@@ -131,7 +135,7 @@ class Device:
     def sigma(self) -> float:
         if self.overlap_slowdown is not None:
             return self.overlap_slowdown
-        return min(0.5, NCCL_CHANNELS / max(self.sms, 1))
+        return OVERLAP_SLOWDOWN
 
     def attn_share(self, seq: int) -> float:
         """The attention kernel's share of peak inside a training step for sequences (or CP blocks) of `seq`
