@@ -609,3 +609,30 @@ def test_config_json_sequence_length_is_named(capsys, tmp_path):
     assert "x 8192 tokens per step (config.json's max_position_embeddings" in out
     rc, out, err = run(capsys, "--model", str(p), "--seq-len", "2048", "--gpus", "8", "--global-batch", "16")
     assert rc == 0 and "x 2048 tokens per step\n" in out
+
+
+def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
+    """`--schedules` restricts the search to the pipeline schedules the target framework has: with the paper's
+    2021 software the unrestricted top ten include ZB-H1, which Megatron-LM then lacked; restricted to 1f1b and
+    interleaved none does, the rejections say why, and the best plan is the same (it was interleaved)."""
+    base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536",
+            "--no-flash-attention", "--recompute", "full", "--no-sequence-parallel", "--no-overlap-grad-reduce",
+            "--zero-stage", "0", "--top", "10", "--json"]
+    rc, out, _ = run(capsys, *base)
+    free = json.loads(out)["plans"]
+    assert rc == 0 and any(p["schedule"] not in ("1f1b", "interleaved") for p in free)
+    rc, out, _ = run(capsys, *base, "--schedules", "1f1b,interleaved")
+    kept = json.loads(out)["plans"]
+    assert rc == 0 and kept and all(p["schedule"] in ("1f1b", "interleaved") for p in kept)
+    assert free[0]["schedule"] == "interleaved" and kept[0] == free[0]
+    rc, out, _ = run(capsys, *base[:-1], "--schedules", "1f1b", "--top", "3")  # DeepSpeed's pipeline: 1F1B only
+    assert rc == 0 and "schedule not in --schedules" in out
+    with pytest.raises(SystemExit):
+        main(["plan", *base, "--schedules", "1f1b,chimera"])
+    assert "schedules are gpipe, 1f1b, interleaved" in capsys.readouterr().err
+    rc, _, err = run(capsys, *base, "--schedule", "zb-h1", "--schedules", "1f1b,interleaved")
+    assert rc != 0 and "--schedule zb-h1: not among --schedules 1f1b,interleaved" in err
+    # nothing fits for want of a schedule: the fix names one outside the list that gives a plan
+    rc, _, err = run(capsys, "--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "64", "--global-batch", "6",
+                     "--pp", "8", "--schedules", "interleaved")
+    assert rc == 1 and "to --schedules (now interleaved): then tp=8 pp=8" in err

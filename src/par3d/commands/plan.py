@@ -259,6 +259,10 @@ def register(sub) -> None:
                    help="reject plans whose simulated bubble (idle share of wall time) exceeds this fraction")
     g.add_argument("--allow-inter-node-tp", action="store_true",
                    help="let tensor parallelism span nodes (default: TP stays inside a node)")
+    g.add_argument("--schedules", type=_schedule_list, default=None, metavar="LIST",
+                   help="comma-separated pipeline schedules the search may pick, those the framework that will "
+                        f"run the plan has (of {', '.join(SCHEDULES)}): e.g. 1f1b,interleaved for Megatron-LM, "
+                        "1f1b for DeepSpeed; default: all")
     g.add_argument("--max-virtual-stages", type=_int_at_least(2), default=8,
                    help="largest v searched for the interleaved schedule (default: %(default)s)")
     g.add_argument("--top", type=_int_at_least(1), default=5, help="plans to show (default: %(default)s)")
@@ -373,6 +377,15 @@ def _cluster(args: argparse.Namespace):
     return cl
 
 
+def _schedule_list(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t not in SCHEDULES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: schedules are {', '.join(SCHEDULES)}, comma-separated "
+                                         f"(e.g. 1f1b,interleaved)")
+    return names
+
+
 def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
     n = cluster.gpus
     for flag, v in (("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--dp", args.dp)):
@@ -395,6 +408,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         raise UsageError(f"--cp {args.cp}: ring attention with causal load balancing cuts each sequence into "
                          f"2 x cp chunks, so --seq-len {model.seq_len} must be divisible by {2 * args.cp}; use a "
                          f"--cp whose double divides it")
+    if args.schedules is not None and args.schedule is not None and args.schedule not in args.schedules:
+        raise UsageError(f"--schedule {args.schedule}: not among --schedules {','.join(args.schedules)}; add it "
+                         f"to --schedules or drop one of the two")
     if args.pp is not None and args.pp > model.layers:
         raise UsageError(f"--pp {args.pp}: every pipeline stage needs a layer and the model has "
                          f"{model.layers}; use --pp <= {model.layers}")
@@ -511,7 +527,7 @@ def _run(args: argparse.Namespace) -> int:
                   1 if args.emit_config else args.dp_replicate, args.recompute_layers)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
-                    None if has_cp else 1, block_recompute=not args.emit_config)
+                    None if has_cp else 1, block_recompute=not args.emit_config, schedules=args.schedules)
     opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom,
                    optimizer_dtype=args.optimizer_dtype)
     args.plan_options = opts

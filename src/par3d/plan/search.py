@@ -96,6 +96,9 @@ class Limits:
     # also search Megatron's block recomputation (the fewest layers per chunk that fit, where none does not);
     # False when the plan must run on par3d's runtime (--emit-config), which recomputes every layer or none
     block_recompute: bool = True
+    # the pipeline schedules the search may pick (None: all of SCHEDULE_ORDER): those the framework that will run
+    # the plan has -- Megatron-LM's 1f1b and interleaved, DeepSpeed's 1f1b (`--schedules`)
+    schedules: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -181,6 +184,9 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                     continue
                 if pp == 1 and sched != "1f1b" and fixed.schedule is None:
                     continue  # all schedules coincide without a pipeline
+                if pp > 1 and limits.schedules is not None and sched not in limits.schedules:
+                    rejected["schedule not in --schedules"] += 1
+                    continue
                 if sched == "interleaved":
                     if pp == 1 or m % pp:
                         rejected["interleaved needs pp > 1 and m % pp == 0"] += 1
@@ -799,6 +805,12 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                     "2·pp <= layers + 2": f"--pp <= {(model.layers + 2) // 2}",
                     "pp > 1": "--pp 2 or more"}.get(why, "--no-tied-embeddings")
             fixes.append(f"{hint} ({fixed.schedule} needs {why}), or --schedule zb-h1")
+        elif reason == "schedule not in --schedules" and limits.schedules is not None:
+            r2 = search(model, cluster, global_batch, fixed, replace(limits, schedules=None), top=1, opts=opts)
+            if r2.plans:  # offered only when a schedule outside the list gives a plan
+                fixes.append(f"add {r2.plans[0].choice.schedule} to --schedules (now "
+                             f"{','.join(limits.schedules)}): then {r2.plans[0].choice.label()} fits, if the "
+                             f"framework that will run it has that schedule")
         elif reason == "pp > layers" and fixed.pp is not None:
             fixes.append(f"--pp <= {model.layers}")
         elif reason.startswith("--dp-replicate") and fixed.dp_replicate is not None:

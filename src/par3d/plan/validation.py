@@ -93,10 +93,12 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
     model = model_of(row)
     fixed = Fixed(**{"dp_replicate": 1, **row["fixed"]})  # a row ran HSDP only where it says so
     opts = options_of(row)
-    res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1, opts=opts)
+    # a row that leaves the schedule to the search names the ones its framework had (`schedules`)
+    limits = Limits(schedules=tuple(row["schedules"]) if "schedules" in row else None)
+    res = search(model, cluster, int(row["global_batch"]), fixed, limits, top=1, opts=opts)
     in_headroom = bool(res.plans)
     if not res.plans:  # the published run ran: its memory is checked against the GPU's capacity alone
-        res = search(model, cluster, int(row["global_batch"]), fixed, Limits(), top=1,
+        res = search(model, cluster, int(row["global_batch"]), fixed, limits, top=1,
                      opts=replace(opts, memory_headroom=0.0))
     if res.plans:
         plan, fits = res.plans[0], True
