@@ -44,9 +44,9 @@ calibrated hardware files) keep the seed's rule: a group whose ranks span ≤ gp
 consecutive ranks uses the intra-node link, otherwise the inter-node one (TP spans tp ranks, CP
 tp·cp, PP tp·cp·pp, DP all of them).
 
-Overlap costs something on hierarchical clusters (`Device.sigma`: σ = 0.189, the slowdown Lee et al. 2025
-measured, by default (hardware.OVERLAP_SLOWDOWN); calibratable as `overlap_slowdown`): compute of c seconds running while a collective of k
-seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
+Overlap costs something on hierarchical clusters (`Device.sigma`: by default σ = 0.189, the slowdown
+Lee et al. 2025 measured, hardware.OVERLAP_SLOWDOWN; calibratable as `overlap_slowdown`): compute of c
+seconds running while a collective of k seconds proceeds takes  max(c, k) + σ·min(c, k)  (`overlapped`).
 - ZeRO-3 prefetches one layer ahead: each pass over a chunk exposes its first all-gather, each
   later layer costs overlapped(its compute, the next gather), the backward's last reduce-scatter
   is exposed; the backward re-gathers the weights once, full recompute or not (the rerun forward
