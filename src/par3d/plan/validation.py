@@ -286,7 +286,7 @@ def _counts(preds: list[Prediction]) -> str:
 # first GB200 tables (20 rows with its two H100 ones: one early Blackwell software generation), MLPerf Training
 # v4.0's and v4.1's GPT-3 175B (4 rows: H100; 5 rows: B200 and H100), v5.0's Llama 3.1 405B (14 rows: H100, H200
 # and GB200) and v5.1's FP8 Llama 3.1 8B and 405B (17 rows: H100, H200, B200, GB200); the PyTorch FSDP rows held
-# out from FSDP_UNIT_S's fit: llm-foundry's older tables (70), fms-fsdp's (4) and torchtitan's (5).  (llm-foundry's
+# out from FSDP_UNIT_S's fit: llm-foundry's older tables (70), fms-fsdp's (4) and torchtitan's (8 on A100, 2 on H200).  (llm-foundry's
 # large-scale 18 rows are in sample.)  The sixteenth round's two NeMo sources: its long-sequence tables and its
 # 25.02 / 25.04 performance summaries; the seventeenth round's Megatron-LM README tables (11 rows).
 MLPERF_PREFIX = "mlperf-3.1-"
@@ -298,7 +298,7 @@ MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissi
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
 LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 tables at 2K tokens (fifteenth round)
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
-TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, issue 12's fifteenth round): held out likewise
+TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, fifteenth round; H200, twentieth): held out likewise
 LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 4K-1M tokens; sixteenth round)
 NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
 MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Megatron-Core r0.8.0 on H100 (seventeenth)
@@ -309,7 +309,7 @@ OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPer
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
-             (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2, A100)"),
+             (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2; A100, H200)"),
              (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
