@@ -65,23 +65,24 @@ def ratios(kind: str) -> list[tuple[int, float]]:
     return out
 
 
+def _stats(r: list[tuple[int, float]]) -> dict[str, float]:
+    """The median ratio over sizes >= 1 MiB and below, and the ratio at the largest size, of one opcode's `ratios`."""
+    return {"median_ge_1mib": statistics.median(x for n, x in r if n >= MIB),
+            "median_lt_1mib": statistics.median(x for n, x in r if n < MIB), "largest": r[-1][1]}
+
+
 def summary() -> dict[str, dict[str, float]]:
-    """Per opcode: the median ratio over sizes >= 1 MiB and below, and the ratio at the largest size."""
-    res = {}
-    for kind in XLA_H100_8:
-        r = ratios(kind)
-        big = [x for n, x in r if n >= MIB]
-        small = [x for n, x in r if n < MIB]
-        res[kind] = {"median_ge_1mib": statistics.median(big), "median_lt_1mib": statistics.median(small),
-                     "largest": r[-1][1]}
-    return res
+    """Per opcode: `_stats` of its ratios."""
+    return {kind: _stats(ratios(kind)) for kind in XLA_H100_8}
 
 
 def main() -> int:
-    for kind, s in summary().items():
+    for kind in XLA_H100_8:
+        r = ratios(kind)  # priced once, for the summary line and the per-size line
+        s = _stats(r)
         print(f"{kind}: model / measured time, median over >= 1 MiB {s['median_ge_1mib']:.2f}, below "
               f"{s['median_lt_1mib']:.2f}, at 2 GiB {s['largest']:.2f}")
-        print("  " + " ".join(f"{n // MIB}M:{x:.2f}" if n >= MIB else f"{n}:{x:.2f}" for n, x in ratios(kind)))
+        print("  " + " ".join(f"{n // MIB}M:{x:.2f}" if n >= MIB else f"{n}:{x:.2f}" for n, x in r))
     return 0
 
 
