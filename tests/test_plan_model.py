@@ -670,7 +670,7 @@ def test_cudnn_generations_on_blackwell():
 
 def test_gb200_is_the_b200_die_in_an_nvl72_domain():
     """GB200 (issue 12's ninth round): its own peaks and MAMF (Bekman), the B200's measured sustained ratio
-    (no GB200 MSMF: gemm_table.SAME_DIE), the same memory bandwidth, 186 GB, and 72 GPUs per NVLink domain."""
+    (no GB200 MSMF: gemm_table.SUSTAINED_FROM), the same memory bandwidth, 186 GB, and 72 GPUs per NVLink domain."""
     from par3d.plan import gemm_table as gt
     from par3d.plan.hardware import DEVICES, default_gpus_per_node
 
@@ -690,6 +690,54 @@ def test_gb200_is_the_b200_die_in_an_nvl72_domain():
     inside = comm.collective("all_gather", 1e9, 4, 1, cl).total
     across = comm.collective("all_reduce", 1e9, 4, 64, cl).total
     assert inside < across
+
+
+def test_blackwell_ultra_b300_and_gb300_from_their_sources():
+    """B300 and GB300 (issue 12's twenty-first round): the B200's / GB200's peaks, the B300's measured MAMF and
+    the GB300's bridged from it by the GB200/B200 ratio, the B200's sustained ratio (no MSMF of either), 288 GB,
+    800 Gb/s NICs, the GB300's own cuDNN files (the B300 takes them), 72 GPUs per GB300 NVL72 domain."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import (
+        DEVICES,
+        GB300_CUDNN913_CURVE,
+        GB300_CUDNN_CURVE,
+        HardwareError,
+        catalogue_gpu_of,
+        default_gpus_per_node,
+        with_attention_kernel,
+    )
+
+    for g, twin in (("b300", "b200"), ("gb300", "gb200")):
+        for dtype in ("bf16", "fp8"):
+            peak, mamf, msmf = gt.TABLE[g][dtype]
+            assert msmf is None and peak == gt.TABLE[twin][dtype][0] and DEVICES[g].peak(dtype) == peak * 1e12
+            assert gt.sustained_ratio(g, dtype) == gt.sustained_ratio("b200", dtype)
+            assert DEVICES[g].gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("b200", dtype) * gt.STEP_SHARE)
+        assert DEVICES[g].mem_bytes == 288e9 and DEVICES[g].mem_bw == DEVICES[twin].mem_bw and DEVICES[g].sms == 160
+    # the bridge: GB300 = B300 x GB200 / B200, the B200 of the revision that measured the GB200 and the B300
+    # (1745.0 / 3432.5; TABLE's B200 entry is an earlier revision's), rounded to one decimal
+    for dtype, b200_same_revision in (("bf16", 1745.0), ("fp8", 3432.5)):
+        bridged = gt.TABLE["b300"][dtype][1] * gt.TABLE["gb200"][dtype][1] / b200_same_revision
+        assert gt.TABLE["gb300"][dtype][1] == pytest.approx(bridged, abs=0.06)
+    # cudnn-frontend's GB300 file (b372d39, cuDNN 9.17) at 8,192 tokens: forward 1.158 + backward 4.256 ms for the
+    # causal forward's 2 s^2 d h FLOPs (128 heads of 128), counted 3x, of 2500 TFLOP/s
+    flops = 2 * 8192**2 * 128 * 128
+    assert dict(GB300_CUDNN_CURVE)[8192] == pytest.approx(3 * flops / 5.414e-3 / 2500e12, abs=1e-3)
+    gb, b = DEVICES["gb300"], DEVICES["b300"]
+    assert gb.attn_curve == b.attn_curve == GB300_CUDNN_CURVE and gb.attn_eff > DEVICES["gb200"].attn_eff
+    assert with_attention_kernel(b, "cudnn9.13").attn_curve == GB300_CUDNN913_CURVE
+    with pytest.raises(HardwareError, match="Hopper"):
+        with_attention_kernel(gb, "fa3")
+    assert default_gpus_per_node("gb300") == 72 and default_gpus_per_node("b300") == 8
+    for g in ("b300", "gb300"):
+        cl = make_cluster(g, 256)
+        assert cl.inter.beta == 100e9 and cl.intra.name == "nvlink5"
+    # torch's device names to the catalogue: the most specific family wins (GB300 holds "B300")
+    for name, want in (("NVIDIA GB300", "gb300"), ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB200", "gb200"),
+                       ("NVIDIA B200", "b200"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+                       ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+                       ("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 4090", None)):
+        assert catalogue_gpu_of(name) == want, name
 
 
 def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradients():

@@ -98,9 +98,9 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     attention: dict[str, float] = {}
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
-        from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share
+        from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share, catalogue_gpu_of
 
-        gpu = next((k for k in DEVICES if k.split("-")[0] in name.lower().replace(" ", "")), None)
+        gpu = catalogue_gpu_of(name)
         family = gpu.split("-")[0] if gpu is not None else ""  # gemm_table's family ("" : unknown GPU)
         if gpu is not None:
             known = DEVICES[gpu]

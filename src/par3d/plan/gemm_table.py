@@ -18,6 +18,14 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   GB200 row; the same revision has B200 at 1745.0 / 3432.5, so GB200/B200 = 1.04 / 1.05, not the
   1.11 of the peaks).  FP16 runs the same tensor-core path as BF16 at the same peak, so it takes the
   BF16 entry.
+  B300 and GB300 (Blackwell Ultra; issue 12's twenty-first round).  Peaks: 2250 BF16 / 4500 FP8 dense (B300,
+  the DGX B300 datasheet) and 2500 / 5000 (GB300, NVIDIA GB300 NVL72 specifications), as Bekman's TFLOPS table
+  lists them -- the same as the B200's and the GB200's: Blackwell Ultra adds FP4 and attention's exponentials,
+  not BF16/FP8 tensor throughput.  MAMF: B300 SXM 1769.0 BF16, 3353.3 FP8 (the table's newest revision, ml-engineering
+  744d01e, torch 2.9.1+cu130: "same as B200, newer torch/cuda").  GB300: no measurement; bridged from the B300 as the
+  GB200 stands to the B200 in the same table (1822.0 / 1745.0 BF16, 3615.6 / 3432.5 FP8): 1769.0 × 1.0441 = 1847.0
+  BF16, 3353.3 × 1.0533 = 3532.2 FP8 -- an assumption (the one pair measured in both packages says what the Grace
+  package does to the same die's burst).
 - `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
   held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
   yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
@@ -55,10 +63,14 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     (BF16) and 0.782 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
     H100's did before its fit: docs/planner.md section 9), so those rows are not independent evidence for it.
-  * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SAME_DIE`: the same die,
+  * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SUSTAINED_FROM`: the same die,
     clocked by the same boost logic, at 1200 W instead of 1000 W — so if anything it sustains more of its
     burst, and this is the cautious side), × the training factor.  Not fitted: the GB200 validation rows are
     all held out.
+  * B300 and GB300: no MSMF of either; both take the B200's measured ratio (`SUSTAINED_FROM`), × the training
+    factor -- an assumption, not a fit: the B300 runs at the B200's 1000 W maximum TGP (Bekman's power table,
+    DGX B300 power capping), the GB300 at 1400 W (its rack-planning figures), so if anything it sustains more.
+    Not fitted: every B300/GB300 validation row is held out, scored after this description was written.
   * A100: the HPL sustained-clock ratio 1305/1410 = 0.926: 1305 MHz is the clock an A100 sustains
     at its 400 W limit running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised
     by G. Lockwood, "Peak FLOPS", glennklockwood.com).  Not fitted.
@@ -109,9 +121,13 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     "b200": {"bf16": (2250.0, 1737.0, 1439.0), "fp16": (2250.0, 1737.0, 1439.0),
              "fp8": (4500.0, 3350.0, 2788.0)},
     "gb200": {"bf16": (2500.0, 1822.0, None), "fp16": (2500.0, 1822.0, None), "fp8": (5000.0, 3615.6, None)},
+    "b300": {"bf16": (2250.0, 1769.0, None), "fp16": (2250.0, 1769.0, None), "fp8": (4500.0, 3353.3, None)},
+    # GB300: the B300's MAMF × the GB200/B200 ratio of the same table (see above; not measured)
+    "gb300": {"bf16": (2500.0, 1847.0, None), "fp16": (2500.0, 1847.0, None), "fp8": (5000.0, 3532.2, None)},
 }
-# a GPU without its own MSMF that takes the sustained/burst ratio of the same die measured elsewhere (see above)
-SAME_DIE: dict[str, str] = {"gb200": "b200"}
+# a GPU without its own MSMF that takes the sustained/burst ratio measured on another part (see above: the
+# GB200 is the B200's die; the B300 and GB300 are Blackwell Ultra, whose sustained clock nobody has published)
+SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gb300": "b200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100 has
@@ -133,14 +149,14 @@ def training_factor(dtype: str) -> float:
 
 def sustained_ratio(family: str, dtype: str) -> float:
     """The share of MAMF a GPU's GEMMs keep in a training step: fitted (H100); MSMF / MAMF × the training
-    factor where MSMF is measured (H200, B200; GB200 takes the B200's: `SAME_DIE`); A100: the HPL clock
+    factor where MSMF is measured (H200, B200; GB200 takes the B200's: `SUSTAINED_FROM`); A100: the HPL clock
     ratio."""
     fitted = FITTED_SUSTAINED.get((family, "bf16" if dtype == "fp16" else dtype))
     if fitted is not None:
         return fitted
     if family in SUSTAINED_CLOCK:
         return SUSTAINED_CLOCK[family]
-    family = SAME_DIE.get(family, family)
+    family = SUSTAINED_FROM.get(family, family)
     row = TABLE.get(family, {}).get(dtype)
     if row is not None and row[2] is not None:
         return row[2] / row[1] * training_factor(dtype)
@@ -157,5 +173,5 @@ def achievable_fraction(family: str, dtype: str) -> float | None:
     return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
 
 
-__all__ = ["FITTED_SUSTAINED", "SAME_DIE", "STEP_SHARE", "STEP_SPREAD", "TABLE", "achievable_fraction",
+__all__ = ["FITTED_SUSTAINED", "SUSTAINED_FROM", "STEP_SHARE", "STEP_SPREAD", "TABLE", "achievable_fraction",
            "sustained_ratio", "training_factor"]

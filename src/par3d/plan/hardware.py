@@ -17,6 +17,13 @@ Sources
 - B200 (DGX B200 datasheet): 2250 TFLOP/s dense BF16, 4500 FP8, 8 TB/s HBM3e, 180 GB per GPU
   (1440 GB per 8-GPU system), 148 SMs; NVLink 5 = 1800 GB/s bidirectional = 900 per direction;
   ConnectX-7 400 Gb/s NICs, eight per system.
+- B300 and GB300 (Blackwell Ultra, issue 12's twenty-first round): B300 (DGX B300 datasheet) 2250 TFLOP/s dense
+  BF16, 4500 FP8; GB300 (NVIDIA GB300 NVL72 specifications, per GPU) 2500 / 5000 -- the B200's and the GB200's
+  peaks (Bekman's TFLOPS table lists the four so); 288 GB HBM3e at 8 TB/s each (DGX B300: 2.3 TB per 8 GPUs;
+  GB300 NVL72: 288 GB per GPU; Bekman's memory table); 160 SMs (NVIDIA's Blackwell Ultra description, Hot
+  Chips 2025: 160 SMs over the two dies; the B300 is taken to enable all of them, as the GB300); NVLink 5 as
+  the B200; one ConnectX-8 at 800 Gb/s per GPU (DGX B300 datasheet, GB300 NVL72 specifications), 72 GPUs in one
+  NVLink domain on the GB300 NVL72.
 
 Two kernel models (compute.py):
 - **table** (the default for catalogue GPUs): each GEMM from its shape and the GPU's measured
@@ -260,13 +267,32 @@ GB200_CUDNN913_CURVE: tuple[tuple[int, float], ...] = (
 B200_CUDNN917_CURVE: tuple[tuple[int, float], ...] = (
     (512, 0.198), (1024, 0.249), (2048, 0.219), (4096, 0.363), (8192, 0.445), (16384, 0.484), (32768, 0.494),
     (65536, 0.472), (131072, 0.453))
+# GB300 (issue 12's twenty-first round): its own files of the same benchmark, the ones the eleventh round bridged
+# through -- cuDNN 9.17 (cudnn-frontend b372d39, NGC PyTorch 25.11, `cudnn_fe`), 9.13 (0b1577c, NGC 25.09, PyTorch's
+# SDPA `pyt_cudnn`) and PyTorch's FlashAttention-2 (b372d39, `pyt_flash_attention`, 2.8.3) -- by the same count, of
+# 2500.  Blackwell Ultra doubles the exponentials attention's softmax needs (NVIDIA's description: SFU EX2 rate),
+# and it shows: 0.487 of peak at 8,192 tokens against the GB200's 0.445 in the same container.  The B300 has no
+# file: it takes the GB300's shares of its own peak, as the B200 and the GB200 keep the same share at equal
+# software (0.380 each at cuDNN 9.13, above).
+GB300_CUDNN_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.123), (1024, 0.200), (2048, 0.255), (4096, 0.421), (8192, 0.487), (16384, 0.523), (32768, 0.536),
+    (65536, 0.522), (131072, 0.503))
+GB300_CUDNN913_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.027), (1024, 0.089), (2048, 0.176), (4096, 0.327), (8192, 0.417), (16384, 0.469), (32768, 0.489),
+    (65536, 0.483), (131072, 0.474))
+GB300_FA2_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.052), (1024, 0.076), (2048, 0.099), (4096, 0.114), (8192, 0.124), (16384, 0.129), (32768, 0.132),
+    (65536, 0.133), (131072, 0.133))
 # the 8,192-token shares: what `attn_eff` reports and `--attention-kernel` swaps (the curves give the rest)
 FA_B200_CUDNN, FA2_B200 = dict(B200_CUDNN_CURVE)[8192], dict(B200_FA2_CURVE)[8192]
 FA_GB200_CUDNN, FA2_GB200 = dict(GB200_CUDNN_CURVE)[8192], dict(GB200_FA2_CURVE)[8192]
+FA_GB300_CUDNN, FA2_GB300 = dict(GB300_CUDNN_CURVE)[8192], dict(GB300_FA2_CURVE)[8192]
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn9.13", "cudnn9.17")
 _CUDNN_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
     "b200": {"cudnn9.13": B200_CUDNN_CURVE, "cudnn9.17": B200_CUDNN917_CURVE},
     "gb200": {"cudnn9.13": GB200_CUDNN913_CURVE, "cudnn9.17": GB200_CUDNN_CURVE},
+    "gb300": {"cudnn9.13": GB300_CUDNN913_CURVE, "cudnn9.17": GB300_CUDNN_CURVE},
+    "b300": {"cudnn9.13": GB300_CUDNN913_CURVE, "cudnn9.17": GB300_CUDNN_CURVE},
 }
 # The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
 # the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
@@ -275,11 +301,13 @@ _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
     "b200": {"fa2": FA2_B200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["b200"].items()}},
     "gb200": {"fa2": FA2_GB200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["gb200"].items()}},
+    **{g: {"fa2": FA2_GB300, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES[g].items()}} for g in ("b300", "gb300")},
 }
-# the measured curves of those kernels, where there are (B200, GB200: cudnn-frontend's files above)
+# the measured curves of those kernels, where there are (B200, GB200, GB300: cudnn-frontend's files above)
 _KERNEL_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
     "b200": {"fa2": B200_FA2_CURVE, **_CUDNN_CURVES["b200"]},
     "gb200": {"fa2": GB200_FA2_CURVE, **_CUDNN_CURVES["gb200"]},
+    **{g: {"fa2": GB300_FA2_CURVE, **_CUDNN_CURVES[g]} for g in ("b300", "gb300")},
 }
 
 
@@ -298,7 +326,7 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
     if kernel not in shares:
         if kernel.startswith("cudnn"):
             raise HardwareError(f"attention kernel {kernel!r}: cuDNN's fused attention is priced by generation on "
-                                f"Blackwell (B200, GB200) only, not {dev.name}; use 'fa2' or 'fa3' or leave "
+                                f"Blackwell (B200, GB200, B300, GB300) only, not {dev.name}; use 'fa2' or 'fa3' or leave "
                                 f"--attention-kernel out (the GPU's newest)")
         raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
@@ -321,9 +349,16 @@ DEVICES: dict[str, Device] = {
     "gb200": Device("gb200", _peaks(2500, 80, 5000), 8000 * GB, 186 * GB, 148, gemm=_gemm("gb200"),
                     attn_eff=FA_GB200_CUDNN, attn_curve=GB200_CUDNN_CURVE,
                     attn_sustain=attn_sustain_of("gb200")),
+    # Blackwell Ultra (module docstring): B300 8 per node, GB300 72 per NVLink domain; GEMMs from gemm_table (the
+    # B300's measured MAMF, the GB300's bridged), attention from the GB300's own cuDNN 9.17 file (the B300 takes it)
+    "b300": Device("b300", _peaks(2250, 80, 4500), 8000 * GB, 288 * GB, 160, gemm=_gemm("b300"),
+                   attn_eff=FA_GB300_CUDNN, attn_curve=GB300_CUDNN_CURVE, attn_sustain=attn_sustain_of("b300")),
+    "gb300": Device("gb300", _peaks(2500, 80, 5000), 8000 * GB, 288 * GB, 160, gemm=_gemm("gb300"),
+                    attn_eff=FA_GB300_CUDNN, attn_curve=GB300_CUDNN_CURVE, attn_sustain=attn_sustain_of("gb300")),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
-           "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200"}
+           "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",
+           "gb300-nvl72": "gb300"}
 
 LINKS: dict[str, Link] = {
     "nvlink3": Link("nvlink3", 3 * US, 300 * GB),  # A100 NVLink/NVSwitch, per direction per GPU
@@ -331,6 +366,7 @@ LINKS: dict[str, Link] = {
     "ib-hdr": Link("ib-hdr", 2 * US, 25 * GB),  # 200 Gb/s per GPU
     "ib-ndr": Link("ib-ndr", 2 * US, 50 * GB),  # 400 Gb/s per GPU
     "nvlink5": Link("nvlink5", 3 * US, 900 * GB),  # B200 NVLink 5
+    "ib-xdr": Link("ib-xdr", 2 * US, 100 * GB),  # 800 Gb/s per GPU (ConnectX-8: B300, GB300)
     "pcie4": Link("pcie4", 5 * US, 32 * GB),
     "pcie5": Link("pcie5", 5 * US, 64 * GB),
 }
@@ -342,10 +378,13 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
     "b200": ("nvlink5", "ib-ndr"),
     # a GB200 compute tray: 4 GPUs, 4 ConnectX-7 at 400 Gb/s (one per GPU) out of the NVLink domain
     "gb200": ("nvlink5", "ib-ndr"),
+    # Blackwell Ultra systems: one ConnectX-8 at 800 Gb/s per GPU (DGX B300; the GB300 NVL72's compute trays)
+    "b300": ("nvlink5", "ib-xdr"),
+    "gb300": ("nvlink5", "ib-xdr"),
 }
 # GPUs that share the intra-node (NVLink) link: 8 in a DGX/HGX node; the GB200 NVL72 rack's 72 GPUs are
 # one NVLink domain (a job may take part of a rack: a group is priced by the ranks it spans, comm.py)
-DEFAULT_GPUS_PER_NODE: dict[str, int] = {"gb200": 72}
+DEFAULT_GPUS_PER_NODE: dict[str, int] = {"gb200": 72, "gb300": 72}
 
 
 def default_gpus_per_node(gpu: str) -> int:
@@ -496,6 +535,19 @@ def get_device(name: str) -> Device:
         raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(device_names())} "
                             f"or describe it in a --hardware file")
     return DEVICES[key]
+
+
+def catalogue_gpu_of(device_name: str) -> str | None:
+    """The catalogue GPU a CUDA device name (`torch.cuda.get_device_name`, e.g. "NVIDIA A100-SXM4-80GB",
+    "NVIDIA GB200") is, or None.  The most specific name wins: "GB300" holds "B300" and "GB200" holds "B200",
+    so the longest family token that appears is taken, and among A100s the memory size in the name."""
+    name = device_name.lower().replace(" ", "").replace("-", "")
+    hits = [k for k in DEVICES if k.split("-")[0] in name]
+    if not hits:
+        return None
+    best = max(len(k.split("-")[0]) for k in hits)
+    hits = [k for k in hits if len(k.split("-")[0]) == best]
+    return next((k for k in hits if all(t in name for t in k.split("-")[1:])), hits[0])
 
 
 def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | None = None,
