@@ -293,6 +293,38 @@ def test_memory_headroom_and_accounting(capsys):
     assert p["memory_gib"]["grads"] == pytest.approx(2 * p["memory_gib"]["weights"], rel=1e-3)  # fp32 main grads
 
 
+def test_ignore_memory_prices_a_layout_memory_rejects(capsys):
+    """--ignore-memory: Llama 3 405B as Meta ran it on 8,192 H100 (no recomputation) is over memory.py's 76 GiB
+    usable; without the flag nothing plans, with it the layout is priced, marked '!' and `fits` false in the JSON,
+    at exactly what cost.evaluate gives that configuration, and a plan that fits is ranked as before."""
+    from par3d.plan.cost import Choice, Options, evaluate
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import resolve_model
+
+    layout = ["--model", "llama3-405b", "--gpu", "h100", "--gpus", "8192", "--global-batch", "2048", "--tp", "8",
+              "--pp", "16", "--cp", "1", "--micro-batch", "1", "--schedule", "interleaved", "--virtual-stages", "8",
+              "--recompute", "none", "--zero-stage", "2", "--sequence-parallel"]
+    rc, _, err = run(capsys, *layout)
+    assert rc == 1 and "does not fit in memory" in err
+    rc, out, _ = run(capsys, *layout, "--ignore-memory")
+    assert rc == 0 and "!" in out.split("best:")[0] and "--ignore-memory ranks them anyway" in out
+    rc, out, _ = run(capsys, *layout, "--ignore-memory", "--json")
+    p = json.loads(out)["plans"][0]
+    assert rc == 0 and p["fits"] is False and p["memory_gib"]["total"] > 0.95 * 80
+    want = evaluate(resolve_model("llama3-405b"), make_cluster("h100-sxm", 8192),
+                    Choice(8, 16, 64, 1, 32, "interleaved", 8, "none", 2, True), opts=Options(ignore_memory=True))
+    assert p["step_time_s"] == pytest.approx(want.step_time, rel=1e-9)
+    small = ["--model", "gpt3-13b", "--gpus", "8", "--global-batch", "16", "--json"]
+    rc, a, _ = run(capsys, *small)
+    rc2, b, _ = run(capsys, *small, "--ignore-memory")
+    fit, anyway = json.loads(a)["plans"][0], json.loads(b)["plans"][0]
+    assert rc == rc2 == 0 and fit["fits"]
+    if anyway["fits"]:  # the fastest plan fits anyway: the same plan as without the flag
+        assert anyway["step_time_s"] == pytest.approx(fit["step_time_s"], rel=1e-9)
+    else:  # a faster one does not: ranked first, and marked
+        assert anyway["step_time_s"] < fit["step_time_s"]
+
+
 def test_emit_config_carries_what_the_runtime_runs(tmp_path, capsys):
     from par3d.commands.plan import runtime_support
 

@@ -255,6 +255,10 @@ def register(sub) -> None:
                         "NeMo's distributed_fused_adam with dtype bf16 keeps it (default: %(default)s)")
     g.add_argument("--memory-headroom", type=_headroom, default=0.05,
                    help="share of each GPU's memory a fitting plan leaves free (default: %(default)s)")
+    g.add_argument("--ignore-memory", action="store_true",
+                   help="rank plans whatever the memory model says of them, marking those over the usable "
+                        "memory with '!': to price a layout that ran although memory.py rejects it (memory.py "
+                        "counts no framework's savings beyond docs/planner.md section 3)")
     g = p.add_argument_group("limits and output")
     g.add_argument("--max-bubble", type=_fraction, default=None,
                    help="reject plans whose simulated bubble (idle share of wall time) exceeds this fraction")
@@ -530,7 +534,7 @@ def _run(args: argparse.Namespace) -> int:
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1, block_recompute=not args.emit_config, schedules=args.schedules)
     opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom,
-                   optimizer_dtype=args.optimizer_dtype)
+                   optimizer_dtype=args.optimizer_dtype, ignore_memory=args.ignore_memory)
     args.plan_options = opts
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
@@ -681,10 +685,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         dp = c.dp_split if c.dp_replicate > 1 else str(c.dp)
         out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
                    f"{c.virtual_stages:>2} {c.recompute_label:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
-                   f"{p.memory.total / GiB:>6.1f} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
+                   f"{p.memory.total / GiB:>5.1f}{' ' if p.fits else '!'} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
     best = res.plans[0]
     out.append("")
+    if not all(p.fits for p in res.plans):
+        out.append(f"!:        over the {args.plan_options.capacity(cluster) / GiB:.1f} GiB usable (--ignore-memory "
+                   "ranks them anyway: memory.py says they do not fit)")
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
     out.append(_evidence_line(cluster))

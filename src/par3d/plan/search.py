@@ -230,7 +230,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_replicate(cluster, fixed, limits)
     _check_recompute_layers(cluster, fixed)
     _check_recompute_op(cluster, fixed)
-    cap = opts.capacity(cluster)
+    cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
         zeros = [z for z in zeros if z != 1] or zeros
