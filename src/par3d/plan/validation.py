@@ -303,6 +303,8 @@ LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 
 NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
 MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Megatron-Core r0.8.0 on H100 (seventeenth)
 NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling tables on A100 (eighteenth round)
+# Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300)
+MBRIDGE_PREFIX = "mbridge-"
 OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
@@ -313,7 +315,8 @@ OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPer
              (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
-             (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"))
+             (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
+             (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8; H100, B200, GB200, GB300)"))
 
 
 def summary(preds: list[Prediction]) -> str:
