@@ -658,3 +658,12 @@ def test_solo_slowdown_scales_the_primitives_and_its_fit_recovers_it(tmp_path):
     for k in (0.8, 1.25):
         measured = predict(cfg, hardware_from_dict({**hw, "solo_slowdown": k})).step_time_s
         assert fit_contention(hw, cfg.to_dict(), measured, "solo_slowdown", lo=0.5, hi=3.0) == pytest.approx(k, rel=1e-6)
+
+
+def test_calibrate_refuses_a_negative_hold(capsys):
+    """--sustained-s below 0 is refused before anything is measured, naming the flag and a fix."""
+    from par3d.cli import main
+
+    assert main(["calibrate", "--sustained-s", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--sustained-s -1" in err and "--sustained-s 60" in err

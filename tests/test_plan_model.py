@@ -779,6 +779,45 @@ def test_a_calibrated_gpu_is_described_as_the_catalogue_describes_its_own():
         0.5 * gt.HPL_SUSTAINED * gt.STEP_SHARE)
 
 
+def test_a_calibrated_gpu_with_its_own_sustained_rate_needs_no_borrowed_ratio():
+    """`par3d calibrate --sustained-s` on a GPU holds a GEMM at the power limit on every GPU of the node (its own
+    MSMF); the share it writes is MSMF / peak × the training factor × the step share -- the catalogue's own share
+    for the GPUs whose MSMF Bekman measured (H200, B200), and for a GB300 the rate it measured, not the B200's
+    ratio the catalogue borrows for it."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import DEVICES, calibrated_gemm_share
+
+    for key, family in (("h200", "h200"), ("b200", "b200")):
+        for dtype in ("bf16", "fp8"):
+            peak, mamf, msmf = gt.TABLE[family][dtype]
+            # the burst points say MAMF; the held rate wins
+            got = calibrated_gemm_share([(8e12, mamf)], peak, family, dtype, sustained_tflops=msmf)
+            assert got == pytest.approx(DEVICES[key].gemm[dtype])
+    peak, mamf, _ = gt.TABLE["gb300"]["bf16"]
+    borrowed = calibrated_gemm_share([(8e12, mamf)], peak, "gb300", "bf16")
+    assert borrowed == pytest.approx(DEVICES["gb300"].gemm["bf16"])
+    held = calibrated_gemm_share([(8e12, mamf)], peak, "gb300", "bf16", sustained_tflops=0.95 * mamf)
+    assert held == pytest.approx(0.95 * mamf / peak * gt.training_factor("bf16") * gt.STEP_SHARE) and held > borrowed
+
+
+def test_sustained_hold_reads_the_settled_rate():
+    """calibrate's hold (probes.sustained_windows, steady_rate): windows of FLOP/s on a clock; the steady rate is
+    the median of the second half, after the clock settles from boost to the power limit."""
+    from par3d.calibrate import probes
+
+    now = [0.0]
+    calls = [0]
+
+    def gemm():  # 1 ms per call at boost for the first 2,000 calls, then 1.25 ms (throttled)
+        calls[0] += 1
+        now[0] += 1e-3 if calls[0] <= 2000 else 1.25e-3
+
+    wins = probes.sustained_windows(gemm, 1e12, seconds=10.0, window_s=0.5, clock=lambda: now[0])
+    assert len(wins) >= 19 and wins[0] == pytest.approx(1e15)
+    assert probes.steady_rate(wins) == pytest.approx(1e12 / 1.25e-3)
+    assert probes.sustained_worker("fp32", (64, 64, 64), 0.05, 0.01) > 0  # the worker runs (here on the CPU)
+
+
 def test_cp_ring_copies_and_merges():
     """Transformer Engine's ring attention moves bytes besides its kernels (cost.cp_ring_bytes, counted
     from AttnFuncWithCP): at CP 2, forward 2.5 kv + 6.75 q, backward 10.375 kv + 6 q; they grow with the

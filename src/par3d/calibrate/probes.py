@@ -257,6 +257,49 @@ def measure_gemms(dtypes: list[str], quick: bool, tick: Callable[[], None]) -> l
     return out
 
 
+def sustained_windows(fn: Callable[[], Any], flops: float, seconds: float, window_s: float,
+                      clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """FLOP/s of `fn` (`flops` per call) in back-to-back windows of about `window_s` over `seconds`: the steady
+    rate a GEMM keeps once the clock has settled at the power limit (Bekman's "Maximum Sustainable Matmul
+    FLOPS"; a burst, `time_call`, runs at boost clock).  The device is synchronised before every clock read."""
+    out: list[float] = []
+    sync()
+    start = t0 = clock()
+    calls = 0
+    while True:
+        fn()
+        calls += 1
+        if calls % 8:  # check the clock every few calls: a read synchronises the device
+            continue
+        sync()
+        now = clock()
+        if now - t0 >= window_s:
+            out.append(calls * flops / (now - t0))
+            t0, calls = now, 0
+            if now - start >= seconds:
+                return out
+
+
+def steady_rate(windows: list[float]) -> float:
+    """The sustained rate of a hold: the median of its second half's windows (the first half is the clock
+    settling from boost to the power limit)."""
+    tail = windows[len(windows) // 2:] or windows
+    return statistics.median(tail)
+
+
+def sustained_worker(dtype: str, shape: tuple[int, int, int], seconds: float, window_s: float) -> float:
+    """One rank of `run.calibrate`'s sustained hold: its GPU runs one GEMM of `shape` (M, N, K) for `seconds`
+    while every other GPU of the node runs its own -- the state of a training step, every GPU at its power limit
+    at once ("Siblings: yes" in Bekman's table) -- and returns its steady FLOP/s.  Never run on a GPU here."""
+    import torch
+
+    dev = device()
+    m, n, k = shape
+    a = torch.randn(m, k, dtype=_dtype(dtype), device=dev)
+    b = torch.randn(k, n, dtype=_dtype(dtype), device=dev)
+    return steady_rate(sustained_windows(lambda: torch.mm(a, b), 2.0 * m * n * k, seconds, window_s))
+
+
 def measure_mem_bw(quick: bool) -> float:
     import torch
 

@@ -44,8 +44,32 @@ def run_together(cfgs: list[dict[str, Any]], ranks: int, quick: bool) -> list[fl
     return [statistics.median(g[i] for g in got) for i in range(len(cfgs))]
 
 
-def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Measure everything; return the hardware file's content (a dict)."""
+def sustained_gemms(gemms: list[dict[str, Any]], dtypes: list[str], seconds: float,
+                    window_s: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Each dtype's fastest burst GEMM of depth 4,096 held for `seconds` on every GPU of the node at once
+    (`probes.sustained_worker`): the GPU's own MSMF, which `hardware.calibrated_gemm_share` then takes in place
+    of a sustained/burst ratio borrowed from another GPU.  Never run on a GPU here."""
+    import torch
+
+    from par3d.distributed import launch
+
+    gpus = torch.cuda.device_count()
+    out: dict[str, dict[str, Any]] = {}
+    for dt in dtypes:
+        deep = [g for g in gemms if g["dtype"] == dt and g["k"] == 4096] or [g for g in gemms if g["dtype"] == dt]
+        best = max(deep, key=lambda g: g["gflops"])
+        shape = (best["m"], best["n"], best["k"])
+        rates = launch(probes.sustained_worker, gpus, (dt, shape, seconds, window_s), timeout_s=120,
+                       wall_timeout_s=seconds * 3 + 300)
+        out[dt] = {"shape": list(shape), "seconds": seconds, "gpus": gpus,
+                   "tflops_per_gpu": [r / TFLOPS for r in rates], "tflops": statistics.median(rates) / TFLOPS,
+                   "burst_tflops": best["gflops"] / 1e3}
+    return out
+
+
+def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustained_s: float = 60.0) -> dict[str, Any]:
+    """Measure everything; return the hardware file's content (a dict).  On a GPU, `sustained_s` > 0 also holds
+    each dtype's best GEMM that long on every GPU of the node (its MSMF; `sustained_gemms`)."""
     import torch
 
     from par3d import host
@@ -96,6 +120,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
     gemm_share: dict[str, float] = {}
     attention: dict[str, float] = {}
+    held: dict[str, dict[str, Any]] = {}
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
         from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share, catalogue_gpu_of
@@ -105,8 +130,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
         if gpu is not None:
             known = DEVICES[gpu]
             peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}
+        # the training dtype's GEMM held at the power limit (fp32 keeps the burst route: no step trains in it)
+        held = sustained_gemms(gemms, [dt for dt in peaks if dt != "fp32"], sustained_s) if sustained_s > 0 else {}
         gemm_share = {dt: calibrated_gemm_share([(p["flops"], p["gflops"] / 1e3) for p in gemms if p["dtype"] == dt],
-                                                peaks[dt], family, dt)
+                                                peaks[dt], family, dt,
+                                                held[dt]["tflops"] if dt in held else None)
                       for dt in peaks}
         attention = calibrated_attention(gpu)  # not timed here: the catalogue's share and in-step discount
     hw: dict[str, Any] = {
@@ -224,6 +252,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True) -> dic
     if bar is not None:
         bar.close()
     hw["measurements"] = {"primitives": prims, "gemm": gemms, "mem_bw_gbps": mem_bw / GB,
+                          **({"sustained_gemm": held} if held else {}),
                           "overheads_measured": over["overheads"], "overhead_rounds": over["rounds"],
                           "tiny": over["tiny"], "collectives": coll,
                           "reference": dict(probes.REFERENCE), "reference_dp": contention,

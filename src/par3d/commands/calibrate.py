@@ -36,11 +36,20 @@ def register(sub: Any) -> None:
                          "(default 2)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer shapes, message sizes and repetitions (~4x faster, noisier)")
+    ap.add_argument("--sustained-s", type=float, default=60.0, metavar="S",
+                    help="on a GPU: hold the best 16-bit GEMM for S seconds on every GPU of the node at once and "
+                         "describe the GPU by that steady rate (its sustained clock at the power limit, what a "
+                         "training step runs at) instead of the burst times a ratio borrowed from another GPU; "
+                         "0 skips it (default: %(default)s; ignored on a CPU)")
     ap.add_argument("--json", action="store_true", help="print the hardware file's JSON instead of a summary")
     ap.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sustained_s < 0:
+        print(f"par3d calibrate: --sustained-s {args.sustained_s}: a hold lasts 0 seconds (skip it) or more; "
+              "use --sustained-s 60", file=sys.stderr)
+        return 2
     if args.nproc < 2:
         print(f"par3d calibrate: --nproc {args.nproc}: collectives need at least 2 ranks; use --nproc 2",
               file=sys.stderr)
@@ -49,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from par3d.distributed import RankFailure
 
     try:
-        hw = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
+        hw = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json, sustained_s=args.sustained_s)
     except RankFailure as e:
         print(f"par3d calibrate: {e}", file=sys.stderr)
         return 1

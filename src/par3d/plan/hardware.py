@@ -593,12 +593,16 @@ def gemm_entry_from_points(points: list[tuple[float, float]], peak_tflops: float
 
 
 def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float, family: str,
-                          dtype: str) -> float:
-    """The `device.gemm[dtype]` value `par3d calibrate` on a GPU writes: the best measured GEMM's share of
-    peak (a burst at boost clock, like Bekman's MAMF) × the GPU's sustained/burst ratio
-    (`gemm_table.sustained_ratio`: MSMF/MAMF where measured, the fitted ratio for the H100, the A100's
-    HPL clock ratio otherwise) × the step share, so a calibrated GPU is described as the catalogue describes its own GPUs (a burst equal
-    to the table's MAMF gives the catalogue's share).  Never run on a GPU here."""
+                          dtype: str, sustained_tflops: float | None = None) -> float:
+    """The `device.gemm[dtype]` value `par3d calibrate` on a GPU writes.  With `sustained_tflops` (the GPU's own
+    held GEMM with every GPU of its node loaded, `calibrate --sustained-s`: its MSMF): MSMF / peak × the training
+    factor × the step share, as the catalogue describes its MSMF-measured GPUs (an MSMF equal to the table's
+    gives the catalogue's share) -- no borrowed ratio.  Without it: the best burst GEMM's share of peak (at boost
+    clock, like Bekman's MAMF) × the GPU's sustained/burst ratio (`gemm_table.sustained_ratio`: MSMF/MAMF where
+    measured, the fitted ratio for the H100, the A100's HPL clock ratio, the B200's for GPUs measured at burst
+    only) × the step share.  Never run on a GPU here."""
+    if sustained_tflops is not None:
+        return min(1.0, sustained_tflops / peak_tflops) * _gt.training_factor(dtype) * _gt.STEP_SHARE
     burst = gemm_entry_from_points(points, peak_tflops)
     return min(1.0, burst) * _gt.sustained_ratio(family, dtype) * _gt.STEP_SHARE
 
