@@ -314,6 +314,8 @@ def test_ignore_memory_prices_a_layout_memory_rejects(capsys):
     want = evaluate(resolve_model("llama3-405b"), make_cluster("h100-sxm", 8192),
                     Choice(8, 16, 64, 1, 32, "interleaved", 8, "none", 2, True), opts=Options(ignore_memory=True))
     assert p["step_time_s"] == pytest.approx(want.step_time, rel=1e-9)
+    rc, _, err = run(capsys, *layout, "--ignore-memory", "--emit-config", "/dev/null")
+    assert rc == 2 and "--ignore-memory with --emit-config" in err  # a run is written only for a plan that fits
     small = ["--model", "gpt3-13b", "--gpus", "8", "--global-batch", "16", "--json"]
     rc, a, _ = run(capsys, *small)
     rc2, b, _ = run(capsys, *small, "--ignore-memory")

@@ -413,6 +413,9 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
         raise UsageError(f"--cp {args.cp}: ring attention with causal load balancing cuts each sequence into "
                          f"2 x cp chunks, so --seq-len {model.seq_len} must be divisible by {2 * args.cp}; use a "
                          f"--cp whose double divides it")
+    if args.ignore_memory and args.emit_config:
+        raise UsageError("--ignore-memory with --emit-config: the config written is a run, and a plan ranked over the "
+                         "memory model would be written whether it fits or not; drop one of the two")
     if args.schedules is not None and args.schedule is not None and args.schedule not in args.schedules:
         raise UsageError(f"--schedule {args.schedule}: not among --schedules {','.join(args.schedules)}; add it "
                          f"to --schedules or drop one of the two")

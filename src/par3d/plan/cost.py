@@ -193,8 +193,8 @@ class Options:
     optimizer_dtype: str = "fp32"  # Adam's state dtype: "bf16" = NeMo's distributed_fused_adam dtype bf16 (memory.py)
     flash_attention: bool = False  # blockwise attention: no s² scores stored (always so with cp > 1)
     # rank plans whatever memory.py says of them (each still reports `fits` against `capacity`): to price a
-    # published layout the memory model rejects (`par3d plan --ignore-memory`; the validation set's
-    # `evaluate_unfit` rows)
+    # published layout the memory model rejects (`par3d plan --ignore-memory`), as the validation set prices
+    # its `evaluate_unfit` rows
     ignore_memory: bool = False
 
     def capacity(self, cluster: Cluster) -> float:
