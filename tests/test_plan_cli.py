@@ -327,6 +327,24 @@ def test_ignore_memory_prices_a_layout_memory_rejects(capsys):
         assert anyway["step_time_s"] < fit["step_time_s"]
 
 
+def test_offload_layers_flag(capsys):
+    """--offload-layers N prices Megatron-Core's activation offloading (its own breakdown term, `offload_layers` in
+    the JSON's hardware); with --pp > 1, --recompute or N >= layers it is refused before searching."""
+    common = ["--model", "llama3-70b", "--gpu", "gb200", "--gpus", "64", "--global-batch", "256", "--dtype", "fp8",
+              "--tp", "1", "--cp", "1", "--micro-batch", "2", "--zero-stage", "3", "--ignore-memory"]
+    args = [*common, "--pp", "1"]
+    rc, out, _ = run(capsys, *args, "--offload-layers", "40", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["hardware"]["offload_layers"] == 40 and d["plans"][0]["breakdown_s"]["offload"] > 0
+    rc, out, _ = run(capsys, *args, "--json")
+    assert rc == 0 and "offload" not in json.loads(out)["plans"][0]["breakdown_s"]
+    for argv, what in (([*common, "--pp", "2", "--offload-layers", "40"], "without pipeline"),
+                       ([*args, "--recompute", "full", "--offload-layers", "40"], "without recomputation"),
+                       ([*args, "--offload-layers", "80"], "<= 79")):
+        rc, _, err = run(capsys, *argv)
+        assert rc == 2 and what in err, err
+
+
 def test_emit_config_carries_what_the_runtime_runs(tmp_path, capsys):
     from par3d.commands.plan import runtime_support
 

@@ -818,6 +818,41 @@ def test_sustained_hold_reads_the_settled_rate():
     assert probes.sustained_worker("fp32", (64, 64, 64), 0.05, 0.01) > 0  # the worker runs (here on the CPU)
 
 
+def test_activation_offloading_frees_layers_and_waits_for_slow_copies():
+    """`Cluster.offload_layers` (Megatron-Core cpu_offloading_num_layers): a rank holds the other layers'
+    activations and two offloaded ones (the double buffer); each offloaded layer runs at the slower of its compute
+    and its copy over the host link (NVLink-C2C on a GB200, 225 GB/s per GPU; PCIe Gen5 on an H100, 64 GB/s), in
+    the forward and again in the backward; the search keeps to pp = 1 and no recomputation, as Megatron-Core."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import Choice, evaluate, offload_exposed
+    from par3d.plan.hardware import LINKS, NVLINK4_EFF
+    from par3d.plan.memory import FRAGMENTATION, layer_activation_bytes
+    from par3d.plan.models import resolve_model
+    from par3d.plan.search import Fixed, search
+
+    model = resolve_model("llama3-70b")
+    c = Choice(1, 1, 64, 2, 2, "1f1b", 1, "none", 3, False)
+    base = make_cluster("gb200", 64, dtype="fp8")
+    assert base.host.name == "nvlink-c2c" and make_cluster("h100-sxm", 8).host == LINKS["pcie5"]
+    plain = evaluate(model, base, c)
+    per_layer = layer_activation_bytes(model, 2, 1, False, "none", "fp8", 1, True)
+    for n in (20, 40):
+        off = evaluate(model, replace(base, offload_layers=n), c)
+        freed = plain.memory.total - off.memory.total
+        assert freed == pytest.approx((n - 2) * per_layer * (1 + FRAGMENTATION), rel=1e-6)
+        # the copy of one layer against its forward: slower here, so the forward waits; the backward (2x) does not
+        copy = LINKS["nvlink-c2c"].alpha + per_layer / (225e9 * NVLINK4_EFF)
+        fwd, bwd = offload_exposed(model, replace(base, offload_layers=n), c, 0.010, 0.030)
+        assert copy > 0.010 and fwd == pytest.approx(n * (copy - 0.010)) and bwd == pytest.approx(n * max(0.0, copy - 0.030))
+        assert off.breakdown["offload"] > 0 and off.step_time > plain.step_time
+        assert "offload" not in plain.breakdown
+    # the search: pipelines and recomputation are not offered with offloading
+    res = search(model, replace(base, offload_layers=20), 256, Fixed(tp=1, cp=1), top=20)
+    assert res.plans and all(p.choice.pp == 1 and p.choice.recompute == "none" for p in res.plans)
+    assert res.rejected["activation offloading needs pp = 1 and fewer offloaded layers than layers"] > 0
+
+
 def test_cp_ring_copies_and_merges():
     """Transformer Engine's ring attention moves bytes besides its kernels (cost.cp_ring_bytes, counted
     from AttnFuncWithCP): at CP 2, forward 2.5 kv + 6.75 q, backward 10.375 kv + 6 q; they grow with the

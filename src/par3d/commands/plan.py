@@ -167,6 +167,13 @@ def register(sub) -> None:
                         "sequence parallelism): each all-gather hides under the GEMM that consumes it, each "
                         "reduce-scatter under the GEMM that feeds it, at the overlap slowdown (default: off, "
                         "Megatron-Core's default)")
+    g.add_argument("--offload-layers", type=_int_at_least(0), default=0, metavar="N",
+                   help="offload the activations of N transformer layers to host memory during the forward and "
+                        "reload them for the backward (Megatron-Core --cpu-offloading-num-layers; over NVLink-C2C "
+                        "on gb200/gb300, PCIe elsewhere): memory holds the other layers and two buffers, each "
+                        "offloaded layer waits for its copy where the copy is slower than its compute; Megatron-Core "
+                        "runs it without pipeline parallelism or recomputation, so the search keeps to those "
+                        "(default: %(default)s)")
     g.add_argument("--fp8-scaling", choices=("delayed", "current"), default="delayed",
                    help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
                         "earlier steps, fused into the cast) or current (Float8CurrentScaling: an amax pass "
@@ -363,7 +370,11 @@ def _cluster(args: argparse.Namespace):
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
+                  offload_layers=args.offload_layers,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
+    if args.offload_layers and ((args.pp or 1) > 1 or args.recompute not in (None, "none")):
+        raise UsageError(f"--offload-layers {args.offload_layers}: Megatron-Core offloads activations only without "
+                         "pipeline parallelism and without recomputation; drop --pp/--recompute or --offload-layers")
     if args.fsdp and args.zero3_unit == "submodule":
         raise UsageError("--fsdp with --zero3-unit submodule: PyTorch FSDP wraps whole layers, DeepSpeed's ZeRO-3 "
                          "gathers by sub-module; drop one of them")
@@ -419,6 +430,10 @@ def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
     if args.schedules is not None and args.schedule is not None and args.schedule not in args.schedules:
         raise UsageError(f"--schedule {args.schedule}: not among --schedules {','.join(args.schedules)}; add it "
                          f"to --schedules or drop one of the two")
+    if args.offload_layers >= model.layers:
+        raise UsageError(f"--offload-layers {args.offload_layers}: at least one of the model's {model.layers} layers "
+                         f"keeps its activations on the GPU (Megatron-Core's rule); use --offload-layers <= "
+                         f"{model.layers - 1}")
     if args.pp is not None and args.pp > model.layers:
         raise UsageError(f"--pp {args.pp}: every pipeline stage needs a layer and the model has "
                          f"{model.layers}; use --pp <= {model.layers}")
@@ -710,7 +725,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     b = best.breakdown
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
     for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
-              "stragglers", "overhead"):
+              "stragglers", "overhead", "offload"):
         if k in b:
             out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
     if "stragglers" in b:
@@ -889,7 +904,8 @@ def _cp_line(model, cluster, c) -> str:
 
 
 def _diff(best, other) -> str:
-    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "stragglers")
+    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "stragglers",
+            "offload")
     d = sorted(((other.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0), k) for k in keys), key=lambda t: -abs(t[0]))
     parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
     return (" (" + ", ".join(parts) + ")") if parts else ""

@@ -97,7 +97,7 @@ from .compute import (
     model_flops_per_sequence,
     recompute_flops_per_sequence,
 )
-from .hardware import TFLOPS, Cluster, Link
+from .hardware import NVLINK4_EFF, TFLOPS, Cluster, Link
 from .memory import (
     ACT_BYTES,
     FRAGMENTATION,
@@ -405,6 +405,7 @@ class StageTimes:
     fixed_f: list[float] = field(default_factory=list)
     fixed_b: list[float] = field(default_factory=list)
     waits: dict[str, list[float]] = field(default_factory=dict)
+    offload: list[float] = field(default_factory=list)  # exposed activation offload copies, F + B (offload_exposed)
 
 
 @dataclass
@@ -911,7 +912,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         row = seen.get(key)
         if row is not None:
             for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
-                                 out.tp_comm, out.cp_comm, out.zero3), row):
+                                 out.tp_comm, out.cp_comm, out.zero3, out.offload), row):
                 lst.append(val)
             continue
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
@@ -950,12 +951,14 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         if fsdp_unit_priced(cluster, c):  # FSDP's unit cost: a forward hook, two backward
             unit = n * cluster.fsdp_unit_s
             z3f, z3b = z3f + unit / 3, z3b + 2 * unit / 3
-        f = fc + f_tp + f_cp + z3f
-        b = bc + br + b_tp + b_cp + z3b
+        # activation offloading (no pipeline: the one stage holds every layer)
+        off_f, off_b = offload_exposed(model, cluster, c, lt.fwd + tp_layer, 2 * lt.fwd + tp_layer_b)
+        f = fc + f_tp + f_cp + z3f + off_f
+        b = bc + br + b_tp + b_cp + z3b + off_b
         out.f.append(f)
         out.b.append(b)
         # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + b_cp + z3b)
+        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b)
         out.bw.append(fc)
         out.f_compute.append(fc)
         out.b_compute.append(bc)
@@ -963,7 +966,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.tp_comm.append(f_tp + b_tp)
         out.cp_comm.append(f_cp + b_cp)
         out.zero3.append(z3f + z3b)
-        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp, z3f + z3b)
+        out.offload.append(off_f + off_b)
+        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp, z3f + z3b,
+                     off_f + off_b)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     if c.pp <= 1:
         out.transfer = 0.0
@@ -1245,12 +1250,40 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
         if est > top:
             arg, top = r, est
     mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
-                     inflight_layers=live[arg],
+                     inflight_layers=offloaded_live(live[arg], cluster.offload_layers, c),
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
                      per_layer=per_layer if c.recompute_layers else None, cross_entropy=cluster.cross_entropy)
     return mb, arg
+
+
+def offloaded_live(live: float, n: int, c: Choice) -> float:
+    """Layers whose activations a rank holds at its peak when `n` layers are offloaded to host memory
+    (Megatron-Core's cpu_offloading_num_layers; one micro-batch in flight, no pipeline): the others, and two of
+    the offloaded -- the double buffer its offload handler copies through (the layer being copied out or in and
+    the next).  Unchanged without offloading or with a pipeline (which Megatron-Core's offloading does not run)."""
+    if n <= 0 or c.pp > 1:
+        return live
+    return max(0.0, live - n) + min(n, 2)
+
+
+def offload_exposed(model: ModelSpec, cluster: Cluster, c: Choice, f_layer: float, b_layer: float) -> tuple[float, float]:
+    """Forward and backward time a micro-batch waits on activation offloading: each of the `offload_layers`
+    copies its stored activations (memory.layer_activation_bytes) to host memory while the next layer computes,
+    and back while the layer after it back-propagates; with two buffers a layer cannot start before the copy two
+    layers back is done, so each offloaded layer runs at the slower of its compute (`f_layer`, `b_layer`) and its
+    copy.  The copy runs on a copy engine over `Cluster.host` at NVLink rings' measured share of line rate
+    (hardware.NVLINK4_EFF, borrowed: no host-copy figure is cited) and takes no SM time."""
+    n = cluster.offload_layers
+    if n <= 0 or c.pp > 1:
+        return 0.0, 0.0
+    flash = cluster.flash
+    nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.dtype,
+                                    c.cp, flash)
+    host = cluster.host
+    copy = host.alpha + nbytes / (host.beta * NVLINK4_EFF)
+    return n * max(0.0, copy - f_layer), n * max(0.0, copy - b_layer)
 
 
 def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | None:
@@ -1565,7 +1598,7 @@ class Plan:
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in
                             ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble",
-                             "optimizer", "stragglers", "overhead") if k in self.breakdown},
+                             "optimizer", "stragglers", "overhead", "offload") if k in self.breakdown},
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
@@ -1665,6 +1698,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}
     if stragglers:
         breakdown["stragglers"] = stragglers
+    if st.offload and any(st.offload):  # waits on activation offloading (offload_exposed)
+        breakdown["offload"] = m * sum(st.offload[s] for s in stages)
     if prof is not None:
         breakdown["overhead"] = overhead + actions_fixed
     global_batch = c.micro_batch * m * c.dp

@@ -369,7 +369,13 @@ LINKS: dict[str, Link] = {
     "ib-xdr": Link("ib-xdr", 2 * US, 100 * GB),  # 800 Gb/s per GPU (ConnectX-8: B300, GB300)
     "pcie4": Link("pcie4", 5 * US, 32 * GB),
     "pcie5": Link("pcie5", 5 * US, 64 * GB),
+    # Grace <-> Blackwell: NVLink-C2C, 900 GB/s bidirectional per superchip (NVIDIA GB200 NVL72 / GB300 NVL72
+    # specifications), shared by its two GPUs: 225 GB/s per GPU and direction (the split is an assumption)
+    "nvlink-c2c": Link("nvlink-c2c", 5 * US, 225 * GB),
 }
+# the link between a GPU and its host's memory, what activation offloading (`Cluster.offload_layers`) copies over:
+# the Grace superchips' NVLink-C2C; PCIe Gen4 (A100) / Gen5 x16 on the x86 DGX/HGX nodes
+HOST_LINKS: dict[str, str] = {"gb200": "nvlink-c2c", "gb300": "nvlink-c2c", "a100-40gb": "pcie4", "a100-80gb": "pcie4"}
 DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one NIC per GPU
     "a100-40gb": ("nvlink3", "ib-hdr"),
     "a100-80gb": ("nvlink3", "ib-hdr"),
@@ -438,6 +444,10 @@ class Cluster:
     # False: Megatron-Core's distributed optimizer or Megatron-FSDP, DeepSpeed
     fsdp: bool = False
     fsdp_unit_s: float = FSDP_UNIT_S  # what each unit costs under `fsdp` (validation.fit_fsdp_unit varies it)
+    # activation offloading (Megatron-Core's cpu_offloading_num_layers): the activations of this many transformer
+    # layers go to host memory in the forward and come back in the backward, over `host` (cost.offload_exposed);
+    # Megatron-Core runs it without pipeline parallelism and without recomputation (the search keeps to those)
+    offload_layers: int = 0
     # Megatron-Core's TP communication overlap (`tp_comm_overlap`, Transformer Engine's userbuffers; needs
     # sequence parallelism): each TP all-gather runs in chunks under the GEMM that consumes it and each
     # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
@@ -477,6 +487,11 @@ class Cluster:
         if self.straggler_cv is not None:
             return self.straggler_cv
         return _gt.STEP_SPREAD if self.hier else 0.0
+
+    @property
+    def host(self) -> Link:
+        """The GPU's link to host memory (`HOST_LINKS`; PCIe Gen5 for a GPU not listed)."""
+        return LINKS[HOST_LINKS.get(self.device.name, "pcie5")]
 
     @property
     def fp8_current(self) -> bool:
@@ -519,6 +534,7 @@ class Cluster:
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
             "cross_entropy": self.cross_entropy,
+            "offload_layers": self.offload_layers,
             "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},

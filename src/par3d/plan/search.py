@@ -238,6 +238,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     rec_layers = fixed.recompute_layers or 0
     if rec_layers:
         recs = ["full"]
+    if cluster.offload_layers > 0:  # Megatron-Core offloads activations only without recomputation
+        recs = [r for r in recs if r == "none"]
     # searched block recomputation: where recomputation is searched and the pricing has the block method
     block = (limits.block_recompute and fixed.recompute is None and not rec_layers and cluster.profile is None
              and cluster.zero3_unit != "submodule")
@@ -256,6 +258,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     unfit_raw: list[tuple[Choice, object]] = []
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
                                                              res.rejected):
+        if cluster.offload_layers > 0 and (pp > 1 or cluster.offload_layers >= model.layers):
+            res.rejected["activation offloading needs pp = 1 and fewer offloaded layers than layers"] += 1
+            continue
         local = model.seq_len // cp  # SP splits this rank's tokens over tp
         if fixed.sequence_parallel is not None:
             sps = [fixed.sequence_parallel] if (tp > 1 or not fixed.sequence_parallel) else []

@@ -76,6 +76,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=str(row.get("fp8_scaling", "delayed")),
                    fp8_param_gather=bool(row.get("fp8_param_gather", False)),
+                   offload_layers=int(row.get("offload_layers", 0)),
                    cross_entropy=ce)
 
 
