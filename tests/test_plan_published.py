@@ -82,6 +82,10 @@ CAPACITY_ONLY |= {f"nemo-22.08-gpt3-5B-a100-{g}" for g in (32, 64, 128, 256)}
 OVER_MEMORY = {f"mbridge-{rel}-llama3.1-405B-gb200" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06")}
 OVER_MEMORY |= {"llama3-405B-8192"}
 OVER_MEMORY |= {"nemo-22.08-gpt3-5B-a100-8", "nemo-22.08-gpt3-5B-a100-16"}
+# Megatron-Bridge's Llama 3 70B on 64 GB200 / GB300 with activations offloaded (twenty-first round): 42 of 80 layers
+# on the GB200 (192.6 GiB of 173.2), 62 on the GB300 (272 of 268); the recipes ran, so memory.py counts too much here
+OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
+                       for g in ("gb200", "gb300")}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
@@ -95,11 +99,15 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
                                                                               for n in lf23_over)
     assert len(lf23_over) < len(lf23) / 2
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
-    assert {n for n, p in predictions.items() if not p.fits} == OVER_MEMORY | lf23_over
+    assert {n for n, p in predictions.items() if not p.fits} == OVER_MEMORY | OVER_MEMORY_OFFLOAD | lf23_over
     for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2; 84.7 and 84.5 of 80)
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert cap < p.plan.memory.total < 1.1 * cap
+    for n in OVER_MEMORY_OFFLOAD:  # over by less than 12 % (GB200: 192.6 GiB = 1.11 x its 186 GB; GB300 1.02 x)
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert p.row["offload_layers"] > 0 and cap < p.plan.memory.total < 1.12 * cap
     for n in CAPACITY_ONLY:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
