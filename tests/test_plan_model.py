@@ -740,6 +740,46 @@ def test_blackwell_ultra_b300_and_gb300_from_their_sources():
         assert catalogue_gpu_of(name) == want, name
 
 
+def test_grace_hopper_gh200_from_its_sources():
+    """GH200 (issue 12's twenty-second round): the H100's peaks, its own measured MAMF (Bekman: 828.6 BF16, 1535.0
+    FP8), the H200's sustained ratio (no MSMF), FlashAttention-3's Hopper share, 96 GB HBM3 at 4 TB/s or 144 GB
+    HBM3e at 4.9 TB/s, four per node on NVLink 4 with one 200 Gb/s NIC each, NVLink-C2C to the host."""
+    from par3d.plan import gemm_table as gt
+    from par3d.plan.hardware import (
+        DEVICES,
+        FA_HOPPER,
+        GiB,
+        HardwareError,
+        catalogue_gpu_of,
+        default_gpus_per_node,
+        with_attention_kernel,
+    )
+
+    assert (gt.TABLE["gh200"]["bf16"][1], gt.TABLE["gh200"]["fp8"][1]) == (828.6, 1535.0)
+    for g in ("gh200", "gh200-144gb"):
+        d = DEVICES[g]
+        for dtype in ("bf16", "fp8"):
+            peak, mamf, msmf = gt.TABLE["gh200"][dtype]
+            assert msmf is None and peak == gt.TABLE["h100"][dtype][0] and d.peak(dtype) == peak * 1e12
+            assert gt.sustained_ratio("gh200", dtype) == gt.sustained_ratio("h200", dtype)
+            assert d.gemm[dtype] == pytest.approx(mamf / peak * gt.sustained_ratio("h200", dtype) * gt.STEP_SHARE)
+        assert d.attn_eff == FA_HOPPER and d.sms == 132 and default_gpus_per_node(g) == 4
+        assert with_attention_kernel(d, "fa2").attn_eff < d.attn_eff
+        with pytest.raises(HardwareError, match="cuDNN"):
+            with_attention_kernel(d, "cudnn9.17")
+        cl = make_cluster(g, 64)
+        assert (cl.gpus_per_node, cl.intra.name, cl.inter.beta) == (4, "nvlink4", 25e9)
+        assert cl.host.beta == 450e9  # one GPU per Grace: the whole C2C direction
+    assert (DEVICES["gh200"].mem_bytes, DEVICES["gh200"].mem_bw) == (96 * GiB, 4000e9)
+    assert (DEVICES["gh200-144gb"].mem_bytes, DEVICES["gh200-144gb"].mem_bw) == (144e9, 4900e9)
+    # the same die, a higher measured burst than the H200's: each GEMM share above the H100's and H200's burst share
+    assert DEVICES["gh200"].gemm["bf16"] > DEVICES["h100-sxm"].gemm["bf16"]
+    # torch's names: "GH200" holds "H200"; the HBM3e part names its size
+    for name, want in (("NVIDIA GH200 480GB", "gh200"), ("NVIDIA GH200 144G HBM3e", "gh200-144gb"),
+                       ("NVIDIA H200", "h200")):
+        assert catalogue_gpu_of(name) == want, name
+
+
 def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradients():
     """`Cluster.grad_reduce_fp32` (Megatron-Core grad_reduce_in_fp32, FSDP reduce_dtype=float32, Llama 3):
     the DP reduction moves 4 B per gradient instead of 2 and the gradients held are fp32; the updated

@@ -115,18 +115,18 @@ def register(sub) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", default="a100-80gb",
                    help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200 (GB200 NVL72), b300, "
-                        "gb300 (GB300 NVL72) "
+                        "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3; 4 per node), gh200-144gb "
                         "(default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
                    help="GPUs per node sharing the fast intra-node link (default: 8; 72 for gb200 and gb300, the NVL72 rack's "
-                        "NVLink domain; or the hardware file's)")
+                        "NVLink domain; 4 for gh200; or the hardware file's)")
     g.add_argument("--intra-node-bw", type=_positive_float, default=None,
                    help="intra-node bandwidth per GPU, one direction, GB/s (default: NVLink of the GPU, "
                         "300 for A100)")
     g.add_argument("--inter-node-bw", type=_positive_float, default=None,
                    help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
-                        "A100, 50 NDR for H100/H200/B200/GB200, 100 (800 Gb/s) for B300/GB300)")
+                        "A100, 50 NDR for H100/H200/B200/GB200, 100 (800 Gb/s) for B300/GB300, 25 (200 Gb/s) for GH200)")
     g.add_argument("--nics-per-node", type=_int_at_least(1), default=None,
                    help="inter-node NICs per node, each at the GPU's NIC rate (default: one per GPU, as in a "
                         "DGX; e.g. 4 for 4 x 200 Gb/s on 8 GPUs); the node's NICs are shared by its GPUs")
@@ -170,7 +170,7 @@ def register(sub) -> None:
     g.add_argument("--offload-layers", type=_int_at_least(0), default=0, metavar="N",
                    help="offload the activations of N transformer layers to host memory during the forward and "
                         "reload them for the backward (Megatron-Core --cpu-offloading-num-layers; over NVLink-C2C "
-                        "on gb200/gb300, PCIe elsewhere): memory holds the other layers and two buffers, each "
+                        "on gb200/gb300/gh200, PCIe elsewhere): memory holds the other layers and two buffers, each "
                         "offloaded layer waits for its copy where the copy is slower than its compute; Megatron-Core "
                         "runs it without pipeline parallelism or recomputation, so the search keeps to those "
                         "(default: %(default)s)")

@@ -26,6 +26,10 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   GB200 stands to the B200 in the same table (1822.0 / 1745.0 BF16, 3615.6 / 3432.5 FP8): 1769.0 × 1.0441 = 1847.0
   BF16, 3353.3 × 1.0533 = 3532.2 FP8 -- an assumption (the one pair measured in both packages says what the Grace
   package does to the same die's burst).
+  GH200 (Grace Hopper; issue 12's twenty-second round): the H100's peaks, 989 BF16 / 1979 FP8 dense (NVIDIA GH200
+  Grace Hopper Superchip specifications; Bekman's TFLOPS table lists them so); MAMF measured on a GH200 (the table's
+  "900W 141GiB HBM3e version", torch 2.6.0+cu126): 828.6 BF16, 1535.0 FP8 -- above the H100's 795 / 1403 and the
+  H200's 850 / 1525 burst at the same peak.  Both GH200 memory variants (96 GB HBM3, 144 GB HBM3e) take it.
 - `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
   held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
   yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
@@ -71,6 +75,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     factor -- an assumption, not a fit: the B300 runs at the B200's 1000 W maximum TGP (Bekman's power table,
     DGX B300 power capping), the GB300 at 1400 W (its rack-planning figures), so if anything it sustains more.
     Not fitted: every B300/GB300 validation row is held out, scored after this description was written.
+  * GH200: no MSMF; it takes the H200's measured ratio (`SUSTAINED_FROM`: the same GH100 die, measured at the
+    H200's 700 W; the GH200 module may be configured up to 1000 W, shared with its Grace CPU and LPDDR5X, so if
+    anything it sustains more -- the cautious side, as for the GB200), × the training factor.
   * A100: the HPL sustained-clock ratio 1305/1410 = 0.926: 1305 MHz is the clock an A100 sustains
     at its 400 W limit running HPL, against 1410 MHz boost (NVIDIA's HPL submissions, as summarised
     by G. Lockwood, "Peak FLOPS", glennklockwood.com).  Not fitted.
@@ -124,10 +131,12 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     "b300": {"bf16": (2250.0, 1769.0, None), "fp16": (2250.0, 1769.0, None), "fp8": (4500.0, 3353.3, None)},
     # GB300: the B300's MAMF × the GB200/B200 ratio of the same table (see above; not measured)
     "gb300": {"bf16": (2500.0, 1847.0, None), "fp16": (2500.0, 1847.0, None), "fp8": (5000.0, 3532.2, None)},
+    # GH200: the GH100 die of the H100/H200 at their peaks; Bekman's measured burst (its "900W 141GiB HBM3e version")
+    "gh200": {"bf16": (989.0, 828.6, None), "fp16": (989.0, 828.6, None), "fp8": (1979.0, 1535.0, None)},
 }
 # a GPU without its own MSMF that takes the sustained/burst ratio measured on another part (see above: the
 # GB200 is the B200's die; the B300 and GB300 are Blackwell Ultra, whose sustained clock nobody has published)
-SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gb300": "b200"}
+SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gb300": "b200", "gh200": "h200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100 has

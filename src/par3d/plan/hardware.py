@@ -24,6 +24,13 @@ Sources
   Chips 2025: 160 SMs over the two dies; the B300 is taken to enable all of them, as the GB300); NVLink 5 as
   the B200; one ConnectX-8 at 800 Gb/s per GPU (DGX B300 datasheet, GB300 NVL72 specifications), 72 GPUs in one
   NVLink domain on the GB300 NVL72.
+- GH200 (Grace Hopper Superchip, issue 12's twenty-second round; NVIDIA GH200 Grace Hopper Superchip specifications):
+  the GH100 die at the H100's peaks (989 BF16, 1979 FP8 dense, 132 SMs), with 96 GB HBM3 at 4 TB/s (`gh200`: the
+  variant in the large GH200 systems, e.g. CSCS Alps and JUPITER) or 144 GB HBM3e at 4.9 TB/s (`gh200-144gb`);
+  NVLink 4, 900 GB/s bidirectional per GPU; NVLink-C2C to its Grace CPU, 900 GB/s bidirectional.  Nodes as the
+  GH200 supercomputers build them (HPE Cray EX254n, Eviden BullSequana XH3000): 4 superchips, each GPU linked to
+  the other three by NVLink 4 (a mesh, no NVSwitch: priced as the same 450 GB/s per direction -- NCCL's rings on a
+  4-GPU mesh are not measured here), one 200 Gb/s NIC per GPU (Slingshot-11 or InfiniBand NDR200: `nic-200g`).
 
 Two kernel models (compute.py):
 - **table** (the default for catalogue GPUs): each GEMM from its shape and the GPU's measured
@@ -299,6 +306,7 @@ _CUDNN_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
     "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
+    "gh200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "gh200-144gb": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
     "b200": {"fa2": FA2_B200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["b200"].items()}},
     "gb200": {"fa2": FA2_GB200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["gb200"].items()}},
     **{g: {"fa2": FA2_GB300, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES[g].items()}} for g in ("b300", "gb300")},
@@ -328,7 +336,7 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
             raise HardwareError(f"attention kernel {kernel!r}: cuDNN's fused attention is priced by generation on "
                                 f"Blackwell (B200, GB200, B300, GB300) only, not {dev.name}; use 'fa2' or 'fa3' or leave "
                                 f"--attention-kernel out (the GPU's newest)")
-        raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200) only, "
+        raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200, GH200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
 
@@ -355,10 +363,16 @@ DEVICES: dict[str, Device] = {
                    attn_eff=FA_GB300_CUDNN, attn_curve=GB300_CUDNN_CURVE, attn_sustain=attn_sustain_of("b300")),
     "gb300": Device("gb300", _peaks(2500, 80, 5000), 8000 * GB, 288 * GB, 160, gemm=_gemm("gb300"),
                     attn_eff=FA_GB300_CUDNN, attn_curve=GB300_CUDNN_CURVE, attn_sustain=attn_sustain_of("gb300")),
+    # Grace Hopper (module docstring): the Hopper die and FlashAttention-3 share; GEMMs from the GH200's own measured
+    # MAMF with the H200's sustained ratio (gemm_table); 96 GB HBM3 (read as GiB, as the H100's 80) or 144 GB HBM3e
+    "gh200": Device("gh200", _peaks(989, 67, 1979), 4000 * GB, 96 * GiB, 132, gemm=_gemm("gh200"),
+                    attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
+    "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200"),
+                          attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",
-           "gb300-nvl72": "gb300"}
+           "gb300-nvl72": "gb300", "gh200-96gb": "gh200"}
 
 LINKS: dict[str, Link] = {
     "nvlink3": Link("nvlink3", 3 * US, 300 * GB),  # A100 NVLink/NVSwitch, per direction per GPU
@@ -367,15 +381,19 @@ LINKS: dict[str, Link] = {
     "ib-ndr": Link("ib-ndr", 2 * US, 50 * GB),  # 400 Gb/s per GPU
     "nvlink5": Link("nvlink5", 3 * US, 900 * GB),  # B200 NVLink 5
     "ib-xdr": Link("ib-xdr", 2 * US, 100 * GB),  # 800 Gb/s per GPU (ConnectX-8: B300, GB300)
+    "nic-200g": Link("nic-200g", 2 * US, 25 * GB),  # 200 Gb/s per GPU: Slingshot-11 or IB NDR200 (GH200 nodes)
     "pcie4": Link("pcie4", 5 * US, 32 * GB),
     "pcie5": Link("pcie5", 5 * US, 64 * GB),
     # Grace <-> Blackwell: NVLink-C2C, 900 GB/s bidirectional per superchip (NVIDIA GB200 NVL72 / GB300 NVL72
     # specifications), shared by its two GPUs: 225 GB/s per GPU and direction (the split is an assumption)
     "nvlink-c2c": Link("nvlink-c2c", 5 * US, 225 * GB),
+    # Grace <-> Hopper: the same 900 GB/s bidirectional NVLink-C2C, one GPU per superchip (GH200 specifications)
+    "nvlink-c2c-gh200": Link("nvlink-c2c-gh200", 5 * US, 450 * GB),
 }
 # the link between a GPU and its host's memory, what activation offloading (`Cluster.offload_layers`) copies over:
 # the Grace superchips' NVLink-C2C; PCIe Gen4 (A100) / Gen5 x16 on the x86 DGX/HGX nodes
-HOST_LINKS: dict[str, str] = {"gb200": "nvlink-c2c", "gb300": "nvlink-c2c", "a100-40gb": "pcie4", "a100-80gb": "pcie4"}
+HOST_LINKS: dict[str, str] = {"gb200": "nvlink-c2c", "gb300": "nvlink-c2c", "a100-40gb": "pcie4", "a100-80gb": "pcie4",
+                              "gh200": "nvlink-c2c-gh200", "gh200-144gb": "nvlink-c2c-gh200"}
 DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one NIC per GPU
     "a100-40gb": ("nvlink3", "ib-hdr"),
     "a100-80gb": ("nvlink3", "ib-hdr"),
@@ -387,10 +405,13 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
     # Blackwell Ultra systems: one ConnectX-8 at 800 Gb/s per GPU (DGX B300; the GB300 NVL72's compute trays)
     "b300": ("nvlink5", "ib-xdr"),
     "gb300": ("nvlink5", "ib-xdr"),
+    # a GH200 node (HPE Cray EX254n, BullSequana XH3000): four GPUs on NVLink 4, one 200 Gb/s NIC each
+    "gh200": ("nvlink4", "nic-200g"),
+    "gh200-144gb": ("nvlink4", "nic-200g"),
 }
 # GPUs that share the intra-node (NVLink) link: 8 in a DGX/HGX node; the GB200 NVL72 rack's 72 GPUs are
 # one NVLink domain (a job may take part of a rack: a group is priced by the ranks it spans, comm.py)
-DEFAULT_GPUS_PER_NODE: dict[str, int] = {"gb200": 72, "gb300": 72}
+DEFAULT_GPUS_PER_NODE: dict[str, int] = {"gb200": 72, "gb300": 72, "gh200": 4, "gh200-144gb": 4}
 
 
 def default_gpus_per_node(gpu: str) -> int:
@@ -556,14 +577,18 @@ def get_device(name: str) -> Device:
 def catalogue_gpu_of(device_name: str) -> str | None:
     """The catalogue GPU a CUDA device name (`torch.cuda.get_device_name`, e.g. "NVIDIA A100-SXM4-80GB",
     "NVIDIA GB200") is, or None.  The most specific name wins: "GB300" holds "B300" and "GB200" holds "B200",
-    so the longest family token that appears is taken, and among A100s the memory size in the name."""
+    so the longest family token that appears is taken ("GH200" holds "H200"), and among A100s and GH200s the
+    memory size in the name."""
     name = device_name.lower().replace(" ", "").replace("-", "")
     hits = [k for k in DEVICES if k.split("-")[0] in name]
     if not hits:
         return None
     best = max(len(k.split("-")[0]) for k in hits)
     hits = [k for k in hits if len(k.split("-")[0]) == best]
-    return next((k for k in hits if all(t in name for t in k.split("-")[1:])), hits[0])
+    # a size token matches with or without its final "b" (torch names the 144 GB GH200 "NVIDIA GH200 144G HBM3e")
+    # the entry whose size tokens all appear, the one naming most of them first (a bare "gh200" matches any GH200)
+    hits.sort(key=lambda k: -len(k.split("-")))
+    return next((k for k in hits if all(t.removesuffix("b") in name for t in k.split("-")[1:])), hits[0])
 
 
 def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | None = None,
