@@ -245,7 +245,7 @@ def test_rows_say_how_their_loss_ran():
     """Each row's `cross_entropy` follows the rule of validation.toml's header (what each source's software runs,
     compute.LOSS_BYTES), so that a row added later cannot pick its loss pricing to suit its error; an unknown
     implementation is refused with the row's name."""
-    kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-")
+    kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-")
     fused = ("nemo-25.0", "dgxc-25.05-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-")
     for r in ROWS:
         name = str(r["name"])
@@ -307,7 +307,8 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     cal = validation.fsdp_rows()
     assert len(cal) == 18 and all(r.get("fsdp") and validation.in_sample(r) for r in cal)
     held = [r for r in ROWS if r.get("fsdp") and r not in cal]
-    assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel"}
+    assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel",
+                                                     "llama1", "tinyllama"}
     assert not any(validation.in_sample(r) for r in held)
     assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
     assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(

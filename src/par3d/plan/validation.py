@@ -306,7 +306,10 @@ MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Meg
 NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling tables on A100 (eighteenth round)
 # Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300)
 MBRIDGE_PREFIX = "mbridge-"
-OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
+# the twenty-second round's five papers: MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B and
+# TinyLlama (12 rows; `str.startswith` takes the tuple)
+PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
+OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
@@ -317,7 +320,9 @@ OWN_LINES = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPer
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
-             (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8; H100, B200, GB200, GB300)"))
+             (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8; H100, B200, GB200, GB300)"),
+             (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
+                               "TinyLlama)"))
 
 
 def summary(preds: list[Prediction]) -> str:
