@@ -123,10 +123,12 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     held: dict[str, dict[str, Any]] = {}
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
+        from par3d.plan import gemm_table
         from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share, catalogue_gpu_of
 
         gpu = catalogue_gpu_of(name)
-        family = gpu.split("-")[0] if gpu is not None else ""  # gemm_table's family ("" : unknown GPU)
+        # gemm_table's family ("" : unknown GPU): the catalogue name where the table has its own entry (gh200-144gb)
+        family = "" if gpu is None else gpu if gpu in gemm_table.TABLE else gpu.split("-")[0]
         if gpu is not None:
             known = DEVICES[gpu]
             peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}

@@ -364,11 +364,12 @@ DEVICES: dict[str, Device] = {
     "gb300": Device("gb300", _peaks(2500, 80, 5000), 8000 * GB, 288 * GB, 160, gemm=_gemm("gb300"),
                     attn_eff=FA_GB300_CUDNN, attn_curve=GB300_CUDNN_CURVE, attn_sustain=attn_sustain_of("gb300")),
     # Grace Hopper (module docstring): the Hopper die and FlashAttention-3 share; GEMMs from the GH200's own measured
-    # MAMF with the H200's sustained ratio (gemm_table); 96 GB HBM3 (read as GiB, as the H100's 80) or 144 GB HBM3e
+    # MAMF, the 96 GB HPC module's sustained ratios fitted (gemm_table), the 144 GB HBM3e module's the H200's; 96 GB
+    # HBM3 (read as GiB, as the H100's 80) or 144 GB HBM3e
     "gh200": Device("gh200", _peaks(989, 67, 1979), 4000 * GB, 96 * GiB, 132, gemm=_gemm("gh200"),
                     attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
-    "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200"),
-                          attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
+    "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200-144gb"),
+                          attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200-144gb")),
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",

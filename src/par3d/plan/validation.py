@@ -173,9 +173,30 @@ def sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[st
     return list(first.values())
 
 
+# OpenEuroLLM's GH200 strong-scaling table on JUPITER (issue 12's twenty-second round): its runs at 32, 64 and 128
+# GPUs, BF16 and FP8 -- 256 or more micro-batches per step, so neither the bubble nor the DP collectives nor many
+# GPUs' stragglers weigh -- set the GH200's sustained ratios (gemm_table.FITTED_SUSTAINED), three rows per dtype.
+GH200_CAL_PREFIX = "oellm-32B-"
+GH200_CAL_GPUS = (32, 64, 128)
+
+
+def gh200_sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The calibration rows of the GH200's fitted sustained ratios: OpenEuroLLM's 32B strong-scaling runs on
+    32-128 GH200 of JUPITER, BF16 and FP8 (the rule fixed before the fit was first run; the production row and the
+    larger runs held out, as every Apertus row)."""
+    return [r for r in (rows() if all_rows is None else all_rows)
+            if str(r["name"]).startswith(GH200_CAL_PREFIX) and "prod" not in str(r["name"])
+            and int(r["gpus"]) in GH200_CAL_GPUS]
+
+
+def calibration_rows_of(family: str) -> list[dict[str, Any]]:
+    """The rows that set `family`'s fitted sustained ratios: dgxc-benchmarking's (H100), OpenEuroLLM's (GH200)."""
+    return [r for r in sustained_rows() + gh200_sustained_rows() if str(r["gpu"]).split("-")[0] == family]
+
+
 @cache
 def _sustained_names() -> frozenset[str]:
-    return frozenset(str(r["name"]) for r in sustained_rows())
+    return frozenset(str(r["name"]) for r in sustained_rows() + gh200_sustained_rows())
 
 
 def in_sample(row: dict[str, Any]) -> bool:
@@ -231,14 +252,13 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float
     return out
 
 
-def fit_sustained(family: str, dtype: str, lo: float = 0.6, hi: float = 1.0, tol: float = 1e-6) -> float:
+def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol: float = 1e-6) -> float:
     """The sustained/burst ratio of `family`'s `dtype` GEMMs (gemm_table.FITTED_SUSTAINED) that makes the
     calibration rows of that GPU and dtype (`sustained_rows`) average zero error, by bisection -- the
     prediction falls as the ratio falls.  The step share (fitted first, on A100 rows) is held fixed."""
     from . import compute, gemm_table
 
-    cal = [r for r in sustained_rows() if str(r.get("dtype", "bf16")) == dtype
-           and str(r["gpu"]).split("-")[0] == family]
+    cal = [r for r in calibration_rows_of(family) if str(r.get("dtype", "bf16")) == dtype]
     if not cal:
         raise ValueError(f"no calibration rows for {family} {dtype}")
     peak, mamf, _ = gemm_table.TABLE[family][dtype]
@@ -309,6 +329,8 @@ MBRIDGE_PREFIX = "mbridge-"
 # the twenty-second round's five papers: MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B and
 # TinyLlama (12 rows; `str.startswith` takes the tuple)
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
+APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round): held out from the GH200 fit
+OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
@@ -322,7 +344,9 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = ((DGXC_PREFIX, "dgxc-
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
              (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8; H100, B200, GB200, GB300)"),
              (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
-                               "TinyLlama)"))
+                               "TinyLlama)"),
+             (APERTUS_PREFIX, "Apertus (GH200, CSCS Alps)"),
+             (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"))
 
 
 def summary(preds: list[Prediction]) -> str:
@@ -333,7 +357,8 @@ def summary(preds: list[Prediction]) -> str:
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
-        lines += [f"in sample (set the step share, the H100's sustained ratios or FSDP's per-unit cost): {_counts(ins)}",
+        lines += [f"in sample (set the step share, the H100's or GH200's sustained ratios or FSDP's per-unit cost): "
+                  f"{_counts(ins)}",
                   f"held out: {_counts(held)}"]
         rest = held
         for prefix, label in OWN_LINES:
@@ -432,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{IN_SAMPLE_PREFIX}* rows, straggler spread {gemm_table.STEP_SPREAD}")
         for (family, dtype), stored in sorted(gemm_table.FITTED_SUSTAINED.items()):
             print(f"{family} {dtype}: fitted {fit_sustained(family, dtype):.4f} (stored {stored:.4f}) on "
-                  + ", ".join(str(r["name"]) for r in sustained_rows() if r.get("dtype", "bf16") == dtype))
+                  + ", ".join(str(r["name"]) for r in calibration_rows_of(family) if r.get("dtype", "bf16") == dtype))
         return 0
     preds = [predict(r) for r in rows()]
     if argv and argv[0] == "--evidence":  # rewrite evidence.json (what `par3d plan` quotes)
