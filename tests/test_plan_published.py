@@ -261,6 +261,7 @@ def test_docs_table_is_the_scripts_output(predictions):
     preds = [predictions[r["name"]] for r in ROWS]
     doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
     assert validation.table(preds) + "\n\n" + validation.summary(preds) in doc
+    assert validation.by_gpu(preds) in doc  # the by-GPU reading below it
 
 
 def test_readme_quotes_the_validation_summary(predictions):

@@ -371,6 +371,24 @@ def summary(preds: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
+def by_gpu(preds: list[Prediction]) -> str:
+    """The set read by GPU and dtype (fp16 counted with bf16), the way `par3d plan` quotes its evidence: rows, how
+    many set a constant (in sample), how many are within ±10 %, and the signed errors' lowest, median and highest
+    -- the answer to "how far off has this model been on my GPU?"."""
+    ev = evidence(preds)
+    ins: dict[str, int] = {}
+    for p in preds:
+        if in_sample(p.row):
+            key = f"{p.row['gpu']}/{_evidence_dtype(str(p.row.get('dtype', 'bf16')))}"
+            ins[key] = ins.get(key, 0) + 1
+    out = ["| GPU / dtype | rows | in sample | within ±10 % | median error | lowest … highest |",
+           "|---|---:|---:|---:|---:|---|"]
+    for key, e in sorted((k, v) for k, v in ev.items() if not k.startswith("regime/")):
+        out.append(f"| {key} | {e['rows']} | {ins.get(key, 0)} | {e['within_10pct']} | {e['median_error_pct']:+.1f} % "
+                   f"| {e['min_error_pct']:+.1f} … {e['max_error_pct']:+.1f} % |")
+    return "\n".join(out)
+
+
 # ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
 #
 # `par3d plan` prints, beside its prediction, the signed errors of every validation row of the same catalogue GPU
@@ -467,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(table(preds))
     print("\n" + summary(preds))
+    print("\n" + by_gpu(preds))
     return 0
 
 
