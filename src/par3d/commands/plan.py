@@ -115,7 +115,8 @@ def register(sub) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", default="a100-80gb",
                    help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200 (GB200 NVL72), b300, "
-                        "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3; 4 per node), gh200-144gb "
+                        "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3, 4 per node; its sustained GEMM rate fitted to "
+                        "power-capped HPC systems' runs), gh200-144gb "
                         "(default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
