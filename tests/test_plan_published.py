@@ -280,6 +280,21 @@ def test_readme_quotes_the_validation_summary(predictions):
     assert f"held out: {sum(e <= validation.DEFAULT_BOUND for e in held)} within ±10 %, median |error| {held_median}" in text
 
 
+def test_gh200_sustained_ratios_are_the_declared_fit():
+    """The GH200's fitted ratios (issue 12's twenty-second round) come from OpenEuroLLM's 32-128-GPU runs alone,
+    three per dtype, in sample; its larger runs, its production run and every Apertus row are held out (the fit
+    itself is checked with the H100's below)."""
+    cal = validation.gh200_sustained_rows()
+    assert sorted((r["dtype"] if "dtype" in r else "bf16", r["gpus"]) for r in cal) == sorted(
+        (d, g) for d in ("bf16", "fp8") for g in (32, 64, 128))
+    assert all(validation.in_sample(r) and r["gpu"] == "gh200" for r in cal)
+    others = [r for r in ROWS if r["gpu"] == "gh200" and r not in cal]
+    assert len(others) == 20 and not any(validation.in_sample(r) for r in others)
+    assert {r["name"].split("-")[0] for r in others} == {"apertus", "oellm"}
+    assert validation.calibration_rows_of("gh200") == cal and all(
+        r["gpu"] == "h100-sxm" for r in validation.calibration_rows_of("h100"))
+
+
 def test_h100_sustained_ratios_are_the_declared_fit():
     """gemm_table.FITTED_SUSTAINED holds what `validation.fit_sustained` gives on the declared calibration
     rows (the fewest-GPU column of each dgxc-benchmarking table, one per model and precision): the numbers

@@ -254,8 +254,9 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float
 
 def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol: float = 1e-6) -> float:
     """The sustained/burst ratio of `family`'s `dtype` GEMMs (gemm_table.FITTED_SUSTAINED) that makes the
-    calibration rows of that GPU and dtype (`sustained_rows`) average zero error, by bisection -- the
-    prediction falls as the ratio falls.  The step share (fitted first, on A100 rows) is held fixed."""
+    calibration rows of that GPU and dtype (`calibration_rows_of`: dgxc-benchmarking's for the H100, OpenEuroLLM's
+    for the GH200) average zero error, by bisection -- the prediction falls as the ratio falls.  The step share
+    (fitted first, on A100 rows) is held fixed."""
     from . import compute, gemm_table
 
     cal = [r for r in calibration_rows_of(family) if str(r.get("dtype", "bf16")) == dtype]
@@ -331,7 +332,8 @@ MBRIDGE_PREFIX = "mbridge-"
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
 APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round): held out from the GH200 fit
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
-OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = ((DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
+OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
+             (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
