@@ -537,6 +537,38 @@ def test_fp8_current_scaling_flag(capsys):
     assert extra == pytest.approx(2 * tok * (2 * h / t + h / t))
 
 
+def test_fp8_mxfp8_scaling_flag(capsys):
+    """--fp8-scaling mxfp8 (Transformer Engine's MXFP8BlockScaling, issue 12's twenty-second round): Blackwell only
+    (a clear error elsewhere, before any search; a validation row says the same); each cast writes a 1 B scale per
+    32 elements of its two copies and needs no amax pass nor TP amax all-reduce, so its step lies between delayed
+    and current scaling's; its GEMMs at the FP8 rate."""
+    from par3d.plan import validation
+    from par3d.plan.compute import elementwise_bytes
+    from par3d.plan.models import CATALOGUE
+
+    base = ["--model", "llama3-70b", "--gpu", "gb200", "--gpus", "64", "--global-batch", "256", "--tp", "4",
+            "--pp", "4", "--cp", "1", "--micro-batch", "1", "--schedule", "1f1b", "--zero-stage", "1",
+            "--recompute", "none", "--dtype", "fp8", "--top", "1", "--json"]
+    steps = {}
+    for scaling in ("delayed", "mxfp8", "current"):
+        rc, out, _ = run(capsys, *base, "--fp8-scaling", scaling)
+        assert rc == 0
+        d = json.loads(out)
+        assert d["hardware"]["fp8_scaling"] == scaling
+        steps[scaling] = d["plans"][0]["step_time_s"]
+    assert steps["delayed"] < steps["mxfp8"] < steps["current"]
+    m = CATALOGUE["llama3-70b"]
+    tok, h, t = m.seq_len, m.hidden, 4
+    extra = (elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block=True)
+             - elementwise_bytes(m, 1, t, True, True, "fp8"))
+    assert extra == pytest.approx(tok * (2 * h / t + h / t + m.ffn / t) * 2 / 32)
+    rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--fp8-scaling", "mxfp8")
+    assert rc != 0 and "--fp8-scaling mxfp8" in err and "Blackwell" in err and "h100-sxm" in err
+    row = next(r for r in validation.rows() if r["gpu"] == "h100-sxm" and r.get("dtype") == "fp8")
+    with pytest.raises(ValueError, match="needs Blackwell"):
+        validation.cluster_of(dict(row, fp8_scaling="mxfp8"))
+
+
 def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
     """--cross-entropy: the loss's HBM traffic per logit by the implementation that runs it (compute.LOSS_BYTES:
     Megatron-Core's unfused VocabParallelCrossEntropy, its native fusion, one fused kernel pair).  The JSON says

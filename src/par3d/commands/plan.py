@@ -175,10 +175,12 @@ def register(sub) -> None:
                         "offloaded layer waits for its copy where the copy is slower than its compute; Megatron-Core "
                         "runs it without pipeline parallelism or recomputation, so the search keeps to those "
                         "(default: %(default)s)")
-    g.add_argument("--fp8-scaling", choices=("delayed", "current"), default="delayed",
+    g.add_argument("--fp8-scaling", choices=("delayed", "current", "mxfp8"), default="delayed",
                    help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
-                        "earlier steps, fused into the cast) or current (Float8CurrentScaling: an amax pass "
-                        "over the tensor before each cast, one more read of it) (default: %(default)s)")
+                        "earlier steps, fused into the cast), current (Float8CurrentScaling: an amax pass "
+                        "over the tensor before each cast, one more read of it) or mxfp8 (MXFP8BlockScaling, "
+                        "Blackwell only: a scale per 32 elements found in the cast; its GEMMs priced at the "
+                        "FP8 rate, which no measurement here confirms) (default: %(default)s)")
     g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
@@ -373,6 +375,11 @@ def _cluster(args: argparse.Namespace):
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   offload_layers=args.offload_layers,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
+    from par3d.plan.hardware import fp8_scaling_error
+
+    bad_fp8 = fp8_scaling_error(cl.device.name, cl.dtype, cl.fp8_scaling)
+    if bad_fp8:
+        raise UsageError(f"--fp8-scaling {args.fp8_scaling}: {bad_fp8}")
     if args.offload_layers and ((args.pp or 1) > 1 or args.recompute not in (None, "none")):
         raise UsageError(f"--offload-layers {args.offload_layers}: Megatron-Core offloads activations only without "
                          "pipeline parallelism and without recomputation; drop --pp/--recompute or --offload-layers")

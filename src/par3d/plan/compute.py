@@ -193,7 +193,7 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
-                      fp8_current: bool = False) -> float:
+                      fp8_current: bool = False, fp8_block: bool = False) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
@@ -224,6 +224,10 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
             # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
             # MLP activation's amax is computed inside the activation kernel (TE PR #2004), so not its cast
             by += 2 * tok * (2 * h * rep + h / t)
+        if fp8_block:  # MXFP8 (Transformer Engine's MXFP8BlockScaling; OCP MX: one E8M0 scale per 32 elements, along
+            # rows for the row-wise copy and along columns for the column-wise one): the cast finds each block's amax
+            # as it reads (no second read, no TP amax all-reduce) and writes a 1 B scale per 32 elements of each copy
+            by += tok * (2 * h * rep + h / t + model.ffn / t) * 2 / 32
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -268,7 +272,8 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
-                flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused") -> LayerTimes:
+                flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
+                fp8_block: bool = False) -> LayerTimes:
     gs = layer_gemms(model, b, tp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp)
@@ -286,7 +291,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_share(model.seq_len)) + KERNEL_S
     else:
         core = times["attn_scores"] + times["attn_values"]
-    elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current) / (dev.mem_bw * dev.mem_eff)
+    elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block) / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
     loss = loss_time(model, dev, b, tp, cross_entropy) / 3

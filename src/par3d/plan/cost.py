@@ -694,13 +694,13 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
-                   cross_entropy: str = "unfused") -> LayerTimes:
+                   cross_entropy: str = "unfused", fp8_block: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
     and one launch per extra attention kernel."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                     cross_entropy)
+                     cross_entropy, fp8_block)
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
@@ -858,7 +858,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     cluster's kernel and software facts (attention, fp8 scaling, CP exchange, the loss's implementation)."""
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
-                          cluster.cross_entropy)
+                          cluster.cross_entropy, cluster.fp8_block)
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:

@@ -422,6 +422,20 @@ def default_gpus_per_node(gpu: str) -> int:
 
 
 CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
+FP8_SCALINGS = ("delayed", "current", "mxfp8")  # Transformer Engine's FP8 recipes (Cluster.fp8_scaling)
+# GPUs whose tensor cores take MXFP8's block scales (Blackwell's block-scaled MMA; Hopper has none): NVIDIA's
+# Blackwell architecture (B200 / GB200 datasheets list FP8/FP6 at one rate; the MX formats are among them)
+MXFP8_GPUS = ("b200", "gb200", "b300", "gb300")
+
+
+def fp8_scaling_error(gpu: str, dtype: str, scaling: str) -> str | None:
+    """Why an FP8 recipe cannot run on a GPU (None: it can): the recipe unknown, or MXFP8 off Blackwell."""
+    if scaling not in FP8_SCALINGS:
+        return f"fp8 scaling {scaling!r}: choose one of {', '.join(FP8_SCALINGS)}"
+    if scaling == "mxfp8" and dtype == "fp8" and gpu not in MXFP8_GPUS:
+        return (f"fp8 scaling 'mxfp8' needs Blackwell tensor cores (block-scaled MMA: {', '.join(MXFP8_GPUS)}), "
+                f"not {gpu}; use --fp8-scaling delayed or current")
+    return None
 
 
 @dataclass(frozen=True)
@@ -484,7 +498,9 @@ class Cluster:
     tp_overlap_pipeline: tuple[tuple[str, int, int], ...] = ()
     # how Transformer Engine scales FP8 tensors (dtype fp8 only): "delayed" (amax from earlier steps' history,
     # fused into the cast: one read) or "current" (Float8CurrentScaling: an amax pass over the tensor before
-    # its cast, two reads; compute.elementwise_bytes).  NeMo 24.07 ran delayed, Megatron-Bridge's FP8-CS current
+    # its cast, two reads; compute.elementwise_bytes).  NeMo 24.07 ran delayed, Megatron-Bridge's FP8-CS current;
+    # "mxfp8" (MXFP8BlockScaling, Blackwell only: a scale per 32 elements found in the cast, `MXFP8_GPUS`), the
+    # GEMMs at the FP8 rate (`fp8_block`; no measurement of block-scaled GEMMs' rate is in gemm_table)
     fp8_scaling: str = "delayed"
     # dtype fp8: ZeRO-1/2's gather of updated weights moves fp8 copies (1 B per weight; Megatron-Core's DDP
     # `fp8_param_gather`, set by NeMo 2's and Megatron-Bridge's FP8 precision presets and by MLPerf's NeMo
@@ -518,6 +534,11 @@ class Cluster:
     @property
     def fp8_current(self) -> bool:
         return self.dtype == "fp8" and self.fp8_scaling == "current"
+
+    @property
+    def fp8_block(self) -> bool:
+        """MXFP8 block scaling (`fp8_scaling = "mxfp8"`): the casts write a scale per 32 elements of each copy."""
+        return self.dtype == "fp8" and self.fp8_scaling == "mxfp8"
 
     @property
     def nodes(self) -> int:

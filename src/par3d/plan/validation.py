@@ -20,7 +20,7 @@ from typing import Any
 
 from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
-from .hardware import Cluster, attn_sustain_of, make_cluster
+from .hardware import Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
 from .models import CATALOGUE, ModelSpec
 from .search import Fixed, Limits, search
 
@@ -62,6 +62,9 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     ce = str(row.get("cross_entropy", "unfused"))
     if ce not in CROSS_ENTROPY:
         raise ValueError(f"{row['name']}: cross_entropy {ce!r}: choose one of {', '.join(CROSS_ENTROPY)}")
+    bad_fp8 = fp8_scaling_error(str(row["gpu"]), str(row.get("dtype", "bf16")), str(row.get("fp8_scaling", "delayed")))
+    if bad_fp8:
+        raise ValueError(f"{row['name']}: {bad_fp8}")
     cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), dtype=str(row.get("dtype", "bf16")),
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
