@@ -81,6 +81,8 @@ CAPACITY_ONLY |= {f"nemo-22.08-gpt3-5B-a100-{g}" for g in (32, 64, 128, 256)}
 # 84.5 and 81.0 GiB of 80; validation.toml says more)
 OVER_MEMORY = {f"mbridge-{rel}-llama3.1-405B-gb200" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06")}
 OVER_MEMORY |= {"llama3-405B-8192"}
+# their MXFP8 twins (twenty-second round: VP 8 instead of 4, 176.0 GiB of 173.2)
+OVER_MEMORY |= {f"mbridge-{rel}-llama3.1-405B-gb200-mxfp8" for rel in ("26.02", "26.02.01", "26.04", "26.04.01", "26.06")}
 OVER_MEMORY |= {"nemo-22.08-gpt3-5B-a100-8", "nemo-22.08-gpt3-5B-a100-16"}
 # Megatron-Bridge's Llama 3 70B on 64 GB200 / GB300 with activations offloaded (twenty-first round): 42 of 80 layers
 # on the GB200 (192.6 GiB of 173.2), 62 on the GB300 (272 of 268); the recipes ran, so memory.py counts too much here

@@ -328,7 +328,8 @@ LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 
 NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
 MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Megatron-Core r0.8.0 on H100 (seventeenth)
 NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling tables on A100 (eighteenth round)
-# Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300)
+# Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300;
+# twenty-second: the MXFP8 405B rows)
 MBRIDGE_PREFIX = "mbridge-"
 # the twenty-second round's five papers: MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B and
 # TinyLlama (12 rows; `str.startswith` takes the tuple)
@@ -347,7 +348,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
-             (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8; H100, B200, GB200, GB300)"),
+             (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8, MXFP8; H100, B200, GB200, GB300)"),
              (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
                                "TinyLlama)"),
              (APERTUS_PREFIX, "Apertus (GH200, CSCS Alps)"),
