@@ -82,7 +82,7 @@ GEMM_K_REF = 4096
 LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0}
 CROSS_ENTROPY = tuple(LOSS_BYTES)
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "mxfp8": 1}
 # the dtype the fused attention kernel runs in: fp8 training (Transformer Engine, as NeMo/Megatron-Bridge
 # run it) keeps attention in bf16 unless fp8 dot-product attention is asked for (fp8_dpa, off by default)
 ATTN_DTYPE = {"fp8": "bf16"}
@@ -284,7 +284,10 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         op = sum(times[k] * f for k, f in shares.items())
         return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops,
                           op_rec=op)
-    times = {g.name: gemm_time(g, dev, dtype) for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
+    # MXFP8's block-scaled GEMMs at their own measured rate (hardware.with_mxfp8), the other GEMMs at the dtype's
+    gdt = "mxfp8" if fp8_block and dtype == "fp8" and "mxfp8" in dev.peak_flops else dtype
+    times = {g.name: gemm_time(g, dev, gdt if g.name not in ("attn_scores", "attn_values") else dtype)
+             for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
     if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs
         # in bf16 (Transformer Engine's DotProductAttention: fp8 attention only with fp8_dpa, off by default)
         # at its measured share for this sequence length (a CP rank's block: the local model's; Device.attn_share)

@@ -498,7 +498,7 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     the reduce-scatter of that dgrad's output beside the whole wgrad GEMM (qkv_wgrad, fc1_wgrad).  A bulk
     overlap splits nothing: overlapped(gemm, coll) − gemm each.  (dgrad and wgrad are priced at the
     forward GEMM's time, as the backward's compute is: backward = 2 × forward.)"""
-    dev, dtype = cluster.device, cluster.dtype
+    dev, dtype = cluster.device, cluster.gemm_dtype
     gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp)}
     pipeline = {name: (sm, k) for name, sm, k in cluster.tp_overlap_pipeline} if forward else {}
     n = c.tp
@@ -925,7 +925,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
-                comp, w = zero3_submodules(model, dev, dtype, c.micro_batch, c.tp, c.cp, lt)
+                comp, w = zero3_submodules(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, c.cp, lt)
                 z3_units = (comp, tuple(grad_collective(cluster, c, "all_gather", 2.0 * e, per_gpu_nic=True,
                                                         group="shard") for e in w),
                             tuple(sharded_grad_reduce(cluster, c, grad_bytes(cluster) * e, per_gpu_nic=True)

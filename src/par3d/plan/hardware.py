@@ -340,6 +340,15 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
 
+def with_mxfp8(dev: Device) -> Device:
+    """A Blackwell device with MXFP8's GEMMs (`--fp8-scaling mxfp8`) as a dtype of their own: the FP8 peak, and the
+    BF16 share of peak times MXFP8's measured kernel speed over BF16's (gemm_table.MXFP8_OVER_BF16) over the
+    peaks' ratio -- so that an MXFP8 GEMM runs 1.75x the BF16 one, as Transformer Engine's B300 measurement does."""
+    peak = dev.peak_flops["fp8"]
+    share = dev.gemm["bf16"] * dev.peak_flops["bf16"] / peak * _gt.MXFP8_OVER_BF16
+    return replace(dev, peak_flops={**dev.peak_flops, "mxfp8": peak}, gemm={**dev.gemm, "mxfp8": share})
+
+
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
                         attn_eff=FA_A100, attn_sustain=attn_sustain_of("a100")),
@@ -371,6 +380,8 @@ DEVICES: dict[str, Device] = {
     "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200-144gb"),
                           attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200-144gb")),
 }
+# Blackwell's block-scaled MMA takes MXFP8 (MXFP8_GPUS, below)
+DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in ("b200", "gb200", "b300", "gb300")})
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",
            "gb300-nvl72": "gb300", "gh200-96gb": "gh200"}
@@ -500,7 +511,7 @@ class Cluster:
     # fused into the cast: one read) or "current" (Float8CurrentScaling: an amax pass over the tensor before
     # its cast, two reads; compute.elementwise_bytes).  NeMo 24.07 ran delayed, Megatron-Bridge's FP8-CS current;
     # "mxfp8" (MXFP8BlockScaling, Blackwell only: a scale per 32 elements found in the cast, `MXFP8_GPUS`), the
-    # GEMMs at the FP8 rate (`fp8_block`; no measurement of block-scaled GEMMs' rate is in gemm_table)
+    # block-scaled GEMMs at their measured rate (`fp8_block`, `gemm_dtype`, `with_mxfp8`)
     fp8_scaling: str = "delayed"
     # dtype fp8: ZeRO-1/2's gather of updated weights moves fp8 copies (1 B per weight; Megatron-Core's DDP
     # `fp8_param_gather`, set by NeMo 2's and Megatron-Bridge's FP8 precision presets and by MLPerf's NeMo
@@ -539,6 +550,12 @@ class Cluster:
     def fp8_block(self) -> bool:
         """MXFP8 block scaling (`fp8_scaling = "mxfp8"`): the casts write a scale per 32 elements of each copy."""
         return self.dtype == "fp8" and self.fp8_scaling == "mxfp8"
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The dtype the layers' Transformer Engine GEMMs are priced at: "mxfp8" under MXFP8 on a GPU that has it
+        (its own measured rate: `with_mxfp8`), else the training dtype."""
+        return "mxfp8" if self.fp8_block and "mxfp8" in self.device.peak_flops else self.dtype
 
     @property
     def nodes(self) -> int:
