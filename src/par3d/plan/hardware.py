@@ -340,6 +340,12 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
 
+
+# GPUs whose tensor cores take MXFP8's block scales (Blackwell's block-scaled MMA; Hopper has none): NVIDIA's
+# Blackwell architecture (B200 / GB200 datasheets list FP8/FP6 at one rate; the MX formats are among them)
+MXFP8_GPUS = ("b200", "gb200", "b300", "gb300")
+
+
 def with_mxfp8(dev: Device) -> Device:
     """A Blackwell device with MXFP8's GEMMs (`--fp8-scaling mxfp8`) as a dtype of their own: the FP8 peak, and the
     BF16 share of peak times MXFP8's measured kernel speed over BF16's (gemm_table.MXFP8_OVER_BF16) over the
@@ -380,8 +386,8 @@ DEVICES: dict[str, Device] = {
     "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200-144gb"),
                           attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200-144gb")),
 }
-# Blackwell's block-scaled MMA takes MXFP8 (MXFP8_GPUS, below)
-DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in ("b200", "gb200", "b300", "gb300")})
+# Blackwell's block-scaled MMA takes MXFP8
+DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in MXFP8_GPUS})
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",
            "gb300-nvl72": "gb300", "gh200-96gb": "gh200"}
@@ -434,9 +440,6 @@ def default_gpus_per_node(gpu: str) -> int:
 
 CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
 FP8_SCALINGS = ("delayed", "current", "mxfp8")  # Transformer Engine's FP8 recipes (Cluster.fp8_scaling)
-# GPUs whose tensor cores take MXFP8's block scales (Blackwell's block-scaled MMA; Hopper has none): NVIDIA's
-# Blackwell architecture (B200 / GB200 datasheets list FP8/FP6 at one rate; the MX formats are among them)
-MXFP8_GPUS = ("b200", "gb200", "b300", "gb300")
 
 
 def fp8_scaling_error(gpu: str, dtype: str, scaling: str) -> str | None:
