@@ -1024,7 +1024,7 @@ def test_attention_keeps_the_in_step_share_its_gemms_keep():
     from par3d.plan.hardware import DEVICES, HardwareError, hardware_from_dict
 
     for name, dev in DEVICES.items():
-        family = name if name in gemm_table.TABLE else name.split("-")[0]
+        family = gemm_table.family_of(name)
         want = gemm_table.sustained_ratio(family, "bf16") * gemm_table.STEP_SHARE
         low = 0.5 if family == "gh200" else 0.7  # the GH200's fitted ratio: power-capped modules (gemm_table)
         assert dev.attn_sustain == pytest.approx(want) and low < dev.attn_sustain < 0.95, name

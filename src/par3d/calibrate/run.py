@@ -127,8 +127,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
         from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share, catalogue_gpu_of
 
         gpu = catalogue_gpu_of(name)
-        # gemm_table's family ("" : unknown GPU): the catalogue name where the table has its own entry (gh200-144gb)
-        family = "" if gpu is None else gpu if gpu in gemm_table.TABLE else gpu.split("-")[0]
+        family = "" if gpu is None else gemm_table.family_of(gpu)  # gemm_table's family ("": unknown GPU)
         if gpu is not None:
             known = DEVICES[gpu]
             peaks = {dt: known.peak_flops[dt] / TFLOPS for dt in peaks if dt in known.peak_flops}

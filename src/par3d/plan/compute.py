@@ -61,7 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .hardware import Device
+from .hardware import Device, layer_gemm_dtype
 from .models import ModelSpec
 
 TILE = 128  # CTA output tile edge for bf16 tensor-core GEMMs (CUTLASS/cuBLAS default class)
@@ -285,7 +285,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops,
                           op_rec=op)
     # MXFP8's block-scaled GEMMs at their own measured rate (hardware.with_mxfp8), the other GEMMs at the dtype's
-    gdt = "mxfp8" if fp8_block and dtype == "fp8" and "mxfp8" in dev.peak_flops else dtype
+    gdt = layer_gemm_dtype(dev, dtype, fp8_block)
     times = {g.name: gemm_time(g, dev, gdt if g.name not in ("attn_scores", "attn_values") else dtype)
              for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}
     if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs

@@ -163,6 +163,12 @@ FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.856, ("h10
                                                    ("gh200", "bf16"): 0.6174, ("gh200", "fp8"): 0.4927}
 
 
+def family_of(gpu: str) -> str:
+    """The TABLE family a catalogue GPU's numbers come from: its own entry where it has one (gh200-144gb), else the
+    name before the memory size ("a100-80gb" -> "a100", "h100-sxm" -> "h100")."""
+    return gpu if gpu in TABLE else gpu.split("-")[0]
+
+
 def training_factor(dtype: str) -> float:
     """What a training step keeps of the sustained GEMM rate a GEMM-only benchmark (MSMF) measures: the H100's
     fitted ratio over the H200's measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the

@@ -346,6 +346,12 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
 MXFP8_GPUS = ("b200", "gb200", "b300", "gb300")
 
 
+def layer_gemm_dtype(dev: Device, dtype: str, fp8_block: bool) -> str:
+    """The dtype a layer's Transformer Engine GEMMs are priced at: "mxfp8" under MXFP8 block scaling on a device that
+    has its rate (`with_mxfp8`), else the training dtype."""
+    return "mxfp8" if fp8_block and dtype == "fp8" and "mxfp8" in dev.peak_flops else dtype
+
+
 def with_mxfp8(dev: Device) -> Device:
     """A Blackwell device with MXFP8's GEMMs (`--fp8-scaling mxfp8`) as a dtype of their own: the FP8 peak, and the
     BF16 share of peak times MXFP8's measured kernel speed over BF16's (gemm_table.MXFP8_OVER_BF16) over the
@@ -558,7 +564,7 @@ class Cluster:
     def gemm_dtype(self) -> str:
         """The dtype the layers' Transformer Engine GEMMs are priced at: "mxfp8" under MXFP8 on a GPU that has it
         (its own measured rate: `with_mxfp8`), else the training dtype."""
-        return "mxfp8" if self.fp8_block and "mxfp8" in self.device.peak_flops else self.dtype
+        return layer_gemm_dtype(self.device, self.dtype, self.fp8_block)
 
     @property
     def nodes(self) -> int:

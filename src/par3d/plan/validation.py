@@ -20,6 +20,7 @@ from typing import Any
 
 from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
+from .gemm_table import family_of
 from .hardware import Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
 from .models import CATALOGUE, ModelSpec
 from .search import Fixed, Limits, search
@@ -194,12 +195,14 @@ def gh200_sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[d
 
 def calibration_rows_of(family: str) -> list[dict[str, Any]]:
     """The rows that set `family`'s fitted sustained ratios: dgxc-benchmarking's (H100), OpenEuroLLM's (GH200)."""
-    return [r for r in sustained_rows() + gh200_sustained_rows() if str(r["gpu"]).split("-")[0] == family]
+    every = rows()  # parsed once for both sets
+    return [r for r in sustained_rows(every) + gh200_sustained_rows(every) if family_of(str(r["gpu"])) == family]
 
 
 @cache
 def _sustained_names() -> frozenset[str]:
-    return frozenset(str(r["name"]) for r in sustained_rows() + gh200_sustained_rows())
+    every = rows()  # parsed once for both sets
+    return frozenset(str(r["name"]) for r in sustained_rows(every) + gh200_sustained_rows(every))
 
 
 def in_sample(row: dict[str, Any]) -> bool:
@@ -227,7 +230,7 @@ def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], f
     errs = []
     for r in cal:
         cl = cluster_of(r)
-        family = str(r["gpu"]).split("-")[0]
+        family = family_of(str(r["gpu"]))
         dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: gemm_share(family, cl.dtype)})
         if attn_sustain is not None:
             dev = replace(dev, attn_sustain=attn_sustain(family))
