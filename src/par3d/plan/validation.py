@@ -193,16 +193,32 @@ def gh200_sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[d
             and int(r["gpus"]) in GH200_CAL_GPUS]
 
 
+# Megatron-Bridge's first GB300 table (issue 12's twenty-third round): its three 25.11 rows (8B, 70B, 405B; FP8
+# tensor-scaled) set the GB300's one sustained ratio (gemm_table.FITTED_SUSTAINED, both dtypes: SHARED_SUSTAINED);
+# every later release's GB300 row, the MXFP8 ones and MLPerf's are held out.  The rule was fixed before the fit was
+# first run.
+GB300_CAL_PREFIX = "mbridge-25.11-"
+
+
+def gb300_sustained_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The calibration rows of the GB300's fitted sustained ratio: Megatron-Bridge's 25.11 GB300 rows."""
+    return [r for r in (rows() if all_rows is None else all_rows)
+            if str(r["name"]).startswith(GB300_CAL_PREFIX) and r["gpu"] == "gb300"]
+
+
+def _calibration_sets(every: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sustained_rows(every) + gh200_sustained_rows(every) + gb300_sustained_rows(every)
+
+
 def calibration_rows_of(family: str) -> list[dict[str, Any]]:
-    """The rows that set `family`'s fitted sustained ratios: dgxc-benchmarking's (H100), OpenEuroLLM's (GH200)."""
-    every = rows()  # parsed once for both sets
-    return [r for r in sustained_rows(every) + gh200_sustained_rows(every) if family_of(str(r["gpu"])) == family]
+    """The rows that set `family`'s fitted sustained ratios: dgxc-benchmarking's (H100), OpenEuroLLM's (GH200),
+    Megatron-Bridge 25.11's (GB300)."""
+    return [r for r in _calibration_sets(rows()) if family_of(str(r["gpu"])) == family]
 
 
 @cache
 def _sustained_names() -> frozenset[str]:
-    every = rows()  # parsed once for both sets
-    return frozenset(str(r["name"]) for r in sustained_rows(every) + gh200_sustained_rows(every))
+    return frozenset(str(r["name"]) for r in _calibration_sets(rows()))
 
 
 def in_sample(row: dict[str, Any]) -> bool:
@@ -265,15 +281,20 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol
     (fitted first, on A100 rows) is held fixed."""
     from . import compute, gemm_table
 
-    cal = [r for r in calibration_rows_of(family) if str(r.get("dtype", "bf16")) == dtype]
+    shared = family in gemm_table.SHARED_SUSTAINED  # one ratio for every dtype, set by all the family's rows
+    cal = [r for r in calibration_rows_of(family) if shared or str(r.get("dtype", "bf16")) == dtype]
     if not cal:
         raise ValueError(f"no calibration rows for {family} {dtype}")
-    peak, mamf, _ = gemm_table.TABLE[family][dtype]
+
+    def share(d: str, ratio: float) -> float:
+        peak, mamf, _ = gemm_table.TABLE[family][d]
+        return mamf / peak * ratio * gemm_table.STEP_SHARE
+
     # attention runs in BF16: its in-step discount moves with the BF16 ratio being fitted (hardware.attn_sustain_of)
     # and stays at the stored one while another dtype's is fitted
-    bf16 = dtype in ("bf16", "fp16")
+    bf16 = shared or dtype in ("bf16", "fp16")
     out = _bisect(lambda ratio: _mean_error_at(
-        cal, lambda _f, _d: mamf / peak * ratio * gemm_table.STEP_SHARE,
+        cal, lambda _f, d: share(d if shared else dtype, ratio),
         (lambda f: attn_sustain_of(f, sustained=ratio)) if bf16 else None), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
@@ -366,7 +387,7 @@ def summary(preds: list[Prediction]) -> str:
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
-        lines += [f"in sample (set the step share, the H100's or GH200's sustained ratios or FSDP's per-unit cost): "
+        lines += [f"in sample (set the step share, the H100's, GH200's or GB300's sustained ratios or FSDP's per-unit cost): "
                   f"{_counts(ins)}",
                   f"held out: {_counts(held)}"]
         rest = held
@@ -483,8 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step share: fitted {fit_step_share():.4f} (stored {gemm_table.STEP_SHARE:.4f}) on the ten "
               f"{IN_SAMPLE_PREFIX}* rows, straggler spread {gemm_table.STEP_SPREAD}")
         for (family, dtype), stored in sorted(gemm_table.FITTED_SUSTAINED.items()):
+            shared = family in gemm_table.SHARED_SUSTAINED
             print(f"{family} {dtype}: fitted {fit_sustained(family, dtype):.4f} (stored {stored:.4f}) on "
-                  + ", ".join(str(r["name"]) for r in calibration_rows_of(family) if r.get("dtype", "bf16") == dtype))
+                  + ("every dtype's rows: " if shared else "")
+                  + ", ".join(str(r["name"]) for r in calibration_rows_of(family)
+                              if shared or r.get("dtype", "bf16") == dtype))
         return 0
     preds = [predict(r) for r in rows()]
     if argv and argv[0] == "--evidence":  # rewrite evidence.json (what `par3d plan` quotes)
