@@ -974,10 +974,14 @@ def cost_logits(model) -> float:
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts = 8"),  # Mixtral
-    ({"n_routed_experts": 256}, "n_routed_experts = 256"),  # DeepSeek V3
+    ({"n_routed_experts": 256}, "top-k"),  # an expert count without its top-k
+    ({"n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3}, "first_k_dense_replace"),
+    ({"n_routed_experts": 256, "num_experts_per_tok": 8, "kv_lora_rank": 512}, "kv_lora_rank"),  # DeepSeek's MLA
+    ({"num_experts": 60, "num_experts_per_tok": 4, "mlp_only_layers": [0]}, "mlp_only_layers"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
+    """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
+    its MoE ones, uses multi-head latent attention or gives no top-k: each refused by the key that says so."""
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
     p = tmp_path / "config.json"
@@ -987,6 +991,45 @@ def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     # a consistent head_dim and a one-expert key are dense models: read as before
     p.write_text(json.dumps({**cfg, "head_dim": 128, "num_experts": 1}))
     assert resolve_model(str(p)).params() == pytest.approx(CATALOGUE["llama3-8b"].params(), rel=1e-6)
+
+
+def test_mixture_of_experts_from_config_json(tmp_path):
+    """Mixtral 8x7B (its config gives the expert's width as intermediate_size) and Qwen3-30B-A3B
+    (moe_intermediate_size) read as their published sizes: 46.7B total / 12.9B active (Mistral AI's Mixtral
+    announcement: "46.7B total parameters but only uses 12.9B parameters per token") and 30.5B / 3.3B (Qwen3's model
+    card); Qwen2-MoE's shared expert (shared_expert_intermediate_size) adds an always-on MLP of its width."""
+    mixtral = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "hidden_act": "silu",
+               "rms_norm_eps": 1e-5, "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": False,
+               "max_position_embeddings": 32768}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(mixtral))
+    m = resolve_model(str(p))
+    assert (m.experts, m.top_k, m.expert_ffn, m.shared_ffn, m.gated, m.norm) == (8, 2, 14336, 0, True, "rms")
+    assert m.params() / 1e9 == pytest.approx(46.7, abs=0.05) and m.active_params() / 1e9 == pytest.approx(12.9, abs=0.05)
+    qwen = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+            "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    p.write_text(json.dumps(qwen))
+    q = resolve_model(str(p))
+    assert (q.experts, q.top_k, q.expert_ffn, q.head_dim) == (128, 8, 768, 128)
+    assert q.params() / 1e9 == pytest.approx(30.5, abs=0.05) and q.active_params() / 1e9 == pytest.approx(3.3, abs=0.06)
+    # the parts: routed experts are what expert parallelism splits, the rest what TP splits
+    assert q.layer_params() == q.dense_layer_params() + q.expert_layer_params()
+    assert q.layer_params_per_rank(2, 8) == pytest.approx(q.dense_layer_params() / 2 + q.expert_layer_params() / 8)
+    p.write_text(json.dumps({**qwen, "shared_expert_intermediate_size": 5632}))
+    shared = resolve_model(str(p))
+    assert shared.shared_ffn == 5632
+    assert shared.dense_layer_params() - q.dense_layer_params() == 3 * 2048 * 5632
+    # flags alone describe the same model (resolve_model's MoE arguments)
+    flags = resolve_model(None, layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, gated=True, norm="rms",
+                          vocab=151936, seq_len=q.seq_len, ffn_hidden=6144, experts=128, top_k=8, moe_ffn_hidden=768)
+    assert flags.params() == q.params() and flags.active_params() == q.active_params()
+    for bad, words in (({"experts": 1, "top_k": 1}, "at least 2"), ({"experts": 8, "top_k": 9}, "--top-k 9"),
+                       ({"top_k": 2}, "--experts")):
+        with pytest.raises(ValueError, match=words):
+            resolve_model("llama3-8b", **bad)
 
 
 def test_heads_with_their_own_width(tmp_path):

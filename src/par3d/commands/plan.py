@@ -108,6 +108,15 @@ def register(sub) -> None:
                    help="input embedding and output head share weights (--tied-embeddings) or not")
     g.add_argument("--position", choices=("learned", "rotary"), default=None,
                    help="learned position embeddings (s x h parameters) or rotary (none)")
+    g.add_argument("--experts", type=_int_at_least(0), default=None, metavar="E",
+                   help="a mixture of experts: E routed experts in every layer's MLP (Mixtral 8, Qwen3-MoE 128; "
+                        "0: dense). A config.json gives them (num_local_experts, num_experts, n_routed_experts)")
+    g.add_argument("--top-k", type=_int_at_least(1), default=None, metavar="K",
+                   help="routed experts each token runs (Mixtral 2, Qwen3-MoE 8)")
+    g.add_argument("--moe-ffn-hidden", type=_int_at_least(1), default=None,
+                   help="one routed expert's MLP inner size (default: --ffn-hidden, as Mixtral's config gives it)")
+    g.add_argument("--shared-expert-ffn", type=_int_at_least(0), default=None,
+                   help="inner size of an always-on shared expert (all shared experts together; default 0: none)")
     g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="biases in the linear layers. Without --model, flags describe a GPT (LayerNorm, "
                         "learned positions, biases, tied) unless --gated-mlp or --norm rms make it Llama-style "
@@ -168,6 +177,10 @@ def register(sub) -> None:
                         "sequence parallelism): each all-gather hides under the GEMM that consumes it, each "
                         "reduce-scatter under the GEMM that feeds it, at the overlap slowdown (default: off, "
                         "Megatron-Core's default)")
+    g.add_argument("--ep-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="a mixture of experts: overlap each layer's token all-to-alls (dispatch, combine) with "
+                        "another micro-batch's computation (Megatron-Core overlap_moe_expert_parallel_comm, "
+                        "DualPipe-style), at the overlap slowdown; default: off, every all-to-all exposed")
     g.add_argument("--offload-layers", type=_int_at_least(0), default=0, metavar="N",
                    help="offload the activations of N transformer layers to host memory during the forward and "
                         "reload them for the backward (Megatron-Core --cpu-offloading-num-layers; over NVLink-C2C "
@@ -228,6 +241,10 @@ def register(sub) -> None:
                    help="context-parallel size: ring attention over cp ranks, each holding seq_len/cp tokens "
                         "(seq_len must be divisible by 2 x cp). Searched, when omitted, while seq_len/cp >= 4096")
     g.add_argument("--pp", type=_int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
+    g.add_argument("--ep", type=_int_at_least(1),
+                   help="expert-parallel size (a mixture of experts): the routed experts split over ep of the tp x cp "
+                        "x dp ranks of a stage, experts/ep whole experts each (Megatron-Core's parallel folding, "
+                        "expert-tensor-parallel size 1); must divide --experts. Searched when omitted")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
@@ -371,7 +388,8 @@ def _cluster(args: argparse.Namespace):
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
-                  tp_comm_overlap=args.tp_comm_overlap, fp8_scaling=args.fp8_scaling,
+                  tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
+                  fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   offload_layers=args.offload_layers,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
@@ -539,10 +557,15 @@ def _run(args: argparse.Namespace) -> int:
     try:
         model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
                               args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
-                              args.position, args.bias, args.head_dim)
+                              args.position, args.bias, args.head_dim, args.experts, args.top_k,
+                              args.moe_ffn_hidden, args.shared_expert_ffn)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)
+    if model.moe and args.emit_config:
+        raise UsageError(f"--emit-config with a mixture of experts ({model.experts} experts): par3d train has no "
+                         "routed experts, so no config of it can run this model; drop --emit-config (the plan "
+                         "itself is priced) or describe a dense model")
     if model.head_size is not None:  # heads of their own width: priced by the GPU descriptions only
         if args.emit_config:
             raise UsageError(f"--emit-config with head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not "
@@ -555,7 +578,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_fixed(args, model, cluster)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
                   args.recompute, args.zero_stage, args.sequence_parallel, args.cp,
-                  1 if args.emit_config else args.dp_replicate, args.recompute_layers)
+                  1 if args.emit_config else args.dp_replicate, args.recompute_layers, args.ep)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1, block_recompute=not args.emit_config, schedules=args.schedules)
@@ -581,8 +604,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         from par3d.plan.validation import regime_evidence
 
-        evidence = evidence_of(cluster)
-        regimes = regime_evidence if evidence is not None else (lambda _c: [])
+        evidence = evidence_of(cluster, model.moe)
+        regimes = regime_evidence if evidence_of(cluster) is not None else (lambda _c: [])
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
                # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
@@ -704,12 +727,14 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",
-           f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'m':>5} {'schedule':>11} {'v':>2} {'recomp':>9} "
+           f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4}{'  ep' if model.moe else ''} {'mb':>3} {'m':>5} "
+           f"{'schedule':>11} {'v':>2} {'recomp':>9} "
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
         dp = c.dp_split if c.dp_replicate > 1 else str(c.dp)
-        out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
+        ep = f" {c.ep:>3}" if model.moe else ""  # a mixture of experts: the expert-parallel size
+        out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4}{ep} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
                    f"{c.virtual_stages:>2} {c.recompute_label:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>5.1f}{' ' if p.fits else '!'} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
@@ -720,7 +745,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    "ranks them anyway: memory.py says they do not fit)")
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
-    out.append(_evidence_line(cluster))
+    out.append(_evidence_line(cluster, model.moe))
     out += _regime_lines(cluster, best.choice)
     c = best.choice
     if c.zero_stage == 3 and cluster.zero3_unit == "layer" and not cluster.fsdp \
@@ -732,7 +757,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     # -- the breakdown --
     b = best.breakdown
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
-    for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
+    for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
               "stragglers", "overhead", "offload"):
         if k in b:
             out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
@@ -824,9 +849,10 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     return "\n".join(out)
 
 
-def evidence_of(cluster) -> dict | None:
-    """How this model did on the published runs of the cluster's GPU and dtype (validation.evidence_for), for
-    catalogue GPUs priced by the table model as the validation set prices them; None otherwise."""
+def evidence_of(cluster, moe: bool = False) -> dict | None:
+    """How this model did on the published runs of the cluster's GPU and dtype (validation.evidence_for; of
+    mixtures of experts where `moe`), for catalogue GPUs priced by the table model as the validation set prices
+    them; None otherwise."""
     from dataclasses import fields
 
     from par3d.plan.hardware import DEVICES
@@ -840,20 +866,20 @@ def evidence_of(cluster) -> dict | None:
             getattr(dev, f.name) != getattr(base, f.name) for f in fields(base)
             if f.name not in ("attn_eff", "attn_curve")):
         return None
-    return evidence_for(dev.name, cluster.dtype)
+    return evidence_for(dev.name, cluster.dtype, moe)
 
 
-def _evidence_line(cluster) -> str:
+def _evidence_line(cluster, moe: bool = False) -> str:
     from par3d.plan.validation import evidence_for
 
-    ev = evidence_of(cluster)
+    ev = evidence_of(cluster, moe)
+    what = f"{cluster.device.name} {cluster.dtype}" + (" mixture-of-experts" if moe else "")
     if ev is None:
-        if evidence_for(cluster.device.name, cluster.dtype) is not None:  # rows exist, for another description
+        if evidence_for(cluster.device.name, cluster.dtype, moe) is not None:  # rows exist, for another description
             return ("evidence: none for this description (a hardware file or a flat --efficiency model is not the "
                     "catalogue description the validation set scored: docs/planner.md §9)")
-        return (f"evidence: no published run of {cluster.device.name} {cluster.dtype} is in the validation set "
-                "(docs/planner.md §9)")
-    return (f"evidence: on {ev['rows']} published runs of {cluster.device.name} {cluster.dtype} this model's error "
+        return f"evidence: no published run of {what} is in the validation set (docs/planner.md §9)"
+    return (f"evidence: on {ev['rows']} published runs of {what} this model's error "
             f"was {ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
             f"{ev['within_10pct']} within ±10 %; positive: predicted faster than measured) — docs/planner.md §9")
 
@@ -912,8 +938,8 @@ def _cp_line(model, cluster, c) -> str:
 
 
 def _diff(best, other) -> str:
-    keys = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "stragglers",
-            "offload")
+    keys = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
+            "stragglers", "offload")
     d = sorted(((other.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0), k) for k in keys), key=lambda t: -abs(t[0]))
     parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
     return (" (" + ", ".join(parts) + ")") if parts else ""

@@ -150,3 +150,31 @@ def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
     if span <= cluster.gpus_per_node:  # the whole group inside one node
         return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")))
     return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))
+
+
+def all_to_all(nbytes: float, e: int, cluster) -> Cost:  # cluster: hardware.Cluster
+    """A mixture of experts' token exchange (dispatch or combine) over an expert-parallel group of e ranks, each
+    sending `nbytes` spread evenly over the group (balanced routing), (e - 1)/e of it to the others.
+
+    The group is placed as Megatron-Core's rank order places it (expert ranks innermost with expert-tensor-parallel
+    size 1: `ep` consecutive ranks), g = min(e, gpus_per_node) of them in each node.  Every rank sends to every
+    other at once (one kernel: NCCL's grouped send/recv, DeepEP's and HybridEP's dispatch), so there is no ring:
+    its share for the g - 1 node-mates moves over NVLink, its share for the e - g others through its own NIC
+    (rail-optimised, each GPU its NIC), the two in parallel: the slower sets the time, plus one latency of the
+    slowest link crossed.  Flat (seed) clusters: the link of the group's span.  The achieved shares are the
+    collectives' (NVLink's point-to-point share, NIC_EFF): DeepEP's published normal-kernel figures reach about
+    that on H800 NVLink and 400 Gb/s RDMA."""
+    if e <= 1:
+        return ZERO
+    from .hardware import NIC_EFF, nvlink_eff
+
+    if not cluster.hier:
+        link = cluster.link_for_span(e)
+        return Cost(link.alpha, (e - 1) / e * nbytes / link.beta)
+    g = max(1, min(e, cluster.gpus_per_node))
+    nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")
+    intra = (g - 1) / e * nbytes / nvl
+    if g >= e:
+        return Cost(cluster.intra.alpha, intra)
+    inter = (e - g) / e * nbytes / (cluster.inter.beta * NIC_EFF)
+    return Cost(max(cluster.inter.alpha, cluster.intra.alpha), max(intra, inter))

@@ -160,29 +160,46 @@ def gemm_time(g: Gemm, dev: Device, dtype: str) -> float:
     return roofline(g, dev, dtype).time
 
 
-def layer_gemms(model: ModelSpec, b: int, tp: int) -> list[Gemm]:
-    """The forward GEMMs of one decoder layer on one TP rank (Megatron column/row split)."""
+def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one decoder layer on one TP rank (Megatron column/row split).
+
+    A mixture-of-experts layer (models.ModelSpec.moe) has, in place of the dense MLP, the router (its tokens'
+    logits over the E experts) and one grouped GEMM per expert matrix over the E/ep experts this rank holds
+    (`batch`: one kernel, Megatron-Core's GroupedMLP / TE's grouped linear), each expert's M the tokens it
+    receives under balanced routing: this rank's b·s/tp tokens (sequence parallelism shards them; experts are
+    not TP-split) × top_k copies, spread over the E experts and gathered from the ep ranks -> b·s/tp·k·ep/E.
+    A shared expert is a dense MLP of its width (TP-split as one)."""
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
-    f_out = (2 if model.gated else 1) * model.ffn // t
-    return [
+    attn = [
         # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
         Gemm("qkv", tok, model.q_dim // t + 2 * round(model.kv_dim_per_rank(t)), h),
         Gemm("attn_scores", s, s, model.head_dim, b * model.heads // t),
         Gemm("attn_values", s, model.head_dim, s, b * model.heads // t),
         Gemm("attn_out", tok, h, model.q_dim // t),
-        Gemm("mlp_in", tok, f_out, h),
-        Gemm("mlp_out", tok, h, model.ffn // t),
     ]
+    if not model.moe:
+        f_out = (2 if model.gated else 1) * model.ffn // t
+        return attn + [Gemm("mlp_in", tok, f_out, h), Gemm("mlp_out", tok, h, model.ffn // t)]
+    local = tok / t  # this rank's tokens entering the MoE block
+    per_expert = max(1, round(local * model.top_k * ep / model.experts))
+    fe = model.expert_ffn
+    out = attn + [Gemm("router", max(1, round(local)), model.experts, h),
+                  Gemm("expert_in", per_expert, (2 if model.gated else 1) * fe, h, model.experts // ep),
+                  Gemm("expert_out", per_expert, h, fe, model.experts // ep)]
+    if model.shared_ffn:
+        fs = model.shared_ffn
+        out += [Gemm("mlp_in", tok, (2 if model.gated else 1) * fs // t, h), Gemm("mlp_out", tok, h, fs // t)]
+    return out
 
 
 def head_gemm(model: ModelSpec, b: int, tp: int) -> Gemm:
     return Gemm("head", b * model.seq_len, -(-model.vocab // tp), model.hidden)
 
 
-def layer_flops(model: ModelSpec, b: int, tp: int) -> tuple[float, float]:
+def layer_flops(model: ModelSpec, b: int, tp: int, ep: int = 1) -> tuple[float, float]:
     """(GEMM FLOPs of the projections and MLP, attention-core FLOPs), forward, per TP rank."""
-    gs = layer_gemms(model, b, tp)
+    gs = layer_gemms(model, b, tp, ep)
     core = sum(g.flops for g in gs if g.name.startswith("attn_") and g.name != "attn_out")
     return sum(g.flops for g in gs) - core, core
 
@@ -203,6 +220,11 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     attention dropout (read + write + mask; models with biases, i.e. GPT-style, train with dropout)
     over b·(a/t)·s² scores.  The T·h terms are replicated on TP ranks unless sequence parallelism
     shards them.
+
+    A mixture-of-experts layer's MLP part (models.ModelSpec.moe): the router's fp32 softmax and top-k over the
+    rank's b·s/tp tokens × E logits (read + write 4 B each), the permutation of each token into its top_k copies
+    and back (read T, write k·T; read k·T, weigh, write T: 2·(1 + k)·T·h), the activation over the k·T routed
+    rows at the expert width, and a shared expert's activation as a dense MLP's.
     """
     # fp8 (Transformer Engine) keeps bf16 activations between kernels: only GEMM inputs are fp8
     d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
@@ -210,24 +232,35 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     tok = b * s
     rep = 1.0 / t if sp else 1.0
     drop = 1.0 if model.bias else 0.0
+    act = 3 if model.gated else 2  # the activation's reads + writes per output element (SwiGLU: 2 in, 1 out)
     by = 2 * 2 * tok * h * d * rep  # two norms
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
-    by += (3 if model.gated else 2) * tok * model.ffn / t * d  # activation
+    if model.moe:
+        k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
+        by += 8.0 * tok / t * model.experts  # the router's softmax and top-k, fp32
+        by += 2 * (1 + k) * tok / t * h * d  # permute into the experts' order and back
+        by += act * tok / t * k * fe * d + act * tok * fs / t * d  # the routed and the shared activations
+        # per token, the elements cast to fp8 at an MLP input: the routed copies (k·h) and the expert's
+        # activation (k·fe) of this rank's T/tp tokens, and the shared expert's input and activation
+        mlp_in, mlp_act = k * h / t + (h * rep if fs else 0.0), k * fe / t + fs / t
+    else:
+        by += act * tok * model.ffn / t * d  # activation
+        mlp_in, mlp_act = h * rep, model.ffn / t
     if not model.learned_pos:
         by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
         # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
-        by += 4 * tok * (2 * h * rep + h / t + model.ffn / t)
+        by += 4 * tok * (h * rep + mlp_in + h / t + mlp_act)
         if fp8_current:  # current scaling: each cast first reads its input for the amax ("two reads per
             # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
             # MLP activation's amax is computed inside the activation kernel (TE PR #2004), so not its cast
-            by += 2 * tok * (2 * h * rep + h / t)
+            by += 2 * tok * (h * rep + mlp_in + h / t)
         if fp8_block:  # MXFP8 (Transformer Engine's MXFP8BlockScaling; OCP MX: one E8M0 scale per 32 elements, along
             # rows for the row-wise copy and along columns for the column-wise one): the cast finds each block's amax
             # as it reads (no second read, no TP amax all-reduce) and writes a 1 B scale per 32 elements of each copy
-            by += tok * (2 * h * rep + h / t + model.ffn / t) * 2 / 32
+            by += tok * (h * rep + mlp_in + h / t + mlp_act) * 2 / 32
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -263,20 +296,25 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
     matmuls, attention and collectives but recomputes every second matmul of a block, in call order
     wq, wk, wv, wo, w1, w3, w2 (gated MLP; fc1, fc2 otherwise), and every other op (norms, rotary, activation,
     products, residuals).  In the fused GEMMs priced here: K's part of the QKV GEMM, the output projection,
-    half of a gated MLP's input GEMM (w3) or a plain MLP's output GEMM (fc2)."""
+    half of a gated MLP's input GEMM (w3) or a plain MLP's output GEMM (fc2) -- of the routed experts' grouped
+    GEMMs likewise in a mixture of experts (and of a shared expert's)."""
     q, kv = model.q_dim, model.kv_dim
     shares = {"qkv": kv / (q + 2 * kv), "attn_out": 1.0}
-    shares.update({"mlp_in": 0.5} if model.gated else {"mlp_out": 1.0})
+    pairs = [("mlp_in", "mlp_out")]
+    if model.moe:
+        pairs = [("expert_in", "expert_out")] + (pairs if model.shared_ffn else [])
+    for fc1, fc2 in pairs:
+        shares.update({fc1: 0.5} if model.gated else {fc2: 1.0})
     return shares
 
 
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: bool = False) -> LayerTimes:
-    gs = layer_gemms(model, b, tp)
+                fp8_block: bool = False, ep: int = 1) -> LayerTimes:
+    gs = layer_gemms(model, b, tp, ep)
     hg = head_gemm(model, b, tp)
-    gemm, core_f = layer_flops(model, b, tp)
+    gemm, core_f = layer_flops(model, b, tp, ep)
     shares = op_shares(model)
     if dev.kernel_model != "table":
         times = {g.name: gemm_time(g, dev, dtype) for g in gs}
@@ -308,7 +346,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
 def model_flops_per_sequence(model: ModelSpec) -> float:
     """Model FLOPs of one sequence, forward + backward, no recomputation (MFU's numerator,
     Chowdhery et al. 2022 App. B): 3 × (layers' forward + head forward).  For GPT this is
-    72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention."""
+    72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention; a mixture of experts counts the
+    top_k experts each token runs (and its router), the 6·N_active·tokens rule."""
     lt = layer_flops(model, 1, 1)
     return 3.0 * (model.layers * (lt[0] + lt[1]) + head_gemm(model, 1, 1).flops)
 
@@ -322,5 +361,6 @@ def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
         return model.layers * core
     if recompute == "op":
         fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
+        # (a mixture of experts' grouped GEMMs: the same FLOPs at ep = 1)
         return model.layers * sum(fl[k] * f for k, f in op_shares(model).items())
     return 0.0

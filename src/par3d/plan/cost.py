@@ -141,10 +141,19 @@ class Choice:
     # full recomputation of only the first `recompute_layers` layers of every chunk (Megatron-LM's
     # --recompute-method block --recompute-num-layers N); 0: every layer (recompute == "full" only)
     recompute_layers: int = 0
+    # expert parallelism (a mixture of experts: models.ModelSpec.moe): the routed experts split over ep ranks of the
+    # tp × cp × dp ranks of a stage (Megatron-Core's parallel folding, expert-tensor-parallel size 1), E/ep whole
+    # experts each; the ranks holding the same experts (expert_dp of them) reduce their gradients together
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same routed experts: a stage's tp × cp × dp ranks over ep."""
+        return self.tp * self.cp * self.dp // self.ep
 
     @property
     def dp_split(self) -> str:
@@ -165,7 +174,8 @@ class Choice:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         rep = f"({self.dp_split})" if self.dp_replicate > 1 else ""
-        return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep} mb={self.micro_batch} m={self.microbatches} "
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep}{ep} mb={self.micro_batch} m={self.microbatches} "
                 f"{self.schedule}{v} recompute={self.recompute_label} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
 
@@ -255,13 +265,16 @@ def rank_stage_lists(schedule: str, p: int, v: int) -> tuple[tuple[int, ...], ..
 
 
 @lru_cache(maxsize=1024)
-def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None = None) -> tuple[RankShape, ...]:
+def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None = None,
+                ep: int = 1) -> tuple[RankShape, ...]:
     """Parameters held by each pipeline rank, on the schedule's placement (`stage_placement`;
     no schedule: the round-robin one, stage s on rank s % pp).  On the V, rank 0 holds both the
-    embedding (stage 0) and the head (stage 2p-1)."""
+    embedding (stage 0) and the head (stage 2p-1).  A mixture of experts' E/ep routed experts per layer
+    are counted apart too (`RankShape.expert_params`)."""
     lay = layout(model, pp * v)
     out = []
-    per_layer = model.layer_params_per_rank(tp)
+    per_layer = model.layer_params_per_rank(tp, ep)
+    per_expert_layer = model.expert_layer_params() / ep
     for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
         params = 0.0
         for s in stages:
@@ -270,7 +283,8 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
                 params += (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
-        out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages)))
+        out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages),
+                             sum(lay.layers[s] for s in stages) * per_expert_layer))
     return tuple(out)
 
 
@@ -406,6 +420,7 @@ class StageTimes:
     fixed_b: list[float] = field(default_factory=list)
     waits: dict[str, list[float]] = field(default_factory=dict)
     offload: list[float] = field(default_factory=list)  # exposed activation offload copies, F + B (offload_exposed)
+    ep_comm: list[float] = field(default_factory=list)  # a mixture of experts' token all-to-alls, F + B (ep_exchange)
 
 
 @dataclass
@@ -499,12 +514,14 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     overlap splits nothing: overlapped(gemm, coll) − gemm each.  (dgrad and wgrad are priced at the
     forward GEMM's time, as the backward's compute is: backward = 2 × forward.)"""
     dev, dtype = cluster.device, cluster.gemm_dtype
-    gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp)}
+    gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp, c.ep)}
     pipeline = {name: (sm, k) for name, sm, k in cluster.tp_overlap_pipeline} if forward else {}
     n = c.tp
     step = coll / (n - 1)
     out = 0.0
     for name in TP_OVERLAP_GEMMS:
+        if name not in gs:  # a mixture of experts without a shared expert: no TP-split MLP, no MLP collectives
+            continue
         g = gs[name]
         whole = gemm_time(g, dev, dtype)
         if not forward and name in TP_BULK_BACKWARD:
@@ -694,13 +711,13 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
-                   cross_entropy: str = "unfused", fp8_block: bool = False) -> LayerTimes:
+                   cross_entropy: str = "unfused", fp8_block: bool = False, ep: int = 1) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
     and one launch per extra attention kernel."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                     cross_entropy, fp8_block)
+                     cross_entropy, fp8_block, ep)
     if cp == 1:
         return lt
     extra = (cp - 1) * lt.core
@@ -714,6 +731,39 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
         lt = replace(lt, elementwise=lt.elementwise + move)
     return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp, fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops,
                    core_flops=lt.core_flops * cp)
+
+
+def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float]:
+    """One mixture-of-experts layer's token all-to-alls over the EP group, (forward, backward), exposed: the
+    dispatch of this rank's b·s/(cp·tp) tokens × top_k copies of h elements and the combine of as many back
+    (forward), the same two for their gradients (backward) -- Megatron-Core's alltoall and flex (DeepEP,
+    HybridEP) dispatchers.  Exposed, unless `cluster.ep_comm_overlap` (Megatron-Core's
+    `overlap_moe_expert_parallel_comm`): then each all-to-all runs beside another micro-batch's computation of
+    the same layer and only what outlasts it, and the slowdown σ of the shared part, is added
+    (`overlapped`).  In 16 bits (an FP8 dispatch, which DeepEP and HybridEP can run, is not modelled).
+    Zero for a dense model and ep = 1."""
+    if not model.moe or c.ep <= 1:
+        return 0.0, 0.0
+    tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
+    nbytes = tokens * model.top_k * model.hidden * 2.0
+    one = comm.all_to_all(nbytes, c.ep, cluster).total
+    if not cluster.ep_comm_overlap:
+        return 2 * one, 2 * one
+    f = choice_layer_times(model, cluster, c).fwd
+    sigma = cluster.device.sigma
+    return overlapped(f, 2 * one, sigma) - f, overlapped(2 * f, 2 * one, sigma) - 2 * f
+
+
+def expert_grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float) -> float:
+    """A collective over the expert-data-parallel group (the `c.expert_dp` ranks holding the same routed experts),
+    placed as Megatron-Core's rank order places it: members `ep` ranks apart (comm.all_to_all)."""
+    if c.expert_dp <= 1:
+        return 0.0
+    if not cluster.hier:
+        return comm.all_reduce(nbytes, c.expert_dp, cluster.link_for_span(c.expert_dp * c.ep)).total if (
+            kind == "all_reduce") else comm.reduce_scatter(nbytes, c.expert_dp,
+                                                           cluster.link_for_span(c.expert_dp * c.ep)).total
+    return comm.collective(kind, nbytes, c.expert_dp, c.ep, cluster).total
 
 
 def kv_block_bytes(model: ModelSpec, b: int, tp: int, cp: int, dtype: str) -> float:
@@ -858,7 +908,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     cluster's kernel and software facts (attention, fp8 scaling, CP exchange, the loss's implementation)."""
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
-                          cluster.cross_entropy, cluster.fp8_block)
+                          cluster.cross_entropy, cluster.fp8_block, c.ep)
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
@@ -869,9 +919,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     db = ACT_BYTES[dtype]
     s_local = model.seq_len // c.cp
     act = c.micro_batch * s_local * model.hidden * db  # one T×h activation of this rank, bytes
-    # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost
+    # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost.  A mixture of
+    # experts' routed MLP has none (its experts are whole on each rank; its tokens move by the EP all-to-all):
+    # one pair, the attention's, unless a shared expert (TP-split as a dense MLP) adds the second
     ar = tp_collective(cluster, c, act, lk.tp)
-    tp_layer = tp_layer_b = 2 * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+    pairs = 1 if model.moe and not model.shared_ffn else 2
+    tp_layer = tp_layer_b = pairs * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
     if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
         tp_layer = tp_overlap_exposed(model, cluster, c, ar / 2)
         tp_layer_b = tp_overlap_exposed(model, cluster, c, ar / 2, forward=False)
@@ -880,10 +933,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,
         # `with_amax_reduction`, `amax_reduction_group = tp_group`; the row-parallel grad outputs likewise),
         # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
-        amax = 2 * tp_collective_small(cluster, c)
+        amax = pairs * tp_collective_small(cluster, c)
         tp_layer, tp_layer_b = tp_layer + amax, tp_layer_b + amax
+    epf, epb = ep_exchange(model, cluster, c)
     rec = lt.recomputed(c.recompute)
     rec_comm = tp_layer if c.recompute == "full" else 0.0  # (selective op saves the collectives' outputs)
+    rec_comm += epf if c.recompute == "full" else 0.0  # recomputing the forward dispatches its tokens again
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
@@ -899,7 +954,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange
     cpr = cpf if c.recompute in ("full", "selective") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
     rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
@@ -912,7 +967,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         row = seen.get(key)
         if row is not None:
             for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
-                                 out.tp_comm, out.cp_comm, out.zero3, out.offload), row):
+                                 out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm), row):
                 lst.append(val)
             continue
         fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
@@ -922,6 +977,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = n * tp_layer_b + nr * rec_comm
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
+        f_ep, b_ep = n * epf, n * epb
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
@@ -953,12 +1009,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             z3f, z3b = z3f + unit / 3, z3b + 2 * unit / 3
         # activation offloading (no pipeline: the one stage holds every layer)
         off_f, off_b = offload_exposed(model, cluster, c, lt.fwd + tp_layer, 2 * lt.fwd + tp_layer_b)
-        f = fc + f_tp + f_cp + z3f + off_f
-        b = bc + br + b_tp + b_cp + z3b + off_b
+        f = fc + f_tp + f_cp + z3f + off_f + f_ep
+        b = bc + br + b_tp + b_cp + z3b + off_b + b_ep
         out.f.append(f)
         out.b.append(b)
-        # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b)
+        # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW = weight-gradient GEMMs
+        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b + b_ep)
         out.bw.append(fc)
         out.f_compute.append(fc)
         out.b_compute.append(bc)
@@ -967,8 +1023,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.cp_comm.append(f_cp + b_cp)
         out.zero3.append(z3f + z3b)
         out.offload.append(off_f + off_b)
-        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp, z3f + z3b,
-                     off_f + off_b)
+        out.ep_comm.append(f_ep + b_ep)
+        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp,
+                     z3f + z3b, off_f + off_b, f_ep + b_ep)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     if c.pp <= 1:
         out.transfer = 0.0
@@ -1211,9 +1268,9 @@ def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
 @lru_cache(maxsize=8192)
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
                  b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0,
-                 cross_entropy: str = "unfused") -> tuple:
+                 cross_entropy: str = "unfused", ep: int = 1) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
-    shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m)
+    shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
     if recompute == "full" and rec_layers > 0:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
@@ -1222,13 +1279,13 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
 
 
 @lru_cache(maxsize=4096)
-def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int) -> tuple:
+def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int, ep: int = 1) -> tuple:
     """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
     shape, the schedule's peak in-flight micro-batches, the live layers at the peak and the heaviest ranks."""
-    shapes = rank_shapes(model, tp, pp, v, schedule)
+    shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
-    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule)
+    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep)
 
 
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
@@ -1239,7 +1296,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
         model, cluster.dtype, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy)
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.ep)
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
@@ -1254,7 +1311,8 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
-                     per_layer=per_layer if c.recompute_layers else None, cross_entropy=cluster.cross_entropy)
+                     per_layer=per_layer if c.recompute_layers else None, cross_entropy=cluster.cross_entropy,
+                     expert_dp=c.expert_dp)
     return mb, arg
 
 
@@ -1307,7 +1365,7 @@ def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape,
 
 @lru_cache(maxsize=8192)
 def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
-                 schedule: str | None = None) -> tuple[tuple[int, float, float, bool], ...]:
+                 schedule: str | None = None, ep: int = 1) -> tuple[tuple[int, float, float, bool], ...]:
     """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest
     (`live`: each rank's peak of live layers, `peak_layers`).
 
@@ -1316,7 +1374,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
     matches or exceeds in all three never wins: dropping it changes no answer.  Under 1F1B that
     leaves the first two ranks and the last."""
     kept: list[tuple[int, float, float, bool]] = []
-    for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule)):
+    for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule, ep)):
         row = (r, shape.params, live[r], shape.head)
         if not any(k[1] >= row[1] and k[2] >= row[2] and (k[3] or not row[3]) for k in kept):
             kept.append(row)
@@ -1361,7 +1419,7 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
         return [0.0] * c.pp
     out = []
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
-    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)):
+    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)):
         n_layers = sum(shape.layers)
         red = kv_replica_reduce(model, cluster, c, n_layers)
         if cluster.overlap_grad_reduce and n_layers > 0:
@@ -1443,7 +1501,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     sigma = cluster.device.sigma
     split = c.schedule in SPLIT_BACKWARD
@@ -1462,10 +1520,16 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             bounded.add((g, shape.layers, has0))
         hit = costs.get(g)
         if hit is None:
-            red = (grad_collective(cluster, c, "all_reduce", g) if c.zero_stage == 0
-                   else sharded_grad_reduce(cluster, c, g))
-            gather = (grad_collective(cluster, c, "all_gather", wbytes * shape.params, group="shard")  # updated weights
+            dense, experts = shape.params - shape.expert_params, shape.expert_params
+            red = (grad_collective(cluster, c, "all_reduce", gbytes * dense) if c.zero_stage == 0
+                   else sharded_grad_reduce(cluster, c, gbytes * dense))
+            gather = (grad_collective(cluster, c, "all_gather", wbytes * dense, group="shard")  # updated weights
                       if c.zero_stage >= 1 else 0.0)
+            if experts:  # a mixture of experts' routed experts: over the ranks holding the same experts
+                red += expert_grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter",
+                                              gbytes * experts)
+                if c.zero_stage >= 1:
+                    gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
             hit = costs[g] = (red, gather)
         red, gather = hit
         per = 1.0 / max(shape.params, 1e-30)  # a bucket's share of the rank's reduction and gather: its parameters'
@@ -1519,13 +1583,13 @@ def dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
 def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
              marks: tuple[float, Marks] | None = None) -> float:
     ng = c.dp * c.cp  # DP and CP ranks reduce their gradients together
-    if ng <= 1:
+    if ng <= 1 and c.expert_dp <= 1:
         return 0.0
     if cluster.hier:
         return _dp_tail_bucketed(model, cluster, c, st, marks)
     lk = links(cluster, c)
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
@@ -1541,6 +1605,9 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
             red, gather = hit
         elif c.zero_stage == 0:
             red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
+            if shape.expert_params:  # (the routed experts' share priced over the expert-data-parallel group)
+                red = (comm.all_reduce(gbytes * (shape.params - shape.expert_params), ng, lk.grad).total  # type: ignore[arg-type]
+                       + expert_grad_collective(cluster, c, "all_reduce", gbytes * shape.expert_params))
         elif eager:
             red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
                                        cluster.dtype)
@@ -1558,8 +1625,9 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
 
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
-    params = max(s.params for s in shapes) / (c.zero_shards if c.zero_stage >= 1 else 1)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
+    zs, ze = (c.zero_shards, c.expert_dp) if c.zero_stage >= 1 else (1, 1)
+    params = max((s.params - s.expert_params) / zs + s.expert_params / ze for s in shapes)
     dev = cluster.device
     if dev.kernel_model == "table":
         return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff)
@@ -1593,11 +1661,11 @@ class Plan:
             "stage_ranks": list(stage_placement(c.schedule, c.pp, c.virtual_stages)), "recompute": c.recompute,
             "recompute_layers": c.recompute_layers,
             "zero_stage": c.zero_stage, "dp_replicate": c.dp_replicate, "sequence_parallel": c.sequence_parallel,
-            "fits": self.fits,
+            "ep": c.ep, "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in
-                            ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble",
+                            ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
                              "optimizer", "stragglers", "overhead", "offload") if k in self.breakdown},
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
@@ -1689,6 +1757,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
     actions_fixed = slow_fx * m * sum(st.fixed_f[s] + st.fixed_b[s] for s in stages) if st.fixed_f else 0.0
     tp_comm = m * sum(st.tp_comm[s] for s in stages)
     cp_comm = m * sum(st.cp_comm[s] for s in stages)
+    ep_comm = m * sum(st.ep_comm[s] for s in stages) if st.ep_comm else 0.0
     zero3 = m * sum(st.zero3[s] for s in stages)
     idle = max(0.0, makespan - busy[crit])
     hops = sum(1 for s in range(len(rank_of) - 1) if rank_of[s] != rank_of[s + 1])  # the V's turn is local
@@ -1698,6 +1767,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float 
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}
     if stragglers:
         breakdown["stragglers"] = stragglers
+    if ep_comm:  # a mixture of experts' token all-to-alls (ep_exchange)
+        breakdown["ep_comm"] = ep_comm
     if st.offload and any(st.offload):  # waits on activation offloading (offload_exposed)
         breakdown["offload"] = m * sum(st.offload[s] for s in stages)
     if prof is not None:

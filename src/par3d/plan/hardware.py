@@ -509,6 +509,10 @@ class Cluster:
     # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
     # Megatron-Core; NeMo / Megatron-Bridge's H100 recipes turn it on.
     tp_comm_overlap: bool = False
+    # a mixture of experts' token all-to-alls overlapped with compute (Megatron-Core's
+    # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
+    # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
+    ep_comm_overlap: bool = False
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
     # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
     # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
@@ -599,7 +603,7 @@ class Cluster:
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
             "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
-            "tp_comm_overlap": self.tp_comm_overlap, "cp_comm": self.cp_comm,
+            "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
             "cross_entropy": self.cross_entropy,

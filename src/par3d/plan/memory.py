@@ -139,21 +139,31 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
         # replicated: the input and w2's (fc2's) output; sharded: wq's and the attention's outputs, wv's, w1's (fc1's)
         lse = 4.0 * a * s * b / scale  # the attention kernel's fp32 log-sum-exp, saved with its output
         kv = s * b * model.kv_dim_per_rank(t) * t
+        width = model.top_k * model.expert_ffn + model.shared_ffn if model.moe else model.ffn  # fc1 outputs per token
         return scale * (4.0 * sbh / (t if sp else 1) + (4.0 * s * b * model.q_dim + 2.0 * kv
-                                                         + 2.0 * s * b * model.ffn + lse) / t)
+                                                         + 2.0 * s * b * width + lse) / t)
     # LayerNorm inputs 4, attention and MLP inputs 2 + 2, the two dropout masks 1 + 1 (models without
     # biases -- Llama-style -- train without dropout, as compute.elementwise_bytes prices them)
     replicated = (10.0 if model.bias else 8.0) * sbh
     # GeLU: fc1 output 2 + GeLU output 2 units of s·b·f; SwiGLU: fc1's 2f-wide output 4 + fc2's input 2
     # (Megatron-Core's fused bias-SwiGLU saves only its input, megatron/core/fusions/fused_bias_swiglu.py)
-    mlp = (6.0 if model.gated else 4.0) * s * b * model.ffn
+    unit = 6.0 if model.gated else 4.0
+    if model.moe:  # per routed copy (k per token, on this rank's s·b/t tokens): the expert's activation units at
+        # its width, its permuted input (2 per h: fc1's input) and its output before the weighted combine (2 per h);
+        # the router's fp32 probabilities (4 per expert); a shared expert as a dense MLP of its width
+        k = model.top_k
+        mlp = s * b * (k * (unit * model.expert_ffn + 4.0 * h) + 4.0 * model.experts + unit * model.shared_ffn)
+    else:
+        mlp = unit * s * b * model.ffn
     # Q, projection input (4 units of s·b·q/t, q = heads · head_dim: h unless the heads have their own
     # width), K and V at this rank's K/V width (replicated when tp > kv)
     sbq = s * b * model.q_dim
     sharded = 4.0 * sbq + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
         replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
-        sharded += sbq - s * b * model.ffn  # projection input once more in fp8; fc2 input 2 -> 1
+        # projection input once more in fp8; fc2 input 2 -> 1 (MoE: each routed copy's fc1 and fc2 inputs)
+        fc2_in = s * b * (model.top_k * (model.expert_ffn + h) + model.shared_ffn) if model.moe else s * b * model.ffn
+        sharded += sbq - fc2_in
     if recompute == "selective":
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores
@@ -178,17 +188,21 @@ class RankShape:
     params: float  # parameters on this rank after TP sharding
     layers: tuple[int, ...]  # layers of each chunk on this rank
     head: bool  # holds the output head (last stage)
+    expert_params: float = 0.0  # of `params`, the routed experts' (MoE): ZeRO shards their states over the
+    # expert-data-parallel group (the ranks holding the same experts), not over dp × cp
 
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
                 recompute: str, zero: int, dtype: str, v: int = 1, cp: int = 1, flash: bool = False,
                 accounting: str = "seed", zero3_live: float | None = None,
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
-                per_layer: float | None = None, cross_entropy: str = "unfused") -> MemoryBreakdown:
+                per_layer: float | None = None, cross_entropy: str = "unfused",
+                expert_dp: int | None = None) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
-    cost.peak_layers) we use the rank's mean layers per chunk."""
+    cost.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
+    (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep)."""
     wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)
     if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
@@ -205,4 +219,8 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     other = OTHER_FIXED + FRAGMENTATION * act
     if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
         other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
-    return MemoryBreakdown(wb * shape.params, gb * shape.params, ob * shape.params, act, other)
+    dense, experts = shape.params - shape.expert_params, shape.expert_params
+    we, ge, oe = (wb, gb, ob) if not experts else state_bytes_per_param(
+        dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype)
+    return MemoryBreakdown(wb * dense + we * experts, gb * dense + ge * experts, ob * dense + oe * experts, act,
+                           other)

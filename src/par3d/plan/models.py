@@ -14,6 +14,14 @@ does).
 Grouped-query attention under TP (Megatron-LM, Ainslie et al. 2023): tp ≤ kv_heads splits the K/V
 heads (kv_heads/tp per rank); tp > kv_heads (tp a multiple of kv_heads) replicates them, one K/V
 head per rank — more K/V weights and activations per rank than kv_dim/tp.
+
+Mixture of experts (`experts` > 0; Shazeer et al. 2017, GShard, Switch; Mixtral, Qwen-MoE, OLMoE): every
+layer's MLP is a router (h·E) and E routed experts of width `moe_ffn_hidden` each (gated or not, as the model),
+of which each token runs `top_k`, plus an optional always-on shared expert of width `shared_ffn` (Qwen2-MoE,
+DeepSeek: n_shared × moe width).  Expert parallelism (`ep`, cost.Choice) places E/ep whole experts on each
+rank (Megatron-Core's expert-tensor-parallel size 1); the attention, norms, router and shared expert split over
+TP as a dense layer's do.  Every layer is such a layer: models with dense layers among their MoE layers
+(DeepSeek's first_k_dense_replace, Qwen2-MoE's mlp_only_layers) are refused, not priced as uniform.
 """
 
 from __future__ import annotations
@@ -43,6 +51,10 @@ class ModelSpec:
     bias: bool = True
     norm: str = "layer"  # "layer" (LayerNorm: weight + bias) or "rms" (RMSNorm: weight)
     head_size: int | None = None  # one head's width; None -> hidden // heads (Megatron's --kv-channels)
+    experts: int = 0  # routed experts per layer (mixture of experts); 0: a dense MLP
+    top_k: int = 0  # routed experts each token runs (MoE)
+    moe_ffn_hidden: int | None = None  # one routed expert's width; None -> ffn_hidden (Mixtral's config says so)
+    shared_ffn: int = 0  # the always-on shared expert's width (all shared experts together); 0: none
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -55,6 +67,15 @@ class ModelSpec:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's intermediate width."""
+        return self.moe_ffn_hidden if self.moe_ffn_hidden is not None else self.ffn
 
     @property
     def kv(self) -> int:
@@ -85,20 +106,45 @@ class ModelSpec:
     def kv_dim_per_rank(self, tp: int) -> float:
         return self.kv_heads_per_rank(tp) * self.head_dim
 
-    def layer_params(self) -> int:
-        h, f = self.hidden, self.ffn
-        q = self.q_dim
-        attn = 2 * h * q + 2 * h * self.kv_dim
-        mlp = (3 if self.gated else 2) * h * f
-        bias = (q + 2 * self.kv_dim + h + f * (2 if self.gated else 1) + h) if self.bias else 0
-        return attn + mlp + bias + 2 * self.norm_params
+    def _mlp_params(self, f: int) -> int:
+        """One MLP of width f: its two or three matrices and their biases."""
+        mats = (3 if self.gated else 2) * self.hidden * f
+        return mats + ((f * (2 if self.gated else 1) + self.hidden) if self.bias else 0)
 
-    def layer_params_per_rank(self, tp: int) -> float:
-        """One layer's parameters on one TP rank: 1/tp of the layer, plus the replicated K/V heads
-        when tp > kv_heads (each of the tp ranks holds one K/V head instead of kv/tp)."""
+    def expert_layer_params(self) -> int:
+        """One layer's routed experts (MoE; 0 for a dense layer): what expert parallelism splits."""
+        return self.experts * self._mlp_params(self.expert_ffn) if self.moe else 0
+
+    def dense_layer_params(self) -> int:
+        """One layer's parameters other than the routed experts: attention, norms and the dense MLP, or (MoE) the
+        router and the shared expert -- what TP splits."""
+        h, q = self.hidden, self.q_dim
+        attn = 2 * h * q + 2 * h * self.kv_dim + ((q + 2 * self.kv_dim + h) if self.bias else 0)
+        if self.moe:
+            mlp = h * self.experts + (self._mlp_params(self.shared_ffn) if self.shared_ffn else 0)
+        else:
+            mlp = self._mlp_params(self.ffn)
+        return attn + mlp + 2 * self.norm_params
+
+    def layer_params(self) -> int:
+        return self.dense_layer_params() + self.expert_layer_params()
+
+    def active_layer_params(self) -> int:
+        """The parameters one token's forward uses in a layer: top_k of the routed experts (MoE)."""
+        if not self.moe:
+            return self.layer_params()
+        return self.dense_layer_params() + self.top_k * self._mlp_params(self.expert_ffn)
+
+    def layer_params_per_rank(self, tp: int, ep: int = 1) -> float:
+        """One layer's parameters on one rank: 1/tp of its dense part, plus the replicated K/V heads when
+        tp > kv_heads (each of the tp ranks holds one K/V head instead of kv/tp), plus E/ep whole routed
+        experts (MoE)."""
+        return self.dense_layer_params_per_rank(tp) + self.expert_layer_params() / ep
+
+    def dense_layer_params_per_rank(self, tp: int) -> float:
         extra_heads = max(tp - self.kv, 0)  # K/V heads stored beyond the model's kv over the group
         extra = extra_heads * 2 * self.head_dim * (self.hidden + (1 if self.bias else 0))
-        return (self.layer_params() + extra) / tp
+        return (self.dense_layer_params() + extra) / tp
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_pos else 0)
@@ -112,12 +158,23 @@ class ModelSpec:
         head = self.norm_params if self.tied else self.head_params()
         return self.layers * self.layer_params() + self.embedding_params() + head
 
+    def active_params(self) -> int:
+        """Parameters one token uses (MoE: top_k of the routed experts; a dense model's all of them)."""
+        head = self.norm_params if self.tied else self.head_params()
+        return self.layers * self.active_layer_params() + self.embedding_params() + head
+
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
         if self.head_size is not None and self.q_dim != self.hidden:
             extra += f", head_dim={self.head_dim}"
-        return (f"{self.name}: {self.params() / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
-                f"{self.heads} heads{extra}, ffn {self.ffn}{' (gated)' if self.gated else ''}, "
+        if self.moe:
+            shared = f" + shared {self.shared_ffn}" if self.shared_ffn else ""
+            mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}"
+            size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
+        else:
+            mlp, size = f"ffn {self.ffn}", f"{self.params() / 1e9:.2f}B params"
+        return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
+                f"{self.heads} heads{extra}, {mlp}{' (gated)' if self.gated else ''}, "
                 f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
                 f"{'learned' if self.learned_pos else 'rotary'} positions, "
                 f"{'tied' if self.tied else 'untied'} embeddings, seq {self.seq_len}, vocab {self.vocab}")
@@ -127,7 +184,9 @@ class ModelSpec:
                 "heads": self.heads, "kv_heads": self.kv, "head_dim": self.head_dim, "seq_len": self.seq_len,
                 "vocab": self.vocab,
                 "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
-                "position": "learned" if self.learned_pos else "rotary", "bias": self.bias}
+                "position": "learned" if self.learned_pos else "rotary", "bias": self.bias,
+                **({"experts": self.experts, "top_k": self.top_k, "moe_ffn_hidden": self.expert_ffn,
+                    "shared_ffn": self.shared_ffn, "active_params": self.active_params()} if self.moe else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -192,7 +251,7 @@ def from_hf_config(path: str) -> ModelSpec:
     if missing:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
-    _refuse_unmodelled(cfg, path)
+    moe = _moe_of(cfg, path)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
@@ -202,7 +261,7 @@ def from_hf_config(path: str) -> ModelSpec:
                      pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer", head_size=_head_size(cfg))
+                     norm="rms" if rms else "layer", head_size=_head_size(cfg), **moe)
 
 
 def _head_size(cfg: dict) -> int | None:
@@ -214,20 +273,46 @@ def _head_size(cfg: dict) -> int | None:
 
 # config.json keys that give a model's routed-expert count (Mixtral, Qwen-MoE / OLMoE, DeepSeek V2/V3, DBRX)
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# ... the experts each token runs, and one expert's width where it is not `intermediate_size` (Mixtral, OLMoE)
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_topk")
+EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
+# keys that put dense layers among the MoE ones, and the value that means "none"
+MIXED_LAYER_KEYS = {"first_k_dense_replace": 0, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                    "moe_layer_freq": 1}
 
 
-def _refuse_unmodelled(cfg: dict, path: str) -> None:
-    """Refuse the config.json shapes the planner would otherwise price as something they are not: a
-    mixture of experts read as a dense model (one expert's MLP, none of the others' weights, no
-    token dispatch)."""
-    for k in EXPERT_KEYS:
-        n = cfg.get(k)
-        if isinstance(n, int) and n > 1:
-            raise ModelError(f"--model {path}: config.json's {k} = {n} describes a mixture-of-experts model; "
-                             "the planner prices dense decoder layers only (no routed experts, expert "
-                             "parallelism or token dispatch), and reading it as dense would count one expert "
-                             "of its MLP; plan a dense model of the same attention and active MLP width with "
-                             "--layers/--hidden/--heads/--ffn-hidden instead, and treat the result as a bound")
+def _moe_of(cfg: dict, path: str) -> dict[str, int]:
+    """The mixture-of-experts fields of a config.json ({} for a dense model): experts, top-k, one expert's width
+    (`moe_intermediate_size`, else `intermediate_size`: Mixtral's and OLMoE's configs give the expert's width
+    there), the shared expert's width (Qwen2-MoE's `shared_expert_intermediate_size`; DeepSeek's
+    `n_shared_experts` × the expert width).  Refused, naming the key: dense layers mixed among the MoE ones
+    (priced as uniform they would be mispriced) and DeepSeek's multi-head latent attention (`kv_lora_rank`)."""
+    experts = next((cfg[k] for k in EXPERT_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
+    if experts is None:
+        return {}
+    top_k = next((cfg[k] for k in TOP_K_KEYS if isinstance(cfg.get(k), int)), None)
+    if top_k is None or not 1 <= top_k <= experts:
+        raise ModelError(f"--model {path}: a mixture of {experts} experts without a top-k in 1..{experts} "
+                         f"(one of {', '.join(TOP_K_KEYS)}); pass a config.json that has it, or describe the "
+                         "model with --experts/--top-k/--moe-ffn-hidden")
+    for k, none in MIXED_LAYER_KEYS.items():
+        if k in cfg and cfg[k] not in (none, None):
+            raise ModelError(f"--model {path}: config.json's {k} = {cfg[k]!r} mixes dense layers among the MoE "
+                             "ones; the planner prices every layer alike (all MoE), which would count the dense "
+                             "layers' MLPs as experts: describe an all-MoE model with flags to bound it")
+    if isinstance(cfg.get("kv_lora_rank"), int):
+        raise ModelError(f"--model {path}: config.json's kv_lora_rank = {cfg['kv_lora_rank']} is multi-head latent "
+                         "attention (DeepSeek), which the planner does not price: its attention is not "
+                         "heads x head_dim projections")
+    width = next((cfg[k] for k in EXPERT_WIDTH_KEYS if isinstance(cfg.get(k), int)), None)
+    shared = cfg.get("shared_expert_intermediate_size")
+    if not isinstance(shared, int):
+        n_shared = cfg.get("n_shared_experts")
+        shared = n_shared * (width or 0) if isinstance(n_shared, int) else 0
+    out = {"experts": experts, "top_k": top_k, "shared_ffn": shared}
+    if width is not None:
+        out["moe_ffn_hidden"] = width
+    return out
 
 
 def is_config_path(name: str) -> bool:
@@ -243,7 +328,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   heads: int | None = None, seq_len: int | None = None, vocab: int | None = None,
                   ffn_hidden: int | None = None, kv_heads: int | None = None, gated: bool | None = None,
                   norm: str | None = None, tied: bool | None = None, position: str | None = None,
-                  bias: bool | None = None, head_dim: int | None = None) -> ModelSpec:
+                  bias: bool | None = None, head_dim: int | None = None, experts: int | None = None,
+                  top_k: int | None = None, moe_ffn_hidden: int | None = None,
+                  shared_ffn: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -251,6 +338,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     (rotary positions, no biases, untied embeddings), the same inference `from_hf_config` makes;
     `--position`, `--bias/--no-bias` and `--tied-embeddings/--no-tied-embeddings` override it.
     `--head-dim` gives the heads a width of their own (q = heads × head_dim need not be hidden).
+    `--experts/--top-k/--moe-ffn-hidden/--shared-expert-ffn` make every layer's MLP a mixture of experts.
     """
     if norm is not None and norm not in NORMS:
         raise ModelError(f"--norm {norm!r}: choose one of {', '.join(NORMS)}")
@@ -269,7 +357,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                              f"--hidden --heads --seq-len --vocab")
         over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
                                       vocab=vocab, ffn_hidden=ffn_hidden, kv_heads=kv_heads, gated=gated,
-                                      norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim).items()
+                                      norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim,
+                                      experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn_hidden,
+                                      shared_ffn=shared_ffn).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -284,12 +374,15 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          tied=(not llama_like) if tied is None else tied,
                          learned_pos=(not llama_like) if pos is None else pos,
                          bias=(not llama_like) if bias is None else bias,
-                         norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim)
+                         norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim,
+                         experts=experts or 0, top_k=top_k or 0, moe_ffn_hidden=moe_ffn_hidden,
+                         shared_ffn=shared_ffn or 0)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
         if v < 1:
             raise ModelError(f"{flag} {v}: must be an integer >= 1")
+    validate_moe(spec)
     if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
         spec = replace(spec, head_size=None)  # the default width, said explicitly: one description of it
     if spec.head_size is None and spec.hidden % spec.heads:
@@ -301,3 +394,22 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          f"heads/kv_heads query heads); use one of "
                          f"{', '.join(str(d) for d in range(1, spec.heads + 1) if spec.heads % d == 0)}")
     return spec
+
+
+def validate_moe(spec: ModelSpec) -> None:
+    """A mixture of experts needs 2+ experts, a top-k among them and positive widths; a dense model none of the
+    MoE fields."""
+    if spec.experts == 0:
+        if spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn:
+            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn describe a mixture of experts: give "
+                             "--experts N (N >= 2 routed experts per layer) too")
+        return
+    if spec.experts < 2:
+        raise ModelError(f"--experts {spec.experts}: a mixture of experts needs at least 2 routed experts "
+                         "(0 for a dense MLP)")
+    if not 1 <= spec.top_k <= spec.experts:
+        raise ModelError(f"--top-k {spec.top_k}: each token runs between 1 and --experts {spec.experts} "
+                         "experts; give --top-k (Mixtral 2, Qwen3-MoE 8)")
+    if spec.expert_ffn < 1 or spec.shared_ffn < 0:
+        raise ModelError(f"--moe-ffn-hidden {spec.expert_ffn} / --shared-expert-ffn {spec.shared_ffn}: "
+                         "widths must be >= 1 (the shared expert's 0 for none)")

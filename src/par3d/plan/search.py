@@ -77,6 +77,7 @@ class Fixed:
     cp: int | None = None
     dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
     recompute_layers: int | None = None  # block-method full recomputation (cost.Choice.recompute_layers)
+    ep: int | None = None  # expert parallelism (a mixture of experts: cost.Choice.ep)
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -128,12 +129,14 @@ def _fmt(xs: list[int]) -> str:
 
 def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
     # GQA: tp splits the K/V heads (tp | kv) or replicates them (kv | tp), as Megatron-LM does
+    mlp = model.shared_ffn if model.moe else model.ffn  # what TP splits of the MLP (a mixture of experts' shared expert)
     ok = [t for t in divisors(cluster.gpus)
-          if model.heads % t == 0 and model.ffn % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
+          if model.heads % t == 0 and mlp % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
           and (limits.allow_inter_node_tp or (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0))]
     if fixed.tp is not None:
         if fixed.tp not in ok:
-            raise PlanError(f"--tp {fixed.tp}: tp must divide heads={model.heads}, ffn={model.ffn} and "
+            raise PlanError(f"--tp {fixed.tp}: tp must divide heads={model.heads}, "
+                            f"{'the shared expert' if model.moe else 'ffn'}={mlp} and "
                             f"--gpus {cluster.gpus}, and divide or be a multiple of kv_heads={model.kv}"
                             + ("" if limits.allow_inter_node_tp else
                                f", and fit in a node of {cluster.gpus_per_node}")
@@ -141,6 +144,40 @@ def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits)
                             + ("" if limits.allow_inter_node_tp else " (or add --allow-inter-node-tp)"), "--tp")
         return [fixed.tp]
     return ok
+
+
+def ep_choices(model: ModelSpec, tp: int, cp: int, dp: int, fixed: Fixed, rejected: Counter) -> list[int]:
+    """Expert-parallel degrees for a layout: 1 for a dense model; for a mixture of experts each ep dividing both
+    the expert count (E/ep whole experts per rank) and the stage's tp × cp × dp ranks it folds over."""
+    if not model.moe:
+        return [1]
+    ranks = tp * cp * dp
+    if fixed.ep is not None:
+        if ranks % fixed.ep:
+            rejected["--ep does not divide tp·cp·dp"] += 1
+            return []
+        return [fixed.ep]
+    return [e for e in divisors(model.experts) if ranks % e == 0]
+
+
+def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
+    """The expert-parallel flags against the model, before any candidate is priced: `--ep` needs a mixture of
+    experts and must divide its expert count; what the planner does not model for one is refused by name."""
+    if not model.moe:
+        if fixed.ep not in (None, 1):
+            raise PlanError(f"--ep {fixed.ep}: expert parallelism splits a mixture of experts' routed experts, and "
+                            f"{model.name} is dense; drop --ep, or describe the experts (--experts/--top-k)", "--ep")
+        return
+    if fixed.ep is not None and (fixed.ep < 1 or model.experts % fixed.ep):
+        raise PlanError(f"--ep {fixed.ep}: each rank holds experts/ep whole experts, so ep must divide "
+                        f"experts={model.experts}; use one of {_fmt(divisors(model.experts))}", "--ep")
+    if fixed.zero_stage is not None and fixed.zero_stage >= 3:
+        raise PlanError("--zero-stage 3 with a mixture of experts: ZeRO-3's per-layer gathers of expert-parallel "
+                        "weights are not modelled; use --zero-stage 1 (Megatron-Core's distributed optimizer, as "
+                        "its MoE recipes run) or 2", "--zero-stage")
+    if cluster.profile is not None:
+        raise PlanError("a mixture of experts on a calibrated host profile: par3d's runtime has no experts, so its "
+                        "profile cannot price them; plan on a catalogue GPU (--gpu)", "--model")
 
 
 def cp_valid(model: ModelSpec, cp: int) -> bool:
@@ -230,8 +267,11 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_replicate(cluster, fixed, limits)
     _check_recompute_layers(cluster, fixed)
     _check_recompute_op(cluster, fixed)
+    check_moe(model, cluster, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
+    if model.moe:  # (check_moe: ZeRO-3 is not modelled for experts)
+        zeros = [z for z in zeros if z < 3]
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
         zeros = [z for z in zeros if z != 1] or zeros
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
@@ -268,7 +308,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 sps = []
         else:
             sps = [tp > 1 and local % tp == 0]
-        for sp in sps:
+        for sp, ep in [(sp, ep) for sp in sps for ep in ep_choices(model, tp, cp, dp, fixed, res.rejected)]:
             bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
             bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
             full_fit: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory recomputing every layer, if it fits
@@ -284,7 +324,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 for z, r in pairs:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
-                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers)
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers, ep)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
                     total = mem[0].total
@@ -461,7 +501,7 @@ class _Memo:
     """What one search computes once and many candidates share (exact: the same numbers).
 
     Without a runtime profile the stage durations of ZeRO stages 0-2 depend on (tp, pp, cp,
-    micro-batch, v, recompute, SP) only — not on the schedule, the micro-batch count or dp, which
+    micro-batch, v, recompute, SP, ep) only — not on the schedule, the micro-batch count or dp, which
     the layout fixes — so 1F1B, ZB-H1 and GPipe candidates share them, and so do their lower bounds'
     parts: the makespan bound per (stage times, schedule, m), the DP tail per (stage times, ZeRO
     stage)."""
@@ -480,7 +520,7 @@ class _Memo:
         bound), a hair below it so that rounding never lifts it above that bound; the busiest rank's
         work per micro-batch is shared by every m and ZeRO stage of a layout."""
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
-               c.schedule)
+               c.schedule, c.ep)
         work = self.work.get(key)
         if work is None:
             work = self.work[key] = _busiest_work(self.model, self.cluster, c)
@@ -503,7 +543,7 @@ class _Memo:
         if not self.on:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
-               _placement(c)) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
+               _placement(c), c.ep) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
                    (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # cost.fsdp_unit_priced: ZeRO-2 and 3
         hit = self.st.get(key)
         if hit is None:
@@ -520,7 +560,7 @@ class _Memo:
         if lb is None:
             lb = self.lb[k1] = makespan_lower_bound(st, c)  # type: ignore[arg-type]
         # the tail reads the ranks' stages, and its bound whether the schedule splits its backwards
-        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.dp_replicate, c.schedule in SPLIT_BACKWARD)
+        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.dp_replicate, c.schedule in SPLIT_BACKWARD, c.ep)
         tail = self.tail.get(k2)
         if tail is None:
             tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]

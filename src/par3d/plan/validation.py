@@ -76,6 +76,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    zero3_unit=str(row.get("zero3_unit", "layer")),
                    fsdp=bool(row.get("fsdp", False)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
+                   ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=str(row.get("fp8_scaling", "delayed")),
@@ -113,7 +114,7 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
         m = int(row["global_batch"]) // (dp * f["micro_batch"])
         c = Choice(f["tp"], f["pp"], dp, f["micro_batch"], m, f.get("schedule", "1f1b"), f.get("virtual_stages", 1),
                    f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1), f.get("dp_replicate", 1),
-                   f.get("recompute_layers", 0))
+                   f.get("recompute_layers", 0), f.get("ep", 1))
         plan, fits = evaluate(model, cluster, c, opts=opts), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
@@ -355,6 +356,7 @@ NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling
 # Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300;
 # twenty-second: the MXFP8 405B rows)
 MBRIDGE_PREFIX = "mbridge-"
+MBRIDGE_MOE_PREFIX = "mbridge-moe-"  # its mixture-of-experts rows (Qwen3; twenty-third round): held out
 # the twenty-second round's five papers: MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B and
 # TinyLlama (12 rows; `str.startswith` takes the tuple)
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
@@ -372,6 +374,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
+             (MBRIDGE_MOE_PREFIX, "Megatron-Bridge's MoE tables (Qwen3-30B-A3B, Qwen3-235B-A22B; H100 ... GB300)"),
              (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8, MXFP8; H100, B200, GB200, GB300)"),
              (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
                                "TinyLlama)"),
@@ -409,7 +412,7 @@ def by_gpu(preds: list[Prediction]) -> str:
     ins: dict[str, int] = {}
     for p in preds:
         if in_sample(p.row):
-            key = f"{p.row['gpu']}/{_evidence_dtype(str(p.row.get('dtype', 'bf16')))}"
+            key = _evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
             ins[key] = ins.get(key, 0) + 1
     out = ["| GPU / dtype | rows | in sample | within ±10 % | median error | lowest … highest |",
            "|---|---:|---:|---:|---:|---|"]
@@ -445,11 +448,12 @@ def regimes_of(c: Choice) -> list[str]:
 
 def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
     """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
-    decimal) of the model on the published runs of that GPU and dtype; per "regime/NAME" the same over the
+    decimal) of the model on the published runs of that GPU and dtype (dense models; a mixture of experts' runs
+    apart, as "gpu/dtype/moe": another part of the model, scored apart); per "regime/NAME" the same over the
     rows whose priced configuration falls in that regime (`REGIMES`)."""
     groups: dict[str, list[float]] = {}
     for p in preds:
-        key = f"{p.row['gpu']}/{_evidence_dtype(str(p.row.get('dtype', 'bf16')))}"
+        key = _evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
         groups.setdefault(key, []).append(p.error)
         for name in regimes_of(p.plan.choice):
             groups.setdefault(f"regime/{name}", []).append(p.error)
@@ -460,6 +464,10 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
                     "min_error_pct": round(100 * errs[0], 1), "median_error_pct": round(100 * median(errs), 1),
                     "max_error_pct": round(100 * errs[-1], 1)}
     return out
+
+
+def _evidence_key(gpu: str, dtype: str, moe: bool) -> str:
+    return f"{gpu}/{_evidence_dtype(dtype)}" + ("/moe" if moe else "")
 
 
 def _evidence_dtype(dtype: str) -> str:
@@ -491,10 +499,10 @@ def regime_evidence(c: Choice) -> list[dict[str, object]]:
     return out
 
 
-def evidence_for(gpu: str, dtype: str) -> dict[str, float | int] | None:
-    """The stored evidence for a catalogue GPU and dtype (fp16 counted with bf16), None where the validation
-    set has no row of it."""
-    return stored_evidence().get(f"{gpu}/{_evidence_dtype(dtype)}")
+def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:
+    """The stored evidence for a catalogue GPU and dtype (fp16 counted with bf16) -- of mixtures of experts where
+    `moe` --, None where the validation set has no row of it."""
+    return stored_evidence().get(_evidence_key(gpu, dtype, moe))
 
 
 def main(argv: list[str] | None = None) -> int:
