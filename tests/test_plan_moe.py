@@ -1,0 +1,146 @@
+"""The planner's mixtures of experts (issue 12's twenty-third round): routed experts and their grouped GEMMs,
+expert parallelism, the token all-to-alls, expert-data-parallel sharding, the search over ep, the flags and the
+refusals -- each checked against what it must equal (a dense model of the same active width, the formulas of
+comm.all_to_all, the parameter counts), not against a stored number."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from par3d.cli import main
+from par3d.plan import comm, compute
+from par3d.plan.cost import Choice, ep_exchange, evaluate, memory, stage_times
+from par3d.plan.hardware import NIC_EFF, make_cluster, nvlink_eff
+from par3d.plan.models import resolve_model
+from par3d.plan.search import Fixed, PlanError, search
+
+# Qwen3-30B-A3B as Megatron-Bridge's provider gives it (validation.toml's MoE rows)
+QWEN = dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, gated=True, norm="rms", vocab=151936,
+            seq_len=4096, ffn_hidden=6144, experts=128, top_k=8, moe_ffn_hidden=768)
+QWEN_FLAGS = ["--layers", "48", "--hidden", "2048", "--heads", "32", "--kv-heads", "4", "--head-dim", "128",
+              "--gated-mlp", "--norm", "rms", "--vocab", "151936", "--seq-len", "4096", "--ffn-hidden", "6144",
+              "--experts", "128", "--top-k", "8", "--moe-ffn-hidden", "768"]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return resolve_model(None, **QWEN)
+
+
+def test_expert_gemms_are_the_active_width_split_by_ep(qwen):
+    """Per rank, the routed experts are one grouped GEMM per matrix over E/ep experts, each expert's M the rank's
+    tokens x top_k spread over the experts and gathered from the ep ranks; their FLOPs do not depend on ep and equal
+    a dense MLP of top_k experts' width (the router's h x E GEMM apart)."""
+    b, tok = 2, 2 * qwen.seq_len
+    for ep in (1, 8, 32, 128):
+        gs = {g.name: g for g in compute.layer_gemms(qwen, b, 1, ep)}
+        assert gs["expert_in"].batch == 128 // ep and gs["expert_in"].m == tok * 8 * ep // 128
+        assert (gs["expert_in"].n, gs["expert_in"].k) == (2 * 768, 2048) and (gs["expert_out"].n, gs["expert_out"].k) \
+            == (2048, 768)
+        assert "mlp_in" not in gs  # no shared expert
+    dense = replace(qwen, experts=0, top_k=0, moe_ffn_hidden=None, ffn_hidden=8 * 768)
+    for ep in (1, 16):
+        moe_f = compute.layer_flops(qwen, b, 1, ep)
+        dense_f = compute.layer_flops(dense, b, 1)
+        assert moe_f[1] == dense_f[1]  # the attention core
+        assert moe_f[0] - dense_f[0] == pytest.approx(2.0 * tok * 2048 * 128)  # the router
+    # model FLOPs: the active experts (and the router), not all 128
+    per_seq = compute.model_flops_per_sequence(qwen) - compute.model_flops_per_sequence(dense)
+    assert per_seq == pytest.approx(3 * 48 * 2.0 * qwen.seq_len * 2048 * 128)
+    # a shared expert is a dense MLP of its width, TP-split as one
+    shared = replace(qwen, shared_ffn=4096)
+    gs = {g.name: g for g in compute.layer_gemms(shared, b, 2, 8)}
+    assert (gs["mlp_in"].m, gs["mlp_in"].n, gs["mlp_out"].k) == (tok, 2 * 4096 // 2, 4096 // 2)
+    assert gs["expert_in"].m == tok // 2 * 8 * 8 // 128  # each TP rank routes its own s/tp tokens
+
+
+def test_all_to_all_inside_and_across_nodes():
+    """comm.all_to_all: each rank sends (e-1)/e of its bytes, its node-mates' share over NVLink and the rest through
+    its own NIC, in parallel -- inside a node only the first; across nodes the slower; flat clusters one link."""
+    cl = make_cluster("h100-sxm", 64)
+    n = 1e9
+    nvl = cl.intra.beta * nvlink_eff(cl.intra.name, "p2p")
+    inside = comm.all_to_all(n, 8, cl)
+    assert inside.beta == pytest.approx(7 / 8 * n / nvl) and inside.alpha == cl.intra.alpha
+    across = comm.all_to_all(n, 32, cl)
+    assert across.beta == pytest.approx(max(7 / 32 * n / nvl, 24 / 32 * n / (cl.inter.beta * NIC_EFF)))
+    assert across.total > inside.total and comm.all_to_all(n, 1, cl).total == 0.0
+    nvl72 = make_cluster("gb200", 72)  # one NVLink domain: an EP group of 64 stays on NVLink
+    assert comm.all_to_all(n, 64, nvl72).beta == pytest.approx(
+        63 / 64 * n / (nvl72.intra.beta * nvlink_eff(nvl72.intra.name, "p2p")))
+    flat = make_cluster("h100-sxm", 64, efficiency=0.5)
+    assert not flat.hier and comm.all_to_all(n, 16, flat).beta == pytest.approx(15 / 16 * n / flat.inter.beta)
+
+
+def test_ep_exchange_is_priced_per_layer_and_overlap_hides_it(qwen):
+    """Four all-to-alls per MoE layer per micro-batch (dispatch and combine, forward and backward) of this rank's
+    tokens x top_k x h in 16 bits; none for ep = 1 or a dense model; --ep-comm-overlap exposes only what outlasts a
+    layer's compute (and the slowdown of the shared part), never more than exposed."""
+    cl = make_cluster("h100-sxm", 64, dtype="fp8")
+    c = Choice(1, 1, 64, 1, 4, ep=32)
+    f, b = ep_exchange(qwen, cl, c)
+    one = comm.all_to_all(qwen.seq_len * 8 * 2048 * 2.0, 32, cl).total
+    assert (f, b) == pytest.approx((2 * one, 2 * one))
+    assert ep_exchange(qwen, cl, replace(c, ep=1)) == (0.0, 0.0)
+    assert ep_exchange(resolve_model("llama3-8b"), cl, c) == (0.0, 0.0)
+    f2, b2 = ep_exchange(qwen, replace(cl, ep_comm_overlap=True), c)
+    assert 0.0 <= f2 < f and 0.0 <= b2 < b
+    st = stage_times(qwen, cl, c)
+    assert st.ep_comm[0] == pytest.approx(48 * (f + b))  # every layer of the one stage
+    plan = evaluate(qwen, cl, c)
+    assert plan.breakdown["ep_comm"] == pytest.approx(4 * 48 * (f + b))  # m = 4 micro-batches
+    assert plan.to_dict()["ep"] == 32 and "ep_comm" in plan.to_dict()["breakdown_s"]
+
+
+def test_expert_parallel_memory(qwen):
+    """Each rank holds E/ep experts; ZeRO shards the experts' states over the ranks holding the same experts
+    (tp x cp x dp / ep of them), the rest over dp x cp: with 8 ranks, ep 8 holds an eighth of the experts' weights
+    of ep 1, and the experts' optimizer state is an eighth in both (sharded over 8 ranks, or held once by 8)."""
+    cl = make_cluster("h100-sxm", 8, dtype="bf16")
+    base = Choice(1, 1, 8, 1, 8, zero_stage=1)
+    m1, m8 = memory(qwen, cl, base)[0], memory(qwen, cl, replace(base, ep=8))[0]
+    experts = 48 * qwen.expert_layer_params()
+    assert m1.weights - m8.weights == pytest.approx(2.0 * experts * 7 / 8)
+    assert m1.optimizer == pytest.approx(m8.optimizer)
+    assert replace(base, ep=8).expert_dp == 1 and base.expert_dp == 8
+
+
+def test_search_over_ep_and_its_refusals(qwen):
+    """The search tries every ep dividing the expert count and the stage's tp x cp x dp ranks (a dense model only
+    ep 1); a fixed --ep that does not divide the experts, --ep on a dense model and ZeRO-3 with experts are
+    refused by the flag."""
+    cl = make_cluster("gb200", 8, dtype="fp8")
+    res = search(qwen, cl, 512, Fixed(pp=1, micro_batch=4, recompute="none"), top=40)
+    assert {p.choice.ep for p in res.plans} >= {1, 8} and all(128 % p.choice.ep == 0 for p in res.plans)
+    assert all(p.choice.ep == 1 for p in search(resolve_model("llama3-8b"), cl, 64, top=10).plans)
+    fixed = search(qwen, cl, 512, Fixed(pp=1, micro_batch=4, ep=4), top=3)
+    assert fixed.plans and all(p.choice.ep == 4 for p in fixed.plans)
+    for f, words in ((Fixed(ep=3), "--ep 3"), (Fixed(zero_stage=3), "--zero-stage 3")):
+        with pytest.raises(PlanError, match=words):
+            search(qwen, cl, 512, f)
+    with pytest.raises(PlanError, match="dense"):
+        search(resolve_model("llama3-8b"), cl, 64, Fixed(ep=2))
+    assert not any(p.choice.zero_stage >= 3 for p in res.plans)
+
+
+def test_plan_cli_for_a_mixture_of_experts(capsys, tmp_path):
+    """`par3d plan` with the MoE flags: the model line names the experts and the active size, the table an ep
+    column, the evidence line the mixture-of-experts rows of the GPU; --json carries ep and the experts;
+    --emit-config (par3d train has no experts) is refused."""
+    args = [*QWEN_FLAGS, "--gpu", "gb200", "--gpus", "8", "--global-batch", "512", "--dtype", "fp8",
+            "--fp8-scaling", "mxfp8", "--ep", "8", "--micro-batch", "4", "--pp", "1"]
+    assert main(["plan", *args]) == 0
+    out = capsys.readouterr().out
+    assert "128 experts of ffn 768, top-8" in out and "3.35B active" in out and " ep " in out.splitlines()[5]
+    assert "published runs of gb200 fp8 mixture-of-experts" in out
+    assert main(["plan", *args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plans"][0]["ep"] == 8 and data["model"]["experts"] == 128 and data["model"]["top_k"] == 8
+    assert data["evidence"]["rows"] > 0
+    assert main(["plan", *args, "--emit-config", str(tmp_path / "c.toml")]) == 2
+    assert "no routed experts" in capsys.readouterr().err
+    assert main(["plan", *QWEN_FLAGS[:-6], "--top-k", "8", "--gpus", "8", "--global-batch", "64"]) == 2
+    assert "--experts" in capsys.readouterr().err
