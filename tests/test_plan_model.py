@@ -978,10 +978,12 @@ def cost_logits(model) -> float:
     ({"n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3}, "first_k_dense_replace"),
     ({"n_routed_experts": 256, "num_experts_per_tok": 8, "kv_lora_rank": 512}, "kv_lora_rank"),  # DeepSeek's MLA
     ({"num_experts": 60, "num_experts_per_tok": 4, "mlp_only_layers": [0]}, "mlp_only_layers"),
+    ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16}, "16 sliding-window"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
-    its MoE ones, uses multi-head latent attention or gives no top-k: each refused by the key that says so."""
+    its MoE ones, uses multi-head latent attention or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) are
+    refused in any model: each by the key that says so."""
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
     p = tmp_path / "config.json"

@@ -251,6 +251,7 @@ def from_hf_config(path: str) -> ModelSpec:
     if missing:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
+    _refuse_windows(cfg, path)
     moe = _moe_of(cfg, path)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
@@ -279,6 +280,18 @@ EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 # keys that put dense layers among the MoE ones, and the value that means "none"
 MIXED_LAYER_KEYS = {"first_k_dense_replace": 0, "decoder_sparse_step": 1, "mlp_only_layers": [],
                     "moe_layer_freq": 1}
+
+
+def _refuse_windows(cfg: dict, path: str) -> None:
+    """Refuse sliding-window attention layers (config.json's `layer_types` with "sliding_attention": GPT-OSS, Gemma
+    2/3): the planner prices full attention, and GPT-OSS, tried with its windows priced, ran slower than predicted in
+    every published run it was checked against (docs/planner.md section 9, twenty-third round)."""
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and "sliding_attention" in kinds:
+        raise ModelError(f"--model {path}: config.json's layer_types has {kinds.count('sliding_attention')} "
+                         f"sliding-window layers (window {cfg.get('sliding_window')}); the planner prices full "
+                         "attention only, and no pricing of such a model was met by its published runs "
+                         "(docs/planner.md section 9): no plan is offered for it")
 
 
 def _moe_of(cfg: dict, path: str) -> dict[str, int]:
