@@ -975,15 +975,14 @@ def cost_logits(model) -> float:
 
 @pytest.mark.parametrize("extra, words", [
     ({"n_routed_experts": 256}, "top-k"),  # an expert count without its top-k
-    ({"n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3}, "first_k_dense_replace"),
-    ({"n_routed_experts": 256, "num_experts_per_tok": 8, "kv_lora_rank": 512}, "kv_lora_rank"),  # DeepSeek's MLA
+    ({"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_layer_freq": 2}, "moe_layer_freq"),
     ({"num_experts": 60, "num_experts_per_tok": 4, "mlp_only_layers": [0]}, "mlp_only_layers"),
     ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16}, "16 sliding-window"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
-    its MoE ones, uses multi-head latent attention or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) are
-    refused in any model: each by the key that says so."""
+    its MoE ones other than leading ones or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) are refused in
+    any model: each by the key that says so."""
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
     p = tmp_path / "config.json"
@@ -1030,6 +1029,45 @@ def test_mixture_of_experts_from_config_json(tmp_path):
     assert flags.params() == q.params() and flags.active_params() == q.active_params()
     for bad, words in (({"experts": 1, "top_k": 1}, "at least 2"), ({"experts": 8, "top_k": 9}, "--top-k 9"),
                        ({"top_k": 2}, "--experts")):
+        with pytest.raises(ValueError, match=words):
+            resolve_model("llama3-8b", **bad)
+
+
+def test_deepseek_v3_and_kimi_k2_from_config_json(tmp_path):
+    """Multi-head latent attention and leading dense layers (issue 12's twenty-third round): DeepSeek-V3's config
+    gives its published 671B parameters, 37B active (DeepSeek-V3 technical report: "671B total parameters with 37B
+    activated for each token"; its multi-token-prediction module, 14B more in the Hugging Face checkpoint, is not
+    priced), Kimi K2's 1T with 32B active (its model card: "32 billion activated parameters and 1 trillion total
+    parameters"; one leading dense layer, 384 experts, 64 heads)."""
+    ds = {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+          "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+          "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+          "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
+          "num_hidden_layers": 61, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "vocab_size": 129280,
+          "max_position_embeddings": 163840}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(ds))
+    m = resolve_model(str(p))
+    assert (m.kv_lora, m.q_lora, m.rope_dim, m.head_dim, m.v_head_dim, m.kv) == (512, 1536, 64, 128, 128, 128)
+    assert (m.dense_layers, m.moe_layers, m.shared_ffn, m.expert_ffn) == (3, 58, 2048, 2048)
+    assert m.params() / 1e9 == pytest.approx(671, abs=0.5) and m.active_params() / 1e9 == pytest.approx(37.5, abs=0.5)
+    # MLA's down projections are whole on every TP rank, the rest split by heads
+    rep = m.mla_replicated()
+    assert rep == 7168 * (1536 + 512 + 64) + 1536 + 512
+    assert m.dense_layer_params_per_rank(8) == pytest.approx((m.dense_layer_params() - rep) / 8 + rep)
+    kimi = {**ds, "n_routed_experts": 384, "first_k_dense_replace": 1, "num_attention_heads": 64,
+            "num_key_value_heads": 64, "vocab_size": 163840}
+    p.write_text(json.dumps(kimi))
+    k = resolve_model(str(p))
+    assert k.params() / 1e12 == pytest.approx(1.0, abs=0.05) and k.active_params() / 1e9 == pytest.approx(32, abs=1.0)
+    # the flags say the same as the config
+    flags = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms",
+                          vocab=129280, seq_len=m.seq_len, ffn_hidden=18432, experts=256, top_k=8,
+                          moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64,
+                          v_head=128)
+    assert flags.params() == m.params() and flags.active_params() == m.active_params()
+    for bad, words in (({"q_lora": 1536}, "--kv-lora-rank"), ({"kv_lora": 512, "kv_heads": 8}, "--kv-heads 8"),
+                       ({"dense_layers": 2}, "--experts")):
         with pytest.raises(ValueError, match=words):
             resolve_model("llama3-8b", **bad)
 

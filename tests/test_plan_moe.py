@@ -144,3 +144,40 @@ def test_plan_cli_for_a_mixture_of_experts(capsys, tmp_path):
     assert "no routed experts" in capsys.readouterr().err
     assert main(["plan", *QWEN_FLAGS[:-6], "--top-k", "8", "--gpus", "8", "--global-batch", "64"]) == 2
     assert "--experts" in capsys.readouterr().err
+
+
+def test_mla_and_leading_dense_layers_stage_by_stage(tmp_path):
+    """DeepSeek-V3's shape (twenty-third round): MLA's down projections are whole on every TP rank and its up and
+    output projections split by heads; the leading dense layers are priced as the dense variant's layers in the stages
+    that hold them -- their compute, their parameters, no all-to-all -- and the model FLOPs add both kinds."""
+    ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
+                       seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+                       dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128)
+    gs = {g.name: g for g in compute.layer_gemms(ds, 1, 4, 8)}
+    assert (gs["qkv_down"].n, gs["qkv_down"].k) == (1536 + 512 + 64, 7168)  # whole on each of the 4 TP ranks
+    assert (gs["qkv"].n, gs["qkv"].k) == (128 // 4 * 192, 1536) and (gs["kv_up"].n, gs["kv_up"].k) == (32 * 256, 512)
+    assert (gs["attn_scores"].k, gs["attn_values"].n, gs["attn_out"].k) == (192, 128, 32 * 128)
+    dense = ds.dense_variant()
+    assert not dense.moe and dense.mla and dense.ffn == 18432
+    cl = make_cluster("gb200", 64, dtype="fp8")
+    c = Choice(1, 4, 16, 1, 16, ep=16, zero_stage=1)
+    st = stage_times(ds, cl, c)
+    from par3d.plan.cost import choice_layer_times, layout, rank_shapes
+
+    lay = layout(ds, 4)
+    assert lay.dense == (3, 0, 0, 0) and sum(lay.layers) == 61
+    lt, ltd = choice_layer_times(ds, cl, c), choice_layer_times(dense, cl, c)
+    n0 = lay.layers[0]
+    assert st.f_compute[0] == pytest.approx((n0 - 3) * lt.fwd + 3 * ltd.fwd)
+    f, b = ep_exchange(ds, cl, c)
+    assert st.ep_comm[0] == pytest.approx((n0 - 3) * (f + b)) and st.ep_comm[1] == pytest.approx(lay.layers[1] * (f + b))
+    shapes = rank_shapes(ds, 1, 4, 1, None, 16)
+    assert shapes[0].params - shapes[0].expert_params == pytest.approx(
+        (n0 - 3) * ds.dense_layer_params_per_rank(1) + 3 * dense.layer_params_per_rank(1) + ds.embedding_params())
+    assert shapes[0].expert_params == pytest.approx((n0 - 3) * ds.expert_layer_params() / 16)
+    fl = compute.model_flops_per_sequence(ds)
+    assert fl == pytest.approx(compute.model_flops_per_sequence(replace(ds, dense_layers=0)) * 58 / 61
+                               + compute.model_flops_per_sequence(dense) * 3 / 61
+                               + 3.0 * compute.head_gemm(ds, 1, 1).flops * (1 - 58 / 61 - 3 / 61), rel=1e-9)
+    plan = evaluate(ds, cl, c)
+    assert plan.tokens_per_s > 0 and plan.breakdown["ep_comm"] > 0

@@ -81,7 +81,8 @@ CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-{g}" for rel in ("26.02", "2
                   for g in ("b300", "gb300")}
 CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-gb300" for rel in ("26.06.01", "26.08")}
 CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-b200" for rel in ("26.02.01", "26.04", "26.04.01")}
-CAPACITY_ONLY |= {"mbridge-moe-25.11-qwen3-235B-a22b-gb300", "mbridge-moe-25.11-qwen3-30B-a3b-h100"}
+CAPACITY_ONLY |= {"mbridge-moe-25.11-qwen3-235B-a22b-gb300", "mbridge-moe-25.11-qwen3-30B-a3b-h100",
+                  "mbridge-moe-25.11-deepseek-v3-gb300"}
 
 
 # rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
@@ -98,6 +99,14 @@ OVER_MEMORY |= {"mbridge-moe-25.11-qwen3-235B-a22b-b200"}
 # on the GB200 (192.6 GiB of 173.2), 62 on the GB300 (272 of 268); the recipes ran, so memory.py counts too much here
 OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
                        for g in ("gb200", "gb300")}
+# Megatron-Bridge's DeepSeek-V3 and Kimi K2 recipes (twenty-third round) recompute MLA's up projections or the MLP
+# module by module (`recompute_modules`), which memory.py does not count: it puts them 8-38 % over the GPUs they ran on
+OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
+    ("25.11", ("b200", "gb200", "gb200-mxfp8")), ("26.02", ("b200", "gb200", "gb300")),
+    ("26.02.01", ("b200", "gb200", "gb300")), ("26.04", ("b200", "gb200", "gb300")),
+    ("26.04.01", ("b200", "b300", "gb200", "gb300")), ("26.06", ("b300", "gb200")), ("26.06.01", ("gb200",)),
+    ("26.08", ("gb200",))) for g in gs}
+OVER_MEMORY_MLA |= {f"mbridge-moe-{rel}-kimi-k2-gb300" for rel in ("26.02.01", "26.04", "26.04.01", "26.06")}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
@@ -111,7 +120,13 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
                                                                               for n in lf23_over)
     assert len(lf23_over) < len(lf23) / 2
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
-    assert {n for n, p in predictions.items() if not p.fits} == OVER_MEMORY | OVER_MEMORY_OFFLOAD | lf23_over
+    assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
+                                                                  | lf23_over)
+    for n in OVER_MEMORY_MLA:  # over by less than 40 % (MLA's module recomputation not counted), priced as published
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert validation.model_of(p.row).mla and p.row.get("evaluate_unfit")
+        assert cap < p.plan.memory.total < 1.4 * cap
     for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2; 84.7 and 84.5 of 80)
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

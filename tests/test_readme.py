@@ -46,6 +46,13 @@ FILES: dict[str, str] = {
     "run.toml": "[parallel]\ndp = 2\n\n[train]\nsteps = 2\n",
     "path/to/config.json": json.dumps({"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4,
                                        "n_positions": 512, "vocab_size": 50257}),
+    # Qwen3-30B-A3B's config.json (its Hugging Face card's architecture; the MoE keys the planner reads)
+    "path/to/Qwen3-30B-A3B/config.json": json.dumps({
+        "model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "decoder_sparse_step": 1, "mlp_only_layers": []}),
 }
 COPIED = ["benchmarks/results/hardware-cpu.json"]
 

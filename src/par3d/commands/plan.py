@@ -117,6 +117,18 @@ def register(sub) -> None:
                    help="one routed expert's MLP inner size (default: --ffn-hidden, as Mixtral's config gives it)")
     g.add_argument("--shared-expert-ffn", type=_int_at_least(0), default=None,
                    help="inner size of an always-on shared expert (all shared experts together; default 0: none)")
+    g.add_argument("--dense-layers", type=_int_at_least(0), default=None, metavar="N",
+                   help="a mixture of experts whose first N layers have a dense MLP of --ffn-hidden (DeepSeek-V3 3, "
+                        "Kimi K2 1; config.json's first_k_dense_replace)")
+    g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
+                   help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
+                        "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
+    g.add_argument("--q-lora-rank", type=_int_at_least(0), default=None, metavar="R",
+                   help="MLA: Q from a rank-R latent too (DeepSeek-V3 1536; 0: from the hidden state)")
+    g.add_argument("--qk-rope-dim", type=_int_at_least(0), default=None,
+                   help="MLA: the rotary channels of each Q/K head (DeepSeek-V3 64)")
+    g.add_argument("--v-head-dim", type=_int_at_least(1), default=None,
+                   help="MLA: V's channels per head (DeepSeek-V3 128; default --head-dim)")
     g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="biases in the linear layers. Without --model, flags describe a GPT (LayerNorm, "
                         "learned positions, biases, tied) unless --gated-mlp or --norm rms make it Llama-style "
@@ -558,7 +570,8 @@ def _run(args: argparse.Namespace) -> int:
         model = resolve_model(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.vocab,
                               args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
                               args.position, args.bias, args.head_dim, args.experts, args.top_k,
-                              args.moe_ffn_hidden, args.shared_expert_ffn)
+                              args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
+                              args.q_lora_rank, args.qk_rope_dim, args.v_head_dim)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)

@@ -58,7 +58,7 @@ In the **table** kernel model (catalogue GPUs by default):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .hardware import Device, layer_gemm_dtype
@@ -171,12 +171,18 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1) -> list[Gemm]:
     A shared expert is a dense MLP of its width (TP-split as one)."""
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
-    attn = [
-        # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
-        Gemm("qkv", tok, model.q_dim // t + 2 * round(model.kv_dim_per_rank(t)), h),
-        Gemm("attn_scores", s, s, model.head_dim, b * model.heads // t),
-        Gemm("attn_values", s, model.head_dim, s, b * model.heads // t),
-        Gemm("attn_out", tok, h, model.q_dim // t),
+    if model.mla:  # multi-head latent attention: the down projections whole on every TP rank, then Q's and K/V's
+        # up projections and the output projection split by heads (Megatron-Core's MLASelfAttention)
+        heads = model.heads // t
+        proj = [Gemm("qkv_down", tok, model.q_lora + model.kv_lora + model.rope_dim, h),
+                Gemm("qkv", tok, heads * model.qk_head, model.q_lora or h),
+                Gemm("kv_up", tok, heads * (model.head_dim + model.v_head_dim), model.kv_lora)]
+    else:  # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
+        proj = [Gemm("qkv", tok, model.q_dim // t + 2 * round(model.kv_dim_per_rank(t)), h)]
+    attn = proj + [
+        Gemm("attn_scores", s, s, model.qk_head, b * model.heads // t),
+        Gemm("attn_values", s, model.v_head_dim, s, b * model.heads // t),
+        Gemm("attn_out", tok, h, model.o_dim // t),
     ]
     if not model.moe:
         f_out = (2 if model.gated else 1) * model.ffn // t
@@ -246,21 +252,25 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     else:
         by += act * tok * model.ffn / t * d  # activation
         mlp_in, mlp_act = h * rep, model.ffn / t
-    if not model.learned_pos:
+    if model.mla:  # rotary on Q's and the shared K's rotary channels; the latents' norms (whole on every TP rank)
+        by += 2 * tok * (model.heads * model.rope_dim / t + model.rope_dim) * d
+        by += 2 * tok * (model.q_lora + model.kv_lora) * d
+    elif not model.learned_pos:
         by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
         # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
-        by += 4 * tok * (h * rep + mlp_in + h / t + mlp_act)
+        latent = model.q_lora + model.kv_lora  # MLA's up projections' inputs (0 otherwise), whole on each TP rank
+        by += 4 * tok * (h * rep + mlp_in + h / t + mlp_act + latent)
         if fp8_current:  # current scaling: each cast first reads its input for the amax ("two reads per
             # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
             # MLP activation's amax is computed inside the activation kernel (TE PR #2004), so not its cast
-            by += 2 * tok * (h * rep + mlp_in + h / t)
+            by += 2 * tok * (h * rep + mlp_in + h / t + latent)
         if fp8_block:  # MXFP8 (Transformer Engine's MXFP8BlockScaling; OCP MX: one E8M0 scale per 32 elements, along
             # rows for the row-wise copy and along columns for the column-wise one): the cast finds each block's amax
             # as it reads (no second read, no TP amax all-reduce) and writes a 1 B scale per 32 elements of each copy
-            by += tok * (h * rep + mlp_in + h / t + mlp_act) * 2 / 32
+            by += tok * (h * rep + mlp_in + h / t + mlp_act + latent) * 2 / 32
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -349,11 +359,19 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention; a mixture of experts counts the
     top_k experts each token runs (and its router), the 6·N_active·tokens rule."""
     lt = layer_flops(model, 1, 1)
+    if model.dense_layers:  # a mixture of experts' leading dense layers (models.ModelSpec.dense_layers)
+        ld = layer_flops(model.dense_variant(), 1, 1)
+        return 3.0 * (model.moe_layers * (lt[0] + lt[1]) + model.dense_layers * (ld[0] + ld[1])
+                      + head_gemm(model, 1, 1).flops)
     return 3.0 * (model.layers * (lt[0] + lt[1]) + head_gemm(model, 1, 1).flops)
 
 
 def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
     """Extra forward FLOPs spent recomputing (hardware FLOPs − model FLOPs)."""
+    if model.dense_layers:  # the MoE layers' and the leading dense layers' apart
+        return (recompute_flops_per_sequence(replace(model, dense_layers=0), recompute) * model.moe_layers
+                / model.layers + recompute_flops_per_sequence(model.dense_variant(), recompute)
+                * model.dense_layers / model.layers)
     gemm, core = layer_flops(model, 1, 1)
     if recompute == "full":
         return model.layers * (gemm + core)

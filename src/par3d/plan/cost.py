@@ -224,18 +224,25 @@ class Layout:
     layers: tuple[int, ...]
     embed: tuple[bool, ...]
     head: tuple[bool, ...]
+    # of each stage's layers, how many are a mixture of experts' leading dense layers (models.ModelSpec.dense_layers;
+    # they come first in the stage, as first in the model); all zero otherwise
+    dense: tuple[int, ...] = ()
+
+    def dense_of(self, s: int) -> int:
+        return self.dense[s] if self.dense else 0
 
 
 @lru_cache(maxsize=1024)
 def layout(model: ModelSpec, chunks: int) -> Layout:
     part = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden)
     last = model.layers + 1
-    layers, embed, head = [], [], []
+    layers, embed, head, dense = [], [], [], []
     for a, b in part.bounds:
         layers.append(sum(1 for u in range(a, b) if 1 <= u <= model.layers))
+        dense.append(sum(1 for u in range(a, b) if 1 <= u <= model.dense_layers))
         embed.append(a == 0)
         head.append(b > last)
-    return Layout(tuple(layers), tuple(embed), tuple(head))
+    return Layout(tuple(layers), tuple(embed), tuple(head), tuple(dense) if model.dense_layers else ())
 
 
 SPLIT_BACKWARD = ("zb-h1",) + V_SCHEDULES
@@ -275,16 +282,17 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
     out = []
     per_layer = model.layer_params_per_rank(tp, ep)
     per_expert_layer = model.expert_layer_params() / ep
+    per_dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_layers else 0.0
     for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
         params = 0.0
         for s in stages:
-            params += lay.layers[s] * per_layer
+            params += (lay.layers[s] - lay.dense_of(s)) * per_layer + lay.dense_of(s) * per_dense
             if lay.embed[s]:
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
                 params += (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
         out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages),
-                             sum(lay.layers[s] for s in stages) * per_expert_layer))
+                             sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer))
     return tuple(out)
 
 
@@ -923,22 +931,33 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # experts' routed MLP has none (its experts are whole on each rank; its tokens move by the EP all-to-all):
     # one pair, the attention's, unless a shared expert (TP-split as a dense MLP) adds the second
     ar = tp_collective(cluster, c, act, lk.tp)
-    pairs = 1 if model.moe and not model.shared_ffn else 2
-    tp_layer = tp_layer_b = pairs * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
-    if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
-        tp_layer = tp_overlap_exposed(model, cluster, c, ar / 2)
-        tp_layer_b = tp_overlap_exposed(model, cluster, c, ar / 2, forward=False)
-    if cluster.fp8_current and c.sequence_parallel and c.tp > 1:
-        # current scaling of a sequence-parallel tensor needs the amax of the whole tensor before its cast:
-        # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,
-        # `with_amax_reduction`, `amax_reduction_group = tp_group`; the row-parallel grad outputs likewise),
-        # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
-        amax = pairs * tp_collective_small(cluster, c)
-        tp_layer, tp_layer_b = tp_layer + amax, tp_layer_b + amax
-    epf, epb = ep_exchange(model, cluster, c)
-    rec = lt.recomputed(c.recompute)
-    rec_comm = tp_layer if c.recompute == "full" else 0.0  # (selective op saves the collectives' outputs)
-    rec_comm += epf if c.recompute == "full" else 0.0  # recomputing the forward dispatches its tokens again
+
+    def kind(m: ModelSpec) -> tuple[LayerTimes, float, float, float, float, float, float, float]:
+        """One layer of model `m`'s kind: (layer times, TP forward, TP backward, recompute, the recompute's TP
+        collectives, its EP all-to-alls, EP forward, EP backward)."""
+        lt_m = choice_layer_times(m, cluster, c)
+        pairs = 1 if m.moe and not m.shared_ffn else 2
+        tpf = tpb = pairs * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+        if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
+            tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
+            tpb = tp_overlap_exposed(m, cluster, c, ar / 2, forward=False)
+        if cluster.fp8_current and c.sequence_parallel and c.tp > 1:
+            # current scaling of a sequence-parallel tensor needs the amax of the whole tensor before its cast:
+            # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,
+            # `with_amax_reduction`, `amax_reduction_group = tp_group`; the row-parallel grad outputs likewise),
+            # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
+            amax = pairs * tp_collective_small(cluster, c)
+            tpf, tpb = tpf + amax, tpb + amax
+        epf_m, epb_m = ep_exchange(m, cluster, c)
+        # (selective op saves the collectives' outputs; recomputing the forward dispatches its tokens again)
+        full = c.recompute == "full"
+        return (lt_m, tpf, tpb, lt_m.recomputed(c.recompute), tpf if full else 0.0, epf_m if full else 0.0, epf_m,
+                epb_m)
+
+    # a mixture of experts' layers, and its leading dense layers where it has them (models.ModelSpec.dense_layers)
+    moe_kind = kind(model)
+    lt, tp_layer, tp_layer_b, rec, rec_comm, rec_ep, epf, epb = moe_kind
+    ltd, tpd, tpd_b, recd, recd_comm, _, _, _ = kind(model.dense_variant()) if model.dense_layers else moe_kind
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
@@ -963,21 +982,24 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
-        key = (n, lay.embed[s], lay.head[s], chunk_params)
+        nd = lay.dense_of(s)  # the stage's leading dense layers (a mixture of experts'), then n - nd MoE layers
+        key = (n, nd, lay.embed[s], lay.head[s], chunk_params)
         row = seen.get(key)
         if row is not None:
             for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
                                  out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm), row):
                 lst.append(val)
             continue
-        fc = n * lt.fwd + (lt.head_fwd if lay.head[s] else 0.0)
+        nm = n - nd
+        fc = nm * lt.fwd + nd * ltd.fwd + (lt.head_fwd if lay.head[s] else 0.0)
         bc = 2 * fc
-        nr = recomputed_layers(c, n)  # block method: the first nr layers
-        br = nr * rec
-        f_tp = n * tp_layer + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
-        b_tp = n * tp_layer_b + nr * rec_comm
+        nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
+        rd = min(nd, nr)
+        br = (nr - rd) * rec + rd * recd
+        f_tp = nm * tp_layer + nd * tpd + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
+        b_tp = nm * tp_layer_b + nd * tpd_b + (nr - rd) * rec_comm + rd * recd_comm
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
-        f_ep, b_ep = n * epf, n * epb
+        f_ep, b_ep = nm * epf, nm * epb + (nr - rd) * rec_ep
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
@@ -1275,6 +1297,9 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+    if model.dense_layers:  # a mixture of experts' leading dense layers: every layer counted at the larger of the two
+        per_layer = max(per_layer, _memory_scan(model.dense_variant(), dtype, flash, tp, pp, v, schedule, m, b, sp,
+                                                recompute, cp, rec_layers, cross_entropy)[2])
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy
 
 
@@ -1311,7 +1336,8 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                      sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                      v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                      zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
-                     per_layer=per_layer if c.recompute_layers else None, cross_entropy=cluster.cross_entropy,
+                     per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
+                     cross_entropy=cluster.cross_entropy,
                      expert_dp=c.expert_dp)
     return mb, arg
 
@@ -1472,8 +1498,11 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
     in that order by size (max(4·10⁷, 10⁶·dp) parameters), so a large embedding is a bucket of its own:
     at a 131,072-token vocabulary and h = 2,048 it holds 15 % of the model."""
     n = lay.layers[s]
-    per_layer = model.layer_params_per_rank(c.tp)
-    out = [(b_start + (k + 1) * b_dur / n, f_start + k * f_dur / n, per_layer) for k in range(n)]
+    per_layer = model.layer_params_per_rank(c.tp, c.ep)
+    # a mixture of experts' leading dense layers (the stage's first ones) hold their own parameter count
+    per_dense = model.dense_variant().layer_params_per_rank(c.tp) if lay.dense_of(s) else per_layer
+    out = [(b_start + (k + 1) * b_dur / n, f_start + k * f_dur / n, per_dense if k < lay.dense_of(s) else per_layer)
+           for k in range(n)]
     if lay.head[s]:
         head = (model.head_params() if (not model.tied or c.pp > 1) else model.norm_params) / c.tp
         out.append((b_start, f_start + f_dur, head))

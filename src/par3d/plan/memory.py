@@ -158,19 +158,22 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # Q, projection input (4 units of s·b·q/t, q = heads · head_dim: h unless the heads have their own
     # width), K and V at this rank's K/V width (replicated when tp > kv)
     sbq = s * b * model.q_dim
-    sharded = 4.0 * sbq + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
+    # (MLA: Q at heads x its Q/K head width, the projection input at V's; the latents, whole on each TP rank,
+    # 2 units each, in `latents`)
+    sharded = 2.0 * sbq + 2.0 * s * b * model.o_dim + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
+    latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim)
     if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
         replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
         # projection input once more in fp8; fc2 input 2 -> 1 (MoE: each routed copy's fc1 and fc2 inputs)
         fc2_in = s * b * (model.top_k * (model.expert_ffn + h) + model.shared_ffn) if model.moe else s * b * model.ffn
-        sharded += sbq - fc2_in
+        sharded += s * b * model.o_dim - fc2_in
     if recompute == "selective":
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores
         scores = 4.0 * a * s * b / scale
     else:
         scores = 5.0 * a * s * s * b
-    return scale * (replicated / (t if sp else 1) + (sharded + scores) / t)
+    return scale * (replicated / (t if sp else 1) + (sharded + scores) / t + latents)
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)

@@ -55,6 +55,13 @@ class ModelSpec:
     top_k: int = 0  # routed experts each token runs (MoE)
     moe_ffn_hidden: int | None = None  # one routed expert's width; None -> ffn_hidden (Mixtral's config says so)
     shared_ffn: int = 0  # the always-on shared expert's width (all shared experts together); 0: none
+    dense_layers: int = 0  # MoE: the first this-many layers have a dense MLP of ffn_hidden (DeepSeek's first_k_dense)
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
+    # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
+    kv_lora: int = 0  # the K/V latent's rank (0: not MLA)
+    q_lora: int = 0  # the Q latent's rank (0: Q projected from the hidden state directly)
+    rope_dim: int = 0  # the rotary channels of each Q/K head (MLA), one K rotary part shared by the heads
+    v_head: int | None = None  # V's channels per head (MLA; None: head_dim)
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -73,6 +80,16 @@ class ModelSpec:
         return self.experts > 0
 
     @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (every layer but the leading `dense_layers`); 0 for a dense model."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def dense_variant(self) -> ModelSpec:
+        """The model's dense layer: its attention with a dense MLP of ffn_hidden (a MoE model's leading dense
+        layers are priced as this model's layers)."""
+        return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0)
+
+    @property
     def expert_ffn(self) -> int:
         """One routed expert's intermediate width."""
         return self.moe_ffn_hidden if self.moe_ffn_hidden is not None else self.ffn
@@ -86,13 +103,42 @@ class ModelSpec:
         return self.head_size if self.head_size is not None else self.hidden // self.heads
 
     @property
+    def mla(self) -> bool:
+        return self.kv_lora > 0
+
+    @property
+    def qk_head(self) -> int:
+        """One Q/K head's channels in the attention scores: head_dim (+ the rotary part under MLA)."""
+        return self.head_dim + self.rope_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.v_head if self.v_head is not None else self.head_dim
+
+    @property
     def q_dim(self) -> int:
-        """Width of Q, of the attention output and of the output projection's input: heads × head_dim."""
-        return self.heads * self.head_dim
+        """Width of Q: heads × head_dim (× the Q/K head width under MLA); of the attention output and the output
+        projection's input too, unless MLA gives V a width of its own (`o_dim`)."""
+        return self.heads * self.qk_head
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output, the output projection's input: heads × V's head width."""
+        return self.heads * self.v_head_dim
 
     @property
     def kv_dim(self) -> int:
+        """K's and V's mean width (2 × kv_dim = K + V): kv_heads × head_dim; MLA's heads × (Q/K + V heads) / 2."""
+        if self.mla:
+            return self.heads * (self.qk_head + self.v_head_dim) // 2
         return self.kv * self.head_dim
+
+    def mla_replicated(self) -> int:
+        """MLA's down projections and their latents' norms, which every TP rank holds whole (Megatron-Core's
+        MLASelfAttention: linear_q_down_proj / linear_kv_down_proj are duplicated across TP)."""
+        if not self.mla:
+            return 0
+        return self.hidden * (self.q_lora + self.kv_lora + self.rope_dim) + self.q_lora + self.kv_lora
 
     @property
     def norm_params(self) -> int:
@@ -104,7 +150,7 @@ class ModelSpec:
         return self.kv / tp if tp <= self.kv else 1.0
 
     def kv_dim_per_rank(self, tp: int) -> float:
-        return self.kv_heads_per_rank(tp) * self.head_dim
+        return self.kv_heads_per_rank(tp) * self.kv_dim / self.kv
 
     def _mlp_params(self, f: int) -> int:
         """One MLP of width f: its two or three matrices and their biases."""
@@ -119,7 +165,12 @@ class ModelSpec:
         """One layer's parameters other than the routed experts: attention, norms and the dense MLP, or (MoE) the
         router and the shared expert -- what TP splits."""
         h, q = self.hidden, self.q_dim
-        attn = 2 * h * q + 2 * h * self.kv_dim + ((q + 2 * self.kv_dim + h) if self.bias else 0)
+        if self.mla:  # down projections (+ latents' norms), Q's and K/V's up projections, the output projection
+            q_up = self.q_lora * q if self.q_lora else h * q
+            kv_up = self.kv_lora * self.heads * (self.head_dim + self.v_head_dim)
+            attn = self.mla_replicated() + q_up + kv_up + self.o_dim * h
+        else:
+            attn = 2 * h * q + 2 * h * self.kv_dim + ((q + 2 * self.kv_dim + h) if self.bias else 0)
         if self.moe:
             mlp = h * self.experts + (self._mlp_params(self.shared_ffn) if self.shared_ffn else 0)
         else:
@@ -144,7 +195,8 @@ class ModelSpec:
     def dense_layer_params_per_rank(self, tp: int) -> float:
         extra_heads = max(tp - self.kv, 0)  # K/V heads stored beyond the model's kv over the group
         extra = extra_heads * 2 * self.head_dim * (self.hidden + (1 if self.bias else 0))
-        return (self.dense_layer_params() + extra) / tp
+        replicated = self.mla_replicated()
+        return (self.dense_layer_params() - replicated + extra) / tp + replicated
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_pos else 0)
@@ -156,20 +208,27 @@ class ModelSpec:
     def params(self) -> int:
         """Total trainable parameters (a tied head is counted once)."""
         head = self.norm_params if self.tied else self.head_params()
-        return self.layers * self.layer_params() + self.embedding_params() + head
+        dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
+        return (self.layers - self.dense_layers) * self.layer_params() + dense + self.embedding_params() + head
 
     def active_params(self) -> int:
         """Parameters one token uses (MoE: top_k of the routed experts; a dense model's all of them)."""
         head = self.norm_params if self.tied else self.head_params()
-        return self.layers * self.active_layer_params() + self.embedding_params() + head
+        dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
+        return ((self.layers - self.dense_layers) * self.active_layer_params() + dense + self.embedding_params()
+                + head)
 
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
         if self.head_size is not None and self.q_dim != self.hidden:
             extra += f", head_dim={self.head_dim}"
+        if self.mla:
+            extra += (f", MLA (K/V latent {self.kv_lora}" + (f", Q latent {self.q_lora}" if self.q_lora else "")
+                      + f", rope {self.rope_dim}, v {self.v_head_dim})")
         if self.moe:
             shared = f" + shared {self.shared_ffn}" if self.shared_ffn else ""
-            mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}"
+            dense = f", the first {self.dense_layers} layers dense (ffn {self.ffn})" if self.dense_layers else ""
+            mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}{dense}"
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
             mlp, size = f"ffn {self.ffn}", f"{self.params() / 1e9:.2f}B params"
@@ -186,7 +245,10 @@ class ModelSpec:
                 "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
                 "position": "learned" if self.learned_pos else "rotary", "bias": self.bias,
                 **({"experts": self.experts, "top_k": self.top_k, "moe_ffn_hidden": self.expert_ffn,
-                    "shared_ffn": self.shared_ffn, "active_params": self.active_params()} if self.moe else {})}
+                    "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers,
+                    "active_params": self.active_params()} if self.moe else {}),
+                **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
+                    "v_head_dim": self.v_head_dim} if self.mla else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -252,17 +314,17 @@ def from_hf_config(path: str) -> ModelSpec:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
     _refuse_windows(cfg, path)
-    moe = _moe_of(cfg, path)
+    moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
     ffn = pick("intermediate_size", "n_inner", "ffn_dim")
     name = str(cfg.get("_name_or_path") or cfg.get("model_type") or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
-                     pick("num_key_value_heads"), gated=gated,
+                     None if "kv_lora_rank" in moe else pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer", head_size=_head_size(cfg), **moe)
+                     norm="rms" if rms else "layer", **{"head_size": _head_size(cfg), **moe})
 
 
 def _head_size(cfg: dict) -> int | None:
@@ -278,8 +340,7 @@ EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_topk")
 EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 # keys that put dense layers among the MoE ones, and the value that means "none"
-MIXED_LAYER_KEYS = {"first_k_dense_replace": 0, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                    "moe_layer_freq": 1}
+MIXED_LAYER_KEYS = {"decoder_sparse_step": 1, "mlp_only_layers": [], "moe_layer_freq": 1}
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
@@ -298,8 +359,9 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     """The mixture-of-experts fields of a config.json ({} for a dense model): experts, top-k, one expert's width
     (`moe_intermediate_size`, else `intermediate_size`: Mixtral's and OLMoE's configs give the expert's width
     there), the shared expert's width (Qwen2-MoE's `shared_expert_intermediate_size`; DeepSeek's
-    `n_shared_experts` × the expert width).  Refused, naming the key: dense layers mixed among the MoE ones
-    (priced as uniform they would be mispriced) and DeepSeek's multi-head latent attention (`kv_lora_rank`)."""
+    `n_shared_experts` × the expert width), DeepSeek's leading dense layers (`first_k_dense_replace`, of
+    `intermediate_size`).  Refused, naming the key: dense layers mixed elsewhere among the MoE ones (priced as
+    uniform they would be mispriced).  Multi-head latent attention is read apart (`_mla_of`)."""
     experts = next((cfg[k] for k in EXPERT_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
     if experts is None:
         return {}
@@ -313,10 +375,6 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
             raise ModelError(f"--model {path}: config.json's {k} = {cfg[k]!r} mixes dense layers among the MoE "
                              "ones; the planner prices every layer alike (all MoE), which would count the dense "
                              "layers' MLPs as experts: describe an all-MoE model with flags to bound it")
-    if isinstance(cfg.get("kv_lora_rank"), int):
-        raise ModelError(f"--model {path}: config.json's kv_lora_rank = {cfg['kv_lora_rank']} is multi-head latent "
-                         "attention (DeepSeek), which the planner does not price: its attention is not "
-                         "heads x head_dim projections")
     width = next((cfg[k] for k in EXPERT_WIDTH_KEYS if isinstance(cfg.get(k), int)), None)
     shared = cfg.get("shared_expert_intermediate_size")
     if not isinstance(shared, int):
@@ -325,6 +383,26 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     out = {"experts": experts, "top_k": top_k, "shared_ffn": shared}
     if width is not None:
         out["moe_ffn_hidden"] = width
+    k = cfg.get("first_k_dense_replace")
+    if isinstance(k, int) and k > 0:
+        out["dense_layers"] = k
+    return out
+
+
+def _mla_of(cfg: dict) -> dict[str, int]:
+    """Multi-head latent attention's fields of a config.json (DeepSeek-V2/V3, Kimi K2: `kv_lora_rank`,
+    `q_lora_rank` -- null for none --, `qk_nope_head_dim` as the heads' no-position width, `qk_rope_head_dim`,
+    `v_head_dim`); {} otherwise.  MLA is multi-head: one K/V per query head."""
+    r = cfg.get("kv_lora_rank")
+    if not isinstance(r, int) or r < 1:
+        return {}
+    q = cfg.get("q_lora_rank")
+    out = {"kv_lora": r, "q_lora": q if isinstance(q, int) else 0,
+           "rope_dim": int(cfg.get("qk_rope_head_dim") or 0)}
+    if isinstance(cfg.get("qk_nope_head_dim"), int):
+        out["head_size"] = cfg["qk_nope_head_dim"]
+    if isinstance(cfg.get("v_head_dim"), int):
+        out["v_head"] = cfg["v_head_dim"]
     return out
 
 
@@ -343,7 +421,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   norm: str | None = None, tied: bool | None = None, position: str | None = None,
                   bias: bool | None = None, head_dim: int | None = None, experts: int | None = None,
                   top_k: int | None = None, moe_ffn_hidden: int | None = None,
-                  shared_ffn: int | None = None) -> ModelSpec:
+                  shared_ffn: int | None = None, dense_layers: int | None = None, kv_lora: int | None = None,
+                  q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -372,7 +451,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       vocab=vocab, ffn_hidden=ffn_hidden, kv_heads=kv_heads, gated=gated,
                                       norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim,
                                       experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn_hidden,
-                                      shared_ffn=shared_ffn).items()
+                                      shared_ffn=shared_ffn, dense_layers=dense_layers, kv_lora=kv_lora,
+                                      q_lora=q_lora, rope_dim=rope_dim, v_head=v_head).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -389,14 +469,21 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          bias=(not llama_like) if bias is None else bias,
                          norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim,
                          experts=experts or 0, top_k=top_k or 0, moe_ffn_hidden=moe_ffn_hidden,
-                         shared_ffn=shared_ffn or 0)
+                         shared_ffn=shared_ffn or 0, dense_layers=dense_layers or 0, kv_lora=kv_lora or 0,
+                         q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
         if v < 1:
             raise ModelError(f"{flag} {v}: must be an integer >= 1")
     validate_moe(spec)
-    if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
+    if not spec.mla and (spec.q_lora or spec.rope_dim or spec.v_head is not None):
+        raise ModelError("--q-lora-rank/--qk-rope-dim/--v-head-dim describe multi-head latent attention: give "
+                         "--kv-lora-rank R (R >= 1, DeepSeek-V3's 512) too")
+    if spec.mla and spec.kv_heads not in (None, spec.heads):
+        raise ModelError(f"--kv-heads {spec.kv_heads} with --kv-lora-rank: multi-head latent attention has one K/V "
+                         f"per query head; drop --kv-heads")
+    if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden and not spec.mla:
         spec = replace(spec, head_size=None)  # the default width, said explicitly: one description of it
     if spec.head_size is None and spec.hidden % spec.heads:
         raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
@@ -413,10 +500,13 @@ def validate_moe(spec: ModelSpec) -> None:
     """A mixture of experts needs 2+ experts, a top-k among them and positive widths; a dense model none of the
     MoE fields."""
     if spec.experts == 0:
-        if spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn:
-            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn describe a mixture of experts: give "
-                             "--experts N (N >= 2 routed experts per layer) too")
+        if spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers:
+            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers describe a mixture of "
+                             "experts: give --experts N (N >= 2 routed experts per layer) too")
         return
+    if not 0 <= spec.dense_layers < spec.layers:
+        raise ModelError(f"--dense-layers {spec.dense_layers}: the leading dense layers must leave at least one MoE "
+                         f"layer of --layers {spec.layers}")
     if spec.experts < 2:
         raise ModelError(f"--experts {spec.experts}: a mixture of experts needs at least 2 routed experts "
                          "(0 for a dense MLP)")

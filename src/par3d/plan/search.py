@@ -582,9 +582,15 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     exceeds (communication, tails and the optimizer only add)."""
     lt = choice_layer_times(model, cluster, c)
     rec = lt.recomputed(c.recompute)
+    # a mixture of experts' leading dense layers (cost.stage_times prices them as the dense variant's)
+    ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_layers else lt
+    recd = ltd.recomputed(c.recompute)
     lay = layout(model, c.pp * c.virtual_stages)
-    work = [3 * (n * lt.fwd + (lt.head_fwd if h else 0.0)) + recomputed_layers(c, n) * rec
-            for n, h in zip(lay.layers, lay.head)]
+    work = []
+    for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
+        nd, nr = lay.dense_of(s), recomputed_layers(c, n)
+        rd = min(nd, nr)
+        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (lt.head_fwd if h else 0.0)) + (nr - rd) * rec + rd * recd)
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 

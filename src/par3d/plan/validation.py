@@ -374,7 +374,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
-             (MBRIDGE_MOE_PREFIX, "Megatron-Bridge's MoE tables (Qwen3-30B-A3B, Qwen3-235B-A22B; H100 ... GB300)"),
+             (MBRIDGE_MOE_PREFIX, "Megatron-Bridge's MoE tables (Qwen3-30B-A3B / 235B-A22B, DeepSeek-V3, Kimi K2)"),
              (MBRIDGE_PREFIX, "Megatron-Bridge's tables (FP8, MXFP8; H100, B200, GB200, GB300)"),
              (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
                                "TinyLlama)"),
