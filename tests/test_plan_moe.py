@@ -181,3 +181,28 @@ def test_mla_and_leading_dense_layers_stage_by_stage(tmp_path):
                                + 3.0 * compute.head_gemm(ds, 1, 1).flops * (1 - 58 / 61 - 3 / 61), rel=1e-9)
     plan = evaluate(ds, cl, c)
     assert plan.tokens_per_s > 0 and plan.breakdown["ep_comm"] > 0
+
+
+def test_multi_token_prediction_rides_with_the_loss():
+    """DeepSeek-V3's multi-token prediction (--mtp-layers): its module's parameters count (a layer, the 2h x h
+    projection, two norms), its work joins the head's stage -- which the partition then gives fewer layers -- and its
+    FLOPs the model's (a layer, the projection, the head again)."""
+    base = dict(layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280, seq_len=4096,
+                ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3,
+                kv_lora=512, q_lora=1536, rope_dim=64, v_head=128)
+    ds0, ds1 = resolve_model(None, **base), resolve_model(None, **base, mtp_layers=1)
+    h = 7168
+    assert ds1.params() - ds0.params() == ds0.layer_params() + 2 * h * h + 2 * h
+    from par3d.plan.cost import layout
+
+    l0, l1 = layout(ds0, 16), layout(ds1, 16)
+    assert sum(l1.layers) == sum(l0.layers) == 61 and l1.layers[-1] < l0.layers[-1]
+    cl = make_cluster("gb200", 256, dtype="fp8")
+    c = Choice(1, 16, 16, 1, 16, ep=16, zero_stage=1)
+    st0, st1 = stage_times(ds0, cl, c), stage_times(ds1, cl, c)
+    lt = compute.layer_times(ds1, cl.device, cl.gemm_dtype, 1, 1, False, cl.flash, False, "unfused", False, 16)
+    assert st1.ep_comm[-1] > st0.ep_comm[-1] * l1.layers[-1] / l0.layers[-1]  # the module's all-to-alls too
+    assert st1.f_compute[-1] > l1.layers[-1] * lt.fwd + lt.head_fwd  # a layer, a projection and the head again
+    fl = compute.model_flops_per_sequence(ds1) - compute.model_flops_per_sequence(ds0)
+    layer = sum(compute.layer_flops(ds0, 1, 1))
+    assert fl == pytest.approx(3 * (layer + compute.head_gemm(ds0, 1, 1).flops + 2.0 * 4096 * 2 * h * h))

@@ -120,6 +120,9 @@ def register(sub) -> None:
     g.add_argument("--dense-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="a mixture of experts whose first N layers have a dense MLP of --ffn-hidden (DeepSeek-V3 3, "
                         "Kimi K2 1; config.json's first_k_dense_replace)")
+    g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
+                   help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
+                        "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
     g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
@@ -571,7 +574,7 @@ def _run(args: argparse.Namespace) -> int:
                               args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
                               args.position, args.bias, args.head_dim, args.experts, args.top_k,
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
-                              args.q_lora_rank, args.qk_rope_dim, args.v_head_dim)
+                              args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)

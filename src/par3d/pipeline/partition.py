@@ -88,12 +88,14 @@ def partition(costs: list[float], n_chunks: int) -> Partition:
 
 
 def gpt_unit_costs(layers: int, hidden: int, seq_len: int, vocab: int,
-                   ffn_hidden: int | None = None) -> list[float]:
+                   ffn_hidden: int | None = None, mtp_layers: int = 0) -> list[float]:
     """Forward FLOPs of one sequence through each unit of the runtime's GPT unit list.
 
     Unit 0 is the embedding, units 1..layers the transformer blocks, unit layers+1 the head (final
     LayerNorm, LM head, loss).  Only ratios matter for partitioning, and backward is ~2x forward for
-    every unit alike, so forward FLOPs stand for the whole step.
+    every unit alike, so forward FLOPs stand for the whole step.  `mtp_layers` multi-token-prediction
+    modules (the planner's DeepSeek-V3; each a block, a 2h -> h projection and the head again) ride with the
+    head, as Megatron-Core places them with the loss.
     """
     if min(layers, hidden, seq_len, vocab) < 1:
         raise ValueError("layers, hidden, seq_len and vocab must all be >= 1")
@@ -104,11 +106,12 @@ def gpt_unit_costs(layers: int, hidden: int, seq_len: int, vocab: int,
     block = 8 * h * h + 4 * h * f + 4 * s * h
     head = 2 * h * vocab
     embedding = h  # a gather plus the position add: small, but not free
+    head += mtp_layers * (block + head + 4 * h * h)
     return [float(embedding * s)] + [float(block * s)] * layers + [float(head * s)]
 
 
 def gpt_partition(layers: int, n_chunks: int, hidden: int, seq_len: int, vocab: int,
-                  ffn_hidden: int | None = None) -> Partition:
+                  ffn_hidden: int | None = None, mtp_layers: int = 0) -> Partition:
     """Partition the GPT unit list so every chunk holds at least one transformer block.
 
     The embedding always travels with the first block and the head with the last block: the blocks
@@ -124,7 +127,7 @@ def gpt_partition(layers: int, n_chunks: int, hidden: int, seq_len: int, vocab: 
         raise ValueError(f"cannot split {layers} transformer blocks into {n_chunks} pipeline chunks: "
                          f"every chunk needs at least one block (or the embedding or the head alone); "
                          f"use at most {layers + 2} chunks")
-    units = gpt_unit_costs(layers, hidden, seq_len, vocab, ffn_hidden)
+    units = gpt_unit_costs(layers, hidden, seq_len, vocab, ffn_hidden, mtp_layers)
     if n_chunks > layers:
         return partition(units, n_chunks)
     blocks = units[1:-1]

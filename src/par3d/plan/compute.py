@@ -359,11 +359,13 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention; a mixture of experts counts the
     top_k experts each token runs (and its router), the 6·N_active·tokens rule."""
     lt = layer_flops(model, 1, 1)
+    head = head_gemm(model, 1, 1).flops
+    # multi-token prediction (models.ModelSpec.mtp_layers): per module a layer, the 2h -> h projection, the head again
+    mtp = model.mtp_layers * (lt[0] + lt[1] + head + 2.0 * model.seq_len * 2 * model.hidden * model.hidden)
     if model.dense_layers:  # a mixture of experts' leading dense layers (models.ModelSpec.dense_layers)
         ld = layer_flops(model.dense_variant(), 1, 1)
-        return 3.0 * (model.moe_layers * (lt[0] + lt[1]) + model.dense_layers * (ld[0] + ld[1])
-                      + head_gemm(model, 1, 1).flops)
-    return 3.0 * (model.layers * (lt[0] + lt[1]) + head_gemm(model, 1, 1).flops)
+        return 3.0 * (model.moe_layers * (lt[0] + lt[1]) + model.dense_layers * (ld[0] + ld[1]) + head + mtp)
+    return 3.0 * (model.layers * (lt[0] + lt[1]) + head + mtp)
 
 
 def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:

@@ -90,6 +90,7 @@ from . import comm
 from .compute import (
     DTYPE_BYTES,
     KERNEL_S,
+    Gemm,
     LayerTimes,
     gemm_time,
     layer_gemms,
@@ -234,7 +235,10 @@ class Layout:
 
 @lru_cache(maxsize=1024)
 def layout(model: ModelSpec, chunks: int) -> Layout:
-    part = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden)
+    # (the multi-token-prediction modules weigh on the head's stage, which the partition then gives fewer layers, as
+    # Megatron-Bridge's DeepSeek-V3 layouts do: "...|tmL", one layer beside the MTP module and the loss)
+    part = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
+                         model.mtp_layers)
     last = model.layers + 1
     layers, embed, head, dense = [], [], [], []
     for a, b in part.bounds:
@@ -247,6 +251,24 @@ def layout(model: ModelSpec, chunks: int) -> Layout:
 
 SPLIT_BACKWARD = ("zb-h1",) + V_SCHEDULES
 """Schedules that split backwards into BI and BW (dualpipe-v runs full Bs too)."""
+
+
+def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> float:
+    """A rank's share of the multi-token-prediction modules (models.ModelSpec.mtp_layers; on the stage with the head,
+    as Megatron-Core places them with the loss): each a layer of the model's kind and its 2h x h projection and norms."""
+    if not model.mtp_layers:
+        return 0.0
+    h = model.hidden
+    return model.mtp_layers * (model.layer_params_per_rank(tp, ep) + (2 * h * h + 2 * model.norm_params) / tp)
+
+
+def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: LayerTimes) -> float:
+    """One micro-batch's forward through the multi-token-prediction modules: per module a layer (`lt`), the 2h -> h
+    projection and a second pass of the output head and loss (`lt.head_fwd`)."""
+    if not model.mtp_layers:
+        return 0.0
+    proj = gemm_time(Gemm("mtp_proj", b * model.seq_len, model.hidden // tp, 2 * model.hidden), dev, dtype)  # type: ignore[arg-type]
+    return model.mtp_layers * (lt.fwd + lt.head_fwd + proj)
 
 
 def default_schedule(v: int) -> str:
@@ -291,8 +313,10 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
                 params += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
                 params += (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
+                params += mtp_params_per_rank(model, tp, ep)  # multi-token prediction rides with the loss
+        mtp_experts = model.mtp_layers * per_expert_layer if any(lay.head[s] for s in stages) else 0.0
         out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages),
-                             sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer))
+                             sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer + mtp_experts))
     return tuple(out)
 
 
@@ -991,7 +1015,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
                 lst.append(val)
             continue
         nm = n - nd
-        fc = nm * lt.fwd + nd * ltd.fwd + (lt.head_fwd if lay.head[s] else 0.0)
+        mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
+        head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt)
+        fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
         bc = 2 * fc
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
         rd = min(nd, nr)
@@ -1000,6 +1026,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         b_tp = nm * tp_layer_b + nd * tpd_b + (nr - rd) * rec_comm + rd * recd_comm
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
         f_ep, b_ep = nm * epf, nm * epb + (nr - rd) * rec_ep
+        if mtp:  # each module's layer: its TP collectives and its all-to-alls
+            f_tp, b_tp = f_tp + model.mtp_layers * tp_layer, b_tp + model.mtp_layers * tp_layer_b
+            f_ep, b_ep = f_ep + model.mtp_layers * epf, b_ep + model.mtp_layers * epb
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage
@@ -1505,7 +1534,7 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
            for k in range(n)]
     if lay.head[s]:
         head = (model.head_params() if (not model.tied or c.pp > 1) else model.norm_params) / c.tp
-        out.append((b_start, f_start + f_dur, head))
+        out.append((b_start, f_start + f_dur, head + mtp_params_per_rank(model, c.tp, c.ep)))
     if lay.embed[s]:
         out.append((b_start + b_dur, f_start, model.embedding_params() / c.tp))
     if not out:

@@ -219,6 +219,9 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                    - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash))
     if shape.head:
         act += logits_bytes(model, b, tp, cp, cross_entropy)
+        # multi-token prediction (models.ModelSpec.mtp_layers): each module's layer for every in-flight micro-batch
+        # of the last stage, and its own logits
+        act += model.mtp_layers * (inflight * per_layer + logits_bytes(model, b, tp, cp, cross_entropy))
     other = OTHER_FIXED + FRAGMENTATION * act
     if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
         other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))

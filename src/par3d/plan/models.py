@@ -56,6 +56,9 @@ class ModelSpec:
     moe_ffn_hidden: int | None = None  # one routed expert's width; None -> ffn_hidden (Mixtral's config says so)
     shared_ffn: int = 0  # the always-on shared expert's width (all shared experts together); 0: none
     dense_layers: int = 0  # MoE: the first this-many layers have a dense MLP of ffn_hidden (DeepSeek's first_k_dense)
+    # multi-token prediction (DeepSeek-V3): this many extra modules after the last layer, each a layer of the model's
+    # kind, a projection of [norm(h); norm(embedding)] (2h -> h) and a second pass of the shared output head and loss
+    mtp_layers: int = 0
     # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
     # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
     kv_lora: int = 0  # the K/V latent's rank (0: not MLA)
@@ -87,7 +90,12 @@ class ModelSpec:
     def dense_variant(self) -> ModelSpec:
         """The model's dense layer: its attention with a dense MLP of ffn_hidden (a MoE model's leading dense
         layers are priced as this model's layers)."""
-        return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0)
+        return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0, mtp_layers=0)
+
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules' own parameters (their layer, projection and two norms; the embedding
+        and the output head are the model's, shared)."""
+        return self.mtp_layers * (self.layer_params() + 2 * self.hidden * self.hidden + 2 * self.norm_params)
 
     @property
     def expert_ffn(self) -> int:
@@ -209,14 +217,16 @@ class ModelSpec:
         """Total trainable parameters (a tied head is counted once)."""
         head = self.norm_params if self.tied else self.head_params()
         dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
-        return (self.layers - self.dense_layers) * self.layer_params() + dense + self.embedding_params() + head
+        return ((self.layers - self.dense_layers) * self.layer_params() + dense + self.embedding_params() + head
+                + self.mtp_params())
 
     def active_params(self) -> int:
         """Parameters one token uses (MoE: top_k of the routed experts; a dense model's all of them)."""
         head = self.norm_params if self.tied else self.head_params()
         dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
+        mtp = self.mtp_layers * (self.active_layer_params() + 2 * self.hidden * self.hidden + 2 * self.norm_params)
         return ((self.layers - self.dense_layers) * self.active_layer_params() + dense + self.embedding_params()
-                + head)
+                + head + mtp)
 
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
@@ -228,6 +238,7 @@ class ModelSpec:
         if self.moe:
             shared = f" + shared {self.shared_ffn}" if self.shared_ffn else ""
             dense = f", the first {self.dense_layers} layers dense (ffn {self.ffn})" if self.dense_layers else ""
+            dense += f", {self.mtp_layers} MTP module{'s' if self.mtp_layers > 1 else ''}" if self.mtp_layers else ""
             mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}{dense}"
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
@@ -245,7 +256,7 @@ class ModelSpec:
                 "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
                 "position": "learned" if self.learned_pos else "rotary", "bias": self.bias,
                 **({"experts": self.experts, "top_k": self.top_k, "moe_ffn_hidden": self.expert_ffn,
-                    "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers,
+                    "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers, "mtp_layers": self.mtp_layers,
                     "active_params": self.active_params()} if self.moe else {}),
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
                     "v_head_dim": self.v_head_dim} if self.mla else {})}
@@ -386,6 +397,9 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     k = cfg.get("first_k_dense_replace")
     if isinstance(k, int) and k > 0:
         out["dense_layers"] = k
+    mtp = cfg.get("num_nextn_predict_layers")
+    if isinstance(mtp, int) and mtp > 0:
+        out["mtp_layers"] = mtp
     return out
 
 
@@ -422,7 +436,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   bias: bool | None = None, head_dim: int | None = None, experts: int | None = None,
                   top_k: int | None = None, moe_ffn_hidden: int | None = None,
                   shared_ffn: int | None = None, dense_layers: int | None = None, kv_lora: int | None = None,
-                  q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None) -> ModelSpec:
+                  q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None,
+                  mtp_layers: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -452,7 +467,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim,
                                       experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn_hidden,
                                       shared_ffn=shared_ffn, dense_layers=dense_layers, kv_lora=kv_lora,
-                                      q_lora=q_lora, rope_dim=rope_dim, v_head=v_head).items()
+                                      q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -470,7 +485,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim,
                          experts=experts or 0, top_k=top_k or 0, moe_ffn_hidden=moe_ffn_hidden,
                          shared_ffn=shared_ffn or 0, dense_layers=dense_layers or 0, kv_lora=kv_lora or 0,
-                         q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head)
+                         q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):

@@ -37,6 +37,7 @@ from .cost import (
     layout,
     makespan_lower_bound,
     memory,
+    mtp_forward,
     optimizer_time,
     rank_busy,
     rank_stage_lists,
@@ -590,7 +591,8 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
         rd = min(nd, nr)
-        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (lt.head_fwd if h else 0.0)) + (nr - rd) * rec + rd * recd)
+        head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt)
+        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd)
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
