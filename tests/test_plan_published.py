@@ -107,6 +107,10 @@ OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
     ("26.04.01", ("b200", "b300", "gb200", "gb300")), ("26.06", ("b300", "gb200")), ("26.06.01", ("gb200",)),
     ("26.08", ("gb200",))) for g in gs}
 OVER_MEMORY_MLA |= {f"mbridge-moe-{rel}-kimi-k2-gb300" for rel in ("26.02.01", "26.04", "26.04.01", "26.06")}
+# the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts none of its recomputation (RMSNorm,
+# MLA's up projections) nor its FP8 caching of the MoE activations, and puts PP 16 DualPipe's ~32 in-flight
+# micro-batches at 2.8x the GPU -- priced at the published layout all the same, the miss in memory stated here
+OVER_MEMORY_REPORT = {"deepseek-v3-paper-2048"}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
@@ -121,7 +125,11 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert len(lf23_over) < len(lf23) / 2
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
-                                                                  | lf23_over)
+                                                                  | OVER_MEMORY_REPORT | lf23_over)
+    for n in OVER_MEMORY_REPORT:
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert p.row.get("evaluate_unfit") and 2.5 * cap < p.plan.memory.total < 3 * cap
     for n in OVER_MEMORY_MLA:  # over by less than 40 % (MLA's module recomputation not counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

@@ -66,7 +66,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     bad_fp8 = fp8_scaling_error(str(row["gpu"]), str(row.get("dtype", "bf16")), str(row.get("fp8_scaling", "delayed")))
     if bad_fp8:
         raise ValueError(f"{row['name']}: {bad_fp8}")
-    cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), dtype=str(row.get("dtype", "bf16")),
+    cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), row.get("intra_bw_gbps"),
+                      dtype=str(row.get("dtype", "bf16")),
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
