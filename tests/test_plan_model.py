@@ -1044,10 +1044,11 @@ def test_deepseek_v3_and_kimi_k2_from_config_json(tmp_path):
           "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
           "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
           "num_hidden_layers": 61, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "vocab_size": 129280,
-          "max_position_embeddings": 163840}
+          "max_position_embeddings": 163840, "n_group": 8, "topk_group": 4}
     p = tmp_path / "config.json"
     p.write_text(json.dumps(ds))
     m = resolve_model(str(p))
+    assert (m.route_groups, m.route_group_topk) == (8, 4)  # group-limited routing (cost.ep_remote_nodes)
     assert (m.kv_lora, m.q_lora, m.rope_dim, m.head_dim, m.v_head_dim, m.kv) == (512, 1536, 64, 128, 128, 128)
     assert (m.dense_layers, m.moe_layers, m.shared_ffn, m.expert_ffn) == (3, 58, 2048, 2048)
     assert m.params() / 1e9 == pytest.approx(671, abs=0.5) and m.active_params() / 1e9 == pytest.approx(37.5, abs=0.5)
@@ -1064,8 +1065,8 @@ def test_deepseek_v3_and_kimi_k2_from_config_json(tmp_path):
     flags = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms",
                           vocab=129280, seq_len=m.seq_len, ffn_hidden=18432, experts=256, top_k=8,
                           moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64,
-                          v_head=128)
-    assert flags.params() == m.params() and flags.active_params() == m.active_params()
+                          v_head=128, route_groups=8, route_group_topk=4)
+    assert replace(flags, name=m.name) == m  # the same description, field by field
     for bad, words in (({"q_lora": 1536}, "--kv-lora-rank"), ({"kv_lora": 512, "kv_heads": 8}, "--kv-heads 8"),
                        ({"dense_layers": 2}, "--experts")):
         with pytest.raises(ValueError, match=words):

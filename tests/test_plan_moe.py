@@ -206,3 +206,34 @@ def test_multi_token_prediction_rides_with_the_loss():
     fl = compute.model_flops_per_sequence(ds1) - compute.model_flops_per_sequence(ds0)
     layer = sum(compute.layer_flops(ds0, 1, 1))
     assert fl == pytest.approx(3 * (layer + compute.head_gemm(ds0, 1, 1).flops + 2.0 * 4096 * 2 * h * h))
+
+
+def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
+    """--ep-dispatch dedup (DeepEP, HybridEP): across nodes each token crosses the NICs once per remote node holding
+    one of its experts -- m·(1 - (1 - 1/m)^k) nodes of the m it may use, (N-1)/N of them remote -- and is forwarded
+    over NVLink; group-limited routing bounds m (DeepSeek-V3: 4 of 8 groups, a group per node at EP 64 over 8 nodes);
+    --ep-dispatch-fp8 halves the forward dispatch's bytes.  Inside one node nothing changes."""
+    from par3d.plan.cost import ep_remote_nodes
+
+    ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
+                       seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+                       dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128, route_groups=8,
+                       route_group_topk=4)
+    free = replace(ds, route_groups=0, route_group_topk=0)
+    cl = make_cluster("h100-sxm", 2048, dtype="fp8")
+    c = Choice(1, 16, 128, 1, 120, "dualpipe-v", 2, ep=64, zero_stage=1)
+    assert ep_remote_nodes(free, cl, c) == pytest.approx(8 * (1 - (7 / 8) ** 8) * 7 / 8)
+    assert ep_remote_nodes(ds, cl, c) == pytest.approx(4 * (1 - (3 / 4) ** 8) * 7 / 8)
+    plain = ep_exchange(ds, cl, c)
+    dedup = ep_exchange(ds, replace(cl, ep_dispatch="dedup"), c)
+    fp8 = ep_exchange(ds, replace(cl, ep_dispatch="dedup", ep_dispatch_fp8=True), c)
+    assert fp8[0] < dedup[0] < plain[0] and fp8[1] == pytest.approx(dedup[1]) and dedup[1] < plain[1]
+    # the NIC bytes: each token's remote copies, h elements of 2 bytes, once per remote node
+    tokens, nic = 4096, cl.inter.beta * NIC_EFF
+    one = comm.all_to_all(tokens * 8 * 7168 * 2.0, 64, cl, ep_remote_nodes(ds, cl, c), tokens * 7168 * 2.0)
+    assert one.beta == pytest.approx(max(63 / 64 * tokens * 8 * 7168 * 2.0 / (cl.intra.beta * nvlink_eff(
+        cl.intra.name, "p2p")), ep_remote_nodes(ds, cl, c) * tokens * 7168 * 2.0 / nic))
+    inside = Choice(1, 16, 128, 1, 120, "dualpipe-v", 2, ep=8, zero_stage=1)
+    assert ep_exchange(ds, replace(cl, ep_dispatch="dedup"), inside) == pytest.approx(ep_exchange(ds, cl, inside))
+    with pytest.raises(ValueError, match="--router-groups 8 --router-group-topk 8"):
+        resolve_model("llama3-8b", experts=64, top_k=4, route_groups=8, route_group_topk=8)

@@ -123,6 +123,12 @@ def register(sub) -> None:
     g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
+    g.add_argument("--router-groups", type=_int_at_least(1), default=None, metavar="G",
+                   help="group-limited routing: the experts in G groups (DeepSeek-V3 8; config.json's n_group), with "
+                        "--router-group-topk")
+    g.add_argument("--router-group-topk", type=_int_at_least(1), default=None, metavar="M",
+                   help="each token's experts come from at most M groups (DeepSeek-V3 4; topk_group): bounds the nodes "
+                        "its copies reach when the EP group spans nodes (with --ep-dispatch dedup)")
     g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
@@ -196,6 +202,13 @@ def register(sub) -> None:
                    help="a mixture of experts: overlap each layer's token all-to-alls (dispatch, combine) with "
                         "another micro-batch's computation (Megatron-Core overlap_moe_expert_parallel_comm, "
                         "DualPipe-style), at the overlap slowdown; default: off, every all-to-all exposed")
+    g.add_argument("--ep-dispatch", choices=("alltoall", "dedup"), default="alltoall",
+                   help="a mixture of experts' tokens across nodes: alltoall (Megatron-Core's alltoall dispatcher, every "
+                        "copy bound for another node crosses the NICs) or dedup (DeepEP / HybridEP, the flex dispatcher: "
+                        "once per remote node, forwarded inside it over NVLink) (default: %(default)s)")
+    g.add_argument("--ep-dispatch-fp8", action=argparse.BooleanOptionalAction, default=False,
+                   help="the forward dispatch moves FP8 tokens (DeepSeek-V3, DeepEP); the combine and the backward stay "
+                        "16-bit (default: off)")
     g.add_argument("--offload-layers", type=_int_at_least(0), default=0, metavar="N",
                    help="offload the activations of N transformer layers to host memory during the forward and "
                         "reload them for the backward (Megatron-Core --cpu-offloading-num-layers; over NVLink-C2C "
@@ -404,6 +417,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
+                  ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   offload_layers=args.offload_layers,
@@ -574,7 +588,8 @@ def _run(args: argparse.Namespace) -> int:
                               args.ffn_hidden, args.kv_heads, args.gated_mlp, args.norm, args.tied_embeddings,
                               args.position, args.bias, args.head_dim, args.experts, args.top_k,
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
-                              args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers)
+                              args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
+                              args.router_groups, args.router_group_topk)
     except ModelError as e:
         raise UsageError(str(e)) from None
     cluster = _cluster(args)

@@ -152,7 +152,8 @@ def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
     return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))
 
 
-def all_to_all(nbytes: float, e: int, cluster) -> Cost:  # cluster: hardware.Cluster
+def all_to_all(nbytes: float, e: int, cluster, remote_nodes: float | None = None,
+               token_bytes: float = 0.0) -> Cost:  # cluster: hardware.Cluster
     """A mixture of experts' token exchange (dispatch or combine) over an expert-parallel group of e ranks, each
     sending `nbytes` spread evenly over the group (balanced routing), (e - 1)/e of it to the others.
 
@@ -163,7 +164,12 @@ def all_to_all(nbytes: float, e: int, cluster) -> Cost:  # cluster: hardware.Clu
     (rail-optimised, each GPU its NIC), the two in parallel: the slower sets the time, plus one latency of the
     slowest link crossed.  Flat (seed) clusters: the link of the group's span.  The achieved shares are the
     collectives' (NVLink's point-to-point share, NIC_EFF): DeepEP's published normal-kernel figures reach about
-    that on H800 NVLink and 400 Gb/s RDMA."""
+    that on H800 NVLink and 400 Gb/s RDMA.
+
+    `remote_nodes` given (a node-deduplicating dispatch: DeepEP's and HybridEP's): each token crosses the NICs once
+    per remote node its copies go to -- `remote_nodes` × `token_bytes` -- and is forwarded inside that node over
+    NVLink, so NVLink carries every copy that leaves the GPU, (e - 1)/e of `nbytes`, and the NIC `remote_nodes`
+    copies of each token (cost.ep_remote_nodes counts them) instead of (e - g)/e of every copy."""
     if e <= 1:
         return ZERO
     from .hardware import NIC_EFF, nvlink_eff
@@ -176,5 +182,9 @@ def all_to_all(nbytes: float, e: int, cluster) -> Cost:  # cluster: hardware.Clu
     intra = (g - 1) / e * nbytes / nvl
     if g >= e:
         return Cost(cluster.intra.alpha, intra)
+    if remote_nodes is not None:  # deduplicated per node, forwarded over NVLink
+        intra = (e - 1) / e * nbytes / nvl
+        inter = remote_nodes * token_bytes / (cluster.inter.beta * NIC_EFF)
+        return Cost(max(cluster.inter.alpha, cluster.intra.alpha), max(intra, inter))
     inter = (e - g) / e * nbytes / (cluster.inter.beta * NIC_EFF)
     return Cost(max(cluster.inter.alpha, cluster.intra.alpha), max(intra, inter))

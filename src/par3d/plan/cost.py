@@ -772,18 +772,46 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     HybridEP) dispatchers.  Exposed, unless `cluster.ep_comm_overlap` (Megatron-Core's
     `overlap_moe_expert_parallel_comm`): then each all-to-all runs beside another micro-batch's computation of
     the same layer and only what outlasts it, and the slowdown σ of the shared part, is added
-    (`overlapped`).  In 16 bits (an FP8 dispatch, which DeepEP and HybridEP can run, is not modelled).
-    Zero for a dense model and ep = 1."""
+    (`overlapped`).  In 16 bits, but the forward dispatch in 8 (and a 1/128 scale) under `cluster.ep_dispatch_fp8`
+    (DeepSeek-V3's, DeepEP's FP8 dispatch); the backward moves gradients, 16-bit.
+
+    `cluster.ep_dispatch` "dedup" (DeepEP, HybridEP: Megatron-Core's flex dispatcher) sends a token once to each
+    remote node holding any of its experts and forwards it inside that node over NVLink: the NICs carry
+    `remote_nodes` copies of each token (`ep_remote_nodes`) rather than every copy bound for another node (the
+    "alltoall" dispatcher's, the default).  Zero for a dense model and ep = 1."""
     if not model.moe or c.ep <= 1:
         return 0.0, 0.0
     tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
-    nbytes = tokens * model.top_k * model.hidden * 2.0
-    one = comm.all_to_all(nbytes, c.ep, cluster).total
+    copies = tokens * model.top_k * model.hidden  # elements of every routed copy of this rank's tokens
+    remote = ep_remote_nodes(model, cluster, c) if cluster.ep_dispatch == "dedup" else None
+
+    def a2a(b: float) -> float:
+        return comm.all_to_all(copies * b, c.ep, cluster, remote, tokens * model.hidden * b).total
+
+    disp = a2a(1.0 + 1.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
+    fwd, bwd = disp + a2a(2.0), 2 * a2a(2.0)
     if not cluster.ep_comm_overlap:
-        return 2 * one, 2 * one
+        return fwd, bwd
     f = choice_layer_times(model, cluster, c).fwd
     sigma = cluster.device.sigma
-    return overlapped(f, 2 * one, sigma) - f, overlapped(2 * f, 2 * one, sigma) - 2 * f
+    return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
+
+
+def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    """The remote nodes one token's top_k copies reach under balanced routing, when the EP group spans N nodes: of
+    the m nodes a token may use, the expected number holding at least one of its k experts is m·(1 - (1 - 1/m)^k)
+    (experts drawn uniformly), of which (N - 1)/N are remote.  m = N, or -- group-limited routing
+    (models.ModelSpec.route_groups / route_group_topk: DeepSeek-V3's 8 groups, 4 per token, one group per node when
+    EP 64 spans 8 nodes) -- the nodes of the token's groups, route_group_topk × max(1, N / route_groups)."""
+    g = max(1, min(c.ep, cluster.gpus_per_node))
+    nodes = -(-c.ep // g)
+    if nodes <= 1:
+        return 0.0
+    m = float(nodes)
+    if model.route_groups and model.route_group_topk:
+        m = min(m, model.route_group_topk * max(1.0, nodes / model.route_groups))
+    distinct = m * (1 - (1 - 1 / m) ** model.top_k)
+    return distinct * (nodes - 1) / nodes
 
 
 def expert_grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float) -> float:

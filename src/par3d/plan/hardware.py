@@ -445,6 +445,7 @@ def default_gpus_per_node(gpu: str) -> int:
 
 
 CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
+EP_DISPATCHES = ("alltoall", "dedup")  # how a mixture of experts' tokens cross nodes (Cluster.ep_dispatch)
 FP8_SCALINGS = ("delayed", "current", "mxfp8")  # Transformer Engine's FP8 recipes (Cluster.fp8_scaling)
 
 
@@ -513,6 +514,11 @@ class Cluster:
     # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
     # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
     ep_comm_overlap: bool = False
+    # how a mixture of experts' tokens cross nodes (cost.ep_exchange): "alltoall" (Megatron-Core's alltoall dispatcher:
+    # every copy bound for another node crosses the NICs) or "dedup" (DeepEP, HybridEP -- the flex dispatcher: once
+    # per remote node, forwarded inside it over NVLink); and whether the forward dispatch moves FP8 tokens
+    ep_dispatch: str = "alltoall"
+    ep_dispatch_fp8: bool = False
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
     # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
     # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
@@ -603,7 +609,8 @@ class Cluster:
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
             "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
-            "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap, "cp_comm": self.cp_comm,
+            "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
+            "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
             "cross_entropy": self.cross_entropy,

@@ -59,6 +59,10 @@ class ModelSpec:
     # multi-token prediction (DeepSeek-V3): this many extra modules after the last layer, each a layer of the model's
     # kind, a projection of [norm(h); norm(embedding)] (2h -> h) and a second pass of the shared output head and loss
     mtp_layers: int = 0
+    # group-limited routing (DeepSeek-V3: 256 experts in 8 groups, each token's experts in at most 4 of them;
+    # config.json's n_group / topk_group): bounds the nodes a token's copies reach (cost.ep_remote_nodes)
+    route_groups: int = 0
+    route_group_topk: int = 0
     # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
     # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
     kv_lora: int = 0  # the K/V latent's rank (0: not MLA)
@@ -332,7 +336,7 @@ def from_hf_config(path: str) -> ModelSpec:
     ffn = pick("intermediate_size", "n_inner", "ffn_dim")
     name = str(cfg.get("_name_or_path") or cfg.get("model_type") or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
-                     None if "kv_lora_rank" in moe else pick("num_key_value_heads"), gated=gated,
+                     None if "kv_lora" in moe else pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
                      norm="rms" if rms else "layer", **{"head_size": _head_size(cfg), **moe})
@@ -400,6 +404,9 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     mtp = cfg.get("num_nextn_predict_layers")
     if isinstance(mtp, int) and mtp > 0:
         out["mtp_layers"] = mtp
+    groups, topk = cfg.get("n_group"), cfg.get("topk_group")
+    if isinstance(groups, int) and isinstance(topk, int) and 1 <= topk < groups:
+        out["route_groups"], out["route_group_topk"] = groups, topk
     return out
 
 
@@ -437,7 +444,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   top_k: int | None = None, moe_ffn_hidden: int | None = None,
                   shared_ffn: int | None = None, dense_layers: int | None = None, kv_lora: int | None = None,
                   q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None,
-                  mtp_layers: int | None = None) -> ModelSpec:
+                  mtp_layers: int | None = None, route_groups: int | None = None,
+                  route_group_topk: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -467,7 +475,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       norm=norm, tied=tied, learned_pos=pos, bias=bias, head_size=head_dim,
                                       experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn_hidden,
                                       shared_ffn=shared_ffn, dense_layers=dense_layers, kv_lora=kv_lora,
-                                      q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers).items()
+                                      q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers,
+                                      route_groups=route_groups, route_group_topk=route_group_topk).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -485,7 +494,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          norm=norm or ("rms" if llama_like else "layer"), head_size=head_dim,
                          experts=experts or 0, top_k=top_k or 0, moe_ffn_hidden=moe_ffn_hidden,
                          shared_ffn=shared_ffn or 0, dense_layers=dense_layers or 0, kv_lora=kv_lora or 0,
-                         q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0)
+                         q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
+                         route_groups=route_groups or 0, route_group_topk=route_group_topk or 0)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
@@ -519,6 +529,11 @@ def validate_moe(spec: ModelSpec) -> None:
             raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers describe a mixture of "
                              "experts: give --experts N (N >= 2 routed experts per layer) too")
         return
+    if spec.route_groups or spec.route_group_topk:
+        if not (1 <= spec.route_group_topk < spec.route_groups and spec.experts % spec.route_groups == 0):
+            raise ModelError(f"--router-groups {spec.route_groups} --router-group-topk {spec.route_group_topk}: each "
+                             f"token's experts come from group-topk of the groups (1 <= group-topk < groups) and the "
+                             f"groups split --experts {spec.experts} evenly (DeepSeek-V3: 8 groups, 4 per token)")
     if not 0 <= spec.dense_layers < spec.layers:
         raise ModelError(f"--dense-layers {spec.dense_layers}: the leading dense layers must leave at least one MoE "
                          f"layer of --layers {spec.layers}")

@@ -21,7 +21,7 @@ from typing import Any
 from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
 from .gemm_table import family_of
-from .hardware import Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
+from .hardware import EP_DISPATCHES, Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
 from .models import CATALOGUE, ModelSpec
 from .search import Fixed, Limits, search
 
@@ -63,6 +63,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     ce = str(row.get("cross_entropy", "unfused"))
     if ce not in CROSS_ENTROPY:
         raise ValueError(f"{row['name']}: cross_entropy {ce!r}: choose one of {', '.join(CROSS_ENTROPY)}")
+    if str(row.get("ep_dispatch", "alltoall")) not in EP_DISPATCHES:
+        raise ValueError(f"{row['name']}: ep_dispatch {row['ep_dispatch']!r}: choose one of {', '.join(EP_DISPATCHES)}")
     bad_fp8 = fp8_scaling_error(str(row["gpu"]), str(row.get("dtype", "bf16")), str(row.get("fp8_scaling", "delayed")))
     if bad_fp8:
         raise ValueError(f"{row['name']}: {bad_fp8}")
@@ -78,6 +80,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    fsdp=bool(row.get("fsdp", False)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
                    ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
+                   ep_dispatch=str(row.get("ep_dispatch", "alltoall")),
+                   ep_dispatch_fp8=bool(row.get("ep_dispatch_fp8", False)),
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=str(row.get("fp8_scaling", "delayed")),
