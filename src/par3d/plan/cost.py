@@ -819,10 +819,9 @@ def expert_grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float
     placed as Megatron-Core's rank order places it: members `ep` ranks apart (comm.all_to_all)."""
     if c.expert_dp <= 1:
         return 0.0
-    if not cluster.hier:
-        return comm.all_reduce(nbytes, c.expert_dp, cluster.link_for_span(c.expert_dp * c.ep)).total if (
-            kind == "all_reduce") else comm.reduce_scatter(nbytes, c.expert_dp,
-                                                           cluster.link_for_span(c.expert_dp * c.ep)).total
+    if not cluster.hier:  # the seed's flat ring over the link of the group's span
+        ring = comm.all_reduce if kind == "all_reduce" else comm.reduce_scatter
+        return ring(nbytes, c.expert_dp, cluster.link_for_span(c.expert_dp * c.ep)).total
     return comm.collective(kind, nbytes, c.expert_dp, c.ep, cluster).total
 
 
@@ -1689,17 +1688,21 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
         hit = costs.get(key)
         if hit is not None:
             red, gather = hit
-        elif c.zero_stage == 0:
-            red, gather = comm.all_reduce(g, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
-            if shape.expert_params:  # (the routed experts' share priced over the expert-data-parallel group)
-                red = (comm.all_reduce(gbytes * (shape.params - shape.expert_params), ng, lk.grad).total  # type: ignore[arg-type]
-                       + expert_grad_collective(cluster, c, "all_reduce", gbytes * shape.expert_params))
         elif eager:
             red, gather = zero12_eager(model, c, cluster.profile, lk.grad, shape, r == 0,  # type: ignore[arg-type]
                                        cluster.dtype)
-        else:
-            red = flat_sharded_reduce(c, g, lk.grad)
-            gather = comm.all_gather(wbytes * shape.params, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
+        else:  # (a mixture of experts' routed experts: over the ranks holding the same experts, expert_grad_collective)
+            dense, experts = shape.params - shape.expert_params, shape.expert_params
+            if c.zero_stage == 0:
+                red, gather = comm.all_reduce(gbytes * dense, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
+            else:
+                red = flat_sharded_reduce(c, gbytes * dense, lk.grad)
+                gather = comm.all_gather(wbytes * dense, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
+            if experts:
+                red += expert_grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter",
+                                              gbytes * experts)
+                if c.zero_stage >= 1:
+                    gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
         costs[key] = (red, gather)
         if eager:
             exposed = red + gather
