@@ -237,3 +237,49 @@ def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
     assert ep_exchange(ds, replace(cl, ep_dispatch="dedup"), inside) == pytest.approx(ep_exchange(ds, cl, inside))
     with pytest.raises(ValueError, match="--router-groups 8 --router-group-topk 8"):
         resolve_model("llama3-8b", experts=64, top_k=4, route_groups=8, route_group_topk=8)
+
+
+def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
+    """Issue 12's twenty-fourth round's review: (1) the memory report's rank is the heaviest of all pipeline ranks
+    priced in full (expert states shard over expert_dp, not dp x cp, so no one coefficient orders the ranks);
+    (2) MoE with tp > 1 runs sequence parallelism, as Megatron-Core requires, and --no-sequence-parallel with it is
+    refused; (3) HSDP replicas with experts are refused; (4) the leading dense layers' ffn must split over tp;
+    (5) router groups on a dense model are refused; (6) the MTP projection runs on this rank's s/cp tokens."""
+    from par3d.plan.cost import _memory_scan, mtp_forward, offloaded_live
+    from par3d.plan.memory import rank_memory
+    from par3d.plan.models import ModelError
+
+    ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
+                       seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+                       dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128, mtp_layers=1)
+    cl = make_cluster("h100-sxm", 1024, dtype="fp8")
+    for pp, ep, rec in ((16, 32, "full"), (8, 32, "none"), (16, 64, "none")):
+        c = Choice(1, pp, 1024 // pp, 1, 4 * pp, zero_stage=1, ep=ep, recompute=rec)
+        mb, arg = memory(ds, cl, c)
+        shapes, peaks, per_layer, _, live, _ = _memory_scan(ds, cl.dtype, cl.flash, 1, pp, 1, "1f1b", 4 * pp, 1,
+                                                             False, rec, 1, 0, cl.cross_entropy, ep)
+        every = [rank_memory(ds, shapes[r], peaks[r], tp=1, dp=c.dp, b=1, inflight_layers=offloaded_live(live[r], 0, c),
+                             sp=False, recompute=rec, zero=1, dtype=cl.dtype, flash=cl.flash, per_layer=per_layer,
+                             cross_entropy=cl.cross_entropy, expert_dp=c.expert_dp).total for r in range(pp)]
+        assert mb.total == pytest.approx(max(every)) and every[arg] == pytest.approx(max(every))
+    gb = make_cluster("gb200", 16, dtype="fp8")
+    res = search(qwen, gb, 512, Fixed(pp=1, micro_batch=4, recompute="none"), top=60)
+    assert any(p.choice.tp > 1 for p in res.plans)
+    assert all(p.choice.sequence_parallel for p in res.plans if p.choice.tp > 1)
+    for f, words in ((Fixed(tp=2, sequence_parallel=False), "sequence parallelism"),
+                     (Fixed(dp_replicate=2, zero_stage=1), "--dp-replicate 2")):
+        with pytest.raises(PlanError, match=words):
+            search(qwen, gb, 512, f)
+    from par3d.plan.search import Limits, tp_choices
+
+    odd = replace(qwen, dense_layers=1, ffn_hidden=5460)
+    assert 8 not in tp_choices(odd, make_cluster("gb200", 64, dtype="fp8"), Fixed(), Limits())
+    with pytest.raises(ModelError, match="--router-groups"):
+        resolve_model("llama3-8b", route_groups=8, route_group_topk=4)
+    long = replace(ds, seq_len=16384)
+    c1, c4 = Choice(1, 16, 16, 1, 16, zero_stage=1, ep=16), Choice(1, 16, 4, 1, 16, zero_stage=1, ep=16, cp=4)
+    lt = compute.layer_times(long, cl.device, cl.gemm_dtype, 1, 1, False, cl.flash, False, "unfused", False, 16)
+    proj = {cp: mtp_forward(long, cl.device, cl.gemm_dtype, 1, 1, lt, cp) - lt.fwd - lt.head_fwd for cp in (1, 4)}
+    assert proj[4] == pytest.approx(compute.gemm_time(compute.Gemm("mtp_proj", 4096, 7168, 2 * 7168), cl.device,
+                                                      cl.gemm_dtype))
+    assert proj[4] < proj[1] / 3 and c1.gpus == c4.gpus

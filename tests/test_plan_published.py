@@ -100,7 +100,7 @@ OVER_MEMORY |= {"mbridge-moe-25.11-qwen3-235B-a22b-b200"}
 OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
                        for g in ("gb200", "gb300")}
 # Megatron-Bridge's DeepSeek-V3 and Kimi K2 recipes (twenty-third round) recompute MLA's up projections or the MLP
-# module by module (`recompute_modules`), which memory.py does not count: it puts them 8-38 % over the GPUs they ran on
+# module by module (`recompute_modules`), which memory.py does not count: it puts them 11-50 % over the GPUs they ran on (the heaviest rank priced in full since the twenty-fourth round)
 OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
     ("25.11", ("b200", "gb200", "gb200-mxfp8")), ("26.02", ("b200", "gb200", "gb300")),
     ("26.02.01", ("b200", "gb200", "gb300")), ("26.04", ("b200", "gb200", "gb300")),
@@ -130,11 +130,11 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert p.row.get("evaluate_unfit") and 2.5 * cap < p.plan.memory.total < 3 * cap
-    for n in OVER_MEMORY_MLA:  # over by less than 40 % (MLA's module recomputation not counted), priced as published
+    for n in OVER_MEMORY_MLA:  # over by less than 55 % (MLA's module recomputation not counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert validation.model_of(p.row).mla and p.row.get("evaluate_unfit")
-        assert cap < p.plan.memory.total < 1.4 * cap
+        assert cap < p.plan.memory.total < 1.55 * cap
     for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2; 84.7 and 84.5 of 80)
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

@@ -262,12 +262,12 @@ def mtp_params_per_rank(model: ModelSpec, tp: int, ep: int) -> float:
     return model.mtp_layers * (model.layer_params_per_rank(tp, ep) + (2 * h * h + 2 * model.norm_params) / tp)
 
 
-def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: LayerTimes) -> float:
+def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: LayerTimes, cp: int = 1) -> float:
     """One micro-batch's forward through the multi-token-prediction modules: per module a layer (`lt`), the 2h -> h
-    projection and a second pass of the output head and loss (`lt.head_fwd`)."""
+    projection over this rank's b·s/cp tokens and a second pass of the output head and loss (`lt.head_fwd`)."""
     if not model.mtp_layers:
         return 0.0
-    proj = gemm_time(Gemm("mtp_proj", b * model.seq_len, model.hidden // tp, 2 * model.hidden), dev, dtype)  # type: ignore[arg-type]
+    proj = gemm_time(Gemm("mtp_proj", b * (model.seq_len // cp), model.hidden // tp, 2 * model.hidden), dev, dtype)  # type: ignore[arg-type]
     return model.mtp_layers * (lt.fwd + lt.head_fwd + proj)
 
 
@@ -772,7 +772,7 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     HybridEP) dispatchers.  Exposed, unless `cluster.ep_comm_overlap` (Megatron-Core's
     `overlap_moe_expert_parallel_comm`): then each all-to-all runs beside another micro-batch's computation of
     the same layer and only what outlasts it, and the slowdown σ of the shared part, is added
-    (`overlapped`).  In 16 bits, but the forward dispatch in 8 (and a 1/128 scale) under `cluster.ep_dispatch_fp8`
+    (`overlapped`).  In 16 bits, but the forward dispatch in 8 (and a 4-byte fp32 scale per 128 elements: DeepEP's per-token-group FP8 quantization) under `cluster.ep_dispatch_fp8`
     (DeepSeek-V3's, DeepEP's FP8 dispatch); the backward moves gradients, 16-bit.
 
     `cluster.ep_dispatch` "dedup" (DeepEP, HybridEP: Megatron-Core's flex dispatcher) sends a token once to each
@@ -788,7 +788,7 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     def a2a(b: float) -> float:
         return comm.all_to_all(copies * b, c.ep, cluster, remote, tokens * model.hidden * b).total
 
-    disp = a2a(1.0 + 1.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
+    disp = a2a(1.0 + 4.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
     fwd, bwd = disp + a2a(2.0), 2 * a2a(2.0)
     if not cluster.ep_comm_overlap:
         return fwd, bwd
@@ -1043,7 +1043,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             continue
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
-        head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt)
+        head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
         fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
         bc = 2 * fc
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
@@ -1382,20 +1382,30 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
+
+    def of_rank(r: int) -> MemoryBreakdown:
+        return rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
+                           inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
+                           sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
+                           v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
+                           zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
+                           per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
+                           cross_entropy=cluster.cross_entropy,
+                           expert_dp=c.expert_dp)
+
+    if model.moe or model.mtp_layers:
+        # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
+        # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
+        # are priced in full
+        priced = [(of_rank(r), r) for r, *_ in heavy]
+        best = max(priced, key=lambda x: x[0].total)  # the first of equal totals, as the estimate keeps
+        return best
     arg, top = 0, -1.0
-    for r, params, units, head in heavy:
+    for r, params, units, head, _ in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    mb = rank_memory(model, shapes[arg], peaks[arg], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
-                     inflight_layers=offloaded_live(live[arg], cluster.offload_layers, c),
-                     sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
-                     v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                     zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
-                     per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
-                     cross_entropy=cluster.cross_entropy,
-                     expert_dp=c.expert_dp)
-    return mb, arg
+    return of_rank(arg), arg
 
 
 def offloaded_live(live: float, n: int, c: Choice) -> float:
@@ -1447,18 +1457,21 @@ def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape,
 
 @lru_cache(maxsize=8192)
 def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
-                 schedule: str | None = None, ep: int = 1) -> tuple[tuple[int, float, float, bool], ...]:
-    """(rank, parameters, in-flight layer units, holds the head) of the ranks that can be the heaviest
+                 schedule: str | None = None, ep: int = 1) -> tuple[tuple[int, float, float, bool, float], ...]:
+    """(rank, parameters, in-flight layer units, holds the head, expert parameters) of the ranks that can be the heaviest
     (`live`: each rank's peak of live layers, `peak_layers`).
 
     A rank's memory estimate rises with each of the three (the coefficients are >= 0, and rounding
     is monotone), and the scan keeps the first of equal estimates, so a rank that an earlier rank
     matches or exceeds in all three never wins: dropping it changes no answer.  Under 1F1B that
     leaves the first two ranks and the last."""
-    kept: list[tuple[int, float, float, bool]] = []
+    kept: list[tuple[int, float, float, bool, float]] = []
     for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule, ep)):
-        row = (r, shape.params, live[r], shape.head)
-        if not any(k[1] >= row[1] and k[2] >= row[2] and (k[3] or not row[3]) for k in kept):
+        row = (r, shape.params, live[r], shape.head, shape.expert_params)
+        # a mixture of experts: the dense and the expert parameters compared apart (their states shard over
+        # different groups, so neither total orders the ranks)
+        if not any(k[1] - k[4] >= row[1] - row[4] and k[4] >= row[4] and k[2] >= row[2] and (k[3] or not row[3])
+                   for k in kept):
             kept.append(row)
     return tuple(kept)
 

@@ -20,8 +20,9 @@ layer's MLP is a router (h·E) and E routed experts of width `moe_ffn_hidden` ea
 of which each token runs `top_k`, plus an optional always-on shared expert of width `shared_ffn` (Qwen2-MoE,
 DeepSeek: n_shared × moe width).  Expert parallelism (`ep`, cost.Choice) places E/ep whole experts on each
 rank (Megatron-Core's expert-tensor-parallel size 1); the attention, norms, router and shared expert split over
-TP as a dense layer's do.  Every layer is such a layer: models with dense layers among their MoE layers
-(DeepSeek's first_k_dense_replace, Qwen2-MoE's mlp_only_layers) are refused, not priced as uniform.
+TP as a dense layer's do.  Leading dense layers (`dense_layers`: DeepSeek's first_k_dense_replace) have a dense
+MLP of `ffn`; dense layers elsewhere among the MoE layers (Qwen2-MoE's mlp_only_layers) are refused, not priced
+as uniform.
 """
 
 from __future__ import annotations
@@ -525,9 +526,11 @@ def validate_moe(spec: ModelSpec) -> None:
     """A mixture of experts needs 2+ experts, a top-k among them and positive widths; a dense model none of the
     MoE fields."""
     if spec.experts == 0:
-        if spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers:
-            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers describe a mixture of "
-                             "experts: give --experts N (N >= 2 routed experts per layer) too")
+        if (spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers
+                or spec.route_groups or spec.route_group_topk):
+            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers/--router-groups/"
+                             "--router-group-topk describe a mixture of experts: give --experts N (N >= 2 routed "
+                             "experts per layer) too")
         return
     if spec.route_groups or spec.route_group_topk:
         if not (1 <= spec.route_group_topk < spec.route_groups and spec.experts % spec.route_groups == 0):

@@ -131,8 +131,9 @@ def _fmt(xs: list[int]) -> str:
 def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
     # GQA: tp splits the K/V heads (tp | kv) or replicates them (kv | tp), as Megatron-LM does
     mlp = model.shared_ffn if model.moe else model.ffn  # what TP splits of the MLP (a mixture of experts' shared expert)
+    dense = model.ffn if model.moe and model.dense_layers else 0  # and the dense MLP of its leading dense layers
     ok = [t for t in divisors(cluster.gpus)
-          if model.heads % t == 0 and mlp % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
+          if model.heads % t == 0 and mlp % t == 0 and dense % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
           and (limits.allow_inter_node_tp or (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0))]
     if fixed.tp is not None:
         if fixed.tp not in ok:
@@ -176,6 +177,14 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
         raise PlanError("--zero-stage 3 with a mixture of experts: ZeRO-3's per-layer gathers of expert-parallel "
                         "weights are not modelled; use --zero-stage 1 (Megatron-Core's distributed optimizer, as "
                         "its MoE recipes run) or 2", "--zero-stage")
+    if fixed.sequence_parallel is False and fixed.tp not in (None, 1):
+        raise PlanError(f"--no-sequence-parallel with --tp {fixed.tp} on a mixture of experts: Megatron-Core requires "
+                        "sequence parallelism when MoE runs with tensor parallelism (its token dispatchers take each "
+                        "TP rank's sequence shard); drop --no-sequence-parallel", "--sequence-parallel")
+    if fixed.dp_replicate not in (None, 1):
+        raise PlanError(f"--dp-replicate {fixed.dp_replicate} with a mixture of experts: sharding the expert states "
+                        "inside each replica and all-reducing expert gradients across replicas is not modelled; "
+                        "use --dp-replicate 1", "--dp-replicate")
     if cluster.profile is not None:
         raise PlanError("a mixture of experts on a calibrated host profile: par3d's runtime has no experts, so its "
                         "profile cannot price them; plan on a catalogue GPU (--gpu)", "--model")
@@ -309,6 +318,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 sps = []
         else:
             sps = [tp > 1 and local % tp == 0]
+        if model.moe and tp > 1 and sps != [True]:  # MoE with TP runs sequence parallelism (Megatron-Core's rule)
+            res.rejected["a mixture of experts with tp > 1 needs sequence parallelism (seq/cp divisible by tp)"] += 1
+            continue
         for sp, ep in [(sp, ep) for sp in sps for ep in ep_choices(model, tp, cp, dp, fixed, res.rejected)]:
             bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
             bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
@@ -591,7 +603,7 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
         rd = min(nd, nr)
-        head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt)
+        head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
         work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd)
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
