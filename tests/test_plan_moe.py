@@ -283,3 +283,35 @@ def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
     assert proj[4] == pytest.approx(compute.gemm_time(compute.Gemm("mtp_proj", 4096, 7168, 2 * 7168), cl.device,
                                                       cl.gemm_dtype))
     assert proj[4] < proj[1] / 3 and c1.gpus == c4.gpus
+
+
+def test_mla_down_projections_and_latent_gathers_under_sequence_parallelism():
+    """Megatron-Core's MLA under sequence parallelism (twenty-fourth round): each TP rank runs the whole down
+    projections on its s/tp tokens, keeps its shard of the latents, and the up projections all-gather the latents
+    (q_lora + kv_lora + rope channels) instead of the hidden state: the down projections' FLOPs, the stored latents
+    and the attention's TP time all shrink against the same layout without SP."""
+    from par3d.plan.cost import links, tp_collective
+    from par3d.plan.memory import layer_activation_bytes
+
+    ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
+                       seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+                       dense_layers=3, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128)
+    tok = 4096
+    off = {g.name: g for g in compute.layer_gemms(ds, 1, 4, 8)}
+    on = {g.name: g for g in compute.layer_gemms(ds, 1, 4, 8, sp=True)}
+    assert off["qkv_down"].m == tok and on["qkv_down"].m == tok // 4 and on["qkv"] == off["qkv"]
+    assert compute.layer_flops(ds, 1, 4, 8)[0] - compute.layer_flops(ds, 1, 4, 8, sp=True)[0] == pytest.approx(
+        2.0 * (tok - tok // 4) * (1536 + 512 + 64) * 7168)
+    lat = 2.0 * tok * (1536 + 512 + 64)  # bf16 bytes: 2 units of s·b per latent channel
+    assert layer_activation_bytes(ds, 1, 4, False, "none") - layer_activation_bytes(ds, 1, 4, True, "none") \
+        > lat * 3 / 4
+    cl = make_cluster("gb200", 64, dtype="bf16")
+    c = Choice(4, 4, 4, 1, 16, ep=8, zero_stage=1, sequence_parallel=True)
+    st = stage_times(ds, cl, c)
+    act = 4096 * 7168 * 2
+    ar = tp_collective(cl, c, act, links(cl, c).tp)
+    attn = tp_collective(cl, c, act * (7168 + 1536 + 512 + 64) / (2 * 7168), links(cl, c).tp)
+    from par3d.plan.cost import layout
+
+    n1 = layout(ds, 4).layers[1]  # MoE layers only: the attention's pair and the shared expert's, forward and backward
+    assert attn < ar and st.tp_comm[1] == pytest.approx(n1 * 2 * (attn + ar))

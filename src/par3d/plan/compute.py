@@ -160,7 +160,7 @@ def gemm_time(g: Gemm, dev: Device, dtype: str) -> float:
     return roofline(g, dev, dtype).time
 
 
-def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1) -> list[Gemm]:
+def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False) -> list[Gemm]:
     """The forward GEMMs of one decoder layer on one TP rank (Megatron column/row split).
 
     A mixture-of-experts layer (models.ModelSpec.moe) has, in place of the dense MLP, the router (its tokens'
@@ -168,13 +168,18 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1) -> list[Gemm]:
     (`batch`: one kernel, Megatron-Core's GroupedMLP / TE's grouped linear), each expert's M the tokens it
     receives under balanced routing: this rank's b·s/tp tokens (sequence parallelism shards them; experts are
     not TP-split) × top_k copies, spread over the E experts and gathered from the ep ranks -> b·s/tp·k·ep/E.
-    A shared expert is a dense MLP of its width (TP-split as one)."""
+    A shared expert is a dense MLP of its width (TP-split as one).
+
+    Multi-head latent attention's down projections are whole on every TP rank; under sequence parallelism each
+    rank runs them on its own s/tp tokens (Megatron-Core's MLASelfAttention: TELinear "duplicated" on the
+    sequence shard, the latents all-gathered by the column-parallel up projections)."""
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
     if model.mla:  # multi-head latent attention: the down projections whole on every TP rank, then Q's and K/V's
         # up projections and the output projection split by heads (Megatron-Core's MLASelfAttention)
         heads = model.heads // t
-        proj = [Gemm("qkv_down", tok, model.q_lora + model.kv_lora + model.rope_dim, h),
+        down = tok // t if sp and t > 1 else tok
+        proj = [Gemm("qkv_down", down, model.q_lora + model.kv_lora + model.rope_dim, h),
                 Gemm("qkv", tok, heads * model.qk_head, model.q_lora or h),
                 Gemm("kv_up", tok, heads * (model.head_dim + model.v_head_dim), model.kv_lora)]
     else:  # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
@@ -203,9 +208,9 @@ def head_gemm(model: ModelSpec, b: int, tp: int) -> Gemm:
     return Gemm("head", b * model.seq_len, -(-model.vocab // tp), model.hidden)
 
 
-def layer_flops(model: ModelSpec, b: int, tp: int, ep: int = 1) -> tuple[float, float]:
+def layer_flops(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False) -> tuple[float, float]:
     """(GEMM FLOPs of the projections and MLP, attention-core FLOPs), forward, per TP rank."""
-    gs = layer_gemms(model, b, tp, ep)
+    gs = layer_gemms(model, b, tp, ep, sp)
     core = sum(g.flops for g in gs if g.name.startswith("attn_") and g.name != "attn_out")
     return sum(g.flops for g in gs) - core, core
 
@@ -254,14 +259,15 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
         mlp_in, mlp_act = h * rep, model.ffn / t
     if model.mla:  # rotary on Q's and the shared K's rotary channels; the latents' norms (whole on every TP rank)
         by += 2 * tok * (model.heads * model.rope_dim / t + model.rope_dim) * d
-        by += 2 * tok * (model.q_lora + model.kv_lora) * d
+        by += 2 * tok * (model.q_lora + model.kv_lora) * d * rep  # (on the sequence shard under SP)
     elif not model.learned_pos:
         by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
         # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
-        latent = model.q_lora + model.kv_lora  # MLA's up projections' inputs (0 otherwise), whole on each TP rank
+        # MLA's up projections' inputs (0 otherwise), whole on each TP rank (cast on the sequence shard under SP)
+        latent = (model.q_lora + model.kv_lora) * rep
         by += 4 * tok * (h * rep + mlp_in + h / t + mlp_act + latent)
         if fp8_current:  # current scaling: each cast first reads its input for the amax ("two reads per
             # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
@@ -322,9 +328,9 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
                 fp8_block: bool = False, ep: int = 1) -> LayerTimes:
-    gs = layer_gemms(model, b, tp, ep)
+    gs = layer_gemms(model, b, tp, ep, sp)
     hg = head_gemm(model, b, tp)
-    gemm, core_f = layer_flops(model, b, tp, ep)
+    gemm, core_f = layer_flops(model, b, tp, ep, sp)
     shares = op_shares(model)
     if dev.kernel_model != "table":
         times = {g.name: gemm_time(g, dev, dtype) for g in gs}

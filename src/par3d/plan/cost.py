@@ -989,6 +989,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         lt_m = choice_layer_times(m, cluster, c)
         pairs = 1 if m.moe and not m.shared_ffn else 2
         tpf = tpb = pairs * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+        if m.mla and c.sequence_parallel and c.tp > 1:
+            # MLA under SP all-gathers the latents (Q's, or the hidden state without one, K/V's and the shared rotary
+            # channels) for its up projections instead of the hidden state; the output's reduce-scatter is as before
+            gathered = (m.q_lora or m.hidden) + m.kv_lora + m.rope_dim
+            tpf = tpb = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp) + (pairs - 1) * ar
         if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
             tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
             tpb = tp_overlap_exposed(m, cluster, c, ar / 2, forward=False)

@@ -158,10 +158,10 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # Q, projection input (4 units of s·b·q/t, q = heads · head_dim: h unless the heads have their own
     # width), K and V at this rank's K/V width (replicated when tp > kv)
     sbq = s * b * model.q_dim
-    # (MLA: Q at heads x its Q/K head width, the projection input at V's; the latents, whole on each TP rank,
-    # 2 units each, in `latents`)
+    # (MLA: Q at heads x its Q/K head width, the projection input at V's; the latents, whole on each TP rank (on its
+    # sequence shard under SP), 2 units each, in `latents`)
     sharded = 2.0 * sbq + 2.0 * s * b * model.o_dim + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
-    latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim)
+    latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim) / (t if sp else 1)  # SP: each rank's shard
     if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
         replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
         # projection input once more in fp8; fc2 input 2 -> 1 (MoE: each routed copy's fc1 and fc2 inputs)
