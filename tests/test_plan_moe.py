@@ -315,3 +315,21 @@ def test_mla_down_projections_and_latent_gathers_under_sequence_parallelism():
 
     n1 = layout(ds, 4).layers[1]  # MoE layers only: the attention's pair and the shared expert's, forward and backward
     assert attn < ar and st.tp_comm[1] == pytest.approx(n1 * 2 * (attn + ar))
+
+
+def test_multi_token_prediction_is_recomputed_as_every_layer():
+    """Under full recomputation of every layer the MTP module's layer is recomputed too (memory.rank_memory stores
+    it as a recomputed layer), its forward and its all-to-alls once more in the last stage's backward."""
+    from par3d.plan.cost import choice_layer_times, layout
+
+    base = dict(layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280, seq_len=4096,
+                ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3,
+                kv_lora=512, q_lora=1536, rope_dim=64, v_head=128)
+    ds = resolve_model(None, **base, mtp_layers=1)
+    cl = make_cluster("gb200", 256, dtype="fp8")
+    none, full = Choice(1, 16, 16, 1, 16, ep=16, zero_stage=1), Choice(1, 16, 16, 1, 16, ep=16, zero_stage=1,
+                                                                         recompute="full")
+    st0, st1 = stage_times(ds, cl, none), stage_times(ds, cl, full)
+    n_last = layout(ds, 16).layers[-1]
+    per_layer = choice_layer_times(ds, cl, full).fwd + ep_exchange(ds, cl, full)[0]
+    assert st1.b[-1] - st0.b[-1] == pytest.approx((n_last + 1) * per_layer)

@@ -1061,6 +1061,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         if mtp:  # each module's layer: its TP collectives and its all-to-alls
             f_tp, b_tp = f_tp + model.mtp_layers * tp_layer, b_tp + model.mtp_layers * tp_layer_b
             f_ep, b_ep = f_ep + model.mtp_layers * epf, b_ep + model.mtp_layers * epb
+            if c.recompute_layers == 0:  # recomputed as every layer is (memory.rank_memory stores its layer so)
+                br += model.mtp_layers * rec
+                b_tp, b_ep = b_tp + model.mtp_layers * rec_comm, b_ep + model.mtp_layers * rec_ep
         z3f = z3b = 0.0
         if c.zero_stage >= 3 and g > 1 and hier and cluster.zero3_unit == "submodule":
             if z3_units is None:  # the same sub-modules in every stage

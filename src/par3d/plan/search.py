@@ -604,7 +604,9 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
         rd = min(nd, nr)
         head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
-        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd)
+        mtp_rec = model.mtp_layers * rec if h and c.recompute_layers == 0 else 0.0  # (cost.stage_times)
+        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
+                    + mtp_rec)
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
