@@ -772,8 +772,9 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     HybridEP) dispatchers.  Exposed, unless `cluster.ep_comm_overlap` (Megatron-Core's
     `overlap_moe_expert_parallel_comm`): then each all-to-all runs beside another micro-batch's computation of
     the same layer and only what outlasts it, and the slowdown σ of the shared part, is added
-    (`overlapped`).  In 16 bits, but the forward dispatch in 8 (and a 4-byte fp32 scale per 128 elements: DeepEP's per-token-group FP8 quantization) under `cluster.ep_dispatch_fp8`
-    (DeepSeek-V3's, DeepEP's FP8 dispatch); the backward moves gradients, 16-bit.
+    (`overlapped`).  In 16 bits, but the forward dispatch in 8 under `cluster.ep_dispatch_fp8` (DeepSeek-V3's,
+    DeepEP's FP8 dispatch, with a 4-byte fp32 scale per 128 elements: its per-token-group quantization); the
+    backward moves gradients, 16-bit.
 
     `cluster.ep_dispatch` "dedup" (DeepEP, HybridEP: Megatron-Core's flex dispatcher) sends a token once to each
     remote node holding any of its experts and forwards it inside that node over NVLink: the NICs carry
@@ -988,12 +989,13 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         collectives, its EP all-to-alls, EP forward, EP backward)."""
         lt_m = choice_layer_times(m, cluster, c)
         pairs = 1 if m.moe and not m.shared_ffn else 2
-        tpf = tpb = pairs * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
+        attn = ar  # the attention's pair
         if m.mla and c.sequence_parallel and c.tp > 1:
             # MLA under SP all-gathers the latents (Q's, or the hidden state without one, K/V's and the shared rotary
             # channels) for its up projections instead of the hidden state; the output's reduce-scatter is as before
             gathered = (m.q_lora or m.hidden) + m.kv_lora + m.rope_dim
-            tpf = tpb = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp) + (pairs - 1) * ar
+            attn = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp)
+        tpf = tpb = attn + (pairs - 1) * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
         if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
             tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
             tpb = tp_overlap_exposed(m, cluster, c, ar / 2, forward=False)
@@ -1390,13 +1392,14 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
+    zero3_live = zero3_live_params(model, cluster, c)
 
     def of_rank(r: int) -> MemoryBreakdown:
         return rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
                            inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
                            sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                           zero3_live=zero3_live_params(model, cluster, c), optimizer_dtype=opts.optimizer_dtype,
+                           zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
                            per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
                            cross_entropy=cluster.cross_entropy,
                            expert_dp=c.expert_dp)
@@ -1405,9 +1408,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
         # are priced in full
-        priced = [(of_rank(r), r) for r, *_ in heavy]
-        best = max(priced, key=lambda x: x[0].total)  # the first of equal totals, as the estimate keeps
-        return best
+        return max(((of_rank(r), r) for r, *_ in heavy), key=lambda x: x[0].total)  # the first of equal totals
     arg, top = 0, -1.0
     for r, params, units, head, _ in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
@@ -1469,10 +1470,10 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
     """(rank, parameters, in-flight layer units, holds the head, expert parameters) of the ranks that can be the heaviest
     (`live`: each rank's peak of live layers, `peak_layers`).
 
-    A rank's memory estimate rises with each of the three (the coefficients are >= 0, and rounding
-    is monotone), and the scan keeps the first of equal estimates, so a rank that an earlier rank
-    matches or exceeds in all three never wins: dropping it changes no answer.  Under 1F1B that
-    leaves the first two ranks and the last."""
+    A rank's memory rises with its dense parameters, its expert parameters, its in-flight layer units and
+    holding the head (the coefficients are >= 0, and rounding is monotone), and the scan keeps the first of equal
+    estimates, so a rank that an earlier rank matches or exceeds in all four never wins: dropping it changes no
+    answer.  Under 1F1B that leaves the first two ranks and the last."""
     kept: list[tuple[int, float, float, bool, float]] = []
     for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule, ep)):
         row = (r, shape.params, live[r], shape.head, shape.expert_params)
