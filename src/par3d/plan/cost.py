@@ -1566,15 +1566,21 @@ def gather_exposed(need: list[float], g: float | list[float], sigma: float) -> f
 
 
 def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: float, b_dur: float,
-                  f_start: float, f_dur: float) -> list[tuple[float, float, float]]:
-    """A stage's gradient buckets as Megatron-Core's DDP forms them (issue 12's nineteenth round):
-    (ready, needed, parameters) -- one per layer, ready as its backward ends in the stage's last backward
-    [b_start, b_start + b_dur] and needed as its forward starts in the stage's first forward; the head's
-    parameters (the output layer unless tied, the final norm) ready first, at the backward's start, and
-    needed last; the embedding's (token embedding, learned positions) ready last, at the backward's end --
-    its gradient is complete only when the backward reaches the input -- and needed first.  Buckets fill
-    in that order by size (max(4·10⁷, 10⁶·dp) parameters), so a large embedding is a bucket of its own:
-    at a 131,072-token vocabulary and h = 2,048 it holds 15 % of the model."""
+                  f_start: float, f_dur: float, bucket: float = 0.0,
+                  whole: bool = False) -> list[tuple[float, float, float]]:
+    """A stage's gradient buckets as Megatron-Core's DDP forms them: (ready, needed, parameters).  Each
+    layer's gradients are ready as its backward ends in the stage's last backward [b_start, b_start + b_dur]
+    and its weights needed as its forward starts in the stage's first forward; the head's parameters (the
+    output layer unless tied, the final norm) are ready first, at the backward's start, and needed last; the
+    embedding's (token embedding, learned positions) ready last, at the backward's end -- its gradient is
+    complete only when the backward reaches the input -- and needed first (issue 12's nineteenth round).
+
+    `bucket` > 0 (issue 12's twenty-fifth round): they fill buckets in that order, a bucket closing once it
+    holds `bucket` parameters (DistributedDataParallelConfig.bucket_size; `dp_bucket`), ready when its last
+    member is and needed when its first is; what is left at the end is the last bucket.  `bucket` = 0: one
+    bucket per layer (and the head's, the embedding's apart).  `whole`: the stage is one bucket -- Megatron-LM's,
+    NeMo's and Megatron-Bridge's model chunks after a rank's first, built with `disable_bucketing` ("overlapped
+    with compute anyway")."""
     n = lay.layers[s]
     per_layer = model.layer_params_per_rank(c.tp, c.ep)
     # a mixture of experts' leading dense layers (the stage's first ones) hold their own parameter count
@@ -1588,7 +1594,35 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
         out.append((b_start + b_dur, f_start, model.embedding_params() / c.tp))
     if not out:
         out.append((b_start + b_dur, f_start, 0.0))
-    return out
+    if whole:
+        return [(max(t for t, _, _ in out), min(t for _, t, _ in out), sum(n for *_, n in out))]
+    if bucket <= 0:
+        return out
+    merged: list[tuple[float, float, float]] = []
+    ready, need, n_acc = 0.0, float("inf"), 0.0
+    for t, u, n in sorted(out):
+        ready, need, n_acc = max(ready, t), min(need, u), n_acc + n
+        if n_acc >= bucket:
+            merged.append((ready, need, n_acc))
+            ready, need, n_acc = 0.0, float("inf"), 0.0
+    if n_acc > 0 or not merged:
+        merged.append((ready if n_acc > 0 else b_start + b_dur, need if n_acc > 0 else f_start, n_acc))
+    return merged
+
+
+def dp_bucket(cluster: Cluster, c: Choice) -> tuple[float, bool]:
+    """(parameters per gradient bucket, whether a rank's later model chunks are one bucket each) for
+    `stage_buckets`.  By default Megatron-Core's DDP: buckets of max(4·10⁷, 10⁶ · the DP×CP group's size)
+    parameters (DistributedDataParallelConfig.bucket_size when unset: larger groups get larger buckets so that
+    their collectives stay bandwidth-bound) and, as Megatron-LM's, NeMo's and Megatron-Bridge's `get_model`
+    build them, bucketing off for every model chunk after the first.  PyTorch FSDP (`cluster.fsdp`): one
+    bucket per wrapped unit, a layer.  `cluster.dp_bucket_params` given (`--dp-bucket-params`): buckets of that
+    many parameters (0: one per layer), every chunk bucketed alike."""
+    if cluster.dp_bucket_params is not None:
+        return float(cluster.dp_bucket_params), False
+    if cluster.fsdp:
+        return 0.0, False
+    return max(4e7, 1e6 * c.dp * c.cp), True
 
 
 def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
@@ -1614,9 +1648,10 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     split = c.schedule in SPLIT_BACKWARD
     overlap_red, overlap_gather = cluster.overlap_grad_reduce, cluster.overlap_param_gather
     lay = layout(model, c.pp * c.virtual_stages)
+    bucket, chunked = dp_bucket(cluster, c)
     worst = 0.0
     last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
-    costs: dict[float, tuple[float, float]] = {}  # ranks of equal size reduce alike (the search's speed)
+    costs: dict[tuple[float, float], tuple[float, float]] = {}  # ranks of equal shape reduce alike (the search's speed)
     bounded: set[tuple[float, tuple[int, ...], bool]] = set()  # the bound: ranks alike in these expose alike
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
@@ -1625,9 +1660,9 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             if (g, shape.layers, has0) in bounded:
                 continue
             bounded.add((g, shape.layers, has0))
-        hit = costs.get(g)
+        dense, experts = shape.params - shape.expert_params, shape.expert_params
+        hit = costs.get((dense, experts))
         if hit is None:
-            dense, experts = shape.params - shape.expert_params, shape.expert_params
             red = (grad_collective(cluster, c, "all_reduce", gbytes * dense) if c.zero_stage == 0
                    else sharded_grad_reduce(cluster, c, gbytes * dense))
             gather = (grad_collective(cluster, c, "all_gather", wbytes * dense, group="shard")  # updated weights
@@ -1637,7 +1672,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                                               gbytes * experts)
                 if c.zero_stage >= 1:
                     gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
-            hit = costs[g] = (red, gather)
+            hit = costs[(dense, experts)] = (red, gather)
         red, gather = hit
         per = 1.0 / max(shape.params, 1e-30)  # a bucket's share of the rank's reduction and gather: its parameters'
         if marks is not None:
@@ -1645,7 +1680,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             items = []
             for s in lists[r]:
                 d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
-                items += stage_buckets(model, c, lay, s, e - d, d, f0, st.f[s])
+                items += stage_buckets(model, c, lay, s, e - d, d, f0, st.f[s], bucket,
+                                        chunked and s != lists[r][0])
             ready = sorted((t, red * n * per) for t, _, n in items)
             need = sorted((t, gather * n * per) for _, t, n in items)
             exposed = reduce_exposed([t for t, _ in ready], [x for _, x in ready], end, sigma) if overlap_red else red
@@ -1655,7 +1691,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         else:  # the bound: σ·total + (1 − σ)·X₀ per queue, X₀ from stage 0's buckets where this rank has them
             x_red = x_gather = 0.0
             if has0:
-                items = stage_buckets(model, c, lay, 0, 0.0, st.b[0], 0.0, st.f[0])
+                items = stage_buckets(model, c, lay, 0, 0.0, st.b[0], 0.0, st.f[0], bucket)
                 if not split:  # stage 0's last backward [T − b, T], here [0, b]
                     ready = sorted((t, red * n * per) for t, _, n in items)
                     x_red = reduce_exposed([t for t, _ in ready], [x for _, x in ready], st.b[0], 0.0)
@@ -1663,7 +1699,9 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                smallest = min(n for s in lists[r] for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0))
+                smallest = min(n for s in lists[r]
+                               for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
+                                                                chunked and s != lists[r][0]))
                 last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red

@@ -46,7 +46,7 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
     v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
-    the fit was first run, and not changed after): 0.8560 BF16 (= 681 of MAMF 795), 0.8339 FP8 (= 1170 of
+    the fit was first run, and not changed after): 0.8556 BF16 (= 680 of MAMF 795), 0.8338 FP8 (= 1170 of
     1403; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
     before its sixteenth round gave attention the same in-step discount, hardware.attn_sustain_of; 0.8544 and
@@ -54,15 +54,16 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     which the calibration rows (NeMo 1.0: Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
     0.8288 before its nineteenth round gave GEMMs shallower than K = 4,096 their measured depth curve,
     compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, cost.stage_buckets; 0.8476 and 0.8207
-    before its twentieth set the overlap slowdown to a measured 18.9 %, hardware.OVERLAP_SLOWDOWN).  Those twelve
+    before its twentieth set the overlap slowdown to a measured 18.9 %, hardware.OVERLAP_SLOWDOWN; 0.8560 and
+    0.8339 before its twenty-fifth sized the DP buckets as Megatron-Core's DDP does, cost.dp_bucket).  Those twelve
     rows are in sample; every other H100 row is held out.  What the FP8 number
     holds beyond the clock (TE's casts and amax bookkeeping as priced in compute.py may fall short) is
     not separated: it is the H100's FP8 step as the table's runs sustain it.  Reproduce with
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
   * The **training factor** (issue 12's twelfth round; `training_factor`): the H100's fitted ratio over the H200's
     measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the quotient is what a training step
-    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8560 / 0.888 = 0.964 (BF16),
-    0.8339 / 0.888 = 0.939 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
+    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8556 / 0.888 = 0.964 (BF16),
+    0.8338 / 0.888 = 0.939 (FP8).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
     multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.798
     (BF16) and 0.782 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
@@ -82,7 +83,8 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     faster than the GB200 at equal dense peaks and the same recipe (70B: the same layout).  Set as one number -- a
     sustained clock, dtype-blind; the rows are FP8 and attention (BF16) moves with it -- so that Megatron-Bridge's
     first GB300 table (its three 25.11 rows: 8B, 70B, 405B; `validation.gb300_sustained_rows`, the rule fixed before
-    the fit was first run) averages zero error: 0.9455.  Every later release's GB300 row, the MXFP8 ones and MLPerf's
+    the fit was first run) averages zero error: 0.9453 (0.9455 before issue 12's twenty-fifth round sized the DP
+    buckets, cost.dp_bucket).  Every later release's GB300 row, the MXFP8 ones and MLPerf's
     are held out; MLPerf v5.1's 8B runs on the GB300 disagree (one submission +7 %, another of the same config +17 %
     after the fit, within before it).
   * GH200 (the 96 GB module, `gh200`): **fitted** (issue 12's twenty-second round; `FITTED_SUSTAINED`).  No MSMF is
@@ -92,7 +94,8 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     set power limit of 660 W", the Grace CPU and its LPDDR5X included).  Set per dtype, as the H100's, so that
     declared calibration rows average zero error: OpenEuroLLM's 32B strong-scaling runs on 32, 64 and 128 GH200 of
     JUPITER (`validation.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
-    the fit was first run): 0.6174 BF16, 0.4927 FP8 (fitted after BF16: attention's in-step discount moves with the
+    the fit was first run): 0.6173 BF16, 0.4925 FP8 (0.6174 and 0.4927 before issue 12's twenty-fifth round sized
+    the DP buckets, cost.dp_bucket; fitted after BF16: attention's in-step discount moves with the
     BF16 ratio).  It holds what those modules sustain at their sites' power caps and what that stack's FP8 costs
     beyond its GEMMs, not a property of the die; Apertus's nine runs (Alps, another site and software) are the
     held-out test.  `gh200-144gb` (the HBM3e module, up to 1000 W, Bekman's measured unit) keeps the H200's measured
@@ -169,9 +172,9 @@ SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb"
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200
 # and the GB300 have no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
-FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.856, ("h100", "fp8"): 0.8339,
-                                                   ("gh200", "bf16"): 0.6174, ("gh200", "fp8"): 0.4927,
-                                                   ("gb300", "bf16"): 0.9455, ("gb300", "fp8"): 0.9455}
+FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8556, ("h100", "fp8"): 0.8338,
+                                                   ("gh200", "bf16"): 0.6173, ("gh200", "fp8"): 0.4925,
+                                                   ("gb300", "bf16"): 0.9453, ("gb300", "fp8"): 0.9453}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and
 # attention, which runs in BF16, moves with it): the fit uses all their rows (validation.fit_sustained)
 SHARED_SUSTAINED: frozenset[str] = frozenset({"gb300"})

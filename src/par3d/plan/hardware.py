@@ -112,8 +112,9 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # (docs/planner.md §9).  `Cluster.fsdp` turns it on.  6.5 ms until issue 12's seventeenth round, whose loss pricing
 # (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
 # logit cost before) moved its calibration rows; 6.9 ms until its nineteenth round gave shallow GEMMs their measured
-# depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN).
-FSDP_UNIT_S = 7.2e-3
+# depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN); 7.2 ms until
+# its twenty-fifth sized Megatron-Core's DP buckets, which refitted the H100's sustained ratios (the rows are H100's).
+FSDP_UNIT_S = 7.1e-3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
@@ -549,6 +550,10 @@ class Cluster:
     # one SKU, and per-step jitter); a synchronous step runs at its slowest GPU's pace (cost.straggler_factor).
     # None: gemm_table.STEP_SPREAD on hierarchical (catalogue-GPU) clusters, 0 on flat/calibrated ones
     straggler_cv: float | None = None
+    # parameters per DP gradient bucket (cost.dp_bucket, cost.stage_buckets): None, Megatron-Core's DDP default
+    # (max(4·10⁷, 10⁶ · dp·cp), a rank's later model chunks one bucket each; FSDP: one per layer); a number, buckets
+    # of that size (DeepSpeed's reduce_bucket_size, PyTorch DDP's bucket_cap_mb / 2 B); 0, one bucket per layer
+    dp_bucket_params: float | None = None
 
     @property
     def step_spread(self) -> float:

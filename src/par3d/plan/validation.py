@@ -87,6 +87,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    fp8_scaling=str(row.get("fp8_scaling", "delayed")),
                    fp8_param_gather=bool(row.get("fp8_param_gather", False)),
                    offload_layers=int(row.get("offload_layers", 0)),
+                   dp_bucket_params=(None if row.get("dp_bucket_params") is None
+                                     else float(row["dp_bucket_params"])),
                    cross_entropy=ce)
 
 
