@@ -1162,3 +1162,93 @@ def test_dp_buckets_follow_megatron_cores_order(name, tp, pp):
             if lay.head[s]:
                 head = [it for it in mine if it[0] == 10.0]
                 assert head and head[0][1] == 1.0
+
+
+def test_dp_buckets_take_megatron_cores_size():
+    """cost.dp_bucket / stage_buckets (issue 12's twenty-fifth round): Megatron-Core's DDP fills buckets of
+    max(4e7, 1e6 x DP x CP) parameters in the backward's order and builds a rank's later model chunks as one bucket
+    each; FSDP keeps one bucket per layer and --dp-bucket-params sets the size.  Parameters are conserved, each bucket
+    closes at the first member that reaches the size, a bucket is ready with its last member and needed with its
+    first, the exposed tail of a one-micro-batch step grows with DP (larger buckets) where per-layer buckets keep it
+    flat, and the search's bound stays under the schedule's tail."""
+    from par3d.plan.cost import (
+        dp_bucket,
+        dp_tail,
+        layout,
+        rank_shapes,
+        rank_stage_lists,
+        schedule_marks,
+        stage_buckets,
+        stage_times,
+    )
+
+    model = CATALOGUE["llama3-8b"]
+    cl = make_cluster("h100-sxm", 1024, 8)
+    c = Choice(tp=8, pp=1, dp=128, micro_batch=1, microbatches=1, schedule="1f1b", virtual_stages=1,
+               recompute="none", zero_stage=1, sequence_parallel=True)
+    assert dp_bucket(cl, c) == (1.28e8, True)
+    assert dp_bucket(cl, replace(c, dp=16)) == (4e7, True)  # the floor
+    assert dp_bucket(cl, replace(c, dp=32, cp=4)) == (1.28e8, True)  # DP x CP: the group that reduces
+    assert dp_bucket(replace(cl, fsdp=True), c) == (0.0, False)
+    assert dp_bucket(replace(cl, dp_bucket_params=5e8), c) == (5e8, False)
+    lay = layout(model, 1)
+    per_layer = stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0)
+    sized = stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0, 1.28e8)
+    total = sum(n for *_, n in per_layer)
+    assert sum(n for *_, n in sized) == pytest.approx(total, rel=1e-12)
+    assert model.layer_params_per_rank(8) < 1.28e8 and len(sized) < len(per_layer) / 2  # layers merge
+    order = sorted(per_layer)
+    k = 0
+    for i, (ready, need, n) in enumerate(sized):  # each bucket: consecutive members, closed at the size
+        members = []
+        while sum(x for *_, x in members) < 1.28e8 and k < len(order):
+            members.append(order[k])
+            k += 1
+        assert n == pytest.approx(sum(x for *_, x in members), rel=1e-12)
+        assert ready == max(t for t, _, _ in members) and need == min(u for _, u, _ in members)
+        assert i == len(sized) - 1 or n >= 1.28e8
+    assert k == len(order)
+    whole = stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0, 1.28e8, whole=True)
+    assert whole == [(12.0, 0.0, pytest.approx(total, rel=1e-12))]
+    assert stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0, 0.0) == per_layer
+
+    def tail(cluster, dp):
+        ci = replace(c, dp=dp)
+        st = stage_times(model, cluster, ci)
+        return dp_tail(model, cluster, ci, st, schedule_marks(st, ci))
+
+    layered = replace(cl, dp_bucket_params=0.0)
+    assert tail(cl, 128) > 1.2 * tail(cl, 32)  # 128 M against 40 M parameters in the last bucket
+    assert tail(layered, 128) == pytest.approx(tail(layered, 32), rel=0.05)
+    assert tail(cl, 32) >= tail(layered, 32)
+    # an interleaved rank: its later chunks one bucket each (Megatron-LM's disable_bucketing), none under a size
+    ci = Choice(8, 4, 32, 1, 8, "interleaved", 2, "none", 1, True, 1)
+    lists = rank_stage_lists("interleaved", 4, 2)
+    bucket, chunked = dp_bucket(cl, ci)
+    assert len(rank_shapes(model, 8, 4, 2, "interleaved")) == len(lists) == 4
+    for r in range(4):
+        later = [stage_buckets(model, ci, layout(model, 8), s, 0.0, 1.0, 0.0, 1.0, bucket, chunked and s != lists[r][0])
+                 for s in lists[r][1:]]
+        assert all(len(b) == 1 for b in later)
+    # the search's bound never exceeds the tail the schedule charges, with buckets merged
+    for sched, pp, v in (("1f1b", 1, 1), ("1f1b", 4, 1), ("interleaved", 4, 2), ("zb-h1", 4, 1), ("zb-v", 4, 2)):
+        for dp, zero in ((32, 1), (256 // pp, 2), (8, 0)):
+            cx = Choice(8, pp, dp, 1, 2 * pp, sched, v, "none", zero, True, 1)
+            stx = stage_times(model, cl, cx)
+            assert dp_tail(model, cl, cx, stx) <= dp_tail(model, cl, cx, stx, schedule_marks(stx, cx)) * (1 + 1e-9)
+
+
+def test_dp_bucket_params_flag(capsys):
+    """--dp-bucket-params sets the buckets' size (0: one per layer) and refuses a negative count by name."""
+    from par3d.cli import main
+
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "1024", "--global-batch", "1024", "--tp", "8",
+            "--pp", "1", "--micro-batch", "1", "--json"]
+    steps = []
+    for extra in ([], ["--dp-bucket-params", "0"]):
+        assert main([*base, *extra]) == 0
+        steps.append(json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"])
+    assert steps[0] > steps[1]  # Megatron-Core's 128 M-parameter buckets expose more than one layer's
+    with pytest.raises(SystemExit):
+        main([*base, "--dp-bucket-params", "-1"])
+    assert "--dp-bucket-params: -1.0 must be a parameter count >= 0" in capsys.readouterr().err
