@@ -1252,3 +1252,25 @@ def test_dp_bucket_params_flag(capsys):
     with pytest.raises(SystemExit):
         main([*base, "--dp-bucket-params", "-1"])
     assert "--dp-bucket-params: -1.0 must be a parameter count >= 0" in capsys.readouterr().err
+
+
+def test_export_variants_are_their_base_gpu_with_a_slower_nvlink(capsys):
+    """--gpu h800 / a800 (NVIDIA's export variants): the H100 SXM's / A100 80GB's device, with NVLink at 200 GB/s per
+    direction (their datasheets' 400 GB/s bidirectional); --intra-node-bw still overrides it; a plan on them is
+    slower where TP crosses NVLink, and an unknown name lists them."""
+    from par3d.cli import main
+    from par3d.plan.hardware import GB, HardwareError, get_device
+
+    for variant, base in (("h800", "h100-sxm"), ("A800", "a100-80gb")):
+        cl, ref = make_cluster(variant, 64, 8), make_cluster(base, 64, 8)
+        assert get_device(variant) is get_device(base) and cl.device == ref.device
+        assert cl.intra.beta == 200 * GB < ref.intra.beta and cl.inter == ref.inter
+        assert make_cluster(variant, 64, 8, intra_bw_gbps=300).intra.beta == 300 * GB
+    with pytest.raises(HardwareError, match="h800"):
+        get_device("h900")
+    steps = {}
+    for gpu in ("h100", "h800"):
+        assert main(["plan", "--model", "llama3-70b", "--gpu", gpu, "--gpus", "64", "--global-batch", "256",
+                     "--tp", "8", "--pp", "1", "--json"]) == 0
+        steps[gpu] = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
+    assert steps["h800"] > steps["h100"]

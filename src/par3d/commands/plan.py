@@ -157,7 +157,8 @@ def register(sub) -> None:
     g.add_argument("--gpu", default="a100-80gb",
                    help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200 (GB200 NVL72), b300, "
                         "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3, 4 per node; its sustained GEMM rate fitted to "
-                        "power-capped HPC systems' runs), gh200-144gb "
+                        "power-capped HPC systems' runs), gh200-144gb; the export variants h800 and a800 are the "
+                        "h100-sxm and a100-80gb with NVLink at 200 GB/s per direction (their datasheets' 400 GB/s) "
                         "(default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,

@@ -626,15 +626,26 @@ class Cluster:
         }
 
 
+# Export variants: the catalogue GPU's die, memory and clocks with a slower NVLink (NVIDIA's H800 SXM5 and A800 SXM4
+# 80GB datasheets: NVLink 400 GB/s bidirectional, against the H100's 900 and the A100's 600), i.e. 200 GB/s per
+# direction per GPU: (the catalogue GPU, NVLink GB/s per direction).  `make_cluster` gives them that link; everything
+# else -- GEMM tables, fitted sustained ratios, attention, NICs -- is the base GPU's, so a plan on them is scored by
+# the base GPU's evidence (DeepSeek-V3's H800 row, validation.toml, is priced this way).
+EXPORT_VARIANTS: dict[str, tuple[str, float]] = {"h800": ("h100-sxm", 200.0), "h800-sxm": ("h100-sxm", 200.0),
+                                                 "a800": ("a100-80gb", 200.0), "a800-80gb": ("a100-80gb", 200.0)}
+
+
 def device_names() -> list[str]:
     return sorted(DEVICES)
 
 
 def get_device(name: str) -> Device:
+    """The catalogue device of a GPU name (an alias, or an export variant's base GPU)."""
     key = ALIASES.get(name.lower(), name.lower())
+    key = EXPORT_VARIANTS[key][0] if key in EXPORT_VARIANTS else key
     if key not in DEVICES:
-        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(device_names())} "
-                            f"or describe it in a --hardware file")
+        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(device_names())} (or an export "
+                            f"variant: {', '.join(sorted(EXPORT_VARIANTS))}) or describe it in a --hardware file")
     return DEVICES[key]
 
 
@@ -674,6 +685,9 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | Non
         dev = replace(dev, efficiency=efficiency, gemm={})
     li, le = DEFAULT_LINKS[dev.name]
     intra, inter = LINKS[li], LINKS[le]
+    variant = EXPORT_VARIANTS.get(ALIASES.get(gpu.lower(), gpu.lower()))
+    if intra_bw_gbps is None and variant is not None:  # an export variant's NVLink, unless the caller gives one
+        intra_bw_gbps = variant[1]
     if intra_bw_gbps is not None:
         intra = replace(intra, name=f"{intra.name}@{intra_bw_gbps:g}GBps", beta=intra_bw_gbps * GB)
     if nic_bw_gbps is not None:
@@ -850,6 +864,6 @@ def describe(c: Cluster) -> str:
             f"inter {c.inter.beta / GB:g} GB/s per GPU ({c.nics} NICs/node) α={c.inter.alpha / US:g} µs")
 
 
-__all__ = ["Cluster", "Device", "Link", "DEVICES", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
+__all__ = ["Cluster", "Device", "Link", "DEVICES", "EXPORT_VARIANTS", "LINKS", "GB", "GiB", "TFLOPS", "US", "HardwareError",
            "get_device", "make_cluster", "load_hardware_file", "hardware_from_dict", "describe",
            "gemm_entry_from_points", "calibrated_gemm_share", "SEED_EFFICIENCY"]
