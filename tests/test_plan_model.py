@@ -1274,3 +1274,56 @@ def test_export_variants_are_their_base_gpu_with_a_slower_nvlink(capsys):
                      "--tp", "8", "--pp", "1", "--json"]) == 0
         steps[gpu] = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
     assert steps["h800"] > steps["h100"]
+
+
+def test_pipeline_layout_cuts_the_model_as_given(capsys):
+    """--pipeline-layout (models.ModelSpec.pipeline_split, Megatron-Core's pipeline_model_parallel_layout): the plan is
+    priced with the given layers per chunk (the first with the embedding, the last with the head and loss); passing
+    the planner's own partition prices the same plan; a lopsided cut is slower and heavier; the JSON names every plan's chunk layers; bad layouts are refused by name
+    before the search."""
+    from par3d.cli import main
+    from par3d.plan.cost import layout
+    from par3d.plan.models import split_error
+
+    model = CATALOGUE["llama3-70b"]
+    cut = replace(model, pipeline_split=(20, 20, 20, 20))
+    lay = layout(cut, 4)
+    assert lay.layers == (20, 20, 20, 20) and lay.embed == (True, False, False, False)
+    assert lay.head == (False, False, False, True)
+    with pytest.raises(ValueError, match="4 chunks, the schedule 8"):
+        layout(cut, 8)
+    edge = layout(replace(model, pipeline_split=(0, 40, 40, 0)), 4)  # the embedding and the head alone
+    assert edge.layers == (0, 40, 40, 0) and edge.embed[0] and edge.head[3]
+    assert split_error(80, (20, 20, 20, 20)) is None and "sum to 60" in split_error(80, (20, 20, 20))
+    assert "chunk 1 holds no layer" in split_error(80, (40, 0, 20, 20))
+    base = ["plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "256", "--tp", "8",
+            "--pp", "4", "--virtual-stages", "1", "--schedule", "1f1b", "--micro-batch", "1", "--recompute", "none",
+            "--zero-stage", "1", "--json"]
+
+    def plan(*extra):
+        assert main([*base, *extra]) == 0
+        return json.loads(capsys.readouterr().out)["plans"][0]
+
+    own = plan()
+    assert own["chunk_layers"] == list(layout(model, 4).layers) and sum(own["chunk_layers"]) == 80
+    again = plan("--pipeline-layout", ",".join(map(str, own["chunk_layers"])))
+    assert again["step_time_s"] == pytest.approx(own["step_time_s"], rel=1e-12)
+    lopsided = plan("--pipeline-layout", "26,18,18,18")  # one stage of 26 layers sets the pipeline's pace
+    assert lopsided["chunk_layers"] == [26, 18, 18, 18] and lopsided["step_time_s"] > 1.1 * own["step_time_s"]
+    assert lopsided["memory_gib"]["weights"] > own["memory_gib"]["weights"]  # the first stage holds 26 layers
+    # refused before the search: the sum, an empty middle chunk, no --pp, a chunk count pp x v does not give,
+    # --emit-config (par3d train partitions by itself)
+    for extra, want in ((["--pipeline-layout", "20,20,20"], "sum to 60"),
+                        (["--pipeline-layout", "40,0,20,20"], "chunk 1 holds no layer"),
+                        (["--pipeline-layout", "10,10,10,10,10,10,10,10"], "8 chunks, but --pp 4 x --virtual-stages 1"),
+                        (["--pipeline-layout", "20,20,20,20", "--emit-config", "/tmp/x.json"], "--emit-config")):
+        assert main([*base, *extra]) != 0
+        assert want in capsys.readouterr().err
+    assert main(["plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "256",
+                 "--pipeline-layout", "20,20,20,20"]) != 0
+    assert "needs --pp" in capsys.readouterr().err
+    # with the virtual stages searched, only pp x v = the layout's chunks are tried
+    assert main(["plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "256",
+                 "--tp", "8", "--pp", "2", "--pipeline-layout", "20,20,20,20", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["pp"] * p["virtual_stages"] == 4 and p["chunk_layers"] == [20] * 4 for p in plans)

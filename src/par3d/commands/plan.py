@@ -84,6 +84,17 @@ def _bucket_params(text: str) -> float:
     return v
 
 
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts, e.g. "
+                                         f"31,32,32,31") from None
+    if any(n < 0 for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: layer counts must be >= 0")
+    return counts
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
@@ -308,6 +319,13 @@ def register(sub) -> None:
                    help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
                         "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
                         "implies --recompute full")
+    g.add_argument("--pipeline-layout", type=_layer_counts, default=None, metavar="N,N,...",
+                   help="layers of each pipeline chunk in model order, pp x virtual-stages counts (the first chunk "
+                        "also holds the embedding, the last the output head and loss; those two may be 0), as "
+                        "Megatron-Core's --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers "
+                        "cut the model, e.g. 31,32,32,31 for 126 layers on pp 4 with the embedding and the loss "
+                        "counted as a layer each; needs --pp (and --virtual-stages when > 1). Default: the planner's "
+                        "balanced partition (layers and the head weighed by their FLOPs)")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
     g.add_argument("--dp-replicate", type=_int_at_least(1),
                    help="HSDP: split the DP group into this many replicas; ZeRO shards its states inside each "
@@ -475,6 +493,42 @@ def _schedule_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _chunk_layers(model, c) -> list[int]:
+    """The layers of each pipeline chunk the plan is priced with, in model order (what --pipeline-layout takes, and
+    Megatron-Core's per-stage layer counts)."""
+    from par3d.plan.cost import layout
+
+    return list(layout(model, c.pp * c.virtual_stages).layers)
+
+
+def _with_layout(model, args: argparse.Namespace):
+    """The model cut as --pipeline-layout says (models.ModelSpec.pipeline_split), checked against the model and the
+    fixed --pp / --virtual-stages before anything is searched."""
+    from dataclasses import replace
+
+    from par3d.plan.models import split_error
+
+    split = tuple(args.pipeline_layout)
+    flag = f"--pipeline-layout {','.join(map(str, split))}"
+    why = split_error(model.layers, split)
+    if why:
+        raise UsageError(f"{flag}: {why}")
+    if args.pp is None:
+        raise UsageError(f"{flag} needs --pp: the layout cuts the model into pp x virtual-stages chunks; add --pp "
+                         f"{len(split)} (one chunk per stage) or --pp P --virtual-stages {len(split)}/P")
+    v = args.virtual_stages or (len(split) // args.pp if len(split) % args.pp == 0 else 1)  # unset: as the layout says
+    if args.pp * v != len(split):
+        raise UsageError(f"{flag}: {len(split)} chunks, but --pp {args.pp} x --virtual-stages {v} = {args.pp * v}; "
+                         f"give {args.pp * v} counts or set --virtual-stages {len(split) // args.pp}"
+                         if len(split) % args.pp == 0 else
+                         f"{flag}: {len(split)} chunks, but --pp {args.pp} x --virtual-stages {v} = {args.pp * v}; "
+                         f"give pp x virtual-stages counts")
+    if args.emit_config:
+        raise UsageError(f"{flag} with --emit-config: par3d train cuts its pipeline with its own balanced partition; "
+                         "drop --pipeline-layout or --emit-config")
+    return replace(model, pipeline_split=split)
+
+
 def _check_fixed(args: argparse.Namespace, model, cluster) -> None:
     n = cluster.gpus
     for flag, v in (("--tp", args.tp), ("--cp", args.cp), ("--pp", args.pp), ("--dp", args.dp)):
@@ -610,6 +664,8 @@ def _run(args: argparse.Namespace) -> int:
                               args.router_groups, args.router_group_topk)
     except ModelError as e:
         raise UsageError(str(e)) from None
+    if args.pipeline_layout:
+        model = _with_layout(model, args)
     cluster = _cluster(args)
     if model.moe and args.emit_config:
         raise UsageError(f"--emit-config with a mixture of experts ({model.experts} experts): par3d train has no "
@@ -662,7 +718,8 @@ def _run(args: argparse.Namespace) -> int:
                           "usable_gib": opts.capacity(cluster) / 2**30},
                # each plan with the regimes of the validation set it falls in, and the model's errors there
                # (where the GPU's evidence applies: `regime_evidence_of`)
-               "plans": [{**p.to_dict(), "regimes": regimes(p.choice)} for p in res.plans],
+               "plans": [{**p.to_dict(), "chunk_layers": _chunk_layers(model, p.choice), "regimes": regimes(p.choice)}
+                         for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,
                "search": {"considered": res.considered, "simulated": res.simulated,
@@ -794,6 +851,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    "ranks them anyway: memory.py says they do not fit)")
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
+    if best.choice.pp > 1:  # the cut the plan is priced with, in the form --pipeline-layout takes
+        how = "as --pipeline-layout gives" if model.pipeline_split else "the planner's partition; --pipeline-layout sets one"
+        out.append(f"layout:   layers per pipeline chunk {','.join(map(str, _chunk_layers(model, best.choice)))} ({how})")
     out.append(_evidence_line(cluster, model.moe))
     out += _regime_lines(cluster, best.choice)
     c = best.choice

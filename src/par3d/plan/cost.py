@@ -237,11 +237,21 @@ class Layout:
 def layout(model: ModelSpec, chunks: int) -> Layout:
     # (the multi-token-prediction modules weigh on the head's stage, which the partition then gives fewer layers, as
     # Megatron-Bridge's DeepSeek-V3 layouts do: "...|tmL", one layer beside the MTP module and the loss)
-    part = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
-                         model.mtp_layers)
+    if model.pipeline_split:  # the layout given (Megatron-Core's pipeline_model_parallel_layout), not the partition's
+        split = model.pipeline_split
+        if len(split) != chunks:
+            raise ValueError(f"pipeline layout {','.join(map(str, split))} has {len(split)} chunks, the schedule "
+                             f"{chunks} (pp × virtual stages)")
+        starts = [1 + sum(split[:i]) for i in range(chunks)]
+        bounds = [(a, a + n) for a, n in zip(starts, split)]
+        bounds[0] = (0, bounds[0][1])
+        bounds[-1] = (bounds[-1][0], model.layers + 2)
+    else:
+        bounds = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
+                               model.mtp_layers).bounds
     last = model.layers + 1
     layers, embed, head, dense = [], [], [], []
-    for a, b in part.bounds:
+    for a, b in bounds:
         layers.append(sum(1 for u in range(a, b) if 1 <= u <= model.layers))
         dense.append(sum(1 for u in range(a, b) if 1 <= u <= model.dense_layers))
         embed.append(a == 0)

@@ -36,6 +36,25 @@ class ModelError(ValueError):
     """A model description that cannot be used; the message names the flag and a fix."""
 
 
+def split_error(layers: int, split: tuple[int, ...]) -> str | None:
+    """Why `split` (layers per pipeline chunk, in model order) cannot cut a model of `layers` layers, or None: the
+    counts sum to the layers, none is negative, and every chunk but the first (which may hold the embedding alone)
+    and the last (the head and loss alone) holds a layer."""
+    if not split:
+        return None
+    if any(n < 0 for n in split):
+        return f"layer counts must be >= 0, got {', '.join(map(str, split))}"
+    if sum(split) != layers:
+        return f"the counts sum to {sum(split)}, the model has {layers} layers: give counts that sum to {layers}"
+    empty = [i for i, n in enumerate(split) if n == 0 and 0 < i < len(split) - 1]
+    if empty:
+        return (f"chunk {empty[0]} holds no layer: only the first chunk (the embedding alone) and the last (the "
+                f"head and loss alone) may be empty")
+    if len(split) == 1 and split[0] == 0:
+        return "one chunk must hold the layers"
+    return None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -70,6 +89,11 @@ class ModelSpec:
     q_lora: int = 0  # the Q latent's rank (0: Q projected from the hidden state directly)
     rope_dim: int = 0  # the rotary channels of each Q/K head (MLA), one K rotary part shared by the heads
     v_head: int | None = None  # V's channels per head (MLA; None: head_dim)
+    # the layers of each pipeline chunk in model order (pp × virtual stages of them; the first also holds the
+    # embedding, the last the output head and loss), as Megatron-Core's TransformerConfig sets them
+    # (pipeline_model_parallel_layout, num_layers_in_first/last_pipeline_stage); (): the planner's balanced
+    # partition (pipeline/partition.py).  `--pipeline-layout`; cost.layout reads it
+    pipeline_split: tuple[int, ...] = ()
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -264,7 +288,8 @@ class ModelSpec:
                     "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers, "mtp_layers": self.mtp_layers,
                     "active_params": self.active_params()} if self.moe else {}),
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
-                    "v_head_dim": self.v_head_dim} if self.mla else {})}
+                    "v_head_dim": self.v_head_dim} if self.mla else {}),
+                **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:

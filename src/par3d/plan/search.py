@@ -262,6 +262,10 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                         continue
                     vs = [1]
                 for v in vs:
+                    if model.pipeline_split and pp * v != len(model.pipeline_split):
+                        rejected[f"--pipeline-layout has {len(model.pipeline_split)} chunks, not pp × virtual "
+                                 f"stages"] += 1
+                        continue
                     yield tp, cp, pp, dp, mb, m, sched, v
 
 

@@ -22,7 +22,7 @@ from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
 from .gemm_table import family_of
 from .hardware import EP_DISPATCHES, Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
-from .models import CATALOGUE, ModelSpec
+from .models import CATALOGUE, ModelSpec, split_error
 from .search import Fixed, Limits, search
 
 PATH = os.path.join(os.path.dirname(__file__), "validation.toml")
@@ -56,6 +56,12 @@ def model_of(row: dict[str, Any]) -> ModelSpec:
     spec = CATALOGUE[m] if isinstance(m, str) else ModelSpec(row["name"], **m)
     if "seq_len" in row:
         spec = replace(spec, seq_len=int(row["seq_len"]))
+    if "pipeline_layout" in row:  # the layers of each chunk as the run cut them (models.ModelSpec.pipeline_split)
+        split = tuple(int(n) for n in row["pipeline_layout"])
+        why = split_error(spec.layers, split)
+        if why:
+            raise ValueError(f"{row['name']}: pipeline_layout: {why}")
+        spec = replace(spec, pipeline_split=split)
     return spec
 
 
