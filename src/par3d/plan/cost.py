@@ -56,10 +56,11 @@ seconds running while a collective of k seconds proceeds takes  max(c, k) + σ·
   not carry); DeepSpeed's sub-module units keep one GPU's NIC share, as DeepSpeed's ZeRO-3 measured
   (Narayanan et al. 2021, Table 2: its step time did not fall when 768 GPUs became 1,536);
   docs/planner.md §5.
-- DP gradient reduction runs bucket by bucket (one layer's gradients per bucket; the embedding's and the
-  head's parameters each a bucket of its own, the embedding's ready last and needed first: `stage_buckets`,
-  issue 12's nineteenth round): a bucket is
-  ready when its layer's last backward of the step ends — read off the simulated schedule, so an
+- DP gradient reduction runs bucket by bucket (`stage_buckets`: the head's parameters ready first, the layers
+  last to first, the embedding's ready last and needed first, issue 12's nineteenth round; filling buckets of
+  Megatron-Core's size, max(4·10⁷, 10⁶ · DP·CP) parameters, a rank's later model chunks one bucket each,
+  `dp_bucket`, its twenty-fifth): a bucket is
+  ready when its last layer's last backward of the step ends — read off the simulated schedule, so an
   interleaved rank's chunks, finished one after another through the cool-down, start early — the
   buckets queue on the network, what outlasts the makespan is exposed, and compute slows by σ while
   buckets fly.  With `Cluster.overlap_param_gather` (Megatron-Core's `--overlap-param-gather`,
