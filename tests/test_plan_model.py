@@ -1249,6 +1249,11 @@ def test_dp_bucket_params_flag(capsys):
         assert main([*base, *extra]) == 0
         steps.append(json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"])
     assert steps[0] > steps[1]  # Megatron-Core's 128 M-parameter buckets expose more than one layer's
+    text = [a for a in base if a != "--json"]
+    assert main([*text, "--explain"]) == 0
+    assert "buckets of 128M parameters (Megatron-Core's max(40M, 1M x DP x CP))" in capsys.readouterr().out
+    assert main([*text, "--explain", "--dp-bucket-params", "0"]) == 0
+    assert "in one bucket per layer" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*base, "--dp-bucket-params", "-1"])
     assert "--dp-bucket-params: -1.0 must be a parameter count >= 0" in capsys.readouterr().err

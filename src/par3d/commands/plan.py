@@ -873,6 +873,16 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     if "stragglers" in b:
         out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
                    f"{cluster.step_spread:.1%}: --straggler-cv)")
+    if b.get("dp_comm") and c.zero_stage < 3 and cluster.hier and cluster.overlap_grad_reduce:
+        from par3d.plan.cost import dp_bucket
+
+        size, chunked = dp_bucket(cluster, c)
+        how = (f"buckets of {size / 1e6:,.0f}M parameters (Megatron-Core's max(40M, 1M x DP x CP)"
+               f"{'; later virtual chunks one bucket each' if chunked and c.virtual_stages > 1 else ''})" if chunked
+               else f"buckets of {size / 1e6:,.0f}M parameters (--dp-bucket-params)" if size > 0
+               else "one bucket per layer")
+        out.append(f"  (dp_comm: gradients reduced behind the backward in {how}; what the last bucket leaves after "
+                   f"the backward is exposed: --dp-bucket-params)")
     if fsdp_unit_priced(cluster, c):
         from par3d.plan.cost import rank_shapes
 
