@@ -37,6 +37,7 @@ def reference_of(cfg: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     ref = copy.deepcopy(cfg)
+    ref["parallel"].pop("pipeline_layout", None)  # one process: no pipeline to cut
     ref["parallel"].update(dp=1, pp=1, tp=1, cp=1, schedule="1f1b", microbatches=1, virtual_stages=1, zero_stage=0,
                            sequence_parallel=False, recompute="none")
     ref["train"]["micro_batch"] = ref["train"]["global_batch"]
@@ -64,7 +65,7 @@ def run_cases(cases: list[tuple[str, dict[str, Any]]], options: dict[str, Any]) 
         out[name] = {k: r.get(k) for k in ("rank", "history", "grads", "params", "comm_per_step", "logits",
                                             "peak_activation_bytes", "activation_bytes_per_microbatch",
                                             "peak_inflight_predicted", "coord", "p2p_transport",
-                                            "memory")}
+                                            "memory", "bounds")}
     return out
 
 

@@ -51,6 +51,12 @@ LAYOUTS.update({
     "gpipe_dp2_pp2_tp2_backend": case(dp=2, pp=2, tp=2, schedule="gpipe", m=4, p2p="backend"),
     "1f1b_pp2_m4_shm": case(pp=2, m=4, p2p="shm"),
 })
+# a layout given (--pipeline-layout, Megatron-Core's pipeline_model_parallel_layout) instead of the partition's:
+# lopsided, and with the embedding alone on the first chunk of an interleaved run
+LAYOUTS["1f1b_pp2_layout_1_7"] = case(pp=2, m=4)
+LAYOUTS["1f1b_pp2_layout_1_7"]["parallel"]["pipeline_layout"] = [1, 7]
+LAYOUTS["interleaved_pp2_layout_0_3_3_2"] = case(pp=2, schedule="interleaved", v=2, m=4)
+LAYOUTS["interleaved_pp2_layout_0_3_3_2"]["parallel"]["pipeline_layout"] = [0, 3, 3, 2]
 REFS: dict[str, tuple[str, dict]] = {}
 for _n, _c in LAYOUTS.items():
     REFS.setdefault(repr(reference_of(_c)), (f"ref{len(REFS)}", reference_of(_c)))
@@ -83,6 +89,17 @@ def test_gradients_match_reference(world, name):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_parameters_match_reference(world, name):
     assert_matches_reference(world, name, REF_OF[name], "params")
+
+
+@pytest.mark.parametrize("name,bounds", [("1f1b_pp2_layout_1_7", {0: [(0, 2)], 1: [(2, 10)]}),
+                                         ("interleaved_pp2_layout_0_3_3_2", {0: [(0, 1), (4, 7)],
+                                                                             1: [(1, 4), (7, 10)]})])
+def test_a_given_pipeline_layout_is_the_layout_run(world, name, bounds):
+    """parallel.pipeline_layout cuts the model as given (units: 0 the embedding, 1-8 the blocks, 9 the head),
+    not as the balanced partition would; the losses, gradients and parameters above match the reference."""
+    for r in world:
+        if name in r:
+            assert [tuple(b) for b in r[name]["bounds"]] == bounds[r[name]["coord"][1]], name
 
 
 def test_transport_is_the_one_asked_for(world):

@@ -1316,12 +1316,10 @@ def test_pipeline_layout_cuts_the_model_as_given(capsys):
     lopsided = plan("--pipeline-layout", "26,18,18,18")  # one stage of 26 layers sets the pipeline's pace
     assert lopsided["chunk_layers"] == [26, 18, 18, 18] and lopsided["step_time_s"] > 1.1 * own["step_time_s"]
     assert lopsided["memory_gib"]["weights"] > own["memory_gib"]["weights"]  # the first stage holds 26 layers
-    # refused before the search: the sum, an empty middle chunk, no --pp, a chunk count pp x v does not give,
-    # --emit-config (par3d train partitions by itself)
+    # refused before the search: the sum, an empty middle chunk, no --pp, a chunk count pp x v does not give
     for extra, want in ((["--pipeline-layout", "20,20,20"], "sum to 60"),
                         (["--pipeline-layout", "40,0,20,20"], "chunk 1 holds no layer"),
-                        (["--pipeline-layout", "10,10,10,10,10,10,10,10"], "8 chunks, but --pp 4 x --virtual-stages 1"),
-                        (["--pipeline-layout", "20,20,20,20", "--emit-config", "/tmp/x.json"], "--emit-config")):
+                        (["--pipeline-layout", "10,10,10,10,10,10,10,10"], "8 chunks, but --pp 4 x --virtual-stages 1")):
         assert main([*base, *extra]) != 0
         assert want in capsys.readouterr().err
     assert main(["plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "256",
@@ -1332,3 +1330,33 @@ def test_pipeline_layout_cuts_the_model_as_given(capsys):
                  "--tp", "8", "--pp", "2", "--pipeline-layout", "20,20,20,20", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans and all(p["pp"] * p["virtual_stages"] == 4 and p["chunk_layers"] == [20] * 4 for p in plans)
+
+
+def test_emitted_config_runs_the_layout_priced(tmp_path, capsys):
+    """--emit-config carries --pipeline-layout into par3d train's config (parallel.pipeline_layout), which the
+    runtime validates and cuts its pipeline by (tests/test_equiv_pp.py runs such layouts against the reference);
+    a smoke config, one layer per chunk, leaves it out."""
+    import tomllib
+
+    from par3d.cli import main
+    from par3d.config import ConfigError, RunConfig
+
+    base = ["plan", "--model", "gpt3-1.3b", "--gpu", "a100", "--gpus", "8", "--global-batch", "64", "--tp", "2",
+            "--pp", "2", "--pipeline-layout", "10,14"]
+    out = tmp_path / "run.toml"
+    assert main([*base, "--emit-config", str(out)]) == 0
+    capsys.readouterr()
+    cfg = tomllib.loads(out.read_text())
+    assert cfg["parallel"]["pipeline_layout"] == [10, 14]
+    rc = RunConfig.from_dict({k: cfg[k] for k in ("model", "parallel", "train")})
+    rc.model.seq_len, rc.model.hidden, rc.model.heads = 128, 256, 8  # small enough for this host's memory check
+    rc.validate()
+    rc.parallel.pipeline_layout = [12, 13]
+    with pytest.raises(ConfigError, match="sums to 25 layers but model.layers=24"):
+        rc.validate()
+    rc.parallel.pipeline_layout = [24]
+    with pytest.raises(ConfigError, match="has 1 chunks but pp=2"):
+        rc.validate()
+    smoke = tmp_path / "smoke.toml"
+    assert main([*base, "--emit-config", str(smoke), "--emit-smoke"]) == 0
+    assert "pipeline_layout" not in tomllib.loads(smoke.read_text())["parallel"]

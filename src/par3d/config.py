@@ -126,6 +126,10 @@ class ParallelConfig:
     # pipeline transfers: "auto" = shared memory between CPU ranks on one host, the backend's
     # send/recv otherwise; "shm" insists on shared memory; "backend" always uses gloo/nccl
     p2p: str = "auto"
+    # the layers of each pipeline chunk in model order, pp x virtual_stages of them (the first chunk also holds
+    # the embedding, the last the head; those two may hold no layer), as Megatron-Core's
+    # pipeline_model_parallel_layout cuts a model; None: the balanced partition (pipeline/partition.py)
+    pipeline_layout: list[int] | None = None
 
     @property
     def world_size(self) -> int:
@@ -294,6 +298,8 @@ class RunConfig:
                 errs.append(f"parallel.cp={p.cp} with model.dropout={m.dropout}: ring attention has no "
                             f"attention dropout; use --dropout 0 or --cp 1")
             n_chunks = p.pp * p.virtual_stages
+            if p.pipeline_layout is not None:
+                errs += _layout_errors(p.pipeline_layout, n_chunks, m.layers, p.pp, p.virtual_stages)
             if m.layers + 2 < n_chunks:  # the embedding and the head may each fill a chunk (partition.py)
                 errs.append(f"parallel.pp={p.pp} x virtual_stages={p.virtual_stages} = {n_chunks} pipeline "
                             f"chunks but model.layers={m.layers}; every chunk needs at least one layer (or the "
@@ -494,6 +500,26 @@ def model_config_from_spec(spec: Any) -> ModelConfig:
         norm="rmsnorm" if spec.norm == "rms" else "layernorm", position="learned" if spec.learned_pos else "rope",
         gated_mlp=spec.gated, activation="silu" if spec.gated else "gelu", bias=spec.bias,
         rope_theta=_ROPE_THETA.get(spec.name.lower().split("-")[0], 10000.0)).fill_arch()
+
+
+def _layout_errors(layout: Any, n_chunks: int, layers: int, pp: int, v: int) -> list[str]:
+    """What is wrong with parallel.pipeline_layout (each rule named with a fix), or nothing."""
+    shown = layout if not isinstance(layout, (list, tuple)) else ",".join(map(str, layout))
+    if not isinstance(layout, (list, tuple)) or not layout or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in layout):
+        return [f"parallel.pipeline_layout={shown!r} must be a list of layer counts >= 0, one per pipeline chunk; "
+                f"e.g. --pipeline-layout 2,2 for 4 layers on pp 2"]
+    if len(layout) != n_chunks:
+        return [f"parallel.pipeline_layout={shown} has {len(layout)} chunks but pp={pp} x virtual_stages={v} = "
+                f"{n_chunks}; give {n_chunks} layer counts"]
+    if sum(layout) != layers:
+        return [f"parallel.pipeline_layout={shown} sums to {sum(layout)} layers but model.layers={layers}; give "
+                f"counts that sum to {layers}"]
+    empty = [i for i, n in enumerate(layout) if n == 0 and 0 < i < n_chunks - 1]
+    if empty or (n_chunks == 1 and layout[0] == 0):
+        return [f"parallel.pipeline_layout={shown}: chunk {empty[0] if empty else 0} holds no layer; only the first "
+                f"chunk (the embedding alone) and the last (the head alone) may be empty"]
+    return []
 
 
 def smoke_model(mc: ModelConfig, tp: int, chunks: int) -> ModelConfig:

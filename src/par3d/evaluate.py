@@ -69,7 +69,8 @@ def eval_worker(cfg_dict: dict[str, Any], options: dict[str, Any]) -> dict[str, 
     if groups is None:
         return {"rank": rank, "idle": True}
     c, p, v = groups.coord, pc.pp, pc.virtual_stages
-    part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
+    part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden,
+                         split=pc.pipeline_layout)
     sp = pc.sequence_parallel and pc.tp > 1
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=sp, dtype=dtype)
     chunks = [GPTStage(mc, ctx, *part.bounds[k * p + c.pp]) for k in range(v)]

@@ -23,7 +23,7 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
     mc = cfg.model
     vocab = -(-mc.vocab // cfg.parallel.tp) * cfg.parallel.tp  # vocab padded to a multiple of tp
     return ModelSpec("par3d-gpt", mc.layers, mc.hidden, mc.heads, mc.seq_len, vocab, mc.ffn,
-                     tied=mc.tied_embeddings)
+                     tied=mc.tied_embeddings, pipeline_split=tuple(cfg.parallel.pipeline_layout or ()))
 
 
 def _csv_schedule(cfg: RunConfig) -> list | None:

@@ -182,7 +182,8 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     # shards draw from streams derived per TP rank (rng.py)
     torch.manual_seed(tc.seed + 1000 * c.dp + c.pp)
 
-    part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden)
+    part = gpt_partition(mc.layers, p * v, mc.hidden, mc.seq_len, mc.vocab, mc.ffn_hidden,
+                         split=pc.pipeline_layout)
     ctx = ModelContext(tp=groups.tp, seed=tc.seed, sequence_parallel=pc.sequence_parallel and pc.tp > 1,
                        recompute=pc.recompute, dtype=dtype, cp=groups.cp)
     stages = rank_stages(schedule, c.pp)

@@ -523,9 +523,6 @@ def _with_layout(model, args: argparse.Namespace):
                          if len(split) % args.pp == 0 else
                          f"{flag}: {len(split)} chunks, but --pp {args.pp} x --virtual-stages {v} = {args.pp * v}; "
                          f"give pp x virtual-stages counts")
-    if args.emit_config:
-        raise UsageError(f"{flag} with --emit-config: par3d train cuts its pipeline with its own balanced partition; "
-                         "drop --pipeline-layout or --emit-config")
     return replace(model, pipeline_split=split)
 
 
@@ -770,9 +767,11 @@ def _emit(args, model, plan) -> None:
                sequence_parallel=c.sequence_parallel)
     if any(f.name == "cp" for f in dataclasses.fields(ParallelConfig)):
         par["cp"] = c.cp  # the search keeps cp = 1 while the runtime lacks it (runtime_support)
+    smoke = bool(getattr(args, "emit_smoke", False))
+    if model.pipeline_split and not smoke:  # the layout priced is the layout run (a smoke test has one layer a chunk)
+        par["pipeline_layout"] = list(model.pipeline_split)
     dtype = args.dtype if args.dtype in DTYPES else "bf16"
     mc = model_config_from_spec(model)  # the planner's model, architecture and all
-    smoke = bool(getattr(args, "emit_smoke", False))
     if smoke:
         mc = smoke_model(mc, c.tp, c.pp * c.virtual_stages)
     mb = 1 if smoke else c.micro_batch

@@ -9,6 +9,14 @@ import os
 import sys
 from typing import Any
 
+
+def _layer_counts(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts, e.g. 3,5") from None
+
+
 # (flag, section, field, type, help)
 FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--dp", "parallel", "dp", int, "data-parallel degree (replicas). Default: 2 when none of --dp/--pp/--tp "
@@ -28,6 +36,11 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
                                                            "interleaved schedule (default 1; 2 for zb-v and "
                                                            "dualpipe-v)"),
+    ("--pipeline-layout", "parallel", "pipeline_layout", _layer_counts,
+     "layers of each pipeline chunk in model order, pp x virtual-stages comma-separated counts (the first chunk "
+     "also holds the embedding, the last the head; those two may be 0), as Megatron-Core's "
+     "--pipeline-model-parallel-layout cuts a model, e.g. 3,5 for 8 layers on pp 2 (default: the balanced "
+     "partition; par3d plan's JSON names each plan's chunk_layers)"),
     ("--cp", "parallel", "cp", int, "context-parallel degree: the sequence split over cp ranks (each holds two "
                                     "mirrored chunks; ring attention); --seq-len must be a multiple of 2 x cp"),
     ("--zero-stage", "parallel", "zero_stage", int, "ZeRO stage over the DP (x CP) group: 0 plain DP; 1 optimizer "

@@ -111,7 +111,8 @@ def gpt_unit_costs(layers: int, hidden: int, seq_len: int, vocab: int,
 
 
 def gpt_partition(layers: int, n_chunks: int, hidden: int, seq_len: int, vocab: int,
-                  ffn_hidden: int | None = None, mtp_layers: int = 0) -> Partition:
+                  ffn_hidden: int | None = None, mtp_layers: int = 0,
+                  split: list[int] | tuple[int, ...] | None = None) -> Partition:
     """Partition the GPT unit list so every chunk holds at least one transformer block.
 
     The embedding always travels with the first block and the head with the last block: the blocks
@@ -122,12 +123,25 @@ def gpt_partition(layers: int, n_chunks: int, hidden: int, seq_len: int, vocab: 
     their own: the first chunk may hold only the embedding and the last only the head (output
     projection and loss), as Llama 3 balances its pipeline (Grattafiori et al. 2024, §3.3.2: one
     block fewer on the first and the last stage; 126 blocks + 2 = 16 stages × 8 chunks).
+
+    `split` gives each chunk's blocks instead (the first chunk also takes the embedding, the last the head;
+    either may hold no block), as Megatron-Core's `pipeline_model_parallel_layout` cuts a model: the bounds
+    are those, the costs and the imbalance still the units'.
     """
     if n_chunks > layers + 2:
         raise ValueError(f"cannot split {layers} transformer blocks into {n_chunks} pipeline chunks: "
                          f"every chunk needs at least one block (or the embedding or the head alone); "
                          f"use at most {layers + 2} chunks")
     units = gpt_unit_costs(layers, hidden, seq_len, vocab, ffn_hidden, mtp_layers)
+    if split:  # the layers of each chunk given (Megatron-Core's pipeline_model_parallel_layout): no search
+        if len(split) != n_chunks or sum(split) != layers or min(split) < 0:
+            raise ValueError(f"pipeline layout {','.join(map(str, split))}: {n_chunks} chunks of layers >= 0 summing "
+                             f"to {layers} expected")
+        starts = [1 + sum(split[:i]) for i in range(n_chunks)]
+        given = [(a, a + n) for a, n in zip(starts, split)]
+        given[0] = (0, given[0][1])
+        given[-1] = (given[-1][0], layers + 2)
+        return _make(given, units)
     if n_chunks > layers:
         return partition(units, n_chunks)
     blocks = units[1:-1]

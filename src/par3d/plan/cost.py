@@ -238,18 +238,12 @@ class Layout:
 def layout(model: ModelSpec, chunks: int) -> Layout:
     # (the multi-token-prediction modules weigh on the head's stage, which the partition then gives fewer layers, as
     # Megatron-Bridge's DeepSeek-V3 layouts do: "...|tmL", one layer beside the MTP module and the loss)
-    if model.pipeline_split:  # the layout given (Megatron-Core's pipeline_model_parallel_layout), not the partition's
-        split = model.pipeline_split
-        if len(split) != chunks:
-            raise ValueError(f"pipeline layout {','.join(map(str, split))} has {len(split)} chunks, the schedule "
-                             f"{chunks} (pp × virtual stages)")
-        starts = [1 + sum(split[:i]) for i in range(chunks)]
-        bounds = [(a, a + n) for a, n in zip(starts, split)]
-        bounds[0] = (0, bounds[0][1])
-        bounds[-1] = (bounds[-1][0], model.layers + 2)
-    else:
-        bounds = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
-                               model.mtp_layers).bounds
+    if model.pipeline_split and len(model.pipeline_split) != chunks:
+        raise ValueError(f"pipeline layout {','.join(map(str, model.pipeline_split))} has "
+                         f"{len(model.pipeline_split)} chunks, the schedule {chunks} (pp × virtual stages)")
+    # the layout given (Megatron-Core's pipeline_model_parallel_layout), else the balanced partition
+    bounds = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
+                           model.mtp_layers, split=model.pipeline_split or None).bounds
     last = model.layers + 1
     layers, embed, head, dense = [], [], [], []
     for a, b in bounds:
