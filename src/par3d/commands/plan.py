@@ -324,7 +324,7 @@ def register(sub) -> None:
                         "also holds the embedding, the last the output head and loss; those two may be 0), as "
                         "Megatron-Core's --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers "
                         "cut the model, e.g. 31,32,32,31 for 126 layers on pp 4 with the embedding and the loss "
-                        "counted as a layer each; needs --pp (and --virtual-stages when > 1). Default: the planner's "
+                        "counted as a layer each; needs --pp (--virtual-stages: the counts over pp, when omitted). Default: the planner's "
                         "balanced partition (layers and the head weighed by their FLOPs)")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
     g.add_argument("--dp-replicate", type=_int_at_least(1),
