@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES
 from par3d.plan.hardware import FSDP_UNIT_S
 
@@ -82,17 +83,6 @@ def _bucket_params(text: str) -> float:
     if not 0 <= v < float("inf"):
         raise argparse.ArgumentTypeError(f"{v} must be a parameter count >= 0 (0 = one bucket per layer)")
     return v
-
-
-def _layer_counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts, e.g. "
-                                         f"31,32,32,31") from None
-    if any(n < 0 for n in counts):
-        raise argparse.ArgumentTypeError(f"{text!r}: layer counts must be >= 0")
-    return counts
 
 
 def register(sub) -> None:
@@ -319,7 +309,7 @@ def register(sub) -> None:
                    help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
                         "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
                         "implies --recompute full")
-    g.add_argument("--pipeline-layout", type=_layer_counts, default=None, metavar="N,N,...",
+    g.add_argument("--pipeline-layout", type=layer_counts, default=None, metavar="N,N,...",
                    help="layers of each pipeline chunk in model order, pp x virtual-stages counts (the first chunk "
                         "also holds the embedding, the last the output head and loss; those two may be 0), as "
                         "Megatron-Core's --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers "

@@ -10,11 +10,15 @@ import sys
 from typing import Any
 
 
-def _layer_counts(text: str) -> list[int]:
+def layer_counts(text: str) -> list[int]:
+    """--pipeline-layout's value (par3d train and par3d plan): comma-separated layer counts >= 0."""
     try:
-        return [int(t) for t in text.split(",")]
+        counts = [int(t) for t in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts, e.g. 3,5") from None
+    if any(n < 0 for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: layer counts must be >= 0")
+    return counts
 
 
 # (flag, section, field, type, help)
@@ -36,7 +40,7 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
                                                            "interleaved schedule (default 1; 2 for zb-v and "
                                                            "dualpipe-v)"),
-    ("--pipeline-layout", "parallel", "pipeline_layout", _layer_counts,
+    ("--pipeline-layout", "parallel", "pipeline_layout", layer_counts,
      "layers of each pipeline chunk in model order, pp x virtual-stages comma-separated counts (the first chunk "
      "also holds the embedding, the last the head; those two may be 0), as Megatron-Core's "
      "--pipeline-model-parallel-layout cuts a model, e.g. 3,5 for 8 layers on pp 2 (default: the balanced "
