@@ -263,6 +263,14 @@ def test_llama3_405b_16k_h100(capsys, extra):
         rc, js, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
                         "--pp", "16", *extra, "--cp-comm", "all-gather", "--attention-kernel", "fa2", "--json")
         assert json.loads(js)["plans"][0]["step_time_s"] > d["plans"][0]["step_time_s"]
+        # DeepSpeed-Ulysses: 128 heads over tp 8 x cp 16 = one query head per rank, the one K/V head replicated
+        rc, out3, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                          "--pp", "16", *extra, "--cp-comm", "a2a", "--explain", "--top", "1")
+        assert rc == 0 and (f"CP all-to-all (Ulysses, cp = {cp}, across nodes): each rank attends over all "
+                            "131072 tokens with 1 query head and 1 K/V head") in out3
+        rc, _, err = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--tp", "8",
+                         "--pp", "16", "--cp", "32", "--seq-len", "131072", "--cp-comm", "a2a")
+        assert rc == 2 and "--cp-comm a2a with --tp 8 --cp 32: 128 attention heads do not split" in err
 
 
 def test_dtypes_and_model_flags(capsys):

@@ -214,6 +214,53 @@ def test_context_parallel_by_all_gather_is_exposed():
         make_cluster("h100-sxm", 16, 8, cp_comm="tree")
 
 
+def test_context_parallel_by_all_to_all_ulysses():
+    """DeepSpeed-Ulysses (--cp-comm a2a): per layer Q/K/V and the output all-to-all'd between sequence and head
+    shards (the gradients likewise), exposed; the attention one kernel over all s tokens with heads/(tp·cp) heads --
+    the ring's FLOPs, at the kernel's share for s tokens; GQA's K/V heads replicated up to cp."""
+    from par3d.plan.cost import cp_all_to_all, cp_layer_times, stage_times, ulysses_error, ulysses_kv_heads
+    from par3d.plan.hardware import NIC_EFF
+    from par3d.plan.search import Fixed, PlanError, search
+
+    m = replace(CATALOGUE["llama3-8b"], layers=4, seq_len=65536)  # 32 heads, 8 K/V heads of 128
+    assert ulysses_kv_heads(m, 2, 4) == 4 and ulysses_kv_heads(m, 2, 8) == 8  # 4 per TP rank, then replicated
+    assert ulysses_kv_heads(m, 8, 4) == 4  # one K/V head per TP rank (tp = kv), replicated to cp
+    assert ulysses_error(m, 2, 8) is None and ulysses_error(m, 8, 4) is None
+    assert "32 attention heads do not split over tp 8 × cp 8" in ulysses_error(m, 8, 8)
+    assert ulysses_error(replace(m, kv_heads=6, heads=24), 2, 4) is not None  # 3 K/V heads per rank, cp 4
+    # the bytes: a flat cluster prices each all-to-all as (cp - 1)/cp of the rank's tensor over the CP link
+    flat = make_cluster("h100-sxm", 64, 8, hierarchical=False, cp_comm="a2a")
+    c = Choice(2, 1, 4, 1, 1, recompute="none", sequence_parallel=True, cp=8)
+    tok, d = 65536 // 8, 2
+    qkv = tok * (4096 / 2 + 2 * 8 * 128) * d  # 16 query heads and 8 (replicated) K/V heads of this TP rank
+    out = tok * 4096 / 2 * d
+    link = flat.link_for_span(16)
+    f, b = cp_all_to_all(m, flat, c)
+    want = sum(link.alpha + 7 / 8 * x / link.beta for x in (qkv, out))
+    assert f == pytest.approx(want) and b == pytest.approx(want)
+    # hierarchical: members tp = 8 apart, one per node -> every byte for another rank crosses the NICs
+    hier = make_cluster("h100-sxm", 64, 8, cp_comm="a2a")
+    c8 = Choice(8, 1, 2, 1, 1, recompute="selective", sequence_parallel=True, cp=4)
+    q8 = tok * 2 * (4096 / 8 + 2 * 4 * 128) * d  # (4 CP ranks: 16,384 tokens each)
+    alpha = max(hier.inter.alpha, hier.intra.alpha)
+    assert comm.all_to_all(q8, 4, hier, stride=8).total == pytest.approx(alpha + 3 / 4 * q8 / (hier.inter.beta * NIC_EFF))
+    assert comm.all_to_all(q8, 4, hier, stride=2).total < comm.all_to_all(q8, 4, hier, stride=8).total  # one node
+    st = stage_times(m, hier, c8)
+    f8, b8 = cp_all_to_all(m, hier, c8)
+    assert st.cp_comm[0] == pytest.approx(4 * (f8 + b8))  # selective recompute does not repeat them (outside the core)
+    # the attention core: the ring's FLOPs; on a GPU with a measured length curve, the longer kernel runs faster
+    b2 = make_cluster("b200", 64, 8).device
+    ring = cp_layer_times(m, b2, "bf16", 1, 2, 8, True, True)
+    uly = cp_layer_times(m, b2, "bf16", 1, 2, 8, True, True, ring=False, heads=True)
+    assert uly.core_flops == pytest.approx(ring.core_flops)
+    assert uly.core < ring.core
+    # the search never splits heads it cannot, and a fixed impossible split is refused before pricing
+    res = search(m, hier, 64, Fixed(pp=1), top=20)
+    assert res.plans and all(ulysses_error(m, p.choice.tp, p.choice.cp) is None for p in res.plans)
+    with pytest.raises(PlanError, match="--cp-comm a2a with --tp 8 --cp 8"):
+        search(m, hier, 64, Fixed(tp=8, cp=8))
+
+
 def test_attention_kernel_generation():
     """FlashAttention-2 on an H100 runs at its own (lower) share; FA3 needs Hopper."""
     from par3d.plan.hardware import FA2_HOPPER, FA_HOPPER, HardwareError

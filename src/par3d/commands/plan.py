@@ -187,10 +187,12 @@ def register(sub) -> None:
                         "25.11, ~45 %%) (default: the newest the GPU has; on B200 cudnn9.13, on GB200 cudnn9.17, "
                         "each GPU's own measurement); these are benchmarked shares, and a step keeps of them what its "
                         "GEMMs keep of theirs (docs/planner.md section 1)")
-    g.add_argument("--cp-comm", choices=("ring", "all-gather"), default="ring",
+    g.add_argument("--cp-comm", choices=("ring", "all-gather", "a2a"), default="ring",
                    help="how context parallelism moves K/V: ring (blocks passed around the CP ring behind the "
-                        "attention, Megatron-LM) or all-gather (K/V gathered before the attention and dK/dV "
-                        "reduce-scattered after it, both exposed, as Llama 3 does) (default: %(default)s)")
+                        "attention, Megatron-LM), all-gather (K/V gathered before the attention and dK/dV "
+                        "reduce-scattered after it, both exposed, as Llama 3 does) or a2a (DeepSpeed-Ulysses, "
+                        "Megatron-Core's cp_comm_type a2a: Q, K, V all-to-all'd from sequence shards to head shards "
+                        "and the output back, exposed; each TP rank's heads must divide by cp) (default: %(default)s)")
     g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
                    help="the framework reduces DP gradients bucket by bucket during the backward (default: "
                         "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
@@ -1036,6 +1038,16 @@ def _cp_line(model, cluster, c) -> str:
         return (f"  CP all-gather (cp = {c.cp}, {where}): K/V of all {model.seq_len} tokens "
                 f"{kv * c.cp / 1e6:.1f} MB gathered per layer forward ({_ms(ag)}), dK/dV reduce-scattered "
                 f"per layer backward ({_ms(rs)}), both exposed")
+    if cluster.cp_comm == "a2a":  # DeepSpeed-Ulysses: heads for sequence, exposed
+        from par3d.plan.cost import cp_all_to_all, ulysses_kv_heads
+
+        fwd, bwd = cp_all_to_all(model, cluster, c)
+        heads = model.heads // (c.tp * c.cp)
+        kvh = ulysses_kv_heads(model, c.tp, c.cp) / c.cp
+        return (f"  CP all-to-all (Ulysses, cp = {c.cp}, {where}): each rank attends over all {model.seq_len} "
+                f"tokens with {heads} query head{'s' if heads != 1 else ''} and {kvh:g} K/V "
+                f"head{'s' if kvh != 1 else ''}; Q/K/V in and the output out per layer forward ({_ms(fwd)}), "
+                f"their gradients per layer backward ({_ms(bwd)}), exposed")
     hop = comm.p2p(kv, link).total
     core = choice_layer_times(model, cluster, c).core  # the attention core as the step prices it
     fwd, bwd = cp_exchange(model, c, link, core, cluster.dtype)

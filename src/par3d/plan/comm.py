@@ -153,7 +153,7 @@ def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
 
 
 def all_to_all(nbytes: float, e: int, cluster, remote_nodes: float | None = None,
-               token_bytes: float = 0.0) -> Cost:  # cluster: hardware.Cluster
+               token_bytes: float = 0.0, stride: int = 1) -> Cost:  # cluster: hardware.Cluster
     """A mixture of experts' token exchange (dispatch or combine) over an expert-parallel group of e ranks, each
     sending `nbytes` spread evenly over the group (balanced routing), (e - 1)/e of it to the others.
 
@@ -169,15 +169,18 @@ def all_to_all(nbytes: float, e: int, cluster, remote_nodes: float | None = None
     `remote_nodes` given (a node-deduplicating dispatch: DeepEP's and HybridEP's): each token crosses the NICs once
     per remote node its copies go to -- `remote_nodes` × `token_bytes` -- and is forwarded inside that node over
     NVLink, so NVLink carries every copy that leaves the GPU, (e - 1)/e of `nbytes`, and the NIC `remote_nodes`
-    copies of each token (cost.ep_remote_nodes counts them) instead of (e - g)/e of every copy."""
+    copies of each token (cost.ep_remote_nodes counts them) instead of (e - g)/e of every copy.
+
+    `stride`: the group's members are that many ranks apart (a context-parallel group, tp ranks apart in the
+    mesh: cost.cp_all_to_all), so a node holds gpus_per_node / stride of them (at least one)."""
     if e <= 1:
         return ZERO
     from .hardware import NIC_EFF, nvlink_eff
 
     if not cluster.hier:
-        link = cluster.link_for_span(e)
+        link = cluster.link_for_span(e * stride)
         return Cost(link.alpha, (e - 1) / e * nbytes / link.beta)
-    g = max(1, min(e, cluster.gpus_per_node))
+    g = max(1, min(e, cluster.gpus_per_node // stride))
     nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")
     intra = (g - 1) / e * nbytes / nvl
     if g >= e:

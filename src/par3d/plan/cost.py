@@ -748,16 +748,28 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
-                   cross_entropy: str = "unfused", fp8_block: bool = False, ep: int = 1) -> LayerTimes:
+                   cross_entropy: str = "unfused", fp8_block: bool = False, ep: int = 1,
+                   heads: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
-    and one launch per extra attention kernel."""
+    and one launch per extra attention kernel.  `heads` (Ulysses, `Cluster.cp_comm` "a2a"): the core is
+    instead one kernel over all s tokens for 1/cp of this TP rank's heads -- the same FLOPs, at the
+    kernel's share for s tokens rather than s/cp."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
                      cross_entropy, fp8_block, ep)
     if cp == 1:
         return lt
+    if heads and flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
+        whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
+                            cross_entropy, fp8_block, ep)
+        core = (whole.core - KERNEL_S) / cp + KERNEL_S
+        return replace(lt, fwd=lt.fwd - lt.core + core, core=core,
+                       fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops, core_flops=lt.core_flops * cp)
     extra = (cp - 1) * lt.core
+    if heads:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
+        return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp,
+                       fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops, core_flops=lt.core_flops * cp)
     if ring and dev.kernel_model == "table":  # type: ignore[attr-defined]
         q = b * (model.seq_len // cp) * model.q_dim / tp * ACT_BYTES[dtype]
         kv = kv_block_bytes(model, b, tp, cp, dtype)
@@ -894,6 +906,52 @@ def cp_all_gather(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float,
     return ag, rs
 
 
+def ulysses_kv_heads(model: ModelSpec, tp: int, cp: int) -> float:
+    """K/V heads of one TP rank that Ulysses' all-to-all moves: its own when the cp ranks can split them, else
+    each replicated up to cp (one per CP rank; DeepSpeed-Ulysses repeats GQA's K/V heads so)."""
+    kvt = model.kv_heads_per_rank(tp)
+    return kvt if kvt % cp == 0 else float(cp)
+
+
+def ulysses_error(model: ModelSpec, tp: int, cp: int) -> str | None:
+    """Why DeepSpeed-Ulysses (`--cp-comm a2a`) cannot split this model's heads over tp × cp ranks, or None: each TP
+    rank's query heads must divide by cp, and its K/V heads must divide by cp or divide cp (then replicated)."""
+    if cp <= 1:
+        return None
+    if model.heads % tp or (model.heads // tp) % cp:
+        return (f"{model.heads} attention heads do not split over tp {tp} × cp {cp} (each CP rank attends with "
+                f"heads/(tp·cp) whole heads)")
+    kvt = model.kv_heads_per_rank(tp)
+    if kvt % cp and cp % kvt:
+        return (f"{kvt:g} K/V heads per TP rank neither divide by cp {cp} nor divide it (GQA heads are replicated "
+                f"only up to cp)")
+    return None
+
+
+def cp_all_to_all(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float]:
+    """DeepSpeed-Ulysses context parallelism per layer (forward, backward), exposed (Jacobs et al. 2023; Megatron-
+    Core's cp_comm_type "a2a"): before the attention an all-to-all turns this rank's b·s/cp tokens × its TP heads of
+    Q, K and V into all s tokens × 1/cp of those heads, after it another turns the output back; the backward runs the
+    two for the gradients (dO in, dQ/dK/dV out).  Each rank sends its whole tensor, (cp - 1)/cp of it to the others,
+    over the CP group, whose members are tp ranks apart (mesh.py)."""
+    if c.cp <= 1:
+        return 0.0, 0.0
+    d = ACT_BYTES[cluster.dtype]
+    tok = c.micro_batch * (model.seq_len // c.cp)
+    kv_w = ulysses_kv_heads(model, c.tp, c.cp) * model.kv_dim / model.kv
+    qkv = tok * (model.q_dim / c.tp + 2 * kv_w) * d
+    out = tok * model.o_dim / c.tp * d
+    if cluster.hier:
+        def a2a(n: float) -> float:
+            return comm.all_to_all(n, c.cp, cluster, stride=c.tp).total
+    else:
+        link = links(cluster, c).cp
+
+        def a2a(n: float) -> float:
+            return comm.Cost(link.alpha, (c.cp - 1) / c.cp * n / link.beta).total  # type: ignore[attr-defined]
+    return a2a(qkv) + a2a(out), a2a(out) + a2a(qkv)
+
+
 def cp_exchange_eager(model: ModelSpec, c: Choice, prof: Profile, link: Link, dtype: str) -> tuple[float, float]:
     """Ring-attention exchanges per layer (forward, backward) on a calibrated host running the eager
     runtime (context_parallel.py): each is the measured exchange (`Profile.cp_link`, else the CP
@@ -973,7 +1031,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     cluster's kernel and software facts (attention, fp8 scaling, CP exchange, the loss's implementation)."""
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
-                          cluster.cross_entropy, cluster.fp8_block, c.ep)
+                          cluster.cross_entropy, cluster.fp8_block, c.ep, cluster.cp_comm == "a2a")
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
@@ -1026,6 +1084,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
     if c.cp > 1 and cluster.cp_comm == "all-gather":  # Llama 3: gather K/V, scatter dK/dV, exposed
         cpf, cpb = cp_all_gather(model, cluster, c)
+    elif c.cp > 1 and cluster.cp_comm == "a2a":  # Ulysses: heads for sequence and back, exposed
+        cpf, cpb = cp_all_to_all(model, cluster, c)
     elif eager and c.cp > 1:
         cpf, cpb = cp_exchange_eager(model, c, prof, lk.cp, dtype)  # type: ignore[arg-type]
     elif hier and c.cp > 1:  # the K/V hop between CP neighbours tp ranks apart
@@ -1033,8 +1093,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         cpf, cpb = cp_exchange(model, c, comm.send_recv(kv, c.tp, cluster, c.tp * c.cp), lt.core, dtype)
     else:
         cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
-    # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange
-    cpr = cpf if c.recompute in ("full", "selective") else 0.0
+    # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange (Ulysses' all-to-alls
+    # sit outside the core: only the full recomputation repeats them)
+    cpr = cpf if c.recompute == "full" or (c.recompute == "selective" and cluster.cp_comm != "a2a") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
     rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)

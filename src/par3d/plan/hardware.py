@@ -445,7 +445,7 @@ def default_gpus_per_node(gpu: str) -> int:
     return DEFAULT_GPUS_PER_NODE.get(name, 8)
 
 
-CP_COMMS = ("ring", "all-gather")  # how context parallelism moves K/V (Cluster.cp_comm)
+CP_COMMS = ("ring", "all-gather", "a2a")  # how context parallelism moves K/V (Cluster.cp_comm)
 EP_DISPATCHES = ("alltoall", "dedup")  # how a mixture of experts' tokens cross nodes (Cluster.ep_dispatch)
 FP8_SCALINGS = ("delayed", "current", "mxfp8")  # Transformer Engine's FP8 recipes (Cluster.fp8_scaling)
 
@@ -539,7 +539,9 @@ class Cluster:
     fp8_param_gather: bool = False
     # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
-    # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2)
+    # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2);
+    # "a2a" all-to-alls Q, K, V from sequence shards to head shards and the output back, exposed
+    # (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's cp_comm_type "a2a": cost.cp_all_to_all)
     cp_comm: str = "ring"
     # how the loss's cross-entropy over the logits runs (compute.LOSS_BYTES: HBM bytes per logit): "unfused"
     # (Megatron-Core's default VocabParallelCrossEntropy, PyTorch's F.cross_entropy on fp32 logits), "fused"

@@ -44,6 +44,7 @@ from .cost import (
     recomputed_layers,
     stage_times,
     straggler_factor,
+    ulysses_error,
     validate_schedule,
 )
 from .hardware import Cluster
@@ -218,6 +219,9 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
         dp = n // (tp * cp * pp)
         if fixed.dp is not None and dp != fixed.dp:
             continue
+        if cp > 1 and cluster.cp_comm == "a2a" and ulysses_error(model, tp, cp):
+            rejected["--cp-comm a2a: the heads do not split over tp·cp"] += 1
+            continue
         if global_batch % dp:
             rejected["global batch not divisible by dp"] += 1
             continue
@@ -282,6 +286,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_layers(cluster, fixed)
     _check_recompute_op(cluster, fixed)
     check_moe(model, cluster, fixed)
+    _check_ulysses(model, cluster, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     if model.moe:  # (check_moe: ZeRO-3 is not modelled for experts)
@@ -432,6 +437,18 @@ def _fewest_block_layers(model: ModelSpec, cluster: Cluster, c: Choice, cap: flo
             break
         n, best = n - 1, lower
     return best
+
+
+def _check_ulysses(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
+    """--cp-comm a2a's rules (DeepSpeed-Ulysses splits the heads over tp × cp), before anything is priced."""
+    if cluster.cp_comm != "a2a" or fixed.cp is None or fixed.cp <= 1:
+        return
+    tps = [fixed.tp] if fixed.tp is not None else [t for t in divisors(model.heads) if t <= cluster.gpus_per_node]
+    why = [ulysses_error(model, t, fixed.cp) for t in tps]
+    if all(why):
+        what = f"--tp {fixed.tp} --cp {fixed.cp}" if fixed.tp is not None else f"--cp {fixed.cp} at any tp"
+        raise PlanError(f"--cp-comm a2a with {what}: {why[0]}; pick a cp that divides the heads per TP rank "
+                        f"({model.heads} heads), or use --cp-comm ring", "--cp")
 
 
 def _check_recompute_op(cluster: Cluster, fixed: Fixed) -> None:
