@@ -261,6 +261,44 @@ def test_context_parallel_by_all_to_all_ulysses():
         search(m, hier, 64, Fixed(tp=8, cp=8))
 
 
+def test_amd_instinct_catalogue_and_infinity_fabric_mesh():
+    """AMD Instinct (issue 12's twenty-sixth round): cited peaks and sizes; attention from AITER's measured forward and
+    backward in this model's count; the xGMI mesh gives a group of g GPUs of one node g - 1 of its seven links."""
+    from par3d.plan.hardware import DEVICES, XGMI_EFF, _fa_pair_share, fp8_scaling_error, mesh_share
+
+    mi300, mi355 = DEVICES["mi300x"], DEVICES["mi355x"]
+    assert mi300.peak("bf16") == pytest.approx(1307.4e12) and mi300.peak("fp8") == pytest.approx(2614.9e12)
+    assert (mi300.sms, mi300.mem_bytes, mi300.mem_bw) == (304, 192e9, 5300e9)
+    assert mi355.peak("bf16") == pytest.approx(2500e12) and (mi355.sms, mi355.mem_bytes) == (256, 288e9)
+    assert DEVICES["mi325x"].peak("bf16") == mi300.peak("bf16") and DEVICES["mi325x"].mem_bytes == 256e9
+    # 8,192 causal tokens, MI300X: forward 547.09, backward 468.205 TFLOP/s in the benchmark's count (backward 2.5x)
+    t = 1 / 547.09 + 2.5 / 468.205  # seconds per TFLOP of forward work, for the pair
+    assert _fa_pair_share(547.09, 468.205, 1307.4) == pytest.approx(3 / t / 1307.4, abs=1e-3) == mi300.attn_eff
+    assert mi300.attn_share(8192) == pytest.approx(mi300.attn_eff * mi300.attn_sustain)
+    assert mi355.attn_benchmarked(4096) < mi355.attn_benchmarked(16384)
+    # the mesh: one link for a pair, all seven for eight GPUs; a switch gives every group the whole bandwidth
+    assert mesh_share("xgmi3", 2) == pytest.approx(1 / 7) and mesh_share("xgmi3", 8) == 1.0
+    assert mesh_share("nvlink4", 2) == 1.0
+    cl = make_cluster("mi300x", 8)
+    n = 2**30
+    ar8 = comm.collective("all_reduce", n, 8, 1, cl).total
+    ar2 = comm.collective("all_reduce", n, 2, 1, cl).total
+    assert ar8 == pytest.approx(2 * 7 * 3e-6 + 2 * 7 / 8 * n / (448e9 * XGMI_EFF), rel=1e-6)
+    assert ar2 == pytest.approx(2 * 3e-6 + 2 * 1 / 2 * n / (448e9 * XGMI_EFF / 7), rel=1e-6)
+    assert comm.send_recv(n, 1, cl, 2).total == pytest.approx(3e-6 + n / (448e9 * XGMI_EFF / 7))
+    nv = make_cluster("h100-sxm", 8)
+    assert comm.collective("all_reduce", n, 2, 1, nv).total < comm.collective("all_reduce", n, 8, 1, nv).total
+    assert ar2 > ar8  # on the mesh a pair is slower than the whole node
+    # no MXFP8 rate is in the catalogue for AMD parts; FP8 per tensor is
+    assert fp8_scaling_error("mi355x", "fp8", "mxfp8") and not fp8_scaling_error("mi355x", "fp8", "delayed")
+    # a plan on each
+    for gpu in ("mi300x", "mi325x", "mi355x"):
+        from par3d.plan.search import search
+
+        res = search(CATALOGUE["llama3-8b"], make_cluster(gpu, 16), 64, top=1)
+        assert res.plans and res.plans[0].fits
+
+
 def test_attention_kernel_generation():
     """FlashAttention-2 on an H100 runs at its own (lower) share; FA3 needs Hopper."""
     from par3d.plan.hardware import FA2_HOPPER, FA_HOPPER, HardwareError

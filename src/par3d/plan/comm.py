@@ -105,7 +105,7 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
         key, hit = None, None
     if hit is not None:
         return hit
-    from .hardware import NIC_EFF, nvlink_eff
+    from .hardware import NIC_EFF, mesh_share, nvlink_eff
 
     factor = 2.0 if kind == "all_reduce" else 1.0
     gpn = cluster.gpus_per_node
@@ -118,6 +118,7 @@ def _collective(kind: str, nbytes: float, e: int, stride: int, cluster) -> Cost:
         vol = factor * (e - 1) / e * nbytes  # what each rank sends (ring) = what crosses each cut
         # inside one node NVLink SHARP may run the all-reduce (NVLink 4+); across nodes the rings
         nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, kind if nodes <= 1 else "ring")
+        nvl *= mesh_share(cluster.intra.name, g)  # a mesh (AMD's Infinity Fabric): the links to the other members
         if nodes <= 1:
             out = Cost(factor * (e - 1) * cluster.intra.alpha, vol / nvl)
         else:
@@ -143,12 +144,13 @@ def send_recv(nbytes: float, stride: int, cluster, span: int) -> Cost:
     NVLink when the group is inside one node, else the sender's NIC share (the boundaries that
     cross nodes set the pace; every GPU of a node sends at once, so each has its share).  Flat
     (seed) clusters: the link of the group's span."""
-    from .hardware import NIC_EFF, nvlink_eff
+    from .hardware import NIC_EFF, mesh_share, nvlink_eff
 
     if not cluster.hier:
         return p2p(nbytes, cluster.link_for_span(span))
-    if span <= cluster.gpus_per_node:  # the whole group inside one node
-        return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")))
+    if span <= cluster.gpus_per_node:  # the whole group inside one node (a mesh: the one link between the pair)
+        name = cluster.intra.name
+        return Cost(cluster.intra.alpha, nbytes / (cluster.intra.beta * nvlink_eff(name, "p2p") * mesh_share(name, 2)))
     return Cost(cluster.inter.alpha, nbytes / (cluster.inter.beta * NIC_EFF))
 
 
@@ -175,13 +177,13 @@ def all_to_all(nbytes: float, e: int, cluster, remote_nodes: float | None = None
     mesh: cost.cp_all_to_all), so a node holds gpus_per_node / stride of them (at least one)."""
     if e <= 1:
         return ZERO
-    from .hardware import NIC_EFF, nvlink_eff
+    from .hardware import NIC_EFF, mesh_share, nvlink_eff
 
     if not cluster.hier:
         link = cluster.link_for_span(e * stride)
         return Cost(link.alpha, (e - 1) / e * nbytes / link.beta)
     g = max(1, min(e, cluster.gpus_per_node // stride))
-    nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p")
+    nvl = cluster.intra.beta * nvlink_eff(cluster.intra.name, "p2p") * mesh_share(cluster.intra.name, g)
     intra = (g - 1) / e * nbytes / nvl
     if g >= e:
         return Cost(cluster.intra.alpha, intra)

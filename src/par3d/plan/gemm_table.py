@@ -30,6 +30,20 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   Grace Hopper Superchip specifications; Bekman's TFLOPS table lists them so); MAMF measured on a GH200 (the table's
   "900W 141GiB HBM3e version", torch 2.6.0+cu126): 828.6 BF16, 1535.0 FP8 -- above the H100's 795 / 1403 and the
   H200's 850 / 1525 burst at the same peak.  Both GH200 memory variants (96 GB HBM3, 144 GB HBM3e) take it.
+  AMD Instinct (issue 12's twenty-sixth round).  Peaks: MI300X 1307.4 BF16/FP16, 2614.9 FP8 dense (AMD's CDNA3
+  description, ROCm docs docs/conceptual/gpu-arch/mi300.md: 2048 / 4096 FLOPs per clock per CU × 304 CUs × 2100
+  MHz); MI325X the same die and clock (AMD's MI325X footnote quoted in ROCm's "Understanding Peak and Max-Achievable
+  FLOPS" blog: 1307.4 FP16 dense); MI355X 2500 / 5000 dense (Bekman's TFLOPS table, from AMD's MI355X page: CDNA4,
+  256 CUs at 2400 MHz).  MAMF BF16 from Bekman's table (the cache-resetting revision the NVIDIA rows above come
+  from): MI300X 668.4 (torch 2.5.1 + ROCm 6.3, TunableOp on; an earlier revision without the cache reset had 781.9
+  on ROCm 6.2), MI325X 784.9 (torch 2.6.0 + ROCm 6.2.4), MI355X 1565.0 (torch 2.8.0 + ROCm 7.0.2).  FP8: the table
+  has no AMD FP8 row.  MI300X 1159.2: Microsoft's Azure ND MI300X v5 benchmark guide (hipBLASLt, 8192³ FP8, the
+  best of its shapes) -- another harness, no cache reset; MI325X that × its BF16 MAMF over the MI300X's (an
+  assumption: the same die, its FP8 not measured); MI355X twice its BF16 MAMF, 3130.0 (an assumption: the FP8
+  share of the doubled peak equal to BF16's, as the B200's measured FP8/BF16 MAMF, 1.93, nearly is).  No AMD part
+  has an MSMF: each takes the measured sustained/burst ratio of the NVIDIA part of its generation and power class
+  (`SUSTAINED_FROM`: MI300X at 750 W and MI325X at 1000 W the H200's, MI355X at 1400 W the B200's) × the training
+  factor -- an assumption, stated as such; no AMD number is fitted, and the one AMD validation row is held out.
 - `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
   held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
   yes"), i.e. at the power limit as in a training step: H200 SXM 755 BF16, 1354 FP8 (683-689 W,
@@ -164,10 +178,16 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     # "gh200" the 96 GB module of the HPC systems (its sustained ratios FITTED, below), "gh200-144gb" the HBM3e module
     "gh200": {"bf16": (989.0, 828.6, None), "fp16": (989.0, 828.6, None), "fp8": (1979.0, 1535.0, None)},
     "gh200-144gb": {"bf16": (989.0, 828.6, None), "fp16": (989.0, 828.6, None), "fp8": (1979.0, 1535.0, None)},
+    # AMD Instinct (issue 12's twenty-sixth round; see above): MI300X / MI325X the CDNA3 die, MI355X CDNA4
+    "mi300x": {"bf16": (1307.4, 668.4, None), "fp16": (1307.4, 668.4, None), "fp8": (2614.9, 1159.2, None)},
+    "mi325x": {"bf16": (1307.4, 784.9, None), "fp16": (1307.4, 784.9, None),
+               "fp8": (2614.9, round(1159.2 * 784.9 / 668.4, 1), None)},
+    "mi355x": {"bf16": (2500.0, 1565.0, None), "fp16": (2500.0, 1565.0, None), "fp8": (5000.0, 3130.0, None)},
 }
 # a GPU without its own MSMF that takes the sustained/burst ratio measured on another part (see above: the
 # GB200 is the B200's die; the B300 is Blackwell Ultra at the B200's power, whose sustained clock nobody has published)
-SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb": "h200"}
+SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb": "h200",
+                                   "mi300x": "h200", "mi325x": "h200", "mi355x": "b200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200

@@ -32,6 +32,13 @@ Sources
   the other three by NVLink 4 (a mesh, no NVSwitch: priced as the same 450 GB/s per direction -- NCCL's rings on a
   4-GPU mesh are not measured here), one 200 Gb/s NIC per GPU (Slingshot-11 or InfiniBand NDR200: `nic-200g`).
 
+- AMD Instinct (issue 12's twenty-sixth round).  MI300X (AMD CDNA3; ROCm docs docs/conceptual/gpu-arch/mi300.md and
+  reference/gpu-specs): 1307.4 TFLOP/s dense BF16/FP16, 2614.9 FP8, 163.4 FP32, 304 CUs, 192 GB HBM3 at 5.3 TB/s,
+  seven Infinity Fabric links of 64 GB/s per direction fully connecting 8 GPUs; MI325X: the same die and clock,
+  256 GB HBM3e at 6 TB/s; MI355X (CDNA4; Bekman's tables from AMD's pages, ROCm gpu-specs for the CUs): 2500 / 5000
+  dense, 157.3 FP32, 256 CUs, 288 GB HBM3e at 8 TB/s.  Their GEMM rates and attention shares: gemm_table.py and
+  below; their Infinity Fabric mesh: `mesh_share`, `XGMI_EFF`.
+
 Two kernel models (compute.py):
 - **table** (the default for catalogue GPUs): each GEMM from its shape and the GPU's measured
   achievable throughput (`gemm`, from gemm_table.py), non-GEMM work as HBM traffic at `mem_eff`
@@ -97,11 +104,31 @@ NVLINK4_EFF = 370.0 / 450.0  # NCCL ring / all-gather / reduce-scatter on NVLink
 NVLS_ALLREDUCE_EFF = 480.0 / 450.0  # all-reduce bus bandwidth with NVLink SHARP on 8 H100 (same issue)
 
 
+# RCCL on 8 MI300X over xGMI: all_reduce_perf bus bandwidth 318.98 GB/s at 16 GiB of the 448 GB/s seven links carry
+# per direction (AMD, "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", ROCm blogs 2025:
+# "effectively capped at 310-330 GB/s"; Microsoft's Azure ND MI300X v5 guide 316.8 at 8 GB); no all-gather or
+# reduce-scatter figure was found, so every kind takes it.  A single link measured 45-48 GB/s (TransferBench, the same
+# blog): 318.98 / 7 = 45.6, so one share holds for one link and for seven.
+XGMI_EFF = 318.98 / 448.0
+XGMI_LINKS = 7  # Infinity Fabric links per GPU: a fully connected 8-GPU mesh (AMD's CDNA3 description, ROCm docs)
+
+
 def nvlink_eff(link_name: str, kind: str) -> float:
     """Achieved share of an intra-node link's bandwidth for one collective kind (see the docstring)."""
     if link_name.startswith(("nvlink4", "nvlink5")):
         return NVLS_ALLREDUCE_EFF if kind == "all_reduce" else NVLINK4_EFF
+    if link_name.startswith("xgmi"):
+        return XGMI_EFF
     return NVLINK_EFF
+
+
+def mesh_share(link_name: str, members: int) -> float:
+    """The share of a GPU's intra-node bandwidth a group of `members` GPUs of one node can use: all of it through a
+    switch (NVSwitch); on AMD's fully connected Infinity Fabric mesh only the links to the other members, (members - 1)
+    of the seven -- a pair (a point-to-point, TP 2) gets one link, 64 of 448 GB/s (comm.py)."""
+    if link_name.startswith("xgmi"):
+        return min(max(members - 1, 1), XGMI_LINKS) / XGMI_LINKS
+    return 1.0
 NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96 of 100 GB/s)
 # PyTorch FSDP's cost per wrapped unit (one transformer block) per micro-batch beyond its collectives' time,
 # exposed in the step: **fitted** (issue 12's fifteenth round, `validation.fit_fsdp_unit`) so that the 18 rows
@@ -291,6 +318,25 @@ GB300_CUDNN913_CURVE: tuple[tuple[int, float], ...] = (
 GB300_FA2_CURVE: tuple[tuple[int, float], ...] = (
     (512, 0.052), (1024, 0.076), (2048, 0.099), (4096, 0.114), (8192, 0.124), (16384, 0.129), (32768, 0.132),
     (65536, 0.133), (131072, 0.133))
+# AMD Instinct (issue 12's twenty-sixth round): AITER's fused attention kernels (fwd_v3 / bwd_v3, the CK backend
+# Transformer Engine on ROCm runs), measured in ROCm/aiter op_tests/cpp/mha/README.md (0403bcd): BF16, head dim 128,
+# causal, batch 4 with 32 query / 8 K/V heads at 4,096 and 8,192 tokens, batch 1 with 64 / 8 at 16,384; forward and
+# the bf16-atomic backward ("a16", what AMD's MLPerf v5.1 configs run: NVTE_CK_IS_V3_ATOMIC_FP32=0), TFLOP/s
+# (MI300X; MI355X): 4,096: 486.73 / 464.83; 1130.115 / 957.41 -- 8,192: 547.09 / 468.205; 1318.92 / 1069.935 --
+# 16,384: 541.55 / 458.075; 1392.485 / 1162.805.  The benchmark counts the causal half and a backward of 2.5x the
+# forward's FLOPs (aiter's benchmark_mha_bwd.cpp: Q@K, dS@Q, dS@K and dO@V, P@dO); this model prices the backward as
+# 2x the forward, so a kernel pair that takes 1/fwd + 2.5/bwd per FLOP of forward keeps 3 / (1/fwd + 2.5/bwd) of peak.
+def _fa_pair_share(fwd: float, bwd: float, peak: float) -> float:
+    """A forward/backward kernel pair's share of peak in this model's count (see above)."""
+    return round(3.0 / (1.0 / fwd + 2.5 / bwd) / peak, 3)
+
+
+MI300X_CK_CURVE: tuple[tuple[int, float], ...] = tuple(
+    (s, _fa_pair_share(f, b, 1307.4)) for s, f, b in ((4096, 486.73, 464.83), (8192, 547.09, 468.205),
+                                                       (16384, 541.55, 458.075)))
+MI355X_CK_CURVE: tuple[tuple[int, float], ...] = tuple(
+    (s, _fa_pair_share(f, b, 2500.0)) for s, f, b in ((4096, 1130.115, 957.41), (8192, 1318.92, 1069.935),
+                                                       (16384, 1392.485, 1162.805)))
 # the 8,192-token shares: what `attn_eff` reports and `--attention-kernel` swaps (the curves give the rest)
 FA_B200_CUDNN, FA2_B200 = dict(B200_CUDNN_CURVE)[8192], dict(B200_FA2_CURVE)[8192]
 FA_GB200_CUDNN, FA2_GB200 = dict(GB200_CUDNN_CURVE)[8192], dict(GB200_FA2_CURVE)[8192]
@@ -392,6 +438,17 @@ DEVICES: dict[str, Device] = {
                     attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
     "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200-144gb"),
                           attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200-144gb")),
+    # AMD Instinct (issue 12's twenty-sixth round; module docstring): CUs counted as SMs for the waves; AITER's attention
+    # (MI325X: the MI300X's die and kernels, no measurement of its own)
+    "mi300x": Device("mi300x", _peaks(1307.4, 163.4, 2614.9), 5300 * GB, 192 * GB, 304, gemm=_gemm("mi300x"),
+                     attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
+                     attn_sustain=attn_sustain_of("mi300x")),
+    "mi325x": Device("mi325x", _peaks(1307.4, 163.4, 2614.9), 6000 * GB, 256 * GB, 304, gemm=_gemm("mi325x"),
+                     attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
+                     attn_sustain=attn_sustain_of("mi325x")),
+    "mi355x": Device("mi355x", _peaks(2500, 157.3, 5000), 8000 * GB, 288 * GB, 256, gemm=_gemm("mi355x"),
+                     attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
+                     attn_sustain=attn_sustain_of("mi355x")),
 }
 # Blackwell's block-scaled MMA takes MXFP8
 DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in MXFP8_GPUS})
@@ -414,6 +471,12 @@ LINKS: dict[str, Link] = {
     "nvlink-c2c": Link("nvlink-c2c", 5 * US, 225 * GB),
     # Grace <-> Hopper: the same 900 GB/s bidirectional NVLink-C2C, one GPU per superchip (GH200 specifications)
     "nvlink-c2c-gh200": Link("nvlink-c2c-gh200", 5 * US, 450 * GB),
+    # AMD Instinct MI300X / MI325X: seven Infinity Fabric (xGMI) links per GPU, 64 GB/s each per direction, a fully
+    # connected 8-GPU mesh (ROCm docs mi300.md; AMD's RCCL/xGMI blog): 448 GB/s per GPU over all seven (`mesh_share`)
+    "xgmi3": Link("xgmi3", 3 * US, 448 * GB),
+    # MI355X: seven links of 153.6 GB/s bidirectional (a secondary source, not AMD's text: an assumption), 76.8 each
+    # per direction, 537.6 per GPU
+    "xgmi4": Link("xgmi4", 3 * US, 537.6 * GB),
 }
 # the link between a GPU and its host's memory, what activation offloading (`Cluster.offload_layers`) copies over:
 # the Grace superchips' NVLink-C2C; PCIe Gen4 (A100) / Gen5 x16 on the x86 DGX/HGX nodes
@@ -433,6 +496,12 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
     # a GH200 node (HPE Cray EX254n, BullSequana XH3000): four GPUs on NVLink 4, one 200 Gb/s NIC each
     "gh200": ("nvlink4", "nic-200g"),
     "gh200-144gb": ("nvlink4", "nic-200g"),
+    # AMD Instinct platforms: 8 GPUs on Infinity Fabric, one 400 Gb/s NIC per GPU (AMD's ROCm deployment guides: 8
+    # Pensando Pollara 400 NICs per MI355X node, "a dedicated 1:1 mapping between GPUs and network interfaces"; the
+    # MI300X platforms likewise, an assumption: `ib-ndr` is any 400 Gb/s NIC)
+    "mi300x": ("xgmi3", "ib-ndr"),
+    "mi325x": ("xgmi3", "ib-ndr"),
+    "mi355x": ("xgmi4", "ib-ndr"),
 }
 # GPUs that share the intra-node (NVLink) link: 8 in a DGX/HGX node; the GB200 NVL72 rack's 72 GPUs are
 # one NVLink domain (a job may take part of a rack: a group is priced by the ranks it spans, comm.py)
