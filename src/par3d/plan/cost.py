@@ -99,7 +99,7 @@ from .compute import (
     model_flops_per_sequence,
     recompute_flops_per_sequence,
 )
-from .hardware import NVLINK4_EFF, TFLOPS, Cluster, Link
+from .hardware import NVLINK4_EFF, TFLOPS, Cluster, Link, mesh_share
 from .memory import (
     ACT_BYTES,
     FRAGMENTATION,
@@ -2039,6 +2039,8 @@ def layer_accounting(model: ModelSpec, cluster: Cluster, micro_batch: int, tp: i
     dev = cluster.device
     n = tokens * model.hidden * DTYPE_BYTES[cluster.dtype]
     link = cluster.link_for_span(tp)
+    if link is cluster.intra and mesh_share(link.name, tp) < 1.0:  # a mesh: the tp - 1 links between the members
+        link = replace(link, beta=link.beta * mesh_share(link.name, tp))
     ar = comm.all_reduce(n, tp, link) * 2
     slow = comm.all_reduce(n, tp, cluster.inter) * 2
     lt = layer_times(model, dev, cluster.dtype, micro_batch, tp, cross_entropy=cluster.cross_entropy)
