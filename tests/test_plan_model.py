@@ -289,6 +289,10 @@ def test_amd_instinct_catalogue_and_infinity_fabric_mesh():
     nv = make_cluster("h100-sxm", 8)
     assert comm.collective("all_reduce", n, 2, 1, nv).total < comm.collective("all_reduce", n, 8, 1, nv).total
     assert ar2 > ar8  # on the mesh a pair is slower than the whole node
+    from par3d.plan.cost import layer_accounting  # --explain's seed accounting: the same one link for tp 2
+
+    la = layer_accounting(CATALOGUE["llama3-8b"], cl, 1, 2)
+    assert la.tp_beta == pytest.approx(2 * 2 * (1 / 2) * la.message_bytes / (448e9 / 7))
     # no MXFP8 rate is in the catalogue for AMD parts; FP8 per tensor is
     assert fp8_scaling_error("mi355x", "fp8", "mxfp8") and not fp8_scaling_error("mi355x", "fp8", "delayed")
     # a plan on each
