@@ -159,15 +159,16 @@ def register(sub) -> None:
                    help="GPU from the catalogue: a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200 (GB200 NVL72), b300, "
                         "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3, 4 per node; its sustained GEMM rate fitted to "
                         "power-capped HPC systems' runs), gh200-144gb; the export variants h800 and a800 are the "
-                        "h100-sxm and a100-80gb with NVLink at 200 GB/s per direction (their datasheets' 400 GB/s) "
-                        "(default: %(default)s)")
+                        "h100-sxm and a100-80gb with NVLink at 200 GB/s per direction (their datasheets' 400 GB/s); "
+                        "AMD Instinct mi300x, mi325x, mi355x (8 per node on an Infinity Fabric mesh: a TP group of g "
+                        "GPUs uses g - 1 of each GPU's 7 links) (default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
                    help="GPUs per node sharing the fast intra-node link (default: 8; 72 for gb200 and gb300, the NVL72 rack's "
                         "NVLink domain; 4 for gh200; or the hardware file's)")
     g.add_argument("--intra-node-bw", type=_positive_float, default=None,
                    help="intra-node bandwidth per GPU, one direction, GB/s (default: NVLink of the GPU, "
-                        "300 for A100)")
+                        "300 for A100; Infinity Fabric on AMD, all 7 links: 448 for mi300x)")
     g.add_argument("--inter-node-bw", type=_positive_float, default=None,
                    help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
                         "A100, 50 NDR for H100/H200/B200/GB200, 100 (800 Gb/s) for B300/GB300, 25 (200 Gb/s) for GH200)")
