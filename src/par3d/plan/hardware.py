@@ -438,15 +438,16 @@ DEVICES: dict[str, Device] = {
                     attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200")),
     "gh200-144gb": Device("gh200-144gb", _peaks(989, 67, 1979), 4900 * GB, 144 * GB, 132, gemm=_gemm("gh200-144gb"),
                           attn_eff=FA_HOPPER, attn_sustain=attn_sustain_of("gh200-144gb")),
-    # AMD Instinct (issue 12's twenty-sixth round; module docstring): CUs counted as SMs for the waves; AITER's attention
-    # (MI325X: the MI300X's die and kernels, no measurement of its own)
-    "mi300x": Device("mi300x", _peaks(1307.4, 163.4, 2614.9), 5300 * GB, 192 * GB, 304, gemm=_gemm("mi300x"),
+    # AMD Instinct (issue 12's twenty-sixth round; module docstring): CUs counted as SMs for the waves; memory in GiB as
+    # ROCm's GPU-specs table gives it ("VRAM (GiB)": 192, 256, 288); AITER's attention (MI325X: the MI300X's die and
+    # kernels, no measurement of its own)
+    "mi300x": Device("mi300x", _peaks(1307.4, 163.4, 2614.9), 5300 * GB, 192 * GiB, 304, gemm=_gemm("mi300x"),
                      attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
                      attn_sustain=attn_sustain_of("mi300x")),
-    "mi325x": Device("mi325x", _peaks(1307.4, 163.4, 2614.9), 6000 * GB, 256 * GB, 304, gemm=_gemm("mi325x"),
+    "mi325x": Device("mi325x", _peaks(1307.4, 163.4, 2614.9), 6000 * GB, 256 * GiB, 304, gemm=_gemm("mi325x"),
                      attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
                      attn_sustain=attn_sustain_of("mi325x")),
-    "mi355x": Device("mi355x", _peaks(2500, 157.3, 5000), 8000 * GB, 288 * GB, 256, gemm=_gemm("mi355x"),
+    "mi355x": Device("mi355x", _peaks(2500, 157.3, 5000), 8000 * GB, 288 * GiB, 256, gemm=_gemm("mi355x"),
                      attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
                      attn_sustain=attn_sustain_of("mi355x")),
 }
