@@ -296,7 +296,8 @@ def test_amd_instinct_catalogue_and_infinity_fabric_mesh():
     # no MXFP8 rate is in the catalogue for AMD parts; FP8 per tensor is
     assert fp8_scaling_error("mi355x", "fp8", "mxfp8") and not fp8_scaling_error("mi355x", "fp8", "delayed")
     # a plan on each
-    for gpu in ("mi300x", "mi325x", "mi355x"):
+    assert DEVICES["mi350x"].peak("bf16") == pytest.approx(4096 * 256 * 2.2e9, rel=1e-4)  # the MI355X die at 2200 MHz
+    for gpu in ("mi300x", "mi325x", "mi350x", "mi355x"):
         from par3d.plan.search import search
 
         res = search(CATALOGUE["llama3-8b"], make_cluster(gpu, 16), 64, top=1)

@@ -160,7 +160,7 @@ def register(sub) -> None:
                         "gb300 (GB300 NVL72), gh200 (Grace Hopper, 96 GB HBM3, 4 per node; its sustained GEMM rate fitted to "
                         "power-capped HPC systems' runs), gh200-144gb; the export variants h800 and a800 are the "
                         "h100-sxm and a100-80gb with NVLink at 200 GB/s per direction (their datasheets' 400 GB/s); "
-                        "AMD Instinct mi300x, mi325x, mi355x (8 per node on an Infinity Fabric mesh: a TP group of g "
+                        "AMD Instinct mi300x, mi325x, mi350x, mi355x (8 per node on an Infinity Fabric mesh: a TP group of g "
                         "GPUs uses g - 1 of each GPU's 7 links) (default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,

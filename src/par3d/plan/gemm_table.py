@@ -40,9 +40,12 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
   has no AMD FP8 row.  MI300X 1159.2: Microsoft's Azure ND MI300X v5 benchmark guide (hipBLASLt, 8192³ FP8, the
   best of its shapes) -- another harness, no cache reset; MI325X that × its BF16 MAMF over the MI300X's (an
   assumption: the same die, its FP8 not measured); MI355X twice its BF16 MAMF, 3130.0 (an assumption: the FP8
-  share of the doubled peak equal to BF16's, as the B200's measured FP8/BF16 MAMF, 1.93, nearly is).  No AMD part
+  share of the doubled peak equal to BF16's, as the B200's measured FP8/BF16 MAMF, 1.93, nearly is).  MI350X: the
+  MI355X's die at 2200 MHz and 1000 W (Bekman's tables; ROCm's GPU-specs table gives both 256 CUs and 288 GiB): peaks
+  2306.9 / 4613.7 (4096 / 8192 FLOPs per clock per CU × 256 × 2200 MHz, AMD's "2.3 PFLOPS") and its MAMF the
+  MI355X's × 2200/2400 -- an assumption, no MI350X GEMM is measured.  No AMD part
   has an MSMF: each takes the measured sustained/burst ratio of the NVIDIA part of its generation and power class
-  (`SUSTAINED_FROM`: MI300X at 750 W and MI325X at 1000 W the H200's, MI355X at 1400 W the B200's) × the training
+  (`SUSTAINED_FROM`: MI300X at 750 W and MI325X at 1000 W the H200's, MI355X at 1400 W and MI350X at 1000 W the B200's) × the training
   factor -- an assumption, stated as such; no AMD number is fitted, and the one AMD validation row is held out.
 - `msmf`: Maximum *Sustainable* Matmul FLOPS from the same table: the steady throughput of a GEMM
   held for a timed window with every other GPU of the 8-GPU node running matmuls too ("Siblings:
@@ -183,11 +186,13 @@ TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
     "mi325x": {"bf16": (1307.4, 784.9, None), "fp16": (1307.4, 784.9, None),
                "fp8": (2614.9, round(1159.2 * 784.9 / 668.4, 1), None)},
     "mi355x": {"bf16": (2500.0, 1565.0, None), "fp16": (2500.0, 1565.0, None), "fp8": (5000.0, 3130.0, None)},
+    # MI350X: the MI355X's die at 2200 MHz and 1000 W; peaks by the clock, MAMF the MI355X's by the clock (assumed)
+    "mi350x": {"bf16": (2306.9, 1434.6, None), "fp16": (2306.9, 1434.6, None), "fp8": (4613.7, 2869.2, None)},
 }
 # a GPU without its own MSMF that takes the sustained/burst ratio measured on another part (see above: the
 # GB200 is the B200's die; the B300 is Blackwell Ultra at the B200's power, whose sustained clock nobody has published)
 SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb": "h200",
-                                   "mi300x": "h200", "mi325x": "h200", "mi355x": "b200"}
+                                   "mi300x": "h200", "mi325x": "h200", "mi355x": "b200", "mi350x": "b200"}
 # a GPU whose sustained/burst ratio is a clock ratio from another source (no MSMF in the table)
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200

@@ -450,6 +450,10 @@ DEVICES: dict[str, Device] = {
     "mi355x": Device("mi355x", _peaks(2500, 157.3, 5000), 8000 * GB, 288 * GiB, 256, gemm=_gemm("mi355x"),
                      attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
                      attn_sustain=attn_sustain_of("mi355x")),
+    # MI350X: the MI355X's die at 2200 MHz and 1000 W (FP32 by the clock); its kernels keep the MI355X's shares of peak
+    "mi350x": Device("mi350x", _peaks(2306.9, 144.2, 4613.7), 8000 * GB, 288 * GiB, 256, gemm=_gemm("mi350x"),
+                     attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
+                     attn_sustain=attn_sustain_of("mi350x")),
 }
 # Blackwell's block-scaled MMA takes MXFP8
 DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in MXFP8_GPUS})
@@ -503,6 +507,7 @@ DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one 
     "mi300x": ("xgmi3", "ib-ndr"),
     "mi325x": ("xgmi3", "ib-ndr"),
     "mi355x": ("xgmi4", "ib-ndr"),
+    "mi350x": ("xgmi4", "ib-ndr"),
 }
 # GPUs that share the intra-node (NVLink) link: 8 in a DGX/HGX node; the GB200 NVL72 rack's 72 GPUs are
 # one NVLink domain (a job may take part of a rack: a group is priced by the ranks it spans, comm.py)
