@@ -33,11 +33,12 @@ Sources
   4-GPU mesh are not measured here), one 200 Gb/s NIC per GPU (Slingshot-11 or InfiniBand NDR200: `nic-200g`).
 
 - AMD Instinct (issue 12's twenty-sixth round).  MI300X (AMD CDNA3; ROCm docs docs/conceptual/gpu-arch/mi300.md and
-  reference/gpu-specs): 1307.4 TFLOP/s dense BF16/FP16, 2614.9 FP8, 163.4 FP32, 304 CUs, 192 GB HBM3 at 5.3 TB/s,
+  reference/gpu-specs): 1307.4 TFLOP/s dense BF16/FP16, 2614.9 FP8, 163.4 FP32, 304 CUs, 192 GiB HBM3 at 5.3 TB/s,
   seven Infinity Fabric links of 64 GB/s per direction fully connecting 8 GPUs; MI325X: the same die and clock,
-  256 GB HBM3e at 6 TB/s; MI355X (CDNA4; Bekman's tables from AMD's pages, ROCm gpu-specs for the CUs): 2500 / 5000
-  dense, 157.3 FP32, 256 CUs, 288 GB HBM3e at 8 TB/s.  Their GEMM rates and attention shares: gemm_table.py and
-  below; their Infinity Fabric mesh: `mesh_share`, `XGMI_EFF`.
+  256 GiB HBM3e at 6 TB/s; MI355X (CDNA4; Bekman's tables from AMD's pages, ROCm gpu-specs for the CUs and memory):
+  2500 / 5000 dense, 157.3 FP32, 256 CUs, 288 GiB HBM3e at 8 TB/s; MI350X: the MI355X's die at 2200 MHz and 1000 W,
+  its peaks by the clock.  Their GEMM rates and attention shares: gemm_table.py and below; their Infinity Fabric
+  mesh: `mesh_share`, `XGMI_EFF`.
 
 Two kernel models (compute.py):
 - **table** (the default for catalogue GPUs): each GEMM from its shape and the GPU's measured
