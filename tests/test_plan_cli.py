@@ -735,3 +735,18 @@ def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
     rc, _, err = run(capsys, "--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "64", "--global-batch", "6",
                      "--pp", "8", "--schedules", "interleaved")
     assert rc == 1 and "to --schedules (now interleaved): then tp=8 pp=8" in err
+
+
+def test_amd_gpu_plans_and_explains_its_mesh(capsys):
+    """`--gpu mi300x`: a plan, its evidence line (no published MI300X run is in the set), and --explain's TP
+    accounting on the Infinity Fabric mesh (TP 2 uses one of each GPU's seven links)."""
+    rc, out, err = run(capsys, "--model", "llama3-70b", "--gpu", "mi300x", "--gpus", "64", "--global-batch", "128",
+                       "--tp", "2", "--explain", "--top", "1")
+    assert rc == 0, err
+    assert "on the Infinity Fabric mesh tp 2 uses 1 of each GPU's 7 links, 64 of 448 GB/s" in out
+    assert "no published run of mi300x bf16 is in the validation set" in out
+    rc, out, err = run(capsys, "--model", "llama3-8b", "--gpu", "mi355x", "--gpus", "8", "--global-batch", "32",
+                       "--dtype", "fp8", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["hardware"]["intra"]["name"] == "xgmi4" and d["plans"] and d["evidence"]["rows"] >= 1

@@ -907,7 +907,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
             f"{eff / TFLOPS:.0f} TFLOP/s; with the attention core, roofline and waves: {_ms(la.model_time)}",
             f"  TP: 2 all-reduces of T·h·2 B = {la.message_bytes / 1e6:.1f} MB; ring traffic "
             f"{la.ring_bytes / 1e6:.0f} MB/GPU -> {_ms(la.tp_beta)} + α {_ms(la.tp_alpha)} = {_ms(la.tp_time)}"
-            f" ({la.ratio:.0%} of the GEMM time; {la.tp_time / (la.tp_time + la.flat_time):.0%} of the layer)",
+            f" ({la.ratio:.0%} of the GEMM time; {la.tp_time / (la.tp_time + la.flat_time):.0%} of the layer)"
+            + _mesh_note(cluster, c.tp),
             f"  the same TP over the inter-node link ({cluster.inter.beta / GB:g} GB/s): {_ms(la.tp_slow)} per "
             f"layer; layer {_ms(la.flat_time + la.tp_time)} -> {_ms(la.flat_time + la.tp_slow)} "
             f"({la.slowdown:.1f}x slower)",
@@ -1020,6 +1021,18 @@ def _placement_line(c) -> str:
     kind = ("the V: rank r holds stages r and 2p-1-r, so rank 0 holds the embedding and the head"
             if lists[0][-1] == len(lists) * c.virtual_stages - 1 and c.pp > 1 else "round-robin")
     return f"pipeline placement ({c.schedule}, {kind}): " + "; ".join(shown) + more
+
+
+def _mesh_note(cluster, tp: int) -> str:
+    """On a fully connected mesh (AMD's Infinity Fabric) a TP group inside a node uses only the links between its
+    members (hardware.mesh_share): say so beside the TP accounting."""
+    from par3d.plan.hardware import GB, XGMI_LINKS, mesh_share
+
+    share = mesh_share(cluster.intra.name, tp)
+    if tp <= 1 or share >= 1.0 or tp > cluster.gpus_per_node:
+        return ""
+    return (f"; on the Infinity Fabric mesh tp {tp} uses {tp - 1} of each GPU's {XGMI_LINKS} links, "
+            f"{cluster.intra.beta * share / GB:g} of {cluster.intra.beta / GB:g} GB/s")
 
 
 def _cp_line(model, cluster, c) -> str:
