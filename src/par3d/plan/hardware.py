@@ -409,6 +409,13 @@ def with_mxfp8(dev: Device) -> Device:
     return replace(dev, peak_flops={**dev.peak_flops, "mxfp8": peak}, gemm={**dev.gemm, "mxfp8": share})
 
 
+def _instinct(name: str, peaks: dict[str, float], hbm_gbps: float, mem_gib: int, cus: int,
+              curve: tuple[tuple[int, float], ...]) -> Device:
+    """An AMD Instinct device: its GEMM table entry (gemm_table.py), AITER's attention curve, CUs as SMs."""
+    return Device(name, peaks, hbm_gbps * GB, mem_gib * GiB, cus, gemm=_gemm(name), attn_eff=dict(curve)[8192],
+                  attn_curve=curve, attn_sustain=attn_sustain_of(name))
+
+
 DEVICES: dict[str, Device] = {
     "a100-40gb": Device("a100-40gb", _peaks(312, 19.5), 1555 * GB, 40 * GiB, 108, gemm=_gemm("a100"),
                         attn_eff=FA_A100, attn_sustain=attn_sustain_of("a100")),
@@ -442,19 +449,11 @@ DEVICES: dict[str, Device] = {
     # AMD Instinct (issue 12's twenty-sixth round; module docstring): CUs counted as SMs for the waves; memory in GiB as
     # ROCm's GPU-specs table gives it ("VRAM (GiB)": 192, 256, 288); AITER's attention (MI325X: the MI300X's die and
     # kernels, no measurement of its own)
-    "mi300x": Device("mi300x", _peaks(1307.4, 163.4, 2614.9), 5300 * GB, 192 * GiB, 304, gemm=_gemm("mi300x"),
-                     attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
-                     attn_sustain=attn_sustain_of("mi300x")),
-    "mi325x": Device("mi325x", _peaks(1307.4, 163.4, 2614.9), 6000 * GB, 256 * GiB, 304, gemm=_gemm("mi325x"),
-                     attn_eff=dict(MI300X_CK_CURVE)[8192], attn_curve=MI300X_CK_CURVE,
-                     attn_sustain=attn_sustain_of("mi325x")),
-    "mi355x": Device("mi355x", _peaks(2500, 157.3, 5000), 8000 * GB, 288 * GiB, 256, gemm=_gemm("mi355x"),
-                     attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
-                     attn_sustain=attn_sustain_of("mi355x")),
+    "mi300x": _instinct("mi300x", _peaks(1307.4, 163.4, 2614.9), 5300, 192, 304, MI300X_CK_CURVE),
+    "mi325x": _instinct("mi325x", _peaks(1307.4, 163.4, 2614.9), 6000, 256, 304, MI300X_CK_CURVE),
+    "mi355x": _instinct("mi355x", _peaks(2500, 157.3, 5000), 8000, 288, 256, MI355X_CK_CURVE),
     # MI350X: the MI355X's die at 2200 MHz and 1000 W (FP32 by the clock); its kernels keep the MI355X's shares of peak
-    "mi350x": Device("mi350x", _peaks(2306.9, 144.2, 4613.7), 8000 * GB, 288 * GiB, 256, gemm=_gemm("mi350x"),
-                     attn_eff=dict(MI355X_CK_CURVE)[8192], attn_curve=MI355X_CK_CURVE,
-                     attn_sustain=attn_sustain_of("mi350x")),
+    "mi350x": _instinct("mi350x", _peaks(2306.9, 144.2, 4613.7), 8000, 288, 256, MI355X_CK_CURVE),
 }
 # Blackwell's block-scaled MMA takes MXFP8
 DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in MXFP8_GPUS})
