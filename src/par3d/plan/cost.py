@@ -760,16 +760,16 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
                      cross_entropy, fp8_block, ep)
     if cp == 1:
         return lt
-    if heads and flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
-        whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                            cross_entropy, fp8_block, ep)
-        core = (whole.core - KERNEL_S) / cp + KERNEL_S
+    if heads:
+        if flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
+            whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
+                                cross_entropy, fp8_block, ep)
+            core = (whole.core - KERNEL_S) / cp + KERNEL_S
+        else:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
+            core = lt.core * cp
         return replace(lt, fwd=lt.fwd - lt.core + core, core=core,
                        fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops, core_flops=lt.core_flops * cp)
     extra = (cp - 1) * lt.core
-    if heads:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
-        return replace(lt, fwd=lt.fwd + extra, core=lt.core * cp,
-                       fwd_flops=lt.fwd_flops + (cp - 1) * lt.core_flops, core_flops=lt.core_flops * cp)
     if ring and dev.kernel_model == "table":  # type: ignore[attr-defined]
         q = b * (model.seq_len // cp) * model.q_dim / tp * ACT_BYTES[dtype]
         kv = kv_block_bytes(model, b, tp, cp, dtype)
