@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -574,7 +575,7 @@ def test_fp8_mxfp8_scaling_flag(capsys):
     assert "mxfp8" not in DEVICES["h100-sxm"].peak_flops
     m = CATALOGUE["llama3-70b"]
     tok, h, t = m.seq_len, m.hidden, 4
-    extra = (elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block=True)
+    extra = (elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="mxfp8")
              - elementwise_bytes(m, 1, t, True, True, "fp8"))
     assert extra == pytest.approx(tok * (2 * h / t + h / t + m.ffn / t) * 2 / 32)
     rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--fp8-scaling", "mxfp8")
@@ -582,6 +583,62 @@ def test_fp8_mxfp8_scaling_flag(capsys):
     row = next(r for r in validation.rows() if r["gpu"] == "h100-sxm" and r.get("dtype") == "fp8")
     with pytest.raises(ValueError, match="needs Blackwell"):
         validation.cluster_of(dict(row, fp8_scaling="mxfp8"))
+
+
+def test_nvfp4_precision(capsys):
+    """--dtype nvfp4 (Transformer Engine's NVFP4BlockScaling, issue 12's twenty-seventh round): Blackwell only (a clear
+    error elsewhere, before any search; a validation row says the same), held as FP8 training with the nvfp4 recipe
+    (the JSON says both); the layers' GEMMs run NVFP4_OVER_BF16 (3.42x) the BF16 ones at each GPU's FP4 peak, faster
+    than MXFP8's and tensor-scaled FP8's; the casts cost NVFP4_CAST_OVER_MXFP8 times MXFP8's traffic; the saved GEMM
+    inputs are 0.5625 B copies (less memory than fp8's 1 B); fp4 weight gathers move 0.5625 B a weight; the plan quotes
+    the gpu/nvfp4 evidence; --fp8-scaling other than nvfp4 beside it is refused."""
+    from par3d.plan import cost, gemm_table, validation
+    from par3d.plan.compute import Gemm, elementwise_bytes, gemm_time
+    from par3d.plan.hardware import DEVICES, make_cluster
+    from par3d.plan.memory import layer_activation_bytes
+    from par3d.plan.models import CATALOGUE
+
+    base = ["--model", "llama3-70b", "--gpu", "gb200", "--gpus", "64", "--global-batch", "256", "--tp", "2",
+            "--pp", "4", "--cp", "1", "--micro-batch", "1", "--virtual-stages", "5", "--zero-stage", "1",
+            "--recompute", "none", "--top", "1", "--json"]
+    steps = {}
+    for flags in (("--dtype", "fp8", "--fp8-scaling", "mxfp8"), ("--dtype", "nvfp4")):
+        rc, out, _ = run(capsys, *base, *flags)
+        assert rc == 0
+        d = json.loads(out)
+        steps[flags[-1]] = d["plans"][0]["step_time_s"]
+    assert d["hardware"]["dtype"] == "fp8" and d["hardware"]["fp8_scaling"] == "nvfp4"
+    assert d["hardware"]["precision"] == "nvfp4"
+    assert steps["nvfp4"] < steps["mxfp8"]
+    for g in ("b200", "gb200", "b300", "gb300"):
+        dev = DEVICES[g]
+        big = Gemm("mlp_in", 16384, 8192, 28672)
+        assert gemm_time(big, dev, "bf16") / gemm_time(big, dev, "nvfp4") == pytest.approx(
+            gemm_table.NVFP4_OVER_BF16, rel=0.01)
+        assert gemm_time(big, dev, "nvfp4") < gemm_time(big, dev, "fp8")
+        assert dev.peak_flops["nvfp4"] == gemm_table.FP4_PEAK[g] * 1e12
+    assert "nvfp4" not in DEVICES["h100-sxm"].peak_flops
+    m = CATALOGUE["llama3-70b"]
+    tok, h, t = m.seq_len, m.hidden, 2
+    casts = tok * (2 * h / t + h / t + m.ffn / t)  # the cast elements of one layer's forward, SP on
+    mx = elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="mxfp8")
+    nv = elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="nvfp4")
+    assert nv - mx == pytest.approx(casts * (4 + 2 / 32) * (gemm_table.NVFP4_CAST_OVER_MXFP8 - 1))
+    assert (layer_activation_bytes(m, 1, t, True, "none", "nvfp4")
+            < layer_activation_bytes(m, 1, t, True, "none", "fp8"))
+    nvc = replace(make_cluster("gb200", 64, dtype="fp8"), fp8_scaling="nvfp4", fp8_param_gather=True)
+    assert cost.weight_bytes(nvc) == pytest.approx(0.5625) and nvc.precision == "nvfp4"
+    assert cost.weight_bytes(replace(nvc, fp8_scaling="current")) == 1.0
+    rc, out, _ = run(capsys, *[a for a in base if a != "--json"], "--dtype", "nvfp4")
+    assert rc == 0 and "nvfp4 peak" in out and "gb200 nvfp4" in out
+    rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--dtype", "nvfp4")
+    assert rc != 0 and "--dtype nvfp4" in err and "Blackwell" in err and "h100-sxm" in err
+    rc, _, err = run(capsys, *base, "--dtype", "nvfp4", "--fp8-scaling", "current")
+    assert rc != 0 and "--dtype nvfp4 with --fp8-scaling current" in err
+    row = next(r for r in validation.rows() if str(r["name"]).startswith(validation.MBRIDGE_NVFP4_PREFIX))
+    assert validation.in_sample(row) and validation.cluster_of(row).fp8_scaling == "nvfp4"
+    with pytest.raises(ValueError, match="needs Blackwell"):
+        validation.cluster_of(dict(row, gpu="h100-sxm"))
 
 
 def test_cross_entropy_flag_prices_the_loss_kernels(capsys):

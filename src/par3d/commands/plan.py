@@ -238,16 +238,18 @@ def register(sub) -> None:
                         "offloaded layer waits for its copy where the copy is slower than its compute; Megatron-Core "
                         "runs it without pipeline parallelism or recomputation, so the search keeps to those "
                         "(default: %(default)s)")
-    g.add_argument("--fp8-scaling", choices=("delayed", "current", "mxfp8"), default="delayed",
+    g.add_argument("--fp8-scaling", choices=("delayed", "current", "mxfp8", "nvfp4"), default="delayed",
                    help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
                         "earlier steps, fused into the cast), current (Float8CurrentScaling: an amax pass "
                         "over the tensor before each cast, one more read of it) or mxfp8 (MXFP8BlockScaling, "
                         "Blackwell only: a scale per 32 elements found in the cast; its block-scaled GEMMs at "
-                        "1.75x the BF16 rate, as Transformer Engine measured them on a B300) (default: %(default)s)")
+                        "1.75x the BF16 rate, as Transformer Engine measured them on a B300); nvfp4 is "
+                        "--dtype nvfp4 (default: %(default)s)")
     g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
-                        "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); default: bf16 gathers, 2 B")
+                        "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); with --dtype nvfp4 as NVFP4 "
+                        "copies, 0.5625 B (fp4_param_gather); default: bf16 gathers, 2 B")
     g.add_argument("--cross-entropy", choices=CROSS_ENTROPY, default="unfused",
                    help="how the loss's cross-entropy over the logits runs, priced as the HBM bytes its kernels "
                         "move per logit: unfused (52 B: Megatron-Core's default VocabParallelCrossEntropy; "
@@ -266,9 +268,13 @@ def register(sub) -> None:
                         f"fms-fsdp and torchtitan run it: every unit costs a fitted {FSDP_UNIT_S * 1e3:g} ms per "
                         "micro-batch beyond its collectives (docs/planner.md §9, fifteenth round); default: "
                         "Megatron-Core's distributed optimizer / Megatron-FSDP")
-    g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp32"), default="bf16",
+    g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "nvfp4", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
-                        "style, on GPUs with fp8 tensor cores: H100, H200) or fp32 (default: %(default)s)")
+                        "style, on GPUs with fp8 tensor cores: H100 and later), nvfp4 (Transformer Engine's "
+                        "NVFP4BlockScaling, Blackwell only: the layers' GEMMs in 4 bits at the share of the FP4 peak "
+                        "Transformer Engine measured on a B300, their quantization at its measured cost, "
+                        "everything else as fp8 training; Megatron-Core --fp4-format e2m1) or fp32 "
+                        "(default: %(default)s)")
     g.add_argument("--straggler-cv", type=_spread, default=None, metavar="CV",
                    help="spread of the GPUs' step times (coefficient of variation, e.g. 0.015); a synchronous "
                         "step runs at the slowest GPU's pace, cv x E[max of N normals] behind the mean "
@@ -390,6 +396,11 @@ def _cluster(args: argparse.Namespace):
         with_attention_kernel,
     )
 
+    if args.dtype == "nvfp4":  # NVFP4 is Transformer Engine's fourth recipe: FP8 training with 4-bit layer GEMMs
+        if args.fp8_scaling not in ("delayed", "nvfp4"):
+            raise UsageError(f"--dtype nvfp4 with --fp8-scaling {args.fp8_scaling}: NVFP4 is a recipe of its own "
+                             f"(its scales per 16 elements and per tensor); drop --fp8-scaling")
+        args.dtype, args.fp8_scaling = "fp8", "nvfp4"
     rack = False
     try:
         if args.hardware:
@@ -455,7 +466,8 @@ def _cluster(args: argparse.Namespace):
 
     bad_fp8 = fp8_scaling_error(cl.device.name, cl.dtype, cl.fp8_scaling)
     if bad_fp8:
-        raise UsageError(f"--fp8-scaling {args.fp8_scaling}: {bad_fp8}")
+        flag = "--dtype nvfp4" if cl.fp8_scaling == "nvfp4" else f"--fp8-scaling {args.fp8_scaling}"
+        raise UsageError(f"{flag}: {bad_fp8}")
     if args.offload_layers and ((args.pp or 1) > 1 or args.recompute not in (None, "none")):
         raise UsageError(f"--offload-layers {args.offload_layers}: Megatron-Core offloads activations only without "
                          "pipeline parallelism and without recomputation; drop --pp/--recompute or --offload-layers")
@@ -978,16 +990,16 @@ def evidence_of(cluster, moe: bool = False) -> dict | None:
             getattr(dev, f.name) != getattr(base, f.name) for f in fields(base)
             if f.name not in ("attn_eff", "attn_curve")):
         return None
-    return evidence_for(dev.name, cluster.dtype, moe)
+    return evidence_for(dev.name, cluster.precision, moe)
 
 
 def _evidence_line(cluster, moe: bool = False) -> str:
     from par3d.plan.validation import evidence_for
 
     ev = evidence_of(cluster, moe)
-    what = f"{cluster.device.name} {cluster.dtype}" + (" mixture-of-experts" if moe else "")
+    what = f"{cluster.device.name} {cluster.precision}" + (" mixture-of-experts" if moe else "")
     if ev is None:
-        if evidence_for(cluster.device.name, cluster.dtype, moe) is not None:  # rows exist, for another description
+        if evidence_for(cluster.device.name, cluster.precision, moe) is not None:  # rows exist, for another description
             return ("evidence: none for this description (a hardware file or a flat --efficiency model is not the "
                     "catalogue description the validation set scored: docs/planner.md §9)")
         return f"evidence: no published run of {what} is in the validation set (docs/planner.md §9)"

@@ -61,6 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from .gemm_table import NVFP4_CAST_OVER_MXFP8
 from .hardware import Device, layer_gemm_dtype
 from .models import ModelSpec
 
@@ -82,7 +83,7 @@ GEMM_K_REF = 4096
 LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0}
 CROSS_ENTROPY = tuple(LOSS_BYTES)
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "mxfp8": 1}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5 + 1 / 16}  # NVFP4: E2M1 + E4M3/16
 # the dtype the fused attention kernel runs in: fp8 training (Transformer Engine, as NeMo/Megatron-Bridge
 # run it) keeps attention in bf16 unless fp8 dot-product attention is asked for (fp8_dpa, off by default)
 ATTN_DTYPE = {"fp8": "bf16"}
@@ -221,7 +222,7 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
-                      fp8_current: bool = False, fp8_block: bool = False) -> float:
+                      fp8_current: bool = False, fp8_block: str = "") -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
@@ -277,6 +278,9 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
             # rows for the row-wise copy and along columns for the column-wise one): the cast finds each block's amax
             # as it reads (no second read, no TP amax all-reduce) and writes a 1 B scale per 32 elements of each copy
             by += tok * (h * rep + mlp_in + h / t + mlp_act + latent) * 2 / 32
+            if fp8_block == "nvfp4":  # NVFP4's quantization (amaxes, the weight-gradient inputs' random Hadamard
+                # transform, two scale levels, E2M1 casts) at Transformer Engine's measured cost over MXFP8's casts
+                by += tok * (h * rep + mlp_in + h / t + mlp_act + latent) * (4 + 2 / 32) * (NVFP4_CAST_OVER_MXFP8 - 1)
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
@@ -327,7 +331,7 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: bool = False, ep: int = 1) -> LayerTimes:
+                fp8_block: str = "", ep: int = 1) -> LayerTimes:
     gs = layer_gemms(model, b, tp, ep, sp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp, ep, sp)
@@ -338,7 +342,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         op = sum(times[k] * f for k, f in shares.items())
         return LayerTimes(sum(times.values()), core, gemm_time(hg, dev, dtype), gemm + core_f, core_f, hg.flops,
                           op_rec=op)
-    # MXFP8's block-scaled GEMMs at their own measured rate (hardware.with_mxfp8), the other GEMMs at the dtype's
+    # MXFP8's and NVFP4's GEMMs at their own measured rates (hardware.with_mxfp8 / with_nvfp4), the others at the dtype's
     gdt = layer_gemm_dtype(dev, dtype, fp8_block)
     times = {g.name: gemm_time(g, dev, gdt if g.name not in ("attn_scores", "attn_values") else dtype)
              for g in gs if not (flash and g.name in ("attn_scores", "attn_values"))}

@@ -621,9 +621,10 @@ def flat_sharded_reduce(c: Choice, nbytes: float, link: object) -> float:
 
 def weight_bytes(cluster: Cluster) -> float:
     """Bytes per weight element ZeRO-1/2's gather of updated weights moves: the training dtype's (fp8 keeps
-    bf16 weights), or 1 B where fp8 copies are gathered (`Cluster.fp8_param_gather`)."""
+    bf16 weights), or 1 B where fp8 copies are gathered (`Cluster.fp8_param_gather`), 0.5625 B where NVFP4 copies
+    are (Megatron-Core's fp4_param_gather: E2M1 and an E4M3 scale per 16)."""
     if cluster.dtype == "fp8" and cluster.fp8_param_gather:
-        return 1.0
+        return DTYPE_BYTES["nvfp4"] if cluster.fp8_block == "nvfp4" else 1.0
     return 4.0 if cluster.dtype == "fp32" else 2.0
 
 
@@ -748,7 +749,7 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 @lru_cache(maxsize=4096)
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
-                   cross_entropy: str = "unfused", fp8_block: bool = False, ep: int = 1,
+                   cross_entropy: str = "unfused", fp8_block: str = "", ep: int = 1,
                    heads: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
@@ -1062,8 +1063,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
             tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
             tpb = tp_overlap_exposed(m, cluster, c, ar / 2, forward=False)
-        if cluster.fp8_current and c.sequence_parallel and c.tp > 1:
-            # current scaling of a sequence-parallel tensor needs the amax of the whole tensor before its cast:
+        if (cluster.fp8_current or cluster.fp8_block == "nvfp4") and c.sequence_parallel and c.tp > 1:
+            # current scaling (and NVFP4's per-tensor scale) of a sequence-parallel tensor needs the amax of the whole
+            # tensor before its cast:
             # Transformer Engine all-reduces it over the TP group (the column-parallel inputs' quantizers,
             # `with_amax_reduction`, `amax_reduction_group = tp_group`; the row-parallel grad outputs likewise),
             # on the critical path: QKV and MLP-in inputs forward, the two row-parallel grad outputs backward
@@ -1452,7 +1454,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
-        model, cluster.dtype, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
         c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.ep)
     w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
@@ -1463,7 +1465,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     def of_rank(r: int) -> MemoryBreakdown:
         return rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
                            inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
-                           sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.dtype,
+                           sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.precision,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
                            per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
@@ -1504,7 +1506,7 @@ def offload_exposed(model: ModelSpec, cluster: Cluster, c: Choice, f_layer: floa
     if n <= 0 or c.pp > 1:
         return 0.0, 0.0
     flash = cluster.flash
-    nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.dtype,
+    nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
                                     c.cp, flash)
     host = cluster.host
     copy = host.alpha + nbytes / (host.beta * NVLINK4_EFF)

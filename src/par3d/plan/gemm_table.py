@@ -165,6 +165,29 @@ STEP_SHARE = 0.9944  # a whole step's share of its layers' GEMM rate: fitted to 
 # tensor-scaled `_scaled_mm` (MAMF 1.90x the BF16 one on the B300): MXFP8's kernels run below it, so MXFP8 GEMMs take
 # BF16's share times this ratio (hardware.with_mxfp8), not FP8's share.  Not fitted to any training row.
 MXFP8_OVER_BF16 = 12.835 / 7.324
+# NVFP4 (issue 12's twenty-seventh round; Transformer Engine's NVFP4BlockScaling: E2M1 values, an E4M3 scale per 16
+# elements and an FP32 scale per tensor; Megatron-Core's `--fp4-format e2m1`, Megatron-Bridge's compute dtype "nvfp4").
+# The same guide and layer on the B300, pre-quantized: 3.754 ms in NVFP4 against BF16's 12.835 -> 3.42x, carried to
+# every Blackwell part as MXFP8's ratio is: NVFP4 GEMMs run 3.42x the GPU's BF16 GEMMs (hardware.with_nvfp4).  No NVFP4
+# GEMM is measured on a B200 or GB200, whose FP4 peak is 4x their BF16 peak where the B300's is 6.2x (`FP4_PEAK`).
+# The rule was chosen after Megatron-Bridge's NVFP4 rows had been priced (validation.toml: they are in sample for it):
+# the first rule, written before them -- each GPU's NVFP4 GEMMs at the B300's share of its own FP4 peak, 3.42 / 6.22
+# of the peak ratio, 2.2x BF16 on the B200 / GB200 -- put the GB200 rows at a median -22.6 % (none within 10 %), this
+# one at -1.8 % (7 of 9); the GB300 rows, on which the two rules nearly agree, -14.5 / -12.9 %.  MLPerf Training v5.1's
+# NVFP4 runs (B200, GB200), read after the choice, are its held-out test (docs/planner.md section 9).
+NVFP4_OVER_BF16 = 12.835 / 3.754
+# Dense FP4 tensor-core peaks, TFLOP/s per GPU: B200 9,000 and GB200 10,000 (Bekman's TFLOPS table, from the DGX B200
+# datasheet and the GB200 NVL72 specifications); B300 14,000 and GB300 15,000 (Verda's GB300 NVL72 architecture
+# post, per-GPU table without sparsity; the GB300 NVL72's 1,080 dense PFLOPS / 72 GPUs = 15,000).
+FP4_PEAK: dict[str, float] = {"b200": 9000.0, "gb200": 10000.0, "b300": 14000.0, "gb300": 15000.0}
+# What NVFP4's quantization costs against MXFP8's, the same guide's autocast-minus-pre-quantized time of that layer
+# (every GEMM operand quantized as training does it: the amaxes, the random Hadamard transform of the weight-gradient
+# inputs, the scales, the casts): 6.439 - 3.754 = 2.685 ms in NVFP4, 8.507 - 7.324 = 1.183 ms in MXFP8 -> 2.27x.
+# compute.elementwise_bytes prices MXFP8's casts as HBM traffic: for that layer 0.87 ms (the activations' and, the
+# backward at twice the forward, the gradients' casts) + 0.19 ms for the weights' (which the benchmark re-casts at
+# every GEMM) = 1.06 ms of the 1.18 measured.  NVFP4's casts are that traffic × this ratio.  Not fitted to any
+# training row.
+NVFP4_CAST_OVER_MXFP8 = (6.439 - 3.754) / (8.507 - 7.324)
 
 # gpu family -> dtype -> (peak TFLOP/s, MAMF TFLOP/s, MSMF TFLOP/s or None where not measured)
 TABLE: dict[str, dict[str, tuple[float, float, float | None]]] = {
@@ -249,5 +272,5 @@ def achievable_fraction(family: str, dtype: str) -> float | None:
     return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
 
 
-__all__ = ["FITTED_SUSTAINED", "SHARED_SUSTAINED", "SUSTAINED_FROM", "STEP_SHARE", "STEP_SPREAD", "TABLE", "achievable_fraction",
+__all__ = ["FITTED_SUSTAINED", "FP4_PEAK", "NVFP4_CAST_OVER_MXFP8", "NVFP4_OVER_BF16", "SHARED_SUSTAINED", "SUSTAINED_FROM", "STEP_SHARE", "STEP_SPREAD", "TABLE", "achievable_fraction",
            "sustained_ratio", "training_factor"]

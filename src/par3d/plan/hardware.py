@@ -394,10 +394,10 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
 MXFP8_GPUS = ("b200", "gb200", "b300", "gb300")
 
 
-def layer_gemm_dtype(dev: Device, dtype: str, fp8_block: bool) -> str:
-    """The dtype a layer's Transformer Engine GEMMs are priced at: "mxfp8" under MXFP8 block scaling on a device that
-    has its rate (`with_mxfp8`), else the training dtype."""
-    return "mxfp8" if fp8_block and dtype == "fp8" and "mxfp8" in dev.peak_flops else dtype
+def layer_gemm_dtype(dev: Device, dtype: str, fp8_block: str) -> str:
+    """The dtype a layer's Transformer Engine GEMMs are priced at: the block-scaled recipe ("mxfp8", "nvfp4") on a
+    device that has its rate (`with_mxfp8`, `with_nvfp4`), else the training dtype."""
+    return fp8_block if fp8_block and dtype == "fp8" and fp8_block in dev.peak_flops else dtype
 
 
 def with_mxfp8(dev: Device) -> Device:
@@ -407,6 +407,15 @@ def with_mxfp8(dev: Device) -> Device:
     peak = dev.peak_flops["fp8"]
     share = dev.gemm["bf16"] * dev.peak_flops["bf16"] / peak * _gt.MXFP8_OVER_BF16
     return replace(dev, peak_flops={**dev.peak_flops, "mxfp8": peak}, gemm={**dev.gemm, "mxfp8": share})
+
+
+def with_nvfp4(dev: Device) -> Device:
+    """A Blackwell device with NVFP4's GEMMs (`--dtype nvfp4`) as a dtype of their own: its dense FP4 peak
+    (gemm_table.FP4_PEAK) and the share of it at which an NVFP4 GEMM runs NVFP4_OVER_BF16 (3.42x) the BF16 one, as
+    Transformer Engine's B300 measurement does (a rule chosen after Megatron-Bridge's NVFP4 rows: gemm_table.py)."""
+    peak = _gt.FP4_PEAK[dev.name] * TFLOPS
+    share = dev.gemm["bf16"] * dev.peak_flops["bf16"] / peak * _gt.NVFP4_OVER_BF16
+    return replace(dev, peak_flops={**dev.peak_flops, "nvfp4": peak}, gemm={**dev.gemm, "nvfp4": share})
 
 
 def _instinct(name: str, peaks: dict[str, float], hbm_gbps: float, mem_gib: int, cus: int,
@@ -455,8 +464,8 @@ DEVICES: dict[str, Device] = {
     # MI350X: the MI355X's die at 2200 MHz and 1000 W (FP32 by the clock); its kernels keep the MI355X's shares of peak
     "mi350x": _instinct("mi350x", _peaks(2306.9, 144.2, 4613.7), 8000, 288, 256, MI355X_CK_CURVE),
 }
-# Blackwell's block-scaled MMA takes MXFP8
-DEVICES.update({g: with_mxfp8(DEVICES[g]) for g in MXFP8_GPUS})
+# Blackwell's block-scaled MMA takes MXFP8 and NVFP4
+DEVICES.update({g: with_nvfp4(with_mxfp8(DEVICES[g])) for g in MXFP8_GPUS})
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
            "h100-80gb": "h100-sxm", "b200-sxm": "b200", "gb200-nvl72": "gb200", "b300-sxm": "b300",
            "gb300-nvl72": "gb300", "gh200-96gb": "gh200"}
@@ -522,16 +531,19 @@ def default_gpus_per_node(gpu: str) -> int:
 
 CP_COMMS = ("ring", "all-gather", "a2a")  # how context parallelism moves K/V (Cluster.cp_comm)
 EP_DISPATCHES = ("alltoall", "dedup")  # how a mixture of experts' tokens cross nodes (Cluster.ep_dispatch)
-FP8_SCALINGS = ("delayed", "current", "mxfp8")  # Transformer Engine's FP8 recipes (Cluster.fp8_scaling)
+# Transformer Engine's low-precision recipes (Cluster.fp8_scaling): FP8 by tensor (delayed, current), by block (mxfp8),
+# and NVFP4 (`--dtype nvfp4`: the layers' GEMMs in 4 bits, everything else as FP8 training keeps it)
+FP8_SCALINGS = ("delayed", "current", "mxfp8", "nvfp4")
 
 
 def fp8_scaling_error(gpu: str, dtype: str, scaling: str) -> str | None:
     """Why an FP8 recipe cannot run on a GPU (None: it can): the recipe unknown, or MXFP8 off Blackwell."""
     if scaling not in FP8_SCALINGS:
         return f"fp8 scaling {scaling!r}: choose one of {', '.join(FP8_SCALINGS)}"
-    if scaling == "mxfp8" and dtype == "fp8" and gpu not in MXFP8_GPUS:
-        return (f"fp8 scaling 'mxfp8' needs Blackwell tensor cores (block-scaled MMA: {', '.join(MXFP8_GPUS)}), "
-                f"not {gpu}; use --fp8-scaling delayed or current")
+    if scaling in ("mxfp8", "nvfp4") and dtype == "fp8" and gpu not in MXFP8_GPUS:
+        return (f"{'fp8 scaling ' if scaling == 'mxfp8' else 'precision '}{scaling!r} needs Blackwell tensor cores "
+                f"(block-scaled MMA: {', '.join(MXFP8_GPUS)}), not {gpu}; use --dtype fp8 with --fp8-scaling delayed or "
+                f"current")
     return None
 
 
@@ -648,9 +660,16 @@ class Cluster:
         return self.dtype == "fp8" and self.fp8_scaling == "current"
 
     @property
-    def fp8_block(self) -> bool:
-        """MXFP8 block scaling (`fp8_scaling = "mxfp8"`): the casts write a scale per 32 elements of each copy."""
-        return self.dtype == "fp8" and self.fp8_scaling == "mxfp8"
+    def fp8_block(self) -> str:
+        """The block-scaled recipe ("" for none): "mxfp8" (`fp8_scaling = "mxfp8"`: the casts write a scale per 32
+        elements of each copy) or "nvfp4" (`--dtype nvfp4`: compute.elementwise_bytes)."""
+        return self.fp8_scaling if self.dtype == "fp8" and self.fp8_scaling in ("mxfp8", "nvfp4") else ""
+
+    @property
+    def precision(self) -> str:
+        """The training precision as a user names it: "nvfp4" for NVFP4 (held as dtype fp8 with the nvfp4 recipe),
+        else the dtype."""
+        return "nvfp4" if self.fp8_block == "nvfp4" else self.dtype
 
     @property
     def gemm_dtype(self) -> str:
@@ -694,7 +713,7 @@ class Cluster:
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
-            "fp8_scaling": self.fp8_scaling, "fp8_param_gather": self.fp8_param_gather,
+            "fp8_scaling": self.fp8_scaling, "precision": self.precision, "fp8_param_gather": self.fp8_param_gather,
             "cross_entropy": self.cross_entropy,
             "offload_layers": self.offload_layers,
             "straggler_cv": self.step_spread,
@@ -933,9 +952,11 @@ def describe(c: Cluster) -> str:
     d = c.device
     # the attention share a step keeps (benchmarked × Device.attn_sustain), at 8K tokens where a curve has more
     attn = f", FlashAttention at {d.attn_share(8192):.0%} of bf16 peak in a step" if c.flash else ""
-    eff = (f"GEMMs up to {d.gemm_fraction(c.dtype):.0%} of peak (table), HBM at {d.mem_eff:.0%}{attn}"
+    # NVFP4: the layers' GEMMs at the FP4 peak and share (the rest of the step, and MFU, at FP8's)
+    gd = "nvfp4" if c.fp8_block == "nvfp4" and "nvfp4" in d.peak_flops else c.dtype
+    eff = (f"GEMMs up to {d.gemm_fraction(gd):.0%} of peak (table), HBM at {d.mem_eff:.0%}{attn}"
            if d.kernel_model == "table" else f"{d.efficiency:.0%} achievable")
-    return (f"{c.gpus} x {d.name} ({d.peak(c.dtype) / TFLOPS:.0f} TFLOP/s {c.dtype} peak, "
+    return (f"{c.gpus} x {d.name} ({d.peak(gd) / TFLOPS:.0f} TFLOP/s {gd} peak, "
             f"{eff}, {d.mem_bw / GB:.0f} GB/s HBM, {d.mem_bytes / GiB:.0f} GiB), "
             f"{c.gpus_per_node}/node; intra {c.intra.beta / GB:g} GB/s α={c.intra.alpha / US:g} µs, "
             f"inter {c.inter.beta / GB:g} GB/s per GPU ({c.nics} NICs/node) α={c.inter.alpha / US:g} µs")

@@ -79,7 +79,10 @@ OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0}
 # bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
 # Engine casts GEMM inputs to fp8 inside the GEMM's wrapper; what it saves for the backward in fp8 is
 # counted in layer_activation_bytes)
-ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "nvfp4": 2}
+# bytes of a GEMM input Transformer Engine saves for the weight gradient as its quantized copy: fp8's cast, or NVFP4's
+# (the column-wise, Hadamard-transformed E2M1 copy and its E4M3 scale per 16 elements)
+SAVED_CAST_BYTES = {"fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
 
 
 @dataclass(frozen=True)
@@ -162,11 +165,13 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # sequence shard under SP), 2 units each, in `latents`)
     sharded = 2.0 * sbq + 2.0 * s * b * model.o_dim + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim) / (t if sp else 1)  # SP: each rank's shard
-    if dtype == "fp8":  # TE saves the GEMMs' inputs as their fp8 casts (module docstring, "fp8 activations")
-        replicated -= 2.0 * sbh  # QKV and fc1 inputs: 2 + 2 -> 1 + 1
-        # projection input once more in fp8; fc2 input 2 -> 1 (MoE: each routed copy's fc1 and fc2 inputs)
+    if dtype in SAVED_CAST_BYTES:  # TE saves the GEMMs' inputs as their fp8 (or NVFP4) casts (module docstring,
+        # "fp8 activations"); `dtype` "nvfp4": `Cluster.precision`
+        q = SAVED_CAST_BYTES[dtype]
+        replicated -= 2.0 * (2.0 - q) * sbh  # QKV and fc1 inputs: 2 + 2 -> q + q
+        # projection input once more as a cast; fc2 input 2 -> q (MoE: each routed copy's fc1 and fc2 inputs)
         fc2_in = s * b * (model.top_k * (model.expert_ffn + h) + model.shared_ffn) if model.moe else s * b * model.ffn
-        sharded += s * b * model.o_dim - fc2_in
+        sharded += q * s * b * model.o_dim - (2.0 - q) * fc2_in
     if recompute == "selective":
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores

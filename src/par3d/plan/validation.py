@@ -71,11 +71,16 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
         raise ValueError(f"{row['name']}: cross_entropy {ce!r}: choose one of {', '.join(CROSS_ENTROPY)}")
     if str(row.get("ep_dispatch", "alltoall")) not in EP_DISPATCHES:
         raise ValueError(f"{row['name']}: ep_dispatch {row['ep_dispatch']!r}: choose one of {', '.join(EP_DISPATCHES)}")
-    bad_fp8 = fp8_scaling_error(str(row["gpu"]), str(row.get("dtype", "bf16")), str(row.get("fp8_scaling", "delayed")))
+    # a row's dtype "nvfp4" is FP8 training with NVFP4's recipe (`--dtype nvfp4`: hardware.FP8_SCALINGS)
+    nvfp4 = row.get("dtype") == "nvfp4"
+    if nvfp4 and row.get("fp8_scaling", "nvfp4") != "nvfp4":
+        raise ValueError(f"{row['name']}: dtype nvfp4 with fp8_scaling {row['fp8_scaling']!r}: NVFP4 is its own recipe")
+    dtype, scaling = ("fp8", "nvfp4") if nvfp4 else (str(row.get("dtype", "bf16")), str(row.get("fp8_scaling", "delayed")))
+    bad_fp8 = fp8_scaling_error(str(row["gpu"]), dtype, scaling)
     if bad_fp8:
         raise ValueError(f"{row['name']}: {bad_fp8}")
     cl = make_cluster(row["gpu"], int(row["gpus"]), row.get("gpus_per_node"), row.get("intra_bw_gbps"),
-                      dtype=str(row.get("dtype", "bf16")),
+                      dtype=dtype,
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
                       attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
@@ -90,7 +95,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    ep_dispatch_fp8=bool(row.get("ep_dispatch_fp8", False)),
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
-                   fp8_scaling=str(row.get("fp8_scaling", "delayed")),
+                   fp8_scaling=scaling,
                    fp8_param_gather=bool(row.get("fp8_param_gather", False)),
                    offload_layers=int(row.get("offload_layers", 0)),
                    dp_bucket_params=(None if row.get("dp_bucket_params") is None
@@ -237,7 +242,7 @@ def _sustained_names() -> frozenset[str]:
 
 def in_sample(row: dict[str, Any]) -> bool:
     name = str(row["name"])
-    return name.startswith((IN_SAMPLE_PREFIX, LLMFOUNDRY_PREFIX)) or name in _sustained_names()
+    return name.startswith((IN_SAMPLE_PREFIX, LLMFOUNDRY_PREFIX, MBRIDGE_NVFP4_PREFIX)) or name in _sustained_names()
 
 
 def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
@@ -370,6 +375,9 @@ NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling
 # twenty-second: the MXFP8 405B rows)
 MBRIDGE_PREFIX = "mbridge-"
 MBRIDGE_MOE_PREFIX = "mbridge-moe-"  # its mixture-of-experts rows (Qwen3; twenty-third round): held out
+# its NVFP4 rows (Llama 3 70B, 3.1 405B; twenty-seventh round): in sample -- the rule carrying NVFP4's measured GEMM
+# speed from the B300 to the other Blackwell parts was chosen after they were priced (gemm_table.NVFP4_OVER_BF16)
+MBRIDGE_NVFP4_PREFIX = "mbridge-nvfp4-"
 # the twenty-second round's five papers: MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B and
 # TinyLlama (12 rows; `str.startswith` takes the tuple)
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
@@ -403,7 +411,8 @@ def summary(preds: list[Prediction]) -> str:
     held = [p for p in preds if not in_sample(p.row)]
     lines = [_counts(preds)]
     if ins and held:
-        lines += [f"in sample (set the step share, the H100's, GH200's or GB300's sustained ratios or FSDP's per-unit cost): "
+        lines += [f"in sample (set the step share, the H100's, GH200's or GB300's sustained ratios or FSDP's per-unit cost, "
+                  f"or chose NVFP4's GEMM rule): "
                   f"{_counts(ins)}",
                   f"held out: {_counts(held)}"]
         rest = held
