@@ -601,12 +601,15 @@ def test_nvfp4_precision(capsys):
     base = ["--model", "llama3-70b", "--gpu", "gb200", "--gpus", "64", "--global-batch", "256", "--tp", "2",
             "--pp", "4", "--cp", "1", "--micro-batch", "1", "--virtual-stages", "5", "--zero-stage", "1",
             "--recompute", "none", "--top", "1", "--json"]
-    steps = {}
+    steps, tp_comm = {}, {}
     for flags in (("--dtype", "fp8", "--fp8-scaling", "mxfp8"), ("--dtype", "nvfp4")):
         rc, out, _ = run(capsys, *base, *flags)
         assert rc == 0
         d = json.loads(out)
         steps[flags[-1]] = d["plans"][0]["step_time_s"]
+        tp_comm[flags[-1]] = d["plans"][0]["breakdown_s"]["tp_comm"]
+    # sequence parallelism's all-gathers move the NVFP4 copies (0.5625 B), the reduce-scatters bf16: (2 + 0.5625) / 4
+    assert tp_comm["nvfp4"] / tp_comm["mxfp8"] == pytest.approx((2 + 0.5625) / 4, rel=0.05)
     assert d["hardware"]["dtype"] == "fp8" and d["hardware"]["fp8_scaling"] == "nvfp4"
     assert d["hardware"]["precision"] == "nvfp4"
     assert steps["nvfp4"] < steps["mxfp8"]

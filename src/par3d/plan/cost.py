@@ -497,14 +497,18 @@ def overlapped(compute: float, comm_s: float, sigma: float) -> float:
     return max(compute, comm_s) + sigma * min(compute, comm_s)
 
 
-def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object) -> float:
-    """One TP all-reduce of `nbytes` (with SP an all-gather + reduce-scatter: the same ring bytes)."""
+def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object, gemm_input: bool = False) -> float:
+    """One TP all-reduce of `nbytes` (with SP an all-gather + reduce-scatter: the same ring bytes).  `gemm_input`: the
+    all-gather feeds a GEMM, so under NVFP4 it moves the quantized copy (Transformer Engine quantizes a sequence-parallel
+    GEMM input and its output gradient before gathering them, "automatically enabled for column-parallel and
+    row-parallel linear layers": its NVFP4 docs), 0.5625 B an element instead of bf16's 2."""
     if c.tp <= 1:
         return 0.0
     if not cluster.hier:
         return comm.all_reduce(nbytes, c.tp, link).total  # type: ignore[arg-type]
     if c.sequence_parallel:
-        return (comm.collective("all_gather", nbytes, c.tp, 1, cluster)
+        gathered = nbytes * DTYPE_BYTES["nvfp4"] / 2 if gemm_input and cluster.fp8_block == "nvfp4" else nbytes
+        return (comm.collective("all_gather", gathered, c.tp, 1, cluster)
                 + comm.collective("reduce_scatter", nbytes, c.tp, 1, cluster)).total
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
 
@@ -1046,7 +1050,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # two all-reduces per layer (after attention, after the MLP): seed §4.2; SP: AG + RS, same cost.  A mixture of
     # experts' routed MLP has none (its experts are whole on each rank; its tokens move by the EP all-to-all):
     # one pair, the attention's, unless a shared expert (TP-split as a dense MLP) adds the second
-    ar = tp_collective(cluster, c, act, lk.tp)
+    ar = tp_collective(cluster, c, act, lk.tp, gemm_input=True)
 
     def kind(m: ModelSpec) -> tuple[LayerTimes, float, float, float, float, float, float, float]:
         """One layer of model `m`'s kind: (layer times, TP forward, TP backward, recompute, the recompute's TP
@@ -1058,7 +1062,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # MLA under SP all-gathers the latents (Q's, or the hidden state without one, K/V's and the shared rotary
             # channels) for its up projections instead of the hidden state; the output's reduce-scatter is as before
             gathered = (m.q_lora or m.hidden) + m.kv_lora + m.rope_dim
-            attn = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp)
+            attn = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp, gemm_input=True)
         tpf = tpb = attn + (pairs - 1) * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
         if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
             tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
