@@ -945,8 +945,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     if c.cp > 1:
         out.append(_cp_line(model, cluster, c))
     g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
-    r = roofline(g, dev, cluster.dtype)
-    out.append(f"  roofline of the MLP's first GEMM M={g.m} K={g.k} N={g.n} (seed §4.4): intensity "
+    r = roofline(g, dev, cluster.gemm_dtype)  # MXFP8's / NVFP4's GEMMs at their own rate and peak
+    out.append(f"  roofline of the MLP's first GEMM M={g.m} K={g.k} N={g.n} (seed §4.4, {cluster.gemm_dtype}): intensity "
                f"{r.intensity:.0f} FLOP/B vs balance {r.balance:.0f} -> {r.bound}-bound, attainable "
                f"{r.attainable / TFLOPS:.0f} TFLOP/s ({r.fraction_of_peak:.0%} of peak), wave efficiency "
                f"{r.wave_eff:.0%}")
