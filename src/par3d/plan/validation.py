@@ -364,6 +364,7 @@ MLPERF40_PREFIX = "mlperf-4.0-"  # MLPerf Training v4.0's GPT-3 175B submissions
 MLPERF41_PREFIX = "mlperf-4.1-"  # MLPerf Training v4.1's GPT-3 175B submissions (issue 12's twelfth round)
 MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissions (issue 12's twelfth round)
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
+MLPERF51_NVFP4_PREFIX = "mlperf-5.1-nvfp4-"  # and its NVFP4 submissions (twenty-seventh round): held out
 LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 tables at 2K tokens (fifteenth round)
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, fifteenth round; H200, twentieth): held out likewise
@@ -388,6 +389,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
              (MLPERF40_PREFIX, "MLPerf Training v4.0 (GPT-3 175B)"), (MLPERF41_PREFIX, "MLPerf Training v4.1 (GPT-3 175B)"),
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
+             (MLPERF51_NVFP4_PREFIX, "MLPerf Training v5.1's NVFP4 runs (Llama 3.1 8B, 405B; B200, GB200, B300, GB300)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
              (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2; A100, H200)"),
