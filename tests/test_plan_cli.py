@@ -644,6 +644,40 @@ def test_nvfp4_precision(capsys):
         validation.cluster_of(dict(row, gpu="h100-sxm"))
 
 
+def test_fp8_attention_flag(capsys):
+    """--fp8-attention (Transformer Engine's fp8_dot_product_attention, issue 12's twenty-seventh round): the attention
+    kernel at cuDNN's measured FP8/BF16 speed-up of its generation (the sdpa benchmark's files, both precisions in one
+    file), at each length; only in FP8 training and on Blackwell's cuDNN kernels, refused otherwise before any search;
+    the JSON says it."""
+    from par3d.plan.hardware import FP8_ATTN_SPEEDUP, make_cluster
+
+    base = ["--model", "llama3-8b", "--gpu", "b200", "--gpus", "8", "--global-batch", "16", "--tp", "1", "--pp", "1",
+            "--cp", "1", "--micro-batch", "2", "--zero-stage", "1", "--recompute", "none", "--dtype", "nvfp4", "--top",
+            "1", "--json"]
+    steps = {}
+    for flag in ("--no-fp8-attention", "--fp8-attention"):
+        rc, out, _ = run(capsys, *base, flag)
+        assert rc == 0
+        d = json.loads(out)
+        steps[flag] = d["plans"][0]["step_time_s"]
+        assert d["hardware"]["fp8_attention"] is (flag == "--fp8-attention")
+    assert steps["--fp8-attention"] < steps["--no-fp8-attention"]
+    for gpu, kernel in (("b200", "cudnn9.13"), ("gb300", "cudnn9.13"), ("gb200", "cudnn9.17")):
+        plain = make_cluster(gpu, 8, dtype="fp8", attention_kernel=kernel).device
+        fast = make_cluster(gpu, 8, dtype="fp8", attention_kernel=kernel, fp8_attention=True).device
+        for seq in (2048, 8192, 32768):
+            speedup = dict(FP8_ATTN_SPEEDUP[kernel][gpu])[seq]
+            assert fast.attn_share(seq) == pytest.approx(plain.attn_share(seq) * speedup, rel=1e-3)
+    # the generations differ: 9.13's B200 file 1.22x at 8K, 9.17's GB200 file 1.08x
+    assert dict(FP8_ATTN_SPEEDUP["cudnn9.13"]["b200"])[8192] > 1.2 > dict(FP8_ATTN_SPEEDUP["cudnn9.17"]["b200"])[8192]
+    for bad, words in (([a if a != "nvfp4" else "bf16" for a in base], "only in FP8 training"),
+                       ([{"b200": "h100", "nvfp4": "fp8"}.get(a, a) for a in base],
+                        "cuDNN's fused attention"),
+                       (base + ["--attention-kernel", "fa2"], "cuDNN's fused attention")):
+        rc, _, err = run(capsys, *bad, "--fp8-attention")
+        assert rc != 0 and words in err, err
+
+
 def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
     """--cross-entropy: the loss's HBM traffic per logit by the implementation that runs it (compute.LOSS_BYTES:
     Megatron-Core's unfused VocabParallelCrossEntropy, its native fusion, one fused kernel pair).  The JSON says

@@ -245,6 +245,11 @@ def register(sub) -> None:
                         "Blackwell only: a scale per 32 elements found in the cast; its block-scaled GEMMs at "
                         "1.75x the BF16 rate, as Transformer Engine measured them on a B300); nvfp4 is "
                         "--dtype nvfp4 (default: %(default)s)")
+    g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction, default=False,
+                   help="with --dtype fp8 or nvfp4, the attention kernel in FP8 (Transformer Engine's "
+                        "fp8_dot_product_attention, Megatron-Core --fp8-dot-product-attention): cuDNN's measured "
+                        "FP8/BF16 speed-up at each sequence length (B200, GB200, B300, GB300; e.g. 1.22x on a B200 "
+                        "at 8,192 tokens) (default: BF16 attention)")
     g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
@@ -409,6 +414,9 @@ def _cluster(args: argparse.Namespace):
             from par3d.plan.hardware import GB
             from par3d.plan.profile import cluster_from_file
 
+            if args.fp8_attention:
+                raise UsageError("--fp8-attention with --hardware: FP8 attention is priced from cuDNN's measured "
+                                 "speed-ups on catalogue Blackwell GPUs only; drop one of them")
             hw = load_hardware_file(args.hardware)
             from par3d.host import warn_if_other_host
 
@@ -446,7 +454,8 @@ def _cluster(args: argparse.Namespace):
             cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
                               args.dtype, args.efficiency, nics_per_node=args.nics_per_node,
                               nic_bw_gbps=args.nic_bw, flash_attention=args.flash_attention,
-                              attention_kernel=args.attention_kernel, cp_comm=args.cp_comm)
+                              attention_kernel=args.attention_kernel, cp_comm=args.cp_comm,
+                              fp8_attention=args.fp8_attention)
     except HardwareError as e:
         flag = "--hardware" if args.hardware else "--gpu"
         msg = str(e)

@@ -145,6 +145,17 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 FSDP_UNIT_S = 7.1e-3
 
 
+def log2_interp(curve: tuple[tuple[int, float], ...], seq: int) -> float:
+    """A measured curve's value at `seq` tokens: linear in log2(seq) between its points, flat beyond its ends."""
+    if seq <= curve[0][0]:
+        return curve[0][1]
+    for (s0, e0), (s1, e1) in zip(curve, curve[1:]):
+        if seq <= s1:
+            w = math.log2(seq / s0) / math.log2(s1 / s0)
+            return e0 + w * (e1 - e0)
+    return curve[-1][1]
+
+
 @dataclass(frozen=True, eq=False)  # eq=False: hashable by identity (peak_flops is a dict)
 class Device:
     name: str
@@ -187,16 +198,7 @@ class Device:
         return self.attn_sustain * self.attn_benchmarked(seq)
 
     def attn_benchmarked(self, seq: int) -> float:
-        pts = self.attn_curve
-        if not pts:
-            return self.attn_eff
-        if seq <= pts[0][0]:
-            return pts[0][1]
-        for (s0, e0), (s1, e1) in zip(pts, pts[1:]):
-            if seq <= s1:
-                w = math.log2(seq / s0) / math.log2(s1 / s0)
-                return e0 + w * (e1 - e0)
-        return pts[-1][1]
+        return log2_interp(self.attn_curve, seq) if self.attn_curve else self.attn_eff
 
     def gemm_fraction(self, dtype: str) -> float:
         """Achievable share of peak for a large GEMM of this dtype (table model; flat: efficiency)."""
@@ -387,6 +389,55 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
         raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200, GH200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
+
+
+# FP8 attention (Transformer Engine's fp8_dot_product_attention, Megatron-Core's --fp8-dot-product-attention: cuDNN's
+# fused attention with FP8 Q, K, V; issue 12's twenty-seventh round).  NVIDIA/cudnn-frontend's sdpa benchmark times
+# both precisions in one file, same harness and shapes as the BF16 curves above (causal, head dim 128, 128 query / 8
+# K/V heads, batch 1): artifacts/sdpa_fp8_benchmark_results_NVIDIA_{B200,GB300}.csv at 0b1577c and ..._GB200.csv at
+# d48a60e.  Per length, (BF16 forward, BF16 backward, FP8 forward, FP8 backward) in ms; an FP8 kernel pair runs in
+# (fwd + bwd) of BF16 over (fwd + bwd) of FP8 less time -- a ratio of times, the same in any FLOP count.  The files
+# are of two cuDNN generations, and the ratio moves with it (at 8,192 tokens 1.22x on the B200 and 1.29x on the
+# GB300 at 9.13, 1.08x on the GB200 at 9.17, whose BF16 kernel gained more), so a run's ratio is taken from the
+# generation of its attention kernel (`--attention-kernel`, or the GPU's default): at cuDNN 9.13 the GPU's own file,
+# the GB200 the B200's (the same die, as the BF16 bridge above) and the B300 the GB300's; at 9.17 the GB200's, the one
+# measurement of that generation, for every Blackwell part -- an assumption.
+_FP8_ATTN_MS: dict[str, tuple[tuple[int, float, float, float, float], ...]] = {
+    "b200": ((512, 0.035, 0.107, 0.044, 0.126), (1024, 0.061, 0.228, 0.067, 0.228), (2048, 0.151, 0.630, 0.141, 0.618),
+             (4096, 0.482, 1.650, 0.447, 1.414), (8192, 1.589, 5.526, 1.464, 4.382),
+             (16384, 5.962, 19.094, 5.197, 14.964), (32768, 23.228, 74.527, 19.751, 55.593),
+             (65536, 94.215, 284.695, 77.531, 216.304), (131072, 395.922, 1248.042, 307.690, 870.832)),
+    "gb200": ((512, 0.021, 0.066, 0.018, 0.072), (1024, 0.047, 0.163, 0.040, 0.157), (2048, 0.129, 0.524, 0.104, 0.512),
+              (4096, 0.399, 1.304, 0.331, 1.264), (8192, 1.389, 4.539, 1.161, 4.352),
+              (16384, 5.257, 16.875, 4.327, 16.020), (32768, 20.855, 67.092, 16.564, 61.559),
+              (65536, 88.377, 282.172, 64.518, 242.637), (131072, 382.750, 1185.117, 259.183, 977.197)),
+    "gb300": ((512, 0.049, 0.123, 0.063, 0.147), (1024, 0.070, 0.235, 0.081, 0.233), (2048, 0.137, 0.631, 0.133, 0.599),
+              (4096, 0.380, 1.459, 0.328, 1.189), (8192, 1.281, 4.778, 1.060, 3.632),
+              (16384, 4.791, 17.037, 3.881, 12.595), (32768, 18.680, 65.150, 14.961, 46.779),
+              (65536, 76.825, 251.544, 58.975, 180.145), (131072, 323.592, 1044.691, 236.917, 715.422)),
+}
+_FP8_SPEEDUP = {g: tuple((n, round((bf + bb) / (ff + fb), 3)) for n, bf, bb, ff, fb in rows)
+                for g, rows in _FP8_ATTN_MS.items()}
+# cuDNN generation -> GPU -> (tokens, FP8/BF16 speed-up)
+FP8_ATTN_SPEEDUP: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
+    "cudnn9.13": {"b200": _FP8_SPEEDUP["b200"], "gb200": _FP8_SPEEDUP["b200"], "b300": _FP8_SPEEDUP["gb300"],
+                  "gb300": _FP8_SPEEDUP["gb300"]},
+    "cudnn9.17": {g: _FP8_SPEEDUP["gb200"] for g in ("b200", "gb200", "b300", "gb300")},
+}
+
+
+def with_fp8_attention(dev: Device) -> Device:
+    """A device whose attention kernel runs in FP8 (`--fp8-attention`): its attention shares (of the BF16 peak, as
+    the model counts them) times cuDNN's measured FP8/BF16 speed-up at each length, of its kernel's generation
+    (`FP8_ATTN_SPEEDUP`)."""
+    gen = next((k for k, v in _CUDNN_CURVES.get(dev.name, {}).items() if v == dev.attn_curve), None)
+    if gen is None:
+        have = ", ".join(FP8_ATTN_SPEEDUP["cudnn9.13"])
+        raise HardwareError(f"FP8 attention runs on cuDNN's fused attention, measured on {have}: not on {dev.name} "
+                            f"with this attention kernel; drop --fp8-attention (or --attention-kernel fa2)")
+    speedup = FP8_ATTN_SPEEDUP[gen][dev.name]
+    curve = tuple((n, round(v * log2_interp(speedup, n), 4)) for n, v in dev.attn_curve)
+    return replace(dev, attn_curve=curve, attn_eff=dev.attn_eff * log2_interp(speedup, 8192))
 
 
 # GPUs whose tensor cores take MXFP8's block scales (Blackwell's block-scaled MMA; Hopper has none): NVIDIA's
@@ -630,6 +681,8 @@ class Cluster:
     # "a2a" all-to-alls Q, K, V from sequence shards to head shards and the output back, exposed
     # (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's cp_comm_type "a2a": cost.cp_all_to_all)
     cp_comm: str = "ring"
+    # the attention kernel in FP8 (`with_fp8_attention`: the device's attention shares carry it; this says so)
+    fp8_attention: bool = False
     # how the loss's cross-entropy over the logits runs (compute.LOSS_BYTES: HBM bytes per logit): "unfused"
     # (Megatron-Core's default VocabParallelCrossEntropy, PyTorch's F.cross_entropy on fp32 logits), "fused"
     # (Megatron-Core's cross_entropy_loss_fusion, native: NeMo 2's GPTConfig default) or "kernel" (one fused
@@ -714,6 +767,7 @@ class Cluster:
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "precision": self.precision, "fp8_param_gather": self.fp8_param_gather,
+            "fp8_attention": self.fp8_attention,
             "cross_entropy": self.cross_entropy,
             "offload_layers": self.offload_layers,
             "straggler_cv": self.step_spread,
@@ -767,12 +821,17 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | Non
                  dtype: str = "bf16", efficiency: float | None = None, nics_per_node: int | None = None,
                  nic_bw_gbps: float | None = None, flash_attention: bool = True,
                  hierarchical: bool | None = None, attention_kernel: str | None = None,
-                 cp_comm: str = "ring") -> Cluster:
+                 cp_comm: str = "ring", fp8_attention: bool = False) -> Cluster:
     """A catalogue GPU in DGX-style nodes.  `efficiency` switches to the flat kernel model (and,
     unless `hierarchical` says otherwise, the seed's flat rings).  `nics_per_node` × `nic_bw_gbps`
     (default: the GPU's NIC, one per GPU) is the node's inter-node bandwidth; `inter_bw_gbps`
     instead gives the per-GPU share directly (the older flag)."""
     dev = with_attention_kernel(get_device(gpu), attention_kernel)
+    if fp8_attention:
+        if dtype != "fp8":
+            raise HardwareError(f"FP8 attention with dtype {dtype}: Transformer Engine runs FP8 attention only in FP8 "
+                                f"training; use --dtype fp8 or nvfp4, or drop --fp8-attention")
+        dev = with_fp8_attention(dev)
     if gpus_per_node is None:  # the GPU's NVLink domain (8; GB200 NVL72: 72)
         gpus_per_node = default_gpus_per_node(dev.name)
     if cp_comm not in CP_COMMS:
@@ -795,7 +854,8 @@ def make_cluster(gpu: str = "a100-80gb", gpus: int = 8, gpus_per_node: int | Non
         inter = replace(inter, name=f"{inter.name}@{inter_bw_gbps:g}GBps", beta=inter_bw_gbps * GB)
     dev.peak(dtype)
     return Cluster(dev, gpus, gpus_per_node, intra, inter, dtype, nics_per_node=nics_per_node,
-                   flash_attention=flash_attention, hierarchical=hierarchical, cp_comm=cp_comm)
+                   flash_attention=flash_attention, hierarchical=hierarchical, cp_comm=cp_comm,
+                   fp8_attention=fp8_attention)
 
 
 def gemm_entry_from_points(points: list[tuple[float, float]], peak_tflops: float) -> float:

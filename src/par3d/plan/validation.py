@@ -83,7 +83,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                       dtype=dtype,
                       nics_per_node=row.get("nics_per_node"),
                       nic_bw_gbps=row.get("nic_bw_gbps"), flash_attention=bool(row.get("flash_attention", True)),
-                      attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")))
+                      attention_kernel=row.get("attention_kernel"), cp_comm=str(row.get("cp_comm", "ring")),
+                      fp8_attention=bool(row.get("fp8_attention", False)))
     return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)),
                    overlap_param_gather=bool(row.get("overlap_param_gather", True)),
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
