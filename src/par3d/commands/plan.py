@@ -944,7 +944,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  attention core (FlashAttention, the causal half of 4·T·s·h/tp){block}: {_ms(core)} per layer at "
                    f"{dev.attn_share(local.seq_len):.1%} of bf16 peak in a step = "
                    f"{dev.attn_benchmarked(local.seq_len):.1%} benchmarked × {dev.attn_sustain:.3f} kept "
-                   f"(docs/planner.md §1)")
+                   f"(docs/planner.md §1)" + (" -- in FP8: cuDNN's measured FP8/BF16 speed-up included (§4)"
+                                              if cluster.fp8_attention else ""))
     if dev.kernel_model == "table":  # the loss as the step prices it: bytes per logit by its implementation (§4)
         logits = la.tokens * -(-model.vocab // c.tp)
         loss = loss_time(local, dev, c.micro_batch, c.tp, cluster.cross_entropy)
