@@ -276,8 +276,8 @@ def register(sub) -> None:
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "nvfp4", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100 and later), nvfp4 (Transformer Engine's "
-                        "NVFP4BlockScaling, Blackwell only: the layers' GEMMs in 4 bits at the share of the FP4 peak "
-                        "Transformer Engine measured on a B300, their quantization at its measured cost, "
+                        "NVFP4BlockScaling, Blackwell only: the layers' GEMMs in 4 bits at 3.42x the BF16 rate, "
+                        "as Transformer Engine measured them on a B300, their quantization at its measured cost, "
                         "everything else as fp8 training; Megatron-Core --fp4-format e2m1) or fp32 "
                         "(default: %(default)s)")
     g.add_argument("--straggler-cv", type=_spread, default=None, metavar="CV",
