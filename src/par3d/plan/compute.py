@@ -269,7 +269,8 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
         # before SP's all-gather), the attention output (T·h/t), the MLP activation (T·f/t)
         # MLA's up projections' inputs (0 otherwise), whole on each TP rank (cast on the sequence shard under SP)
         latent = (model.q_lora + model.kv_lora) * rep
-        by += 4 * tok * (h * rep + mlp_in + h / t + mlp_act + latent)
+        cast = tok * (h * rep + mlp_in + h / t + mlp_act + latent)  # the elements cast per layer forward
+        by += 4 * cast
         if fp8_current:  # current scaling: each cast first reads its input for the amax ("two reads per
             # quantization" against delayed scaling's one: Transformer Engine's FP8 delayed-scaling docs); the
             # MLP activation's amax is computed inside the activation kernel (TE PR #2004), so not its cast
@@ -277,10 +278,10 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
         if fp8_block:  # MXFP8 (Transformer Engine's MXFP8BlockScaling; OCP MX: one E8M0 scale per 32 elements, along
             # rows for the row-wise copy and along columns for the column-wise one): the cast finds each block's amax
             # as it reads (no second read, no TP amax all-reduce) and writes a 1 B scale per 32 elements of each copy
-            by += tok * (h * rep + mlp_in + h / t + mlp_act + latent) * 2 / 32
+            by += cast * 2 / 32
             if fp8_block == "nvfp4":  # NVFP4's quantization (amaxes, the weight-gradient inputs' random Hadamard
                 # transform, two scale levels, E2M1 casts) at Transformer Engine's measured cost over MXFP8's casts
-                by += tok * (h * rep + mlp_in + h / t + mlp_act + latent) * (4 + 2 / 32) * (NVFP4_CAST_OVER_MXFP8 - 1)
+                by += cast * (4 + 2 / 32) * (NVFP4_CAST_OVER_MXFP8 - 1)
     if not flash:
         scores = b * (model.heads / t) * s * s
         by += scores * (2 * d + drop * (2 * d + 1))
