@@ -608,8 +608,9 @@ def test_nvfp4_precision(capsys):
         d = json.loads(out)
         steps[flags[-1]] = d["plans"][0]["step_time_s"]
         tp_comm[flags[-1]] = d["plans"][0]["breakdown_s"]["tp_comm"]
-    # sequence parallelism's all-gathers move the NVFP4 copies (0.5625 B), the reduce-scatters bf16: (2 + 0.5625) / 4
-    assert tp_comm["nvfp4"] / tp_comm["mxfp8"] == pytest.approx((2 + 0.5625) / 4, rel=0.05)
+    # sequence parallelism's all-gathers move the NVFP4 copies (0.5625 B) against MXFP8's (1 + 1/32 B), the
+    # reduce-scatters bf16 in both
+    assert tp_comm["nvfp4"] / tp_comm["mxfp8"] == pytest.approx((2 + 0.5625) / (2 + 1 + 1 / 32), rel=0.05)
     assert d["hardware"]["dtype"] == "fp8" and d["hardware"]["fp8_scaling"] == "nvfp4"
     assert d["hardware"]["precision"] == "nvfp4"
     assert steps["nvfp4"] < steps["mxfp8"]
@@ -642,6 +643,40 @@ def test_nvfp4_precision(capsys):
     assert validation.in_sample(row) and validation.cluster_of(row).fp8_scaling == "nvfp4"
     with pytest.raises(ValueError, match="needs Blackwell"):
         validation.cluster_of(dict(row, gpu="h100-sxm"))
+
+
+def test_fp8_quantized_sequence_parallel_gathers():
+    """Transformer Engine gathers a sequence-parallel GEMM input (and the row-parallel output gradients) as its quantized
+    copy (issue 12's twenty-eighth round, cost.GATHERED_INPUT_BYTES): under FP8 a TP pair's all-gather moves 1 B an
+    element, MXFP8's 1 + 1/32, while the reduce-scatter stays bf16; bf16 training and collectives that feed no GEMM
+    are unchanged; under userbuffers overlap the smaller gathers expose no more than bf16-sized ones."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import GATHERED_INPUT_BYTES, Choice, links, tp_collective, tp_overlap_exposed
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    c = Choice(tp=8, pp=1, dp=1, micro_batch=1, microbatches=1, schedule="1f1b", virtual_stages=1,
+               recompute="none", zero_stage=1, sequence_parallel=True)
+    nbytes = 2**30  # large enough that the collectives' latency is a rounding error
+    bf16 = make_cluster("h100-sxm", 8, dtype="bf16")
+    fp8 = make_cluster("h100-sxm", 8, dtype="fp8")
+    mx = replace(make_cluster("b200", 8, dtype="fp8"), fp8_scaling="mxfp8")
+    mx_bf16 = make_cluster("b200", 8, dtype="bf16")
+    assert GATHERED_INPUT_BYTES == {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+    pair = tp_collective(bf16, c, nbytes, links(bf16, c).tp)
+    assert tp_collective(bf16, c, nbytes, links(bf16, c).tp, gemm_input=True) == pair
+    assert tp_collective(fp8, c, nbytes, links(fp8, c).tp) == pytest.approx(pair)  # not a GEMM input: bf16 bytes
+    assert tp_collective(fp8, c, nbytes, links(fp8, c).tp, gemm_input=True) == pytest.approx(0.75 * pair, rel=0.01)
+    mx_pair = tp_collective(mx_bf16, c, nbytes, links(mx_bf16, c).tp)
+    assert (tp_collective(mx, c, nbytes, links(mx, c).tp, gemm_input=True)
+            == pytest.approx((2 + 1 + 1 / 32) / 4 * mx_pair, rel=0.01))
+    model = CATALOGUE["llama3-70b"]
+    coll = tp_collective(fp8, c, 8 * 8192 * 8192 * 2, links(fp8, c).tp) / 2
+    for forward in (True, False):
+        same = tp_overlap_exposed(model, fp8, c, coll, forward=forward)
+        assert tp_overlap_exposed(model, fp8, c, coll, forward=forward, gather=coll) == same
+        assert tp_overlap_exposed(model, fp8, c, coll, forward=forward, gather=coll / 2) < same
 
 
 def test_fp8_attention_flag(capsys):

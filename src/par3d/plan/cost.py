@@ -497,17 +497,26 @@ def overlapped(compute: float, comm_s: float, sigma: float) -> float:
     return max(compute, comm_s) + sigma * min(compute, comm_s)
 
 
+# bytes an element of a sequence-parallel GEMM input moves in its all-gather under each precision: Transformer Engine
+# quantizes the input (the fused norm-and-cast output, forward; its re-gather for the weight gradient and the
+# row-parallel layers' output gradients, backward) before gathering it -- `gather_along_first_dim(..., quantizer=)` in
+# transformer_engine/pytorch/module/layernorm_linear.py and base.py's grad_output_preprocess (TE 2.x) -- so FP8 gathers
+# 1 B, MXFP8 1 B and an E8M0 scale per 32 elements, NVFP4 0.5 B and an E4M3 scale per 16 ("automatically enabled for
+# column-parallel and row-parallel linear layers": its NVFP4 docs).  The reduce-scatters stay in the activations' dtype.
+GATHERED_INPUT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": DTYPE_BYTES["nvfp4"]}
+
+
 def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object, gemm_input: bool = False) -> float:
     """One TP all-reduce of `nbytes` (with SP an all-gather + reduce-scatter: the same ring bytes).  `gemm_input`: the
-    all-gather feeds a GEMM, so under NVFP4 it moves the quantized copy (Transformer Engine quantizes a sequence-parallel
-    GEMM input and its output gradient before gathering them, "automatically enabled for column-parallel and
-    row-parallel linear layers": its NVFP4 docs), 0.5625 B an element instead of bf16's 2."""
+    all-gather feeds a GEMM, so under FP8 it moves the quantized copy (`GATHERED_INPUT_BYTES`) instead of bf16's 2 B
+    an element."""
     if c.tp <= 1:
         return 0.0
     if not cluster.hier:
         return comm.all_reduce(nbytes, c.tp, link).total  # type: ignore[arg-type]
     if c.sequence_parallel:
-        gathered = nbytes * DTYPE_BYTES["nvfp4"] / 2 if gemm_input and cluster.fp8_block == "nvfp4" else nbytes
+        q = GATHERED_INPUT_BYTES.get(cluster.fp8_block or cluster.dtype) if gemm_input else None
+        gathered = nbytes * q / ACT_BYTES[cluster.dtype] if q else nbytes
         return (comm.collective("all_gather", gathered, c.tp, 1, cluster)
                 + comm.collective("reduce_scatter", nbytes, c.tp, 1, cluster)).total
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
@@ -530,7 +539,8 @@ TP_OVERLAP_GEMMS = ("qkv", "attn_out", "mlp_in", "mlp_out")
 TP_BULK_BACKWARD = ("qkv", "mlp_in")
 
 
-def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float, forward: bool = True) -> float:
+def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: float, forward: bool = True,
+                       gather: float | None = None) -> float:
     """One layer's TP time (one micro-batch) under Megatron-Core's tp_comm_overlap, as Transformer
     Engine's userbuffers run it.  Ring exchange (the method Megatron-Bridge's FP8 H100 configs pick for
     every forward collective, src/megatron/bridge/training/comm_overlap.py): the GEMM is split into tp
@@ -553,12 +563,15 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
     input, which the weight gradient needs again, beside the whole dgrad GEMM (qkv_dgrad, fc1_dgrad), and
     the reduce-scatter of that dgrad's output beside the whole wgrad GEMM (qkv_wgrad, fc1_wgrad).  A bulk
     overlap splits nothing: overlapped(gemm, coll) − gemm each.  (dgrad and wgrad are priced at the
-    forward GEMM's time, as the backward's compute is: backward = 2 × forward.)"""
+    forward GEMM's time, as the backward's compute is: backward = 2 × forward.)
+
+    `coll` is one reduce-scatter; `gather` one all-gather where it moves fewer bytes (FP8's quantized GEMM inputs and
+    output gradients, `GATHERED_INPUT_BYTES`; None: `coll`)."""
     dev, dtype = cluster.device, cluster.gemm_dtype
     gs = {g.name: g for g in layer_gemms(local_model(model, c.cp), c.micro_batch, c.tp, c.ep)}
     pipeline = {name: (sm, k) for name, sm, k in cluster.tp_overlap_pipeline} if forward else {}
     n = c.tp
-    step = coll / (n - 1)
+    ag = coll if gather is None else gather
     out = 0.0
     for name in TP_OVERLAP_GEMMS:
         if name not in gs:  # a mixture of experts without a shared expert: no TP-split MLP, no MLP collectives
@@ -566,8 +579,11 @@ def tp_overlap_exposed(model: ModelSpec, cluster: Cluster, c: Choice, coll: floa
         g = gs[name]
         whole = gemm_time(g, dev, dtype)
         if not forward and name in TP_BULK_BACKWARD:
-            out += 2 * (overlapped(whole, coll, dev.sigma) - whole)
+            out += overlapped(whole, ag, dev.sigma) + overlapped(whole, coll, dev.sigma) - 2 * whole
             continue
+        # forward: the column-parallel GEMMs (QKV, MLP-in) follow an all-gather, the row-parallel ones precede a
+        # reduce-scatter; backward: the row-parallel dgrads all-gather their output gradients
+        step = (ag if (name in TP_BULK_BACKWARD) == forward else coll) / (n - 1)
         if name in pipeline:
             sm, k = pipeline[name]
             chunk = gemm_time(replace(g, m=max(1, g.m // k)), dev, dtype) * dev.sms / max(1, dev.sms - sm)
@@ -1051,6 +1067,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # experts' routed MLP has none (its experts are whole on each rank; its tokens move by the EP all-to-all):
     # one pair, the attention's, unless a shared expert (TP-split as a dense MLP) adds the second
     ar = tp_collective(cluster, c, act, lk.tp, gemm_input=True)
+    # the pair's two halves under SP (userbuffers overlaps each on its own GEMM): the reduce-scatter in the activations'
+    # dtype, the all-gather of a (possibly quantized) GEMM input
+    rs_t = tp_collective(cluster, c, act, lk.tp) / 2
+    ag_t = ar - rs_t
 
     def kind(m: ModelSpec) -> tuple[LayerTimes, float, float, float, float, float, float, float]:
         """One layer of model `m`'s kind: (layer times, TP forward, TP backward, recompute, the recompute's TP
@@ -1065,8 +1085,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             attn = tp_collective(cluster, c, act * (m.hidden + gathered) / (2 * m.hidden), lk.tp, gemm_input=True)
         tpf = tpb = attn + (pairs - 1) * ar  # one layer's TP time, forward (the backward's dgrad side moves the same)
         if cluster.tp_comm_overlap and c.sequence_parallel and c.tp > 1 and hier:
-            tpf = tp_overlap_exposed(m, cluster, c, ar / 2)
-            tpb = tp_overlap_exposed(m, cluster, c, ar / 2, forward=False)
+            tpf = tp_overlap_exposed(m, cluster, c, rs_t, gather=ag_t)
+            tpb = tp_overlap_exposed(m, cluster, c, rs_t, forward=False, gather=ag_t)
         if (cluster.fp8_current or cluster.fp8_block == "nvfp4") and c.sequence_parallel and c.tp > 1:
             # current scaling (and NVFP4's per-tensor scale) of a sequence-parallel tensor needs the amax of the whole
             # tensor before its cast:
