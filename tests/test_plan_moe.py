@@ -333,3 +333,101 @@ def test_multi_token_prediction_is_recomputed_as_every_layer():
     n_last = layout(ds, 16).layers[-1]
     per_layer = choice_layer_times(ds, cl, full).fwd + ep_exchange(ds, cl, full)[0]
     assert st1.b[-1] - st0.b[-1] == pytest.approx((n_last + 1) * per_layer)
+
+
+DS_BASE = dict(layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280, seq_len=4096,
+               ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3,
+               kv_lora=512, q_lora=1536, rope_dim=64, v_head=128)
+
+
+def test_megatron_recompute_modules():
+    """Megatron-Core's selective recomputation of named modules (issue 12's twenty-eighth round, --recompute-modules):
+    "selective" is its default list (core_attn); each module re-runs its own forward in the backward -- MLA's up
+    projections their two GEMMs, the routed experts' activation its HBM traffic, a MoE block its GEMMs, routing and
+    all-to-alls -- and stops storing what it holds inside (Q/K/V; the activation's output; the whole block)."""
+    from par3d.plan.cost import choice_layer_times
+    from par3d.plan.memory import SAVED_CAST_BYTES, layer_activation_bytes
+
+    assert compute.recompute_modules("selective") == {"core_attn"} and compute.recompute_modules("none") == set()
+    assert compute.modules_recompute(["moe_act", "mla_up_proj"]) == "selective:mla_up_proj,moe_act"
+    assert compute.modules_recompute(["core_attn"]) == "selective"
+    ds = resolve_model(None, **DS_BASE)
+    cl = make_cluster("gb200", 256, dtype="fp8")
+    c = Choice(1, 16, 16, 1, 16, ep=16, zero_stage=1)
+    lt = choice_layer_times(ds, cl, c)
+    gs = {g.name: g for g in compute.layer_gemms(ds, 1, 1, 16)}
+    dev, gdt = cl.device, cl.gemm_dtype
+    assert lt.recomputed("selective:core_attn") == lt.recomputed("selective") == lt.core
+    up = compute.gemm_time(gs["qkv"], dev, gdt) + compute.gemm_time(gs["kv_up"], dev, gdt)
+    assert lt.recomputed("selective:mla_up_proj") == pytest.approx(up)
+    assert lt.recomputed("selective:core_attn,mla_up_proj") == pytest.approx(up + lt.core)
+    act = compute.module_elementwise_bytes(ds, 1, 1, False, "fp8")["act"]
+    assert act == 3 * 4096 * 8 * 2048 * 2  # SwiGLU over the routed copies: read 2, write 1, bf16
+    assert lt.recomputed("selective:moe_act") == pytest.approx(act / (dev.mem_bw * dev.mem_eff))
+    assert lt.recomputed("selective:moe") > lt.recomputed("selective:shared_experts") > 0
+    # memory: what each module stops storing, in the bytes the formulas count (fp8: saved GEMM inputs as casts)
+    s, q = 4096, SAVED_CAST_BYTES["fp8"]
+    none = layer_activation_bytes(ds, 1, 1, False, "none", "fp8", 1, True)
+    drop = {m: none - layer_activation_bytes(ds, 1, 1, False, f"selective:{m}", "fp8", 1, True)
+            for m in compute.RECOMPUTE_MODULES if m not in ("core_attn", "mlp")}
+    assert drop["mla_up_proj"] == pytest.approx(2.0 * s * ds.q_dim + 4.0 * s * ds.kv_dim_per_rank(1))
+    assert drop["moe_act"] == pytest.approx(q * s * 8 * 2048)
+    assert drop["layernorm"] == 0.0  # under fp8 the GEMMs keep their own quantized inputs
+    assert drop["moe"] > drop["shared_experts"] > 0 and drop["moe"] > drop["moe_act"]
+    bf16 = layer_activation_bytes(ds, 1, 1, False, "none", "bf16", 1, True)
+    assert bf16 - layer_activation_bytes(ds, 1, 1, False, "selective:layernorm", "bf16", 1, True) == 4.0 * s * 7168
+    dense = ds.dense_variant()
+    assert layer_activation_bytes(dense, 1, 1, False, "selective:mlp", "bf16", 1, True) == pytest.approx(
+        layer_activation_bytes(dense, 1, 1, False, "none", "bf16", 1, True) - 6.0 * s * 18432)
+    # a recomputed MoE block dispatches and combines its tokens again in the backward; a recomputed up projection not
+    st0 = stage_times(ds, cl, c)
+    st_moe = stage_times(ds, cl, replace(c, recompute="selective:moe"))
+    st_up = stage_times(ds, cl, replace(c, recompute="selective:mla_up_proj"))
+    f, _ = ep_exchange(ds, cl, c)
+    from par3d.plan.cost import layout
+
+    n = layout(ds, 16).layers[1]  # the second stage holds MoE layers only
+    assert st_moe.ep_comm[1] - st0.ep_comm[1] == pytest.approx(n * f)
+    assert st_up.ep_comm[1] == st0.ep_comm[1] and st_up.b[1] - st0.b[1] == pytest.approx(n * up)
+    # hardware FLOPs count the recomputed GEMMs
+    extra = compute.recompute_flops_per_sequence(ds, "selective:mla_up_proj")
+    one = {g.name: g.flops for g in compute.layer_gemms(ds, 1, 1)}
+    assert extra == pytest.approx(58 * (one["qkv"] + one["kv_up"]) + 3 * (one["qkv"] + one["kv_up"]))
+
+
+def test_recompute_modules_flag_and_refusals(capsys, tmp_path):
+    """--recompute-modules on the command line: the plan's JSON names the method, memory falls, time rises; a module
+    Megatron-Core does not know, one the model lacks, an empty list, beside --recompute full or --emit-config: each a
+    clear error before anything is priced."""
+    cfg = {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+           "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+           "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_attention_heads": 128,
+           "num_key_value_heads": 128, "num_hidden_layers": 61, "tie_word_embeddings": False, "vocab_size": 129280,
+           "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    base = ["plan", "--model", str(p), "--gpu", "b200", "--dtype", "fp8", "--gpus", "256", "--global-batch", "4096",
+            "--tp", "1", "--pp", "16", "--ep", "16", "--micro-batch", "1", "--zero-stage", "1", "--schedule", "1f1b",
+            "--ignore-memory", "--top", "1", "--json"]
+    out = {}
+    for mods in (None, "mla_up_proj", "moe_act,mla_up_proj"):
+        assert main(base + (["--recompute-modules", mods] if mods else [])) == 0
+        out[mods] = json.loads(capsys.readouterr().out)["plans"][0]
+    assert out["mla_up_proj"]["recompute"] == "selective:mla_up_proj"
+    assert out["moe_act,mla_up_proj"]["recompute"] == "selective:mla_up_proj,moe_act"
+    assert out[None]["memory_gib"]["activations"] > out["mla_up_proj"]["memory_gib"]["activations"] \
+        > out["moe_act,mla_up_proj"]["memory_gib"]["activations"]
+    assert out[None]["step_time_s"] < out["mla_up_proj"]["step_time_s"] < out["moe_act,mla_up_proj"]["step_time_s"]
+    bad = {("--recompute-modules", "foo"): "not one of Megatron-Core's recompute modules",
+           ("--recompute-modules", " , "): "names no module",
+           ("--recompute-modules", "mla_up_proj", "--recompute", "full"): "--recompute full",
+           ("--recompute-modules", "mla_up_proj", "--emit-config", str(tmp_path / "x.toml")): "--emit-config"}
+    for extra, why in bad.items():
+        assert main(base + list(extra)) == 2
+        assert why in capsys.readouterr().err
+    qwen = ["plan", *QWEN_FLAGS, "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--tp", "1", "--ep", "8",
+            "--recompute-modules", "mla_up_proj,shared_experts", "--top", "1"]
+    assert main(qwen) == 2
+    err = capsys.readouterr().err
+    assert "mla_up_proj, shared_experts recomputes what" in err and "multi-head latent attention" in err

@@ -100,16 +100,20 @@ OVER_MEMORY |= {"mbridge-moe-25.11-qwen3-235B-a22b-b200"}
 OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01")
                        for g in ("gb200", "gb300")}
 # Megatron-Bridge's DeepSeek-V3 and Kimi K2 recipes (twenty-third round) recompute MLA's up projections or the MLP
-# module by module (`recompute_modules`), which memory.py does not count: it puts them 11-50 % over the GPUs they ran on (the heaviest rank priced in full since the twenty-fourth round)
+# module by module (`recompute_modules`), which memory.py counts since the twenty-eighth round (a dense layer's MLP
+# only where it outweighs the MoE layers: every layer is counted at the larger of the two); these are still 5-21 %
+# over the GPUs they ran on (the heaviest rank priced in full since the twenty-fourth round)
 OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
-    ("25.11", ("b200", "gb200", "gb200-mxfp8")), ("26.02", ("b200", "gb200", "gb300")),
-    ("26.02.01", ("b200", "gb200", "gb300")), ("26.04", ("b200", "gb200", "gb300")),
-    ("26.04.01", ("b200", "b300", "gb200", "gb300")), ("26.06", ("b300", "gb200")), ("26.06.01", ("gb200",)),
-    ("26.08", ("gb200",))) for g in gs}
+    ("25.11", ("gb200", "gb200-mxfp8")), ("26.02", ("gb300",)), ("26.02.01", ("gb300",)), ("26.04", ("gb200", "gb300")),
+    ("26.04.01", ("b200", "b300", "gb200", "gb300")), ("26.06", ("b300",))) for g in gs}
 OVER_MEMORY_MLA |= {f"mbridge-moe-{rel}-kimi-k2-gb300" for rel in ("26.02.01", "26.04", "26.04.01", "26.06")}
-# the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts none of its recomputation (RMSNorm,
-# MLA's up projections) nor its FP8 caching of the MoE activations, and puts PP 16 DualPipe's ~32 in-flight
-# micro-batches at 2.8x the GPU -- priced at the published layout all the same, the miss in memory stated here
+# with their recipes' recompute_modules priced (twenty-eighth round) the B200 runs of 25.11 ... 26.04 fit the GPU, not
+# its 5 % headroom (97.5 %); the others of 26.02+ fit inside it
+CAPACITY_ONLY |= {f"mbridge-moe-{rel}-deepseek-v3-b200" for rel in ("25.11", "26.02", "26.02.01", "26.04")}
+# the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts its recomputation of RMSNorm and MLA's
+# up projections since the twenty-eighth round, but not its FP8 caching of the MoE activations, and puts PP 16
+# DualPipe's ~32 in-flight micro-batches at 2.1x the GPU (2.8x before) -- priced at the published layout all the same,
+# the miss in memory stated here
 OVER_MEMORY_REPORT = {"deepseek-v3-paper-2048"}
 # Megatron-Bridge's 26.02.01 NVFP4 rows (twenty-seventh round) at the table's layouts where its recipe (v0.3.1) has
 # another: Llama 3 70B on the GB300 at TP 1 x PP 1 (the preset: PP 4, VP 5; 568 GiB in memory.py), Llama 3.1 405B on
@@ -133,12 +137,12 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     for n in OVER_MEMORY_REPORT:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
-        assert p.row.get("evaluate_unfit") and 2.5 * cap < p.plan.memory.total < 3 * cap
-    for n in OVER_MEMORY_MLA:  # over by less than 55 % (MLA's module recomputation not counted), priced as published
+        assert p.row.get("evaluate_unfit") and 2 * cap < p.plan.memory.total < 2.5 * cap
+    for n in OVER_MEMORY_MLA:  # over by less than 25 % (their recipes' module recomputation counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert validation.model_of(p.row).mla and p.row.get("evaluate_unfit")
-        assert cap < p.plan.memory.total < 1.55 * cap
+        assert cap < p.plan.memory.total < 1.25 * cap
     for n in OVER_MEMORY:  # over, but by less than 10 % (188.3 GiB of 173.2; 84.7 and 84.5 of 80)
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

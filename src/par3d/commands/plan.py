@@ -11,7 +11,7 @@ import json
 import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
-from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES
+from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
 from par3d.plan.hardware import FSDP_UNIT_S
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -319,6 +319,13 @@ def register(sub) -> None:
                         "layer; with --recompute-layers N the first N of each chunk); op (torchtitan's selective op "
                         "checkpointing: matmul and attention outputs saved except every second matmul, the rest "
                         "recomputed; only when given: the search tries none, selective, full and the block method)")
+    g.add_argument("--recompute-modules", metavar="M,M,...",
+                   help="Megatron-Core's selective recomputation of named modules (--recompute-granularity selective "
+                        "--recompute-modules ...): any of core_attn (the attention core, what --recompute selective "
+                        "alone means), mla_up_proj (MLA's Q and K/V up projections), layernorm (the two norms), mlp "
+                        "(a dense MLP), moe (a mixture of experts' whole block, its all-to-alls again), moe_act (the "
+                        "routed experts' activation), shared_experts; each stops storing what it holds inside and "
+                        "runs its forward again in the backward; implies --recompute selective")
     g.add_argument("--recompute-layers", type=_int_at_least(1), metavar="N",
                    help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
                         "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
@@ -692,6 +699,18 @@ def _run(args: argparse.Namespace) -> int:
                              f"{model.hidden}) with a calibrated host: its measured block has hidden / heads "
                              "channels per head; plan it on a GPU description, or drop --head-dim")
     _check_fixed(args, model, cluster)
+    if args.recompute_modules is not None:
+        if args.recompute not in (None, "selective"):
+            raise UsageError(f"--recompute-modules with --recompute {args.recompute}: named modules are Megatron-Core's "
+                             "selective recomputation; use --recompute selective or drop one of the two")
+        if args.emit_config:
+            raise UsageError("--recompute-modules with --emit-config: par3d train recomputes every layer, the attention "
+                             "core or nothing; drop --recompute-modules or --emit-config")
+        names = [m.strip() for m in args.recompute_modules.split(",") if m.strip()]
+        if not names:
+            raise UsageError(f"--recompute-modules {args.recompute_modules!r} names no module; give one or more of "
+                             f"{', '.join(RECOMPUTE_MODULES)}, comma-separated, or --recompute none")
+        args.recompute = modules_recompute(names)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
                   args.recompute, args.zero_stage, args.sequence_parallel, args.cp,
                   1 if args.emit_config else args.dp_replicate, args.recompute_layers, args.ep)

@@ -288,6 +288,35 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     return by
 
 
+# Megatron-Core's selective recomputation modules (TransformerConfig.recompute_modules, with recompute_granularity
+# "selective"; its default list is ["core_attn"]): what each re-runs in the backward and stops storing
+# (memory.layer_activation_bytes) -- the attention core; MLA's Q and K/V up projections; the two norms; a dense
+# MLP; a mixture of experts' whole MoE block (router, dispatch, experts, combine: its all-to-alls again); the routed
+# experts' activation function; the shared experts.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+
+
+def recompute_modules(recompute: str) -> frozenset[str]:
+    """The selective-recomputation modules a recompute method names: "selective" is Megatron-Core's default list
+    (the attention core), "selective:m1,m2" its `recompute_modules` spelled out; every other method none."""
+    if recompute == "selective":
+        return frozenset({"core_attn"})
+    if recompute.startswith("selective:"):
+        return frozenset(m for m in recompute[len("selective:"):].split(",") if m)
+    return frozenset()
+
+
+def modules_recompute(modules: tuple[str, ...] | list[str] | frozenset[str]) -> str:
+    """The recompute method of a module list, in one spelling ("selective" for the default list alone)."""
+    mods = sorted(set(modules))
+    return "selective" if mods == ["core_attn"] else "selective:" + ",".join(mods)
+
+
+def recomputes_core(recompute: str) -> bool:
+    """Whether the method re-runs the attention core (and so stores no attention scores)."""
+    return "core_attn" in recompute_modules(recompute)
+
+
 @dataclass(frozen=True)
 class LayerTimes:
     fwd: float  # one layer forward, one micro-batch, seconds (roofline + waves [+ elementwise])
@@ -298,10 +327,18 @@ class LayerTimes:
     head_flops: float
     elementwise: float = 0.0  # the non-GEMM part of fwd (table model)
     op_rec: float = 0.0  # what torchtitan's selective op recomputation redoes (`op_shares`): its GEMMs + elementwise
+    # each selective-recomputation module's forward time in this layer (`RECOMPUTE_MODULES`; 0 where the layer has no
+    # such module: a dense layer's "moe", an MHA layer's "mla_up_proj"): (name, seconds), table model only
+    modules: tuple[tuple[str, float], ...] = ()
 
     def recomputed(self, recompute: str) -> float:
         """What one layer's recomputation redoes in the backward, by method: the whole forward ("full"),
-        the attention core ("selective"), torchtitan's selective ops ("op"), nothing ("none")."""
+        the attention core ("selective"), Megatron-Core's named modules ("selective:m1,m2"), torchtitan's selective
+        ops ("op"), nothing ("none")."""
+        if recompute.startswith("selective:"):
+            mods = recompute_modules(recompute)
+            times = dict(self.modules)
+            return (self.core if "core_attn" in mods else 0.0) + sum(times.get(m, 0.0) for m in mods - {"core_attn"})
         return {"none": 0.0, "selective": self.core, "full": self.fwd, "op": self.op_rec}[recompute]
 
 
@@ -360,8 +397,36 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     # the output layer is Megatron-Core's own ColumnParallelLinear, not a Transformer Engine module: bf16
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
     op = sum(times[k] * f for k, f in shares.items()) + elem
+    bw = dev.mem_bw * dev.mem_eff
+    parts = module_elementwise_bytes(model, b, tp, sp, dtype)
+    routed = ("router", "expert_in", "expert_out")
+    modules = (("mla_up_proj", times.get("qkv", 0.0) + times.get("kv_up", 0.0) if model.mla else 0.0),
+               ("layernorm", parts["norms"] / bw),
+               ("mlp", 0.0 if model.moe else times["mlp_in"] + times["mlp_out"] + parts["act"] / bw),
+               ("moe", sum(times[k] for k in routed if k in times) + times.get("mlp_in", 0.0) * model.moe
+                + times.get("mlp_out", 0.0) * model.moe + (parts["route"] + parts["act"] + parts["shared_act"]) / bw),
+               ("moe_act", parts["act"] / bw if model.moe else 0.0),
+               ("shared_experts", times.get("mlp_in", 0.0) + times.get("mlp_out", 0.0) + parts["shared_act"] / bw
+                if model.moe and model.shared_ffn else 0.0))
     return LayerTimes(others + core + elem, core, gemm_time(hg, dev, head_dtype) + loss, gemm + core_f, core_f,
-                      hg.flops, elem, op)
+                      hg.flops, elem, op, modules)
+
+
+def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16") -> dict[str, float]:
+    """The parts of `elementwise_bytes` a selective-recomputation module re-runs (HBM bytes, one layer's forward on
+    one TP rank): the two norms, the MLP's activation (a mixture of experts': the routed experts'), a shared
+    expert's activation, a mixture of experts' routing (the router's softmax and top-k, the permutations)."""
+    d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
+    tok, h, t = b * model.seq_len, model.hidden, tp
+    rep = 1.0 / t if sp else 1.0
+    act = 3 if model.gated else 2
+    out = {"norms": 2 * 2 * tok * h * d * rep, "act": act * tok * model.ffn / t * d, "shared_act": 0.0, "route": 0.0}
+    if model.moe:
+        k = model.top_k
+        out["act"] = act * tok / t * k * model.expert_ffn * d
+        out["shared_act"] = act * tok * model.shared_ffn / t * d
+        out["route"] = 8.0 * tok / t * model.experts + 2 * (1 + k) * tok / t * h * d
+    return out
 
 
 def model_flops_per_sequence(model: ModelSpec) -> float:
@@ -390,6 +455,14 @@ def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
         return model.layers * (gemm + core)
     if recompute == "selective":
         return model.layers * core
+    if recompute.startswith("selective:"):  # Megatron-Core's named modules: their GEMMs (and the core)
+        fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
+        mods = recompute_modules(recompute)
+        names = (({"qkv", "kv_up"} if "mla_up_proj" in mods and model.mla else set())
+                 | ({"mlp_in", "mlp_out"} if ("mlp" in mods and not model.moe)
+                    or (model.moe and ("moe" in mods or "shared_experts" in mods)) else set())
+                 | ({"router", "expert_in", "expert_out"} if "moe" in mods and model.moe else set()))
+        return model.layers * (sum(fl.get(k, 0.0) for k in names) + (core if "core_attn" in mods else 0.0))
     if recompute == "op":
         fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
         # (a mixture of experts' grouped GEMMs: the same FLOPs at ep = 1)

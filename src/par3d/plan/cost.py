@@ -98,6 +98,8 @@ from .compute import (
     layer_times,
     model_flops_per_sequence,
     recompute_flops_per_sequence,
+    recompute_modules,
+    recomputes_core,
 )
 from .hardware import NVLINK4_EFF, TFLOPS, Cluster, Link, mesh_share
 from .memory import (
@@ -751,13 +753,13 @@ def _zero3_submodule_exposed(n: int, comp: tuple[float, ...], gathers: tuple[flo
         rec_tp = rec_comm / 2.0
         layer += [(comp[i] + (rec_tp if i in (1, 3) else 0.0), gathers[i], 0.0) for i in range(4)]
     for i in (3, 2, 1, 0):
-        extra = core if (i == 0 and recompute == "selective") else 0.0
+        extra = core if (i == 0 and recomputes_core(recompute)) else 0.0
         g = 0.0 if (full and i == 3) else gathers[i]
         layer.append((2.0 * comp[i] + bwd_tp[i] + extra, g, scatters[i]))
     bwd = prefetch_timeline(layer, sigma, n)
     f_base = n * (sum(comp) + 2 * ar)
     b_base = n * (2 * sum(comp) + 2 * ar + (sum(comp) + rec_comm if full else 0.0)
-                  + (core if recompute == "selective" else 0.0))
+                  + (core if recomputes_core(recompute) else 0.0))
     return fwd - f_base, bwd - b_base
 
 
@@ -1098,8 +1100,13 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         epf_m, epb_m = ep_exchange(m, cluster, c)
         # (selective op saves the collectives' outputs; recomputing the forward dispatches its tokens again)
         full = c.recompute == "full"
-        return (lt_m, tpf, tpb, lt_m.recomputed(c.recompute), tpf if full else 0.0, epf_m if full else 0.0, epf_m,
-                epb_m)
+        mods = recompute_modules(c.recompute)
+        # Megatron-Core's named modules: a recomputed MLP (dense, or a mixture of experts' shared expert) repeats its
+        # TP pair of collectives; a recomputed MoE block its dispatch and combine
+        mlp_pair = ("mlp" in mods and not m.moe) or (m.moe and m.shared_ffn > 0 and mods & {"moe", "shared_experts"})
+        rec_tp = tpf if full else (ar if mlp_pair else 0.0)
+        rec_ep = epf_m if full or (m.moe and "moe" in mods) else 0.0
+        return (lt_m, tpf, tpb, lt_m.recomputed(c.recompute), rec_tp, rec_ep, epf_m, epb_m)
 
     # a mixture of experts' layers, and its leading dense layers where it has them (models.ModelSpec.dense_layers)
     moe_kind = kind(model)
@@ -1121,7 +1128,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         cpf, cpb = cp_exchange(model, c, lk.cp, lt.core, dtype)
     # recomputing the forward (full) or the attention core (selective) repeats its K/V exchange (Ulysses' all-to-alls
     # sit outside the core: only the full recomputation repeats them)
-    cpr = cpf if c.recompute == "full" or (c.recompute == "selective" and cluster.cp_comm != "a2a") else 0.0
+    cpr = cpf if c.recompute == "full" or (recomputes_core(c.recompute) and cluster.cp_comm != "a2a") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
     rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
@@ -1233,7 +1240,7 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
         blk = kern.block(model.hidden, model.ffn, model.heads, s_loc, c.micro_batch, c.tp, sp, c.cp)
         emb = kern.embedding(model.hidden, s_loc, c.micro_batch, c.tp, sp)
         head = kern.head(model.hidden, model.vocab, s_loc, c.micro_batch, c.tp, sp)
-        rec = {"none": 0.0, "selective": blk.core_fwd, "full": blk.fwd}[c.recompute]
+        rec = blk.fwd if c.recompute == "full" else (blk.core_fwd if recomputes_core(c.recompute) else 0.0)
         k = prof.solo  # the primitives inside a model's step, not timed one by one (plan/profile.py)
         for s, n in enumerate(lay.layers):
             fc = k * (n * blk.fwd + (emb[0] if lay.embed[s] else 0.0) + (head[0] if lay.head[s] else 0.0))
@@ -1281,7 +1288,7 @@ def sync_points(c: Choice, n: int, embed: bool, head: bool) -> tuple[int, int, i
         tb = 2 * n + (2 * n if c.recompute == "full" else 0)
     if c.cp > 1:
         cf = n * (c.cp - 1)
-        cb = n * (2 * c.cp - 1 + (c.cp - 1 if c.recompute in ("full", "selective") else 0))
+        cb = n * (2 * c.cp - 1 + (c.cp - 1 if c.recompute == "full" or recomputes_core(c.recompute) else 0))
     return tf, tb, cf, cb
 
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .compute import recompute_modules
 from .hardware import GiB
 from .models import ModelSpec
 
@@ -165,14 +166,38 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # sequence shard under SP), 2 units each, in `latents`)
     sharded = 2.0 * sbq + 2.0 * s * b * model.o_dim + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim) / (t if sp else 1)  # SP: each rank's shard
+    q = SAVED_CAST_BYTES.get(dtype, 2.0)  # bytes of a saved GEMM input (2: bf16, as the formulas count it)
     if dtype in SAVED_CAST_BYTES:  # TE saves the GEMMs' inputs as their fp8 (or NVFP4) casts (module docstring,
         # "fp8 activations"); `dtype` "nvfp4": `Cluster.precision`
-        q = SAVED_CAST_BYTES[dtype]
         replicated -= 2.0 * (2.0 - q) * sbh  # QKV and fc1 inputs: 2 + 2 -> q + q
         # projection input once more as a cast; fc2 input 2 -> q (MoE: each routed copy's fc1 and fc2 inputs)
         fc2_in = s * b * (model.top_k * (model.expert_ffn + h) + model.shared_ffn) if model.moe else s * b * model.ffn
         sharded += q * s * b * model.o_dim - (2.0 - q) * fc2_in
-    if recompute == "selective":
+    mods = recompute_modules(recompute)
+    if recompute.startswith("selective:"):
+        # Megatron-Core's named modules (compute.RECOMPUTE_MODULES) keep their input and drop what they store inside
+        # (the module docstring's split): each as saved above (fp8 GEMM inputs as casts)
+        unit = 6.0 if model.gated else 4.0
+        fc1_out = unit - 2.0  # per MLP-width element: a gated MLP's 2f-wide fc1 output (4 units), GeLU's input (2)
+        if "mla_up_proj" in mods and model.mla:  # Q, K and V, the up projections' outputs
+            sharded -= 2.0 * sbq + 4.0 * s * b * model.kv_dim_per_rank(t) * t
+        if "layernorm" in mods and dtype not in SAVED_CAST_BYTES:  # the norms' outputs, the QKV and MLP inputs (2 + 2);
+            # under fp8 the GEMMs keep their own quantized copies, which the norms' recomputation does not free
+            replicated -= 4.0 * sbh
+        if model.moe:
+            k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
+            routed = s * b * k * (fc1_out * fe + q * fe + q * h + 2.0 * h) + 4.0 * s * b * model.experts
+            shared = s * b * (fc1_out + q) * fs
+            if "moe" in mods:  # the whole block: routed copies, router probabilities, shared experts
+                sharded -= routed + shared
+            else:
+                if "moe_act" in mods:  # the routed experts' activation output (fc2's input)
+                    sharded -= q * s * b * k * fe
+                if "shared_experts" in mods:
+                    sharded -= shared
+        elif "mlp" in mods:  # the dense MLP's fc1 output and activation (its input, the norm's output, kept)
+            sharded -= (fc1_out + q) * s * b * model.ffn
+    if "core_attn" in mods:
         scores = 0.0
     elif flash or cp > 1:  # blockwise attention: fp32 log-sum-exp per head and query, no s² scores
         scores = 4.0 * a * s * b / scale
@@ -219,7 +244,8 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     act = inflight_layers * per_layer
     if recompute == "full":  # the working set of the layer being recomputed and back-propagated
         act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
-    elif recompute in ("selective", "op"):  # what the layer being back-propagated recomputes, live once
+    elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
+        # back-propagated recomputes, live once
         act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
                    - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash))
     if shape.head:

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from .compute import RECOMPUTE_MODULES, recompute_modules
 from .cost import (
     DEFAULT_OPTIONS,
     SPLIT_BACKWARD,
@@ -285,6 +286,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_replicate(cluster, fixed, limits)
     _check_recompute_layers(cluster, fixed)
     _check_recompute_op(cluster, fixed)
+    _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
     _check_ulysses(model, cluster, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
@@ -461,6 +463,38 @@ def _check_recompute_op(cluster: Cluster, fixed: Fixed) -> None:
     if cluster.profile is not None:
         raise PlanError("--recompute op: a calibrated host prices par3d's runtime, which has no selective op "
                         "checkpointing; use --recompute none, selective or full, or plan on a GPU", "--recompute")
+
+
+def _check_recompute_modules(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
+    """Megatron-Core's named recomputation modules (--recompute-modules): each a module it knows and this model has,
+    on a GPU description (par3d's runtime recomputes every layer, the attention core or nothing), before anything is
+    priced."""
+    rec = fixed.recompute or ""
+    if not rec.startswith("selective:"):
+        return
+    flag = "--recompute-modules"
+    mods = recompute_modules(rec)
+    unknown = sorted(mods - set(RECOMPUTE_MODULES))
+    if unknown or not mods:
+        raise PlanError(f"{flag} {rec[len('selective:'):]!r}: {', '.join(unknown) or 'no module'} is not one of "
+                        f"Megatron-Core's recompute modules ({', '.join(RECOMPUTE_MODULES)}); name one or more of "
+                        "those, comma-separated", flag)
+    has = {"core_attn", "layernorm"}
+    has |= {"mla_up_proj"} if model.mla else set()
+    has |= {"mlp"} if (not model.moe or model.dense_layers) else set()
+    has |= {"moe", "moe_act"} if model.moe else set()
+    has |= {"shared_experts"} if model.moe and model.shared_ffn else set()
+    missing = sorted(mods - has)
+    if missing:
+        what = {"mla_up_proj": "multi-head latent attention", "mlp": "a dense MLP", "moe": "mixture-of-experts layers",
+                "moe_act": "mixture-of-experts layers", "shared_experts": "a shared expert"}
+        raise PlanError(f"{flag}: {', '.join(missing)} recomputes what {model.name} does not have "
+                        f"({'; '.join(f'{m}: {what[m]}' for m in missing)}); its modules are {', '.join(sorted(has))}",
+                        flag)
+    if cluster.zero3_unit == "submodule" or cluster.profile is not None:
+        raise PlanError(f"{flag} with {'--zero3-unit submodule' if cluster.profile is None else 'a calibrated host'}: "
+                        "priced only with a layer's own units on a GPU description; use --recompute selective, full "
+                        "or none", flag)
 
 
 def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
