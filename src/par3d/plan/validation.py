@@ -395,7 +395,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
              (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2; A100, H200)"),
              (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
-             (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries"),
+             (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries, dense and Mixtral"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
              (NEMO2208_PREFIX, "NeMo Megatron 22.08 (GPT-3 5B / 175B, A100)"),
              (MBRIDGE_MOE_PREFIX, "Megatron-Bridge's MoE tables (Qwen3-30B-A3B / 235B-A22B, DeepSeek-V3, Kimi K2)"),
