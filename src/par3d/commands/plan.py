@@ -866,14 +866,14 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",
            f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4}{'  ep' if model.moe else ''} {'mb':>3} {'m':>5} "
-           f"{'schedule':>11} {'v':>2} {'recomp':>9} "
+           f"{'schedule':>11} {'v':>2} {'recomp':>10} "
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
         dp = c.dp_split if c.dp_replicate > 1 else str(c.dp)
         ep = f" {c.ep:>3}" if model.moe else ""  # a mixture of experts: the expert-parallel size
         out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4}{ep} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
-                   f"{c.virtual_stages:>2} {c.recompute_label:>9} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
+                   f"{c.virtual_stages:>2} {c.recompute_label:>10} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>5.1f}{' ' if p.fits else '!'} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "
                    f"{p.model_tflops_per_gpu:>6.1f} {p.mfu:>6.1%} {p.bubble_fraction:>6.1%}")
     best = res.plans[0]

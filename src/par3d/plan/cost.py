@@ -124,6 +124,11 @@ ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write 
 OPTIMIZER_STEP_BYTES = 4 + 4 + 4 + 4 + 16 + 12 + 4 + 2 + 4
 
 
+# short names of Megatron-Core's recomputation modules (compute.RECOMPUTE_MODULES) for the plan table's column
+MODULE_ABBREV = {"core_attn": "attn", "mla_up_proj": "up", "layernorm": "ln", "mlp": "mlp", "moe": "moe",
+                 "moe_act": "act", "shared_experts": "shx"}
+
+
 @dataclass(frozen=True)
 class Choice:
     tp: int
@@ -166,7 +171,10 @@ class Choice:
 
     @property
     def recompute_label(self) -> str:
-        """The recomputation, with the block method's layers per chunk ("full(5)")."""
+        """The recomputation, with the block method's layers per chunk ("full(5)"); Megatron-Core's named modules
+        shortened for a table column ("sel:up,act" for selective:mla_up_proj,moe_act; the JSON keeps the names)."""
+        if self.recompute.startswith("selective:"):
+            return "sel:" + ",".join(MODULE_ABBREV.get(m, m) for m in self.recompute[len("selective:"):].split(","))
         return f"{self.recompute}({self.recompute_layers})" if self.recompute_layers else self.recompute
 
     @property
