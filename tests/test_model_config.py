@@ -65,6 +65,15 @@ def test_catalogue_llamas_are_runtime_configs_and_shrink_validly(name):
         assert small.arch == "llama" and small.layers == 4 and small.vocab == 256
 
 
+@pytest.mark.parametrize("name,lacks", [("mixtral-8x7b", "routed experts"), ("deepseek-v3", "routed experts"),
+                                        ("bloom-176b", "ALiBi"), ("nemotron4-15b", "squared-ReLU")])
+def test_catalogue_models_the_runtime_cannot_build_are_refused(name, lacks):
+    """The planner's catalogue holds models par3d train cannot build as they are (issue 12's twenty-eighth round):
+    asked to train one, the runtime names what it lacks instead of building another model under its name."""
+    with pytest.raises(ConfigError, match=lacks):
+        model_config_from_name(name)
+
+
 def test_unknown_model_name_lists_the_catalogue():
     with pytest.raises(ConfigError, match="llama3-8b"):
         model_config_from_name("no-such-model")

@@ -1450,3 +1450,29 @@ def test_emitted_config_runs_the_layout_priced(tmp_path, capsys):
     smoke = tmp_path / "smoke.toml"
     assert main([*base, "--emit-config", str(smoke), "--emit-smoke"]) == 0
     assert "pipeline_layout" not in tomllib.loads(smoke.read_text())["parallel"]
+
+
+def test_catalogue_names_the_validation_sets_models():
+    """The catalogue holds the models the validation set prices (issue 12's twenty-eighth round), each matching its
+    publisher's parameter count: Mixtral 8x7B 46.7B / 12.9B active and 8x22B 141B / 39B (Mistral AI), Qwen3-30B-A3B
+    30.5B / 3.3B and 235B-A22B 235B / 22B (Qwen), DeepSeek-V3 671B / 37B in its main model (+ its MTP module), Kimi K2
+    1T / 32B, Nemotron-4 15B and 340B, BLOOM 176B, OPT 175B, MT-NLG 530B; Llama 3.1 as Llama 3; and every one plans."""
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.search import search
+
+    expect = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (140.6, 39.2), "qwen3-30b-a3b": (30.5, 3.3),
+              "qwen3-235b-a22b": (235.1, 22.2), "kimi-k2": (1026, 32.9), "nemotron4-15b": (15.6, None),
+              "nemotron4-340b": (341.0, None), "bloom-176b": (176.2, None), "opt-175b": (174.6, None),
+              "mt-nlg-530b": (529.6, None)}
+    for name, (total, active) in expect.items():
+        m = CATALOGUE[name]
+        assert m.params() / 1e9 == pytest.approx(total, rel=0.01), name
+        if active:
+            assert m.moe and m.active_params() / 1e9 == pytest.approx(active, rel=0.02), name
+    ds = CATALOGUE["deepseek-v3"]
+    assert replace(ds, mtp_layers=0).params() / 1e9 == pytest.approx(671, abs=0.5)
+    assert ds.mla and ds.mtp_layers == 1 and ds.dense_layers == 3
+    for n in ("8b", "70b", "405b"):
+        assert replace(CATALOGUE[f"llama3.1-{n}"], name=f"llama3-{n}") == CATALOGUE[f"llama3-{n}"]
+    cl = make_cluster("h100-sxm", 64, dtype="bf16")
+    assert search(CATALOGUE["mixtral-8x7b"], cl, 256, top=1).plans

@@ -320,9 +320,54 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Llama 3.1 (Meta's model cards): the Llama 3 shapes; pre-trained at 8,192 tokens (128K only in the final
+    # long-context stage: --seq-len sets it)
+    _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # the GPT-3-style runs of the validation set (validation.toml gives each source): BLOOM-176B (BigScience's
+    # config.json: ALiBi, so no learned positions; LayerNorm with biases; tied embeddings), OPT-175B (Zhang et al. 2022
+    # Table 1; its config.json's vocabulary), MT-NLG 530B (Smith et al. 2022 Table 1), NeMo's GPT-3 5B and 20B
+    ModelSpec("bloom-176b", 70, 14336, 112, 2048, 250880, learned_pos=False),
+    ModelSpec("opt-175b", 96, 12288, 96, 2048, 50272),
+    ModelSpec("mt-nlg-530b", 105, 20480, 128, 2048, 51200),
+    ModelSpec("gpt3-5b", 24, 4096, 32, 2048, 50304),
+    ModelSpec("gpt3-20b", 44, 6144, 48, 2048, 50432),
+    # Nemotron-4 15B and 340B (NVIDIA's technical reports, arXiv 2402.16819 and 2406.11704): squared-ReLU MLP,
+    # LayerNorm without biases, GQA 8 K/V heads, rotary positions, untied 256K vocabulary, 4,096 tokens
+    ModelSpec("nemotron4-15b", 32, 6144, 48, 4096, 256000, 24576, 8, tied=False, learned_pos=False, bias=False),
+    ModelSpec("nemotron4-340b", 96, 18432, 96, 4096, 256000, 73728, 8, tied=False, learned_pos=False, bias=False),
+    # mixtures of experts (their config.json files; the sequence as the NeMo / Megatron-Bridge recipes train them)
+    # Mixtral 8x7B and 8x22B (Mistral AI): 8 experts, top-2; NeMo's MixtralConfig8x7B / 8x22B seq_length 4,096 / 65,536
+    ModelSpec("mixtral-8x7b", 32, 4096, 32, 4096, 32000, 14336, 8, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", experts=8, top_k=2),
+    ModelSpec("mixtral-8x22b", 56, 6144, 48, 65536, 32768, 16384, 8, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", experts=8, top_k=2),
+    # Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen's config.json; 4,096 tokens, the Qwen3 report's first pre-training
+    # stage; q/k norms not priced)
+    ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4096, 151936, 6144, 4, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=768),
+    ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4096, 151936, 12288, 4, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=1536),
+    # DeepSeek-V3 (arXiv 2412.19437 and its config.json: MLA, 3 leading dense layers, 256 routed experts of 2,048 in 8
+    # groups (4 per token) + one shared, one multi-token-prediction module, pre-trained at 4K tokens) and Kimi K2
+    # (Moonshot AI's config.json: its architecture with 64 heads, 384 experts, one leading dense layer, no MTP)
+    ModelSpec("deepseek-v3", 61, 7168, 128, 4096, 129280, 18432, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", head_size=128, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+              dense_layers=3, mtp_layers=1, route_groups=8, route_group_topk=4, kv_lora=512, q_lora=1536,
+              rope_dim=64, v_head=128),
+    ModelSpec("kimi-k2", 61, 7168, 64, 4096, 163840, 18432, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", head_size=128, experts=384, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
+              dense_layers=1, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128),
     # the seed's §4.2/§4.5 model: 96 layers, H=4096 (≈19B in its layers), micro-batch 8 x seq 1024
     ModelSpec("seed-96l", 96, 4096, 32, 1024, 51200),
 ]}
+
+
+# catalogue models whose block par3d's runtime cannot build as it is (config.model_config_from_spec refuses them, as
+# it refuses mixtures of experts and multi-head latent attention): what the runtime lacks
+RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU MLP",
+                 "nemotron4-340b": "squared-ReLU MLP"}
 
 
 def model_names() -> list[str]:
