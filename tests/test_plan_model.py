@@ -1460,7 +1460,7 @@ def test_catalogue_names_the_validation_sets_models():
     from par3d.plan.hardware import make_cluster
     from par3d.plan.search import search
 
-    expect = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (140.6, 39.2), "qwen3-30b-a3b": (30.5, 3.3),
+    expect = {"llama4-scout": (107.8, 17.2), "llama4-maverick": (400.7, 17.2), "mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (140.6, 39.2), "qwen3-30b-a3b": (30.5, 3.3),
               "qwen3-235b-a22b": (235.1, 22.2), "kimi-k2": (1026, 32.9), "nemotron4-15b": (15.6, None),
               "nemotron4-340b": (341.0, None), "bloom-176b": (176.2, None), "opt-175b": (174.6, None),
               "mt-nlg-530b": (529.6, None)}

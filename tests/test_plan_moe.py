@@ -431,3 +431,68 @@ def test_recompute_modules_flag_and_refusals(capsys, tmp_path):
     assert main(qwen) == 2
     err = capsys.readouterr().err
     assert "mla_up_proj, shared_experts recomputes what" in err and "multi-head latent attention" in err
+
+
+def test_interleaved_moe_layers_llama4(tmp_path):
+    """Llama 4 (issue 12's twenty-eighth round): read from its config.json's text_config -- experts and the shared
+    expert at `intermediate_size`, the dense layers at `intermediate_size_mlp`, Maverick's interleave_moe_layer_step 2
+    (one layer in two MoE: layer u, from 1, when u % 2 == 0) -- at its model cards' sizes (Scout 109B with 17B active,
+    Maverick 400B / 17B); a pipeline stage prices its own count of each kind; the 8K attention chunk bounds the
+    sequence; Qwen2-MoE's decoder_sparse_step is the same rule; --moe-step on the command line."""
+    from par3d.plan.cost import choice_layer_times, layout
+    from par3d.plan.models import ModelError
+
+    text = {"model_type": "llama4_text", "attention_chunk_size": 8192, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 5120, "interleave_moe_layer_step": 2, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "max_position_embeddings": 1048576, "num_attention_heads": 40,
+            "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 128,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "vocab_size": 202048}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama4", "text_config": text}))
+    mav = resolve_model(str(p))
+    assert (mav.experts, mav.top_k, mav.expert_ffn, mav.shared_ffn, mav.ffn, mav.moe_step) == (128, 1, 8192, 8192,
+                                                                                               16384, 2)
+    assert mav.seq_len == 8192 and mav.attn_chunk == 8192  # the chunk, not the 1M positions
+    assert (mav.moe_layers, mav.dense_count) == (24, 24)
+    assert [mav.is_moe_layer(u) for u in (1, 2, 3, 4)] == [False, True, False, True]
+    assert mav.params() / 1e9 == pytest.approx(400, rel=0.01) and mav.active_params() / 1e9 == pytest.approx(17,
+                                                                                                              rel=0.02)
+    p.write_text(json.dumps({"model_type": "llama4", "text_config": {**text, "interleave_moe_layer_step": 1,
+                                                                        "num_local_experts": 16}}))
+    scout = resolve_model(str(p))
+    assert scout.moe_layers == 48 and scout.dense_count == 0
+    assert scout.params() / 1e9 == pytest.approx(109, rel=0.02) and scout.active_params() / 1e9 == pytest.approx(
+        17, rel=0.02)
+    assert resolve_model("llama4-maverick").params() == mav.params()
+    with pytest.raises(ModelError, match="chunks of 8192"):
+        resolve_model(str(p), seq_len=16384)
+    # each stage prices its own count of dense and MoE layers
+    mav = replace(mav, pipeline_split=(12, 12, 12, 12))
+    lay = layout(mav, 4)
+    assert lay.layers == (12, 12, 12, 12) and lay.dense == (6, 6, 6, 6)
+    odd = layout(replace(mav, pipeline_split=(11, 13, 12, 12)), 4)
+    assert odd.dense == (6, 6, 6, 6) and layout(replace(mav, pipeline_split=(1, 13, 22, 12)), 4).dense == (1, 6, 11, 6)
+    cl = make_cluster("gb200", 64, dtype="fp8")
+    c = Choice(1, 4, 16, 1, 16, ep=16, zero_stage=1)
+    st = stage_times(mav, cl, c)
+    lt, ltd = choice_layer_times(mav, cl, c), choice_layer_times(mav.dense_variant(), cl, c)
+    assert st.f_compute[1] == pytest.approx(6 * lt.fwd + 6 * ltd.fwd)
+    # model FLOPs: 24 MoE layers and 24 dense ones
+    both = compute.model_flops_per_sequence(mav)
+    moe_only = compute.model_flops_per_sequence(replace(mav, moe_step=1))
+    dense_only = compute.model_flops_per_sequence(mav.dense_variant())
+    assert both == pytest.approx((moe_only + dense_only) / 2, rel=1e-9)
+    # Qwen2-MoE's decoder_sparse_step: the same rule
+    q = {"model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+         "num_key_value_heads": 16, "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+         "num_experts_per_tok": 4, "decoder_sparse_step": 2, "vocab_size": 151936, "hidden_act": "silu",
+         "rms_norm_eps": 1e-6, "max_position_embeddings": 8192}
+    p.write_text(json.dumps(q))
+    qm = resolve_model(str(p))
+    assert qm.moe_step == 2 and qm.moe_layers == 12
+    with pytest.raises(ModelError, match="--moe-step 49"):
+        resolve_model(None, **QWEN, moe_step=49)
+    with pytest.raises(ModelError, match="--moe-step"):
+        resolve_model(None, layers=8, hidden=512, heads=8, moe_step=2)
+    assert main(["plan", *QWEN_FLAGS, "--moe-step", "2", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+                 "--top", "1", "--json"]) == 0

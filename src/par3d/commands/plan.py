@@ -132,6 +132,10 @@ def register(sub) -> None:
     g.add_argument("--dense-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="a mixture of experts whose first N layers have a dense MLP of --ffn-hidden (DeepSeek-V3 3, "
                         "Kimi K2 1; config.json's first_k_dense_replace)")
+    g.add_argument("--moe-step", type=_int_at_least(1), default=None, metavar="K",
+                   help="a mixture of experts whose every K-th layer (after --dense-layers) is MoE and the others dense "
+                        "of --ffn-hidden (Llama 4 Maverick 2; config.json's interleave_moe_layer_step or Qwen2-MoE's "
+                        "decoder_sparse_step); 1 (the default): every layer")
     g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
@@ -679,7 +683,7 @@ def _run(args: argparse.Namespace) -> int:
                               args.position, args.bias, args.head_dim, args.experts, args.top_k,
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
-                              args.router_groups, args.router_group_topk)
+                              args.router_groups, args.router_group_topk, args.moe_step)
     except ModelError as e:
         raise UsageError(str(e)) from None
     if args.pipeline_layout:

@@ -438,18 +438,18 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     head = head_gemm(model, 1, 1).flops
     # multi-token prediction (models.ModelSpec.mtp_layers): per module a layer, the 2h -> h projection, the head again
     mtp = model.mtp_layers * (lt[0] + lt[1] + head + 2.0 * model.seq_len * 2 * model.hidden * model.hidden)
-    if model.dense_layers:  # a mixture of experts' leading dense layers (models.ModelSpec.dense_layers)
+    if model.dense_count:  # a mixture of experts' dense layers (models.ModelSpec.dense_layers, moe_step)
         ld = layer_flops(model.dense_variant(), 1, 1)
-        return 3.0 * (model.moe_layers * (lt[0] + lt[1]) + model.dense_layers * (ld[0] + ld[1]) + head + mtp)
+        return 3.0 * (model.moe_layers * (lt[0] + lt[1]) + model.dense_count * (ld[0] + ld[1]) + head + mtp)
     return 3.0 * (model.layers * (lt[0] + lt[1]) + head + mtp)
 
 
 def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
     """Extra forward FLOPs spent recomputing (hardware FLOPs − model FLOPs)."""
-    if model.dense_layers:  # the MoE layers' and the leading dense layers' apart
-        return (recompute_flops_per_sequence(replace(model, dense_layers=0), recompute) * model.moe_layers
+    if model.dense_count:  # the MoE layers' and the dense layers' apart
+        return (recompute_flops_per_sequence(replace(model, dense_layers=0, moe_step=1), recompute) * model.moe_layers
                 / model.layers + recompute_flops_per_sequence(model.dense_variant(), recompute)
-                * model.dense_layers / model.layers)
+                * model.dense_count / model.layers)
     gemm, core = layer_flops(model, 1, 1)
     if recompute == "full":
         return model.layers * (gemm + core)

@@ -236,8 +236,9 @@ class Layout:
     layers: tuple[int, ...]
     embed: tuple[bool, ...]
     head: tuple[bool, ...]
-    # of each stage's layers, how many are a mixture of experts' leading dense layers (models.ModelSpec.dense_layers;
-    # they come first in the stage, as first in the model); all zero otherwise
+    # of each stage's layers, how many are a mixture of experts' dense layers (models.ModelSpec.dense_layers, moe_step;
+    # the leading ones first in the stage, as in the model; interleaved ones are priced as if first too: only the block
+    # method's recomputed layers read the order); all zero otherwise
     dense: tuple[int, ...] = ()
 
     def dense_of(self, s: int) -> int:
@@ -258,10 +259,10 @@ def layout(model: ModelSpec, chunks: int) -> Layout:
     layers, embed, head, dense = [], [], [], []
     for a, b in bounds:
         layers.append(sum(1 for u in range(a, b) if 1 <= u <= model.layers))
-        dense.append(sum(1 for u in range(a, b) if 1 <= u <= model.dense_layers))
+        dense.append(sum(1 for u in range(a, b) if 1 <= u <= model.layers and not model.is_moe_layer(u)))
         embed.append(a == 0)
         head.append(b > last)
-    return Layout(tuple(layers), tuple(embed), tuple(head), tuple(dense) if model.dense_layers else ())
+    return Layout(tuple(layers), tuple(embed), tuple(head), tuple(dense) if model.dense_count else ())
 
 
 SPLIT_BACKWARD = ("zb-h1",) + V_SCHEDULES
@@ -319,7 +320,7 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
     out = []
     per_layer = model.layer_params_per_rank(tp, ep)
     per_expert_layer = model.expert_layer_params() / ep
-    per_dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_layers else 0.0
+    per_dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_count else 0.0
     for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
         params = 0.0
         for s in stages:
@@ -1119,7 +1120,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # a mixture of experts' layers, and its leading dense layers where it has them (models.ModelSpec.dense_layers)
     moe_kind = kind(model)
     lt, tp_layer, tp_layer_b, rec, rec_comm, rec_ep, epf, epb = moe_kind
-    ltd, tpd, tpd_b, recd, recd_comm, _, _, _ = kind(model.dense_variant()) if model.dense_layers else moe_kind
+    ltd, tpd, tpd_b, recd, recd_comm, _, _, _ = kind(model.dense_variant()) if model.dense_count else moe_kind
     ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
@@ -1470,7 +1471,7 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
-    if model.dense_layers:  # a mixture of experts' leading dense layers: every layer counted at the larger of the two
+    if model.dense_count:  # a mixture of experts' dense layers: every layer counted at the larger of the two
         per_layer = max(per_layer, _memory_scan(model.dense_variant(), dtype, flash, tp, pp, v, schedule, m, b, sp,
                                                 recompute, cp, rec_layers, cross_entropy)[2])
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy
@@ -1507,7 +1508,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                            sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.precision,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                           per_layer=per_layer if (c.recompute_layers or model.dense_layers) else None,
+                           per_layer=per_layer if (c.recompute_layers or model.dense_count) else None,
                            cross_entropy=cluster.cross_entropy,
                            expert_dp=c.expert_dp)
 

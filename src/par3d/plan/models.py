@@ -20,9 +20,10 @@ layer's MLP is a router (h·E) and E routed experts of width `moe_ffn_hidden` ea
 of which each token runs `top_k`, plus an optional always-on shared expert of width `shared_ffn` (Qwen2-MoE,
 DeepSeek: n_shared × moe width).  Expert parallelism (`ep`, cost.Choice) places E/ep whole experts on each
 rank (Megatron-Core's expert-tensor-parallel size 1); the attention, norms, router and shared expert split over
-TP as a dense layer's do.  Leading dense layers (`dense_layers`: DeepSeek's first_k_dense_replace) have a dense
-MLP of `ffn`; dense layers elsewhere among the MoE layers (Qwen2-MoE's mlp_only_layers) are refused, not priced
-as uniform.
+TP as a dense layer's do.  Leading dense layers (`dense_layers`: DeepSeek's first_k_dense_replace) and regularly
+interleaved ones (`moe_step`: Llama 4 Maverick's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step) have a
+dense MLP of `ffn`; dense layers placed otherwise (Qwen2-MoE's mlp_only_layers, DeepSeek's moe_layer_freq) are
+refused, not priced as uniform.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class ModelSpec:
     moe_ffn_hidden: int | None = None  # one routed expert's width; None -> ffn_hidden (Mixtral's config says so)
     shared_ffn: int = 0  # the always-on shared expert's width (all shared experts together); 0: none
     dense_layers: int = 0  # MoE: the first this-many layers have a dense MLP of ffn_hidden (DeepSeek's first_k_dense)
+    # MoE: after them, every moe_step-th layer is a mixture of experts and the others dense (Llama 4 Maverick's
+    # interleave_moe_layer_step 2, Qwen2-MoE's decoder_sparse_step: layer u, counted from 1, is MoE when u % step == 0)
+    moe_step: int = 1
     # multi-token prediction (DeepSeek-V3): this many extra modules after the last layer, each a layer of the model's
     # kind, a projection of [norm(h); norm(embedding)] (2h -> h) and a second pass of the shared output head and loss
     mtp_layers: int = 0
@@ -94,6 +98,9 @@ class ModelSpec:
     # (pipeline_model_parallel_layout, num_layers_in_first/last_pipeline_stage); (): the planner's balanced
     # partition (pipeline/partition.py).  `--pipeline-layout`; cost.layout reads it
     pipeline_split: tuple[int, ...] = ()
+    # chunked local attention (Llama 4's attention_chunk_size): full attention up to the chunk, which is all the planner
+    # prices -- a sequence past it is refused (resolve_model); 0: none
+    attn_chunk: int = 0
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -111,15 +118,27 @@ class ModelSpec:
     def moe(self) -> bool:
         return self.experts > 0
 
+    def is_moe_layer(self, u: int) -> bool:
+        """Whether layer u (1 .. layers) has the mixture of experts: past the leading `dense_layers`, every
+        `moe_step`-th one."""
+        return self.moe and u > self.dense_layers and (u - self.dense_layers) % self.moe_step == 0
+
     @property
     def moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts (every layer but the leading `dense_layers`); 0 for a dense model."""
-        return self.layers - self.dense_layers if self.moe else 0
+        """Layers whose MLP is a mixture of experts (`is_moe_layer`); 0 for a dense model."""
+        return (self.layers - self.dense_layers) // self.moe_step if self.moe else 0
+
+    @property
+    def dense_count(self) -> int:
+        """A mixture of experts' layers with a dense MLP (the leading ones and those `moe_step` interleaves); 0 for a
+        dense model, whose layers are all its own kind."""
+        return self.layers - self.moe_layers if self.moe else 0
 
     def dense_variant(self) -> ModelSpec:
         """The model's dense layer: its attention with a dense MLP of ffn_hidden (a MoE model's leading dense
         layers are priced as this model's layers)."""
-        return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0, mtp_layers=0)
+        return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0, moe_step=1,
+                       mtp_layers=0)
 
     def mtp_params(self) -> int:
         """The multi-token-prediction modules' own parameters (their layer, projection and two norms; the embedding
@@ -245,17 +264,17 @@ class ModelSpec:
     def params(self) -> int:
         """Total trainable parameters (a tied head is counted once)."""
         head = self.norm_params if self.tied else self.head_params()
-        dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
-        return ((self.layers - self.dense_layers) * self.layer_params() + dense + self.embedding_params() + head
-                + self.mtp_params())
+        dense = self.dense_count * self.dense_variant().layer_params() if self.dense_count else 0
+        layers = self.moe_layers if self.moe else self.layers
+        return layers * self.layer_params() + dense + self.embedding_params() + head + self.mtp_params()
 
     def active_params(self) -> int:
         """Parameters one token uses (MoE: top_k of the routed experts; a dense model's all of them)."""
         head = self.norm_params if self.tied else self.head_params()
-        dense = self.dense_layers * self.dense_variant().layer_params() if self.dense_layers else 0
+        dense = self.dense_count * self.dense_variant().layer_params() if self.dense_count else 0
         mtp = self.mtp_layers * (self.active_layer_params() + 2 * self.hidden * self.hidden + 2 * self.norm_params)
-        return ((self.layers - self.dense_layers) * self.active_layer_params() + dense + self.embedding_params()
-                + head + mtp)
+        layers = self.moe_layers if self.moe else self.layers
+        return layers * self.active_layer_params() + dense + self.embedding_params() + head + mtp
 
     def summary(self) -> str:
         extra = f", kv_heads={self.kv}" if self.kv != self.heads else ""
@@ -267,6 +286,8 @@ class ModelSpec:
         if self.moe:
             shared = f" + shared {self.shared_ffn}" if self.shared_ffn else ""
             dense = f", the first {self.dense_layers} layers dense (ffn {self.ffn})" if self.dense_layers else ""
+            dense += (f", one layer in {self.moe_step} MoE ({self.moe_layers}; the others dense, ffn {self.ffn})"
+                      if self.moe_step > 1 else "")
             dense += f", {self.mtp_layers} MTP module{'s' if self.mtp_layers > 1 else ''}" if self.mtp_layers else ""
             mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}{dense}"
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
@@ -285,7 +306,8 @@ class ModelSpec:
                 "ffn_hidden": self.ffn, "gated": self.gated, "norm": self.norm, "tied": self.tied,
                 "position": "learned" if self.learned_pos else "rotary", "bias": self.bias,
                 **({"experts": self.experts, "top_k": self.top_k, "moe_ffn_hidden": self.expert_ffn,
-                    "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers, "mtp_layers": self.mtp_layers,
+                    "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers, "moe_step": self.moe_step,
+                    "mtp_layers": self.mtp_layers,
                     "active_params": self.active_params()} if self.moe else {}),
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
                     "v_head_dim": self.v_head_dim} if self.mla else {}),
@@ -359,6 +381,14 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("kimi-k2", 61, 7168, 64, 4096, 163840, 18432, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", head_size=128, experts=384, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
               dense_layers=1, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128),
+    # Llama 4 Scout and Maverick (Meta's config.json text_config: 16 / 128 experts of 8,192, top-1, one shared expert
+    # of 8,192; Maverick one layer in two MoE, the others dense of 16,384; 8,192-token attention chunks, so 8,192
+    # tokens, past which the planner refuses; q/k norms not priced): 109B / 400B parameters, 17B active (model cards)
+    ModelSpec("llama4-scout", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", experts=16, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, attn_chunk=8192),
+    ModelSpec("llama4-maverick", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
+              bias=False, norm="rms", experts=128, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, moe_step=2,
+              attn_chunk=8192),
     # the seed's §4.2/§4.5 model: 96 layers, H=4096 (≈19B in its layers), micro-batch 8 x seq 1024
     ModelSpec("seed-96l", 96, 4096, 32, 1024, 51200),
 ]}
@@ -382,6 +412,9 @@ def from_hf_config(path: str) -> ModelSpec:
     except (OSError, ValueError) as e:
         raise ModelError(f"--model {path}: cannot read a JSON config ({e}); give a Hugging Face "
                          f"config.json or a catalogue name ({', '.join(model_names())})") from e
+    if isinstance(cfg.get("text_config"), dict):  # a multimodal checkpoint (Llama 4): the language model's own config
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path") or cfg.get("model_type")}
+    cfg = _llama4_keys(cfg, path)
 
     def pick(*keys: str, default: int | None = None) -> int | None:
         for k in keys:
@@ -394,6 +427,10 @@ def from_hf_config(path: str) -> ModelSpec:
     heads = pick("num_attention_heads", "n_head")
     vocab = pick("vocab_size")
     seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=2048)
+    chunk = cfg.get("_attention_chunk")
+    chunk = chunk if isinstance(chunk, int) and chunk > 0 else 0
+    if chunk and seq and seq > chunk:  # Llama 4's 10M-token positions: the chunk is the longest length priced
+        seq = chunk
     missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab))
                if v is None]
     if missing:
@@ -410,7 +447,24 @@ def from_hf_config(path: str) -> ModelSpec:
                      None if "kv_lora" in moe else pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer", **{"head_size": _head_size(cfg), **moe})
+                     norm="rms" if rms else "layer", attn_chunk=chunk, **{"head_size": _head_size(cfg), **moe})
+
+
+def _llama4_keys(cfg: dict, path: str) -> dict:
+    """Llama 4's text config in the key names `from_hf_config` reads: its experts' (and shared expert's) width is
+    `intermediate_size`, its dense layers' `intermediate_size_mlp`, its interleaving `interleave_moe_layer_step`; its
+    chunked attention (`attention_chunk_size`) is full attention up to the chunk, and refused past it (not priced)."""
+    if cfg.get("model_type") not in ("llama4_text", "llama4"):
+        return cfg
+    out = dict(cfg)
+    if isinstance(cfg.get("intermediate_size"), int):
+        out["moe_intermediate_size"] = cfg["intermediate_size"]
+        out["shared_expert_intermediate_size"] = cfg["intermediate_size"]  # one shared expert of the experts' width
+    if isinstance(cfg.get("intermediate_size_mlp"), int):
+        out["intermediate_size"] = cfg["intermediate_size_mlp"]
+    out["hidden_act"] = cfg.get("hidden_act", "silu")
+    out["_attention_chunk"] = cfg.get("attention_chunk_size")
+    return out
 
 
 def _head_size(cfg: dict) -> int | None:
@@ -426,7 +480,9 @@ EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_topk")
 EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 # keys that put dense layers among the MoE ones, and the value that means "none"
-MIXED_LAYER_KEYS = {"decoder_sparse_step": 1, "mlp_only_layers": [], "moe_layer_freq": 1}
+MIXED_LAYER_KEYS = {"mlp_only_layers": [], "moe_layer_freq": 1}
+# ... and the keys that interleave them regularly, which are read (ModelSpec.moe_step): Llama 4's, Qwen2-MoE's
+STEP_KEYS = ("interleave_moe_layer_step", "decoder_sparse_step")
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
@@ -472,6 +528,9 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     k = cfg.get("first_k_dense_replace")
     if isinstance(k, int) and k > 0:
         out["dense_layers"] = k
+    step = next((cfg[k] for k in STEP_KEYS if isinstance(cfg.get(k), int)), 1)
+    if step > 1:
+        out["moe_step"] = step
     mtp = cfg.get("num_nextn_predict_layers")
     if isinstance(mtp, int) and mtp > 0:
         out["mtp_layers"] = mtp
@@ -516,7 +575,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   shared_ffn: int | None = None, dense_layers: int | None = None, kv_lora: int | None = None,
                   q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None,
                   mtp_layers: int | None = None, route_groups: int | None = None,
-                  route_group_topk: int | None = None) -> ModelSpec:
+                  route_group_topk: int | None = None, moe_step: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -547,7 +606,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       experts=experts, top_k=top_k, moe_ffn_hidden=moe_ffn_hidden,
                                       shared_ffn=shared_ffn, dense_layers=dense_layers, kv_lora=kv_lora,
                                       q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers,
-                                      route_groups=route_groups, route_group_topk=route_group_topk).items()
+                                      route_groups=route_groups, route_group_topk=route_group_topk,
+                                      moe_step=moe_step).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -566,7 +626,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          experts=experts or 0, top_k=top_k or 0, moe_ffn_hidden=moe_ffn_hidden,
                          shared_ffn=shared_ffn or 0, dense_layers=dense_layers or 0, kv_lora=kv_lora or 0,
                          q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
-                         route_groups=route_groups or 0, route_group_topk=route_group_topk or 0)
+                         route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
+                         moe_step=moe_step or 1)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
@@ -585,6 +646,10 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
         raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
                          f"needs hidden/heads channels: pick heads dividing {spec.hidden}, or give the heads "
                          f"their own width with --head-dim")
+    if spec.attn_chunk and spec.seq_len > spec.attn_chunk:
+        raise ModelError(f"--seq-len {spec.seq_len}: {spec.name} attends in chunks of {spec.attn_chunk} tokens "
+                         "(config.json's attention_chunk_size) on most layers, which the planner does not price (it "
+                         f"prices full attention); use --seq-len {spec.attn_chunk} or less")
     if spec.heads % spec.kv:
         raise ModelError(f"--kv-heads {spec.kv} must divide --heads {spec.heads} (each K/V head serves "
                          f"heads/kv_heads query heads); use one of "
@@ -597,8 +662,8 @@ def validate_moe(spec: ModelSpec) -> None:
     MoE fields."""
     if spec.experts == 0:
         if (spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers
-                or spec.route_groups or spec.route_group_topk):
-            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers/--router-groups/"
+                or spec.route_groups or spec.route_group_topk or spec.moe_step != 1):
+            raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers/--moe-step/--router-groups/"
                              "--router-group-topk describe a mixture of experts: give --experts N (N >= 2 routed "
                              "experts per layer) too")
         return
@@ -610,6 +675,10 @@ def validate_moe(spec: ModelSpec) -> None:
     if not 0 <= spec.dense_layers < spec.layers:
         raise ModelError(f"--dense-layers {spec.dense_layers}: the leading dense layers must leave at least one MoE "
                          f"layer of --layers {spec.layers}")
+    if not 1 <= spec.moe_step <= spec.layers - spec.dense_layers:
+        raise ModelError(f"--moe-step {spec.moe_step}: every moe-step-th layer is a mixture of experts, so it must be "
+                         f"between 1 (all) and the {spec.layers - spec.dense_layers} layers past --dense-layers "
+                         "(Llama 4 Maverick: 2)")
     if spec.experts < 2:
         raise ModelError(f"--experts {spec.experts}: a mixture of experts needs at least 2 routed experts "
                          "(0 for a dense MLP)")

@@ -133,7 +133,7 @@ def _fmt(xs: list[int]) -> str:
 def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits) -> list[int]:
     # GQA: tp splits the K/V heads (tp | kv) or replicates them (kv | tp), as Megatron-LM does
     mlp = model.shared_ffn if model.moe else model.ffn  # what TP splits of the MLP (a mixture of experts' shared expert)
-    dense = model.ffn if model.moe and model.dense_layers else 0  # and the dense MLP of its leading dense layers
+    dense = model.ffn if model.moe and model.dense_count else 0  # and the dense MLP of its leading dense layers
     ok = [t for t in divisors(cluster.gpus)
           if model.heads % t == 0 and mlp % t == 0 and dense % t == 0 and (model.kv % t == 0 or t % model.kv == 0)
           and (limits.allow_inter_node_tp or (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0))]
@@ -481,7 +481,7 @@ def _check_recompute_modules(model: ModelSpec, cluster: Cluster, fixed: Fixed) -
                         "those, comma-separated", flag)
     has = {"core_attn", "layernorm"}
     has |= {"mla_up_proj"} if model.mla else set()
-    has |= {"mlp"} if (not model.moe or model.dense_layers) else set()
+    has |= {"mlp"} if (not model.moe or model.dense_count) else set()
     has |= {"moe", "moe_act"} if model.moe else set()
     has |= {"shared_experts"} if model.moe and model.shared_ffn else set()
     missing = sorted(mods - has)
@@ -651,7 +651,7 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     lt = choice_layer_times(model, cluster, c)
     rec = lt.recomputed(c.recompute)
     # a mixture of experts' leading dense layers (cost.stage_times prices them as the dense variant's)
-    ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_layers else lt
+    ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_count else lt
     recd = ltd.recomputed(c.recompute)
     lay = layout(model, c.pp * c.virtual_stages)
     work = []
