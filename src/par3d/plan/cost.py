@@ -864,6 +864,29 @@ def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     return distinct * (nodes - 1) / nodes
 
 
+def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int) -> tuple[float, float]:
+    """ZeRO-3's all-gather of one layer's 16-bit weights and reduce-scatter of its gradients (hierarchical clusters),
+    averaged over a stage of `nm` layers of the model's kind and `nd` dense ones (a mixture of experts'): the dense
+    part over the dp x cp shard group (under HSDP the replicas' all-reduce too), a mixture of experts' E/ep routed
+    experts over the expert-data-parallel group (`expert_grad_collective`: no collective where ep spans every rank
+    holding them)."""
+    def one(m: ModelSpec) -> tuple[float, float]:
+        dense = m.dense_layer_params_per_rank(c.tp) if m.moe else m.layer_params_per_rank(c.tp)
+        ag = grad_collective(cluster, c, "all_gather", 2.0 * dense, group="shard")
+        rs = sharded_grad_reduce(cluster, c, grad_bytes(cluster) * dense)
+        if m.moe:
+            experts = m.expert_layer_params() / c.ep
+            ag += expert_grad_collective(cluster, c, "all_gather", 2.0 * experts)
+            rs += expert_grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * experts)
+        return ag, rs
+
+    n = nm + nd
+    if not model.moe or nd == 0:
+        return one(model)
+    (agm, rsm), (agd, rsd) = one(model), one(model.dense_variant())
+    return (nm * agm + nd * agd) / max(n, 1), (nm * rsm + nd * rsd) / max(n, 1)
+
+
 def expert_grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float) -> float:
     """A collective over the expert-data-parallel group (the `c.expert_dp` ranks holding the same routed experts),
     placed as Megatron-Core's rank order places it: members `ep` ranks apart (comm.all_to_all)."""
@@ -1184,10 +1207,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
                                   for e in w))
             z3f, z3b = _zero3_submodule_exposed(n, *z3_units, ar, rec_comm, c.recompute, lt.core, dev.sigma)
         elif c.zero_stage >= 3 and g > 1 and hier:
-            layer_params = model.layer_params_per_rank(c.tp)
-            # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5)
-            ag = grad_collective(cluster, c, "all_gather", 2.0 * layer_params, group="shard")
-            rs = sharded_grad_reduce(cluster, c, grad_bytes(cluster) * layer_params)
+            # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5); a mixture
+            # of experts' layer gathers its dense part over the dp x cp ranks and its E/ep routed experts over the
+            # ranks holding the same experts (none where ep spans them all), per layer of each kind
+            ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd)
             if nr == n:
                 b_layer = 2 * lt.fwd + rec + 2 * ar + rec_comm
             else:  # a layer's recompute averaged over the chunk (block method: its first nr layers)
@@ -1557,9 +1580,14 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
     """Gathered parameters a rank holds at once under DeepSpeed-style ZeRO-3 (`submodule` units):
     the sub-module computing and the one prefetched (the largest consecutive pair: the MLP's two
     matrices) plus the full gradient of one sub-module before its reduce-scatter.  None: two layers
-    (memory.py's default for `layer` units)."""
-    if c.zero_stage < 3 or cluster.zero3_unit != "submodule":
+    (memory.py's default for `layer` units; a mixture of experts' two layers hold E/ep experts each)."""
+    if c.zero_stage < 3:
         return None
+    if cluster.zero3_unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
+        if not model.moe:
+            return None
+        dense = model.dense_variant().layer_params_per_rank(c.tp) if model.dense_count else 0.0
+        return 2 * max(model.layer_params_per_rank(c.tp, c.ep), dense)
     gs = {g.name: g for g in layer_gemms(model, 1, c.tp)}
     w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
     pair = max(w[i] + w[(i + 1) % 4] for i in range(4))

@@ -175,10 +175,12 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
     if fixed.ep is not None and (fixed.ep < 1 or model.experts % fixed.ep):
         raise PlanError(f"--ep {fixed.ep}: each rank holds experts/ep whole experts, so ep must divide "
                         f"experts={model.experts}; use one of {_fmt(divisors(model.experts))}", "--ep")
-    if fixed.zero_stage is not None and fixed.zero_stage >= 3:
-        raise PlanError("--zero-stage 3 with a mixture of experts: ZeRO-3's per-layer gathers of expert-parallel "
-                        "weights are not modelled; use --zero-stage 1 (Megatron-Core's distributed optimizer, as "
-                        "its MoE recipes run) or 2", "--zero-stage")
+    if fixed.zero_stage is not None and fixed.zero_stage >= 3 and (cluster.zero3_unit == "submodule"
+                                                                    or not cluster.hier):
+        raise PlanError("--zero-stage 3 with a mixture of experts: priced with layer units on a GPU description "
+                        "(FSDP2 / Megatron-FSDP style: each layer's dense part gathered over dp x cp, its routed "
+                        "experts over the ranks holding them); DeepSpeed's sub-module units and the flat model are "
+                        "not; use --zero3-unit layer, or --zero-stage 1 or 2", "--zero-stage")
     if fixed.sequence_parallel is False and fixed.tp not in (None, 1):
         raise PlanError(f"--no-sequence-parallel with --tp {fixed.tp} on a mixture of experts: Megatron-Core requires "
                         "sequence parallelism when MoE runs with tensor parallelism (its token dispatchers take each "
@@ -291,8 +293,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_ulysses(model, cluster, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
-    if model.moe:  # (check_moe: ZeRO-3 is not modelled for experts)
-        zeros = [z for z in zeros if z < 3]
+    if model.moe and (cluster.zero3_unit == "submodule" or not cluster.hier):  # (check_moe: ZeRO-3 of experts is
+        zeros = [z for z in zeros if z < 3]  # priced with layer units on a GPU description only)
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
         zeros = [z for z in zeros if z != 1] or zeros
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
