@@ -119,6 +119,9 @@ OVER_MEMORY_REPORT = {"deepseek-v3-paper-2048"}
 # another: Llama 3 70B on the GB300 at TP 1 x PP 1 (the preset: PP 4, VP 5; 568 GiB in memory.py), Llama 3.1 405B on
 # the GB200 at VP 4 (the preset: 8; 0.3 % over its 173 GiB)
 OVER_MEMORY_NVFP4 = {"mbridge-nvfp4-26.02.01-llama3-70B-gb300", "mbridge-nvfp4-26.02.01-llama3.1-405B-gb200"}
+# NeMo AutoModel's FSDP2 + EP runs (twenty-eighth round): with FP32 gradients and every layer recomputed memory.py puts
+# the 8-GPU Qwen3-30B-A3B (EP 8 over 8 GPUs: each rank's experts unsharded) and Kimi K2 a few per cent over the H100
+OVER_MEMORY_FSDP_EP = {"automodel-qwen3-30B-a3b-h100-8", "automodel-kimi-k2-h100-256"}
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
@@ -133,7 +136,12 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert len(lf23_over) < len(lf23) / 2
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
-                                                                  | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over)
+                                                                  | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over
+                                                                  | OVER_MEMORY_FSDP_EP)
+    for n in OVER_MEMORY_FSDP_EP:
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert p.row.get("evaluate_unfit") and cap < p.plan.memory.total < 1.1 * cap
     for n in OVER_MEMORY_REPORT:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

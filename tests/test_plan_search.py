@@ -192,19 +192,33 @@ def test_the_searchs_tail_bound_is_cached_per_backward_kind():
 def test_fsdp_prices_its_units_under_zero_2_and_3_only():
     """`Cluster.fsdp` (PyTorch FSDP): every layer of a stage costs FSDP_UNIT_S per micro-batch under ZeRO-2
     (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD), a third in the forward; ZeRO-0 (DDP) and one data-parallel rank
-    are untouched; the search leaves out ZeRO-1, which FSDP has not."""
+    are untouched; the search leaves out ZeRO-1, which FSDP has not; with pipeline parallelism ZeRO-3's collectives
+    run once a step (issue 12's twenty-eighth round)."""
     from par3d.plan.cost import Choice, layout, stage_times
     from par3d.plan.hardware import FSDP_UNIT_S
     from par3d.plan.search import Fixed, Limits, search
 
     model = CATALOGUE["llama3-8b"]
     plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True)
-    for z, charged in ((0, False), (2, True), (3, True)):
+    for z, charged in ((0, False), (2, True)):
         c = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", z, False)
         a, b = stage_times(model, plain, c), stage_times(model, fsdp, c)
         n = layout(model, 2).layers[0]  # the first stage's layers
         unit = n * FSDP_UNIT_S if charged else 0.0
         assert b.f[0] == pytest.approx(a.f[0] + unit / 3) and b.b[0] == pytest.approx(a.b[0] + 2 * unit / 3), z
+    # ZeRO-3 under pipeline parallelism: PyTorch's pipeline stages gather and reduce-scatter a stage once a step (no
+    # reshard, no gradient sync between micro-batches), so its per-micro-batch share is 1/m of the plain ZeRO-3's
+    from par3d.plan.cost import _zero3_exposed, choice_layer_times, zero3_layer_collectives
+
+    c = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", 3, False)
+    n = layout(model, 2).layers[0]
+    lt = choice_layer_times(model, fsdp, c)
+    ag, rs = zero3_layer_collectives(model, fsdp, c, n, 0)
+    sig = fsdp.device.sigma
+    once = sum(_zero3_exposed(n, lt.fwd, 2 * lt.fwd, ag / 8, rs / 8, sig))
+    every = sum(_zero3_exposed(n, lt.fwd, 2 * lt.fwd, ag, rs, sig))
+    assert stage_times(model, fsdp, c).zero3[0] == pytest.approx(once + n * FSDP_UNIT_S)
+    assert stage_times(model, plain, c).zero3[0] == pytest.approx(every) and once < every
     one = Choice(8, 8, 1, 1, 8, "1f1b", 1, "none", 3, False)  # no data parallelism: nothing to shard
     assert stage_times(model, fsdp, one).f == stage_times(model, plain, one).f
     res = search(model, fsdp, 256, Fixed(tp=1, pp=1, cp=1), Limits(), top=50)

@@ -1211,6 +1211,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # of experts' layer gathers its dense part over the dp x cp ranks and its E/ep routed experts over the
             # ranks holding the same experts (none where ep spans them all), per layer of each kind
             ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd)
+            if cluster.fsdp and c.pp > 1:
+                # PyTorch's pipeline stages run FSDP2 without resharding or reducing between micro-batches
+                # (torch.distributed.pipelining's backward_maybe_with_nosync: set_reshard_after_backward(False),
+                # set_requires_gradient_sync(False), the post-backward run by hand after the last), so a stage gathers
+                # its weights and reduce-scatters its gradients once a step: spread here over the m micro-batches
+                ag, rs = ag / c.microbatches, rs / c.microbatches
             if nr == n:
                 b_layer = 2 * lt.fwd + rec + 2 * ar + rec_comm
             else:  # a layer's recompute averaged over the chunk (block method: its first nr layers)

@@ -368,6 +368,7 @@ MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 4
 MLPERF51_NVFP4_PREFIX = "mlperf-5.1-nvfp4-"  # and its NVFP4 submissions (twenty-seventh round): held out
 LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 tables at 2K tokens (fifteenth round)
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
+AUTOMODEL_PREFIX = "automodel-"  # NeMo AutoModel (FSDP2 + EP; H100): its dense row (seventeenth round), MoE (28th)
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, fifteenth round; H200, twentieth): held out likewise
 LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 4K-1M tokens; sixteenth round)
 NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
@@ -394,6 +395,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
              (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2; A100, H200)"),
+             (AUTOMODEL_PREFIX, "NeMo AutoModel (FSDP2, EP; H100, BF16)"),
              (LONGSEQ_PREFIX, "NeMo's long-sequence tables (CP, 4K-1M tokens)"),
              (NEMO25_PREFIX, "NeMo 25.02 (B200) and 25.04 (GB200) summaries, dense and Mixtral"),
              (MEGATRON08_PREFIX, "Megatron-LM's README (Megatron-Core r0.8.0, H100, BF16)"),
