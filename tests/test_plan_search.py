@@ -323,3 +323,19 @@ def test_selective_op_refusals_through_the_cli(capsys):
         assert says in capsys.readouterr().err
     assert main([*base, "--gpu", "h100", "--top", "1"]) == 0
     assert " op " in capsys.readouterr().out
+
+
+def test_fsdp_under_pipeline_parallelism_keeps_the_stage_gathered():
+    """PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced between
+    micro-batches (issue 12's twenty-eighth round): under --fsdp with PP a ZeRO-3 plan's memory is ZeRO-1's (the
+    optimizer's state alone sharded), while without PP, or without --fsdp, ZeRO-3 shards the weights."""
+    from par3d.plan.cost import Choice, memory
+
+    model = CATALOGUE["llama3-8b"]
+    plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True)
+    pp2 = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", 3, False)
+    z1 = replace(pp2, zero_stage=1)
+    assert memory(model, fsdp, pp2)[0] == memory(model, plain, z1)[0]
+    assert memory(model, plain, pp2)[0].weights < memory(model, fsdp, pp2)[0].weights
+    pp1 = Choice(1, 1, 64, 1, 8, "1f1b", 1, "none", 3, False)
+    assert memory(model, fsdp, pp1)[0] == memory(model, plain, pp1)[0]

@@ -1525,16 +1525,20 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
         model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
         c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.ep)
-    w, g, o = state_bytes_per_param(cluster.dtype, c.zero_stage, c.zero_shards, acc, opts.optimizer_dtype)
+    # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
+    # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
+    # alone sharded
+    zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
-    zero3_live = zero3_live_params(model, cluster, c)
+    zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
 
     def of_rank(r: int) -> MemoryBreakdown:
         return rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
                            inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
-                           sp=c.sequence_parallel, recompute=c.recompute, zero=c.zero_stage, dtype=cluster.precision,
+                           sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
                            per_layer=per_layer if (c.recompute_layers or model.dense_count) else None,
