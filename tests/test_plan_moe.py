@@ -539,3 +539,22 @@ def test_zero3_with_experts(qwen):
     assert m3.other - m1.other == pytest.approx(gathered, rel=1e-6)
     res = search(qwen, cl, 512, Fixed(tp=1, pp=1, ep=8, zero_stage=3, micro_batch=4), top=1)
     assert res.plans and res.plans[0].choice.zero_stage == 3 and res.plans[0].breakdown["dp_comm"] > 0
+
+
+def test_search_tries_cheap_recompute_modules_where_nothing_else_fits():
+    """For a mixture of experts the search also tries Megatron-Core's cheap modules (the routed experts' activation;
+    with latent attention its up projections too), and only for a layout and ZeRO stage that do not fit without
+    recomputation -- where they would only add time (issue 12's twenty-eighth round)."""
+    from par3d.plan.cost import DEFAULT_OPTIONS
+    from par3d.plan.models import CATALOGUE
+
+    ds = CATALOGUE["deepseek-v3"]
+    cl = make_cluster("gb200", 256, dtype="fp8")
+    res = search(ds, cl, 4096, Fixed(tp=1, pp=2, ep=64), top=30)
+    mods = [p for p in res.plans if p.choice.recompute.startswith("selective:")]
+    assert mods and {p.choice.recompute for p in mods} <= {"selective:moe_act", "selective:mla_up_proj,moe_act"}
+    cap = DEFAULT_OPTIONS.capacity(cl)
+    for p in mods:
+        assert memory(ds, cl, replace(p.choice, recompute="none"))[0].total > cap
+    dense = search(resolve_model("llama3-8b"), cl, 64, top=20)
+    assert not any(p.choice.recompute.startswith("selective:") for p in dense.plans)

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .compute import RECOMPUTE_MODULES, recompute_modules
+from .compute import RECOMPUTE_MODULES, modules_recompute, recompute_modules
 from .cost import (
     DEFAULT_OPTIONS,
     SPLIT_BACKWARD,
@@ -298,6 +298,11 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
         zeros = [z for z in zeros if z != 1] or zeros
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
+    if not fixed.recompute and model.moe and cluster.hier and cluster.zero3_unit != "submodule":
+        # a mixture of experts' cheap Megatron-Core modules (compute.RECOMPUTE_MODULES) as its recipes use them: the
+        # routed experts' activation, and with latent attention its up projections too
+        recs[1:1] = [modules_recompute(["moe_act"])] + (
+            [modules_recompute(["mla_up_proj", "moe_act"])] if model.mla else [])
     rec_layers = fixed.recompute_layers or 0
     if rec_layers:
         recs = ["full"]
@@ -350,6 +355,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 for z, r in pairs:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
+                    if rec.startswith("selective:") and bare_total.get((z, r), math.inf) <= cap and not fixed.recompute:
+                        continue  # searched modules only where nothing is recomputed does not fit: else they only add
                     c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers, ep)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
