@@ -244,19 +244,16 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     tok = b * s
     rep = 1.0 / t if sp else 1.0
     drop = 1.0 if model.bias else 0.0
-    act = 3 if model.gated else 2  # the activation's reads + writes per output element (SwiGLU: 2 in, 1 out)
-    by = 2 * 2 * tok * h * d * rep  # two norms
+    # the two norms, the activation(s), a mixture of experts' routing (module_elementwise_bytes: what the recomputation
+    # modules re-run)
+    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype).values())
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     if model.moe:
         k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
-        by += 8.0 * tok / t * model.experts  # the router's softmax and top-k, fp32
-        by += 2 * (1 + k) * tok / t * h * d  # permute into the experts' order and back
-        by += act * tok / t * k * fe * d + act * tok * fs / t * d  # the routed and the shared activations
         # per token, the elements cast to fp8 at an MLP input: the routed copies (k·h) and the expert's
         # activation (k·fe) of this rank's T/tp tokens, and the shared expert's input and activation
         mlp_in, mlp_act = k * h / t + (h * rep if fs else 0.0), k * fe / t + fs / t
     else:
-        by += act * tok * model.ffn / t * d  # activation
         mlp_in, mlp_act = h * rep, model.ffn / t
     if model.mla:  # rotary on Q's and the shared K's rotary channels; the latents' norms (whole on every TP rank)
         by += 2 * tok * (model.heads * model.rope_dim / t + model.rope_dim) * d
@@ -293,7 +290,10 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
 # (memory.layer_activation_bytes) -- the attention core; MLA's Q and K/V up projections; the two norms; a dense
 # MLP; a mixture of experts' whole MoE block (router, dispatch, experts, combine: its all-to-alls again); the routed
 # experts' activation function; the shared experts.
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+# (each with the short name the plan table's column shows, cost.Choice.recompute_label)
+MODULE_ABBREV = {"core_attn": "attn", "mla_up_proj": "up", "layernorm": "ln", "mlp": "mlp", "moe": "moe",
+                 "moe_act": "act", "shared_experts": "shx"}
+RECOMPUTE_MODULES = tuple(MODULE_ABBREV)
 
 
 def recompute_modules(recompute: str) -> frozenset[str]:
@@ -414,8 +414,10 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
 
 def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16") -> dict[str, float]:
     """The parts of `elementwise_bytes` a selective-recomputation module re-runs (HBM bytes, one layer's forward on
-    one TP rank): the two norms, the MLP's activation (a mixture of experts': the routed experts'), a shared
-    expert's activation, a mixture of experts' routing (the router's softmax and top-k, the permutations)."""
+    one TP rank; `elementwise_bytes` adds them up): the two norms (read + write T·h each), the MLP's activation
+    (GeLU: read + write; SwiGLU: read 2, write 1 per output element; a mixture of experts': the routed copies'), a
+    shared expert's activation, a mixture of experts' routing (the router's fp32 softmax and top-k, 4 B read + write
+    per logit; the permutation into the experts' order and back, 2·(1 + k)·T·h)."""
     d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0

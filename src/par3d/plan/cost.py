@@ -91,6 +91,7 @@ from . import comm
 from .compute import (
     DTYPE_BYTES,
     KERNEL_S,
+    MODULE_ABBREV,
     Gemm,
     LayerTimes,
     gemm_time,
@@ -122,11 +123,6 @@ ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write 
 # 4), its norm for clipping (read 4), fused Adam (read master, grad, m, v: 16; write master, m, v: 12),
 # copy the master to the 16-bit weight (read 4, write 2), zero the gradient buffer (write 4).
 OPTIMIZER_STEP_BYTES = 4 + 4 + 4 + 4 + 16 + 12 + 4 + 2 + 4
-
-
-# short names of Megatron-Core's recomputation modules (compute.RECOMPUTE_MODULES) for the plan table's column
-MODULE_ABBREV = {"core_attn": "attn", "mla_up_proj": "up", "layernorm": "ln", "mlp": "mlp", "moe": "moe",
-                 "moe_act": "act", "shared_experts": "shx"}
 
 
 @dataclass(frozen=True)
