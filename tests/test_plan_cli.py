@@ -879,3 +879,15 @@ def test_amd_gpu_plans_and_explains_its_mesh(capsys):
     assert rc == 0, err
     d = json.loads(out)
     assert d["hardware"]["intra"]["name"] == "xgmi4" and d["plans"] and d["evidence"]["rows"] >= 1
+
+
+def test_progress_goes_to_stderr_and_leaves_stdout_json(capsys):
+    # --progress draws its bar on stderr and wipes it; the JSON on stdout is untouched (and no bar when not asked
+    # for: capsys's stderr is not a terminal)
+    code, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16",
+                         "--global-batch", "64", "--json", "--progress")
+    assert code == 0 and json.loads(out)["plans"]
+    assert "layouts" in err and "pricing the finalists" in err and err.endswith("\r\x1b[K")
+    code, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16",
+                         "--global-batch", "64", "--json")
+    assert code == 0 and "layouts" not in err

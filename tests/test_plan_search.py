@@ -339,3 +339,16 @@ def test_fsdp_under_pipeline_parallelism_keeps_the_stage_gathered():
     assert memory(model, plain, pp2)[0].weights < memory(model, fsdp, pp2)[0].weights
     pp1 = Choice(1, 1, 64, 1, 8, "1f1b", 1, "none", 3, False)
     assert memory(model, fsdp, pp1)[0] == memory(model, plain, pp1)[0]
+
+
+def test_progress_counts_the_layouts_once_each_and_ends_at_the_total():
+    # the callback behind `par3d plan --progress`: told (layouts begun, layouts in all), never backwards, from 0 to
+    # the total; the search returns the same plans with or without it
+    model, cluster = CATALOGUE["mixtral-8x7b"], make_cluster("h100-sxm", 64)
+    seen: list[tuple[int, int]] = []
+    with_bar = search(model, cluster, 256, progress=lambda done, total: seen.append((done, total)))
+    without = search(model, cluster, 256)
+    total = seen[0][1]
+    assert total > 1 and all(t == total for _, t in seen)
+    assert [d for d, _ in seen] == list(range(total + 1))
+    assert [(p.choice, p.step_time) for p in with_bar.plans] == [(p.choice, p.step_time) for p in without.plans]

@@ -382,6 +382,9 @@ def register(sub) -> None:
     g.add_argument("--json", action="store_true",
                    help="print {model, hardware, plans: [...], evidence} as JSON (evidence: the model's signed error "
                         "on the validation set's published runs of this GPU and dtype, null if none)")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show the search's progress on stderr (layouts enumerated, then the finalists priced); "
+                        "default: when stderr is a terminal -- a mixture of experts' search takes seconds")
     g.add_argument("--emit-config", metavar="FILE", default=None,
                    help="write a `par3d train` TOML config of the best plan (restricted to the ZeRO stages "
                         "and context parallelism the runtime supports)")
@@ -724,11 +727,15 @@ def _run(args: argparse.Namespace) -> int:
     opts = Options(memory_accounting=args.memory_accounting, memory_headroom=args.memory_headroom,
                    optimizer_dtype=args.optimizer_dtype, ignore_memory=args.ignore_memory)
     args.plan_options = opts
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
-                     report_unfit=args.explain, opts=opts)
+                     report_unfit=args.explain, opts=opts, progress=_progress_line if show else None)
     except PlanError as e:
         raise UsageError(str(e)) from None
+    finally:
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)  # wipe the progress line
     if not res.plans:
         fixes = suggest_fixes(model, cluster, args.global_batch, fixed, limits, res, opts)
         if args.json:
@@ -764,6 +771,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.emit_config:
         _emit(args, model, res.plans[0])
     return 0
+
+
+def _progress_line(done: int, total: int) -> None:
+    """The search's progress on one stderr line: a bar over the (tp, cp, pp) layouts, then the finalists' pricing
+    (`search.search`'s second phase, simulating the best candidates' schedules), which has no count of its own."""
+    width = 30
+    fill = width * done // max(total, 1)
+    what = "pricing the finalists" if done >= total else "enumerating"
+    print(f"\rpar3d plan: [{'#' * fill}{'.' * (width - fill)}] {done}/{total} layouts, {what}", end="",
+          file=sys.stderr, flush=True)
 
 
 def _no_plan_message(model, cluster, res, opts, fixes: list[str]) -> str:

@@ -157,6 +157,7 @@ def roofline(g: Gemm, dev: Device, dtype: str) -> Roofline:
                     attainable, attainable / peak, we, t)
 
 
+@lru_cache(maxsize=65536)  # a search prices the same few hundred shapes ~10⁵ times (Device hashes by identity)
 def gemm_time(g: Gemm, dev: Device, dtype: str) -> float:
     return roofline(g, dev, dtype).time
 

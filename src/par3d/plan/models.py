@@ -136,7 +136,14 @@ class ModelSpec:
 
     def dense_variant(self) -> ModelSpec:
         """The model's dense layer: its attention with a dense MLP of ffn_hidden (a MoE model's leading dense
-        layers are priced as this model's layers)."""
+        layers are priced as this model's layers).  Built once per model (a search asks for it ~10⁵ times)."""
+        got = self.__dict__.get("_dense")
+        if got is None:
+            got = self._dense_variant()
+            object.__setattr__(self, "_dense", got)
+        return got
+
+    def _dense_variant(self) -> ModelSpec:
         return replace(self, experts=0, top_k=0, moe_ffn_hidden=None, shared_ffn=0, dense_layers=0, moe_step=1,
                        mtp_layers=0)
 
@@ -249,6 +256,13 @@ class ModelSpec:
         return self.dense_layer_params_per_rank(tp) + self.expert_layer_params() / ep
 
     def dense_layer_params_per_rank(self, tp: int) -> float:
+        memo = self.__dict__.setdefault("_per_rank", {})  # a search asks for a few tp values ~10⁵ times
+        got = memo.get(tp)
+        if got is None:
+            got = memo[tp] = self._dense_layer_params_per_rank(tp)
+        return got
+
+    def _dense_layer_params_per_rank(self, tp: int) -> float:
         extra_heads = max(tp - self.kv, 0)  # K/V heads stored beyond the model's kv over the group
         extra = extra_heads * 2 * self.head_dim * (self.hidden + (1 if self.bias else 0))
         replicated = self.mla_replicated()

@@ -209,11 +209,15 @@ def cp_choices(model: ModelSpec, rest: int, fixed: Fixed, limits: Limits) -> lis
 
 
 def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed, limits: Limits,
-                      rejected: Counter):
-    """Yield (tp, cp, pp, dp, mb, m, schedule, v) tuples that pass the cheap structural rules."""
+                      rejected: Counter, progress: Callable[[int, int], None] | None = None):
+    """Yield (tp, cp, pp, dp, mb, m, schedule, v) tuples that pass the cheap structural rules.  `progress`, if
+    given, is told (layouts begun, layouts in all) as each (tp, cp, pp) layout begins and once at the end."""
     n = cluster.gpus
-    for tp, cp, pp in ((t, c, p) for t in tp_choices(model, cluster, fixed, limits)
-                       for c in cp_choices(model, n // t, fixed, limits) for p in divisors(n // (t * c))):
+    layouts = [(t, c, p) for t in tp_choices(model, cluster, fixed, limits)
+               for c in cp_choices(model, n // t, fixed, limits) for p in divisors(n // (t * c))]
+    for i, (tp, cp, pp) in enumerate(layouts):
+        if progress is not None:
+            progress(i, len(layouts))
         if fixed.pp is not None and pp != fixed.pp:
             continue
         if pp > model.layers:
@@ -274,13 +278,18 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                                  f"stages"] += 1
                         continue
                     yield tp, cp, pp, dp, mb, m, sched, v
+    if progress is not None:
+        progress(len(layouts), len(layouts))
 
 
 def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed | None = None,
            limits: Limits | None = None, top: int = 5, train_tokens: float = 300e9,
-           report_unfit: bool = False, opts: Options | None = None) -> Result:
+           report_unfit: bool = False, opts: Options | None = None,
+           progress: Callable[[int, int], None] | None = None) -> Result:
     """Rank the feasible configurations; `report_unfit` also finds the fastest one that does not fit
-    (for `--explain`; it costs a bound per rejected configuration)."""
+    (for `--explain`; it costs a bound per rejected configuration).  `progress` is told (layouts begun, layouts in
+    all) as the enumeration moves from one (tp, cp, pp) layout to the next (`enumerate_choices`): a mixture of
+    experts' search takes seconds."""
     fixed = fixed or Fixed()
     limits = limits or Limits()
     opts = opts or DEFAULT_OPTIONS
@@ -325,7 +334,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         res.expand = memo.expand
     unfit_raw: list[tuple[Choice, object]] = []
     for tp, cp, pp, dp, mb, m, sched, v in enumerate_choices(model, cluster, global_batch, fixed, limits,
-                                                             res.rejected):
+                                                             res.rejected, progress):
         if cluster.offload_layers > 0 and (pp > 1 or cluster.offload_layers >= model.layers):
             res.rejected["activation offloading needs pp = 1 and fewer offloaded layers than layers"] += 1
             continue
