@@ -437,7 +437,7 @@ def test_interleaved_moe_layers_llama4(tmp_path):
     """Llama 4 (issue 12's twenty-eighth round): read from its config.json's text_config -- experts and the shared
     expert at `intermediate_size`, the dense layers at `intermediate_size_mlp`, Maverick's interleave_moe_layer_step 2
     (one layer in two MoE: layer u, from 1, when u % 2 == 0) -- at its model cards' sizes (Scout 109B with 17B active,
-    Maverick 400B / 17B); a pipeline stage prices its own count of each kind; the 8K attention chunk bounds the
+    Maverick 400B / 17B); a pipeline stage prices its own count of each kind; the 8K attention chunk is the default
     sequence; Qwen2-MoE's decoder_sparse_step is the same rule; --moe-step on the command line."""
     from par3d.plan.cost import choice_layer_times, layout
     from par3d.plan.models import ModelError
@@ -464,8 +464,8 @@ def test_interleaved_moe_layers_llama4(tmp_path):
     assert scout.params() / 1e9 == pytest.approx(109, rel=0.02) and scout.active_params() / 1e9 == pytest.approx(
         17, rel=0.02)
     assert resolve_model("llama4-maverick").params() == mav.params()
-    with pytest.raises(ModelError, match="chunks of 8192"):
-        resolve_model(str(p), seq_len=16384)
+    assert scout.global_every == 4  # transformers' default: every 4th layer global (nope_layer_interval)
+    assert resolve_model(str(p), seq_len=16384).seq_len == 16384  # past the chunk: priced with its chunks
     # each stage prices its own count of dense and MoE layers
     mav = replace(mav, pipeline_split=(12, 12, 12, 12))
     lay = layout(mav, 4)
@@ -558,3 +558,57 @@ def test_search_tries_cheap_recompute_modules_where_nothing_else_fits():
         assert memory(ds, cl, replace(p.choice, recompute="none"))[0].total > cap
     dense = search(resolve_model("llama3-8b"), cl, 64, top=20)
     assert not any(p.choice.recompute.startswith("selective:") for p in dense.plans)
+
+
+def test_chunked_attention_prices_the_chunks_work(tmp_path):
+    """Llama 4's chunked attention (issue 12's twenty-ninth round): three layers in four attend within 8K-token chunks,
+    the fourth over the whole sequence.  Up to the chunk nothing changes; past it the chunked layers' score work is
+    q·c(c+1)/2 + r(r+1)/2 of the s(s+1)/2 causal pairs, the FLOPs counted are that work, the fused kernel runs at its
+    share for the chunk's length, and a step costs less than the same model priced as full attention but more than the
+    same tokens in chunk-long sequences; CP over chunks is refused by name; config.json's global layers are read."""
+    from par3d.plan.compute import layer_flops, layer_times
+    from par3d.plan.hardware import get_device
+    from par3d.plan.models import ModelError, from_hf_config
+    from par3d.plan.search import PlanError, search
+
+    scout = resolve_model("llama4-scout")
+    assert scout.attention_spans() == ((1.0, 1.0, 8192),) and scout.attn_keys == 8192
+    long = replace(scout, seq_len=32768)
+    (glob, w_g, span_g), (loc, w_l, span_l) = long.attention_spans()
+    assert (glob, w_g, span_g) == (0.25, 1.0, 32768) and (loc, span_l) == (0.75, 8192)
+    assert w_l == pytest.approx(4 * 8192 * 8193 / (32768 * 32769))  # four whole chunks
+    odd = replace(scout, seq_len=20000)  # two chunks and a 3,616-token rest
+    assert odd.attention_spans()[1][1] == pytest.approx((2 * 8192 * 8193 + 3616 * 3617) / (20000 * 20001))
+    full = replace(long, attn_chunk=0, global_every=0)
+    core_long, core_full = layer_flops(long, 1, 1)[1], layer_flops(full, 1, 1)[1]
+    assert core_long / core_full == pytest.approx(0.25 + 0.75 * w_l, rel=1e-3)
+    dev = get_device("h100-sxm")
+    t_long, t_full = layer_times(long, dev, "bf16", 1, 1, flash=True), layer_times(full, dev, "bf16", 1, 1, flash=True)
+    t_chunk = layer_times(scout, dev, "bf16", 4, 1, flash=True)  # the same 32K tokens as four 8K sequences
+    assert t_chunk.core < t_long.core < t_full.core
+    # without FlashAttention the eager softmax computes the whole masked matrix: priced as full attention
+    assert layer_times(long, dev, "bf16", 1, 1).core == pytest.approx(layer_times(full, dev, "bf16", 1, 1).core)
+    # every layer chunked: the core is four chunk-long sequences' (the same kernel share, the same pairs)
+    all_local = replace(long, global_every=0)
+    assert layer_times(all_local, dev, "bf16", 1, 1, flash=True).core == pytest.approx(t_chunk.core, rel=1e-3)
+    cl = make_cluster("h100-sxm", 64)
+    res = search(long, cl, 64)
+    assert res.plans and all(p.choice.cp == 1 for p in res.plans)
+    assert search(full, cl, 64).plans[0].step_time > res.plans[0].step_time
+    with pytest.raises(PlanError, match="chunks of 8192"):
+        search(long, cl, 64, Fixed(cp=2))
+    # config.json: the global layers from layer_types (or no_rope_layers, or the interval); an irregular pattern is
+    # refused by name
+    base = {"model_type": "llama4_text", "attention_chunk_size": 8192, "hidden_size": 5120, "num_hidden_layers": 8,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 202048, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "num_local_experts": 16, "num_experts_per_tok": 1, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 1048576}
+    path = tmp_path / "config.json"
+    kinds = ["chunked_attention", "chunked_attention", "full_attention"] * 2 + ["chunked_attention"] * 2
+    for extra, every in (({"layer_types": kinds}, 3), ({"no_rope_layers": [1, 0] * 4}, 2),
+                         ({"nope_layer_interval": 8}, 8), ({}, 4)):
+        path.write_text(json.dumps({**base, **extra}))
+        assert from_hf_config(str(path)).global_every == every
+    path.write_text(json.dumps({**base, "no_rope_layers": [1, 0, 0, 1, 1, 1, 1, 0]}))
+    with pytest.raises(ModelError, match="not every k-th layer"):
+        from_hf_config(str(path))

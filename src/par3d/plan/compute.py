@@ -186,9 +186,10 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
                 Gemm("kv_up", tok, heads * (model.head_dim + model.v_head_dim), model.kv_lora)]
     else:  # K/V replicated when tp > kv_heads: one whole K/V head per rank (models.ModelSpec)
         proj = [Gemm("qkv", tok, model.q_dim // t + 2 * round(model.kv_dim_per_rank(t)), h)]
+    keys = model.attn_keys  # the sequence; fewer under chunked attention (the work its layers do, on average)
     attn = proj + [
-        Gemm("attn_scores", s, s, model.qk_head, b * model.heads // t),
-        Gemm("attn_values", s, model.v_head_dim, s, b * model.heads // t),
+        Gemm("attn_scores", s, keys, model.qk_head, b * model.heads // t),
+        Gemm("attn_values", s, model.v_head_dim, keys, b * model.heads // t),
         Gemm("attn_out", tok, h, model.o_dim // t),
     ]
     if not model.moe:
@@ -388,7 +389,19 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     if flash:  # one fused kernel doing the causal half of the counted core FLOPs; under fp8 it runs
         # in bf16 (Transformer Engine's DotProductAttention: fp8 attention only with fp8_dpa, off by default)
         # at its measured share for this sequence length (a CP rank's block: the local model's; Device.attn_share)
-        core = 0.5 * core_f / (dev.peak(ATTN_DTYPE.get(dtype, dtype)) * dev.attn_share(model.seq_len)) + KERNEL_S
+        # chunked attention's layers at the kernel's share for their chunk, each kind weighted by its part of the work
+        # (ModelSpec.attention_spans; one kind, the sequence, without chunks)
+        spans, peak = model.attention_spans(), dev.peak(ATTN_DTYPE.get(dtype, dtype))
+        if len(spans) == 1:
+            core = 0.5 * core_f / (peak * dev.attn_share(spans[0][2])) + KERNEL_S
+        else:
+            work = sum(share * w for share, w, _ in spans)
+            core = sum(0.5 * core_f * share * w / work / (peak * dev.attn_share(span)) for share, w, span in spans)
+            core += KERNEL_S
+    elif model.attn_keys != model.seq_len:  # an eager softmax over a masked matrix: the whole s x s is computed
+        full = {g.name: replace(g, n=model.seq_len) if g.name == "attn_scores" else replace(g, k=model.seq_len)
+                for g in gs if g.name in ("attn_scores", "attn_values")}
+        core = gemm_time(full["attn_scores"], dev, dtype) + gemm_time(full["attn_values"], dev, dtype)
     else:
         core = times["attn_scores"] + times["attn_values"]
     elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block) / (dev.mem_bw * dev.mem_eff)

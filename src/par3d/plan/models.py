@@ -98,9 +98,13 @@ class ModelSpec:
     # (pipeline_model_parallel_layout, num_layers_in_first/last_pipeline_stage); (): the planner's balanced
     # partition (pipeline/partition.py).  `--pipeline-layout`; cost.layout reads it
     pipeline_split: tuple[int, ...] = ()
-    # chunked local attention (Llama 4's attention_chunk_size): full attention up to the chunk, which is all the planner
-    # prices -- a sequence past it is refused (resolve_model); 0: none
+    # chunked local attention (Llama 4's attention_chunk_size): each token attends to the earlier tokens of its own
+    # chunk of this many (a block-diagonal causal mask), so a sequence past the chunk costs the layer chunk-length
+    # attention, not the whole sequence's (`attention_spans`); 0: none
     attn_chunk: int = 0
+    # with attn_chunk: one layer in this many attends over the whole sequence (Llama 4's NoPE layers: config.json's
+    # no_rope_layers, every 4th; layer u, counted from 1, when u % global_every == 0); 0: every layer chunked
+    global_every: int = 0
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -113,6 +117,31 @@ class ModelSpec:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    def attention_spans(self) -> tuple[tuple[float, float, int], ...]:
+        """The layers' attention, kind by kind: (share of the layers, the kind's score-matrix work against full causal
+        attention over the sequence, the span its kernel works over).  Full causal attention: (1, 1, seq).  Chunked
+        attention (`attn_chunk` c < seq): a query attends to its own chunk's earlier tokens, q·c(c+1)/2 + r(r+1)/2
+        pairs of the s(s+1)/2 causal ones (s = q·c + r), and the fused kernel skips the masked-out tiles, so it works
+        like a kernel over c-token sequences (its share of peak read at c, Device.attn_share); `global_every`'s
+        layers attend over the whole sequence."""
+        s, c = self.seq_len, self.attn_chunk
+        if not c or s <= c:
+            return ((1.0, 1.0, s),)
+        q, r = divmod(s, c)
+        band = (q * c * (c + 1) / 2 + r * (r + 1) / 2) / (s * (s + 1) / 2)
+        glob = (self.layers // self.global_every) / self.layers if self.global_every else 0.0
+        return tuple(k for k in ((glob, 1.0, s), (1.0 - glob, band, c)) if k[0] > 0)
+
+    @property
+    def attn_keys(self) -> int:
+        """The keys each query's score GEMMs are sized by (`compute.layer_gemms`): the sequence, or under chunked
+        attention the sequence times the layers' mean share of the causal work (`attention_spans`), so that the
+        counted FLOPs are the work the layers do."""
+        spans = self.attention_spans()
+        if len(spans) == 1 and spans[0][1] == 1.0:
+            return self.seq_len
+        return max(1, round(self.seq_len * sum(share * work for share, work, _ in spans)))
 
     @property
     def moe(self) -> bool:
@@ -307,6 +336,9 @@ class ModelSpec:
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
             mlp, size = f"ffn {self.ffn}", f"{self.params() / 1e9:.2f}B params"
+        if self.attn_chunk:
+            extra += f", attention in chunks of {self.attn_chunk}" + (
+                f" (one layer in {self.global_every} global)" if self.global_every else "")
         return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{extra}, {mlp}{' (gated)' if self.gated else ''}, "
                 f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
@@ -325,7 +357,8 @@ class ModelSpec:
                     "active_params": self.active_params()} if self.moe else {}),
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
                     "v_head_dim": self.v_head_dim} if self.mla else {}),
-                **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {})}
+                **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {}),
+                **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -396,13 +429,15 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
               bias=False, norm="rms", head_size=128, experts=384, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
               dense_layers=1, kv_lora=512, q_lora=1536, rope_dim=64, v_head=128),
     # Llama 4 Scout and Maverick (Meta's config.json text_config: 16 / 128 experts of 8,192, top-1, one shared expert
-    # of 8,192; Maverick one layer in two MoE, the others dense of 16,384; 8,192-token attention chunks, so 8,192
-    # tokens, past which the planner refuses; q/k norms not priced): 109B / 400B parameters, 17B active (model cards)
+    # of 8,192; Maverick one layer in two MoE, the others dense of 16,384; 8,192-token attention chunks on three layers
+    # in four, the fourth global (HF's no_rope_layers / nope_layer_interval 4); 8,192 tokens by default, --seq-len
+    # for longer; q/k norms not priced): 109B / 400B parameters, 17B active (model cards)
     ModelSpec("llama4-scout", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
-              bias=False, norm="rms", experts=16, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, attn_chunk=8192),
+              bias=False, norm="rms", experts=16, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, attn_chunk=8192,
+              global_every=4),
     ModelSpec("llama4-maverick", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", experts=128, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, moe_step=2,
-              attn_chunk=8192),
+              attn_chunk=8192, global_every=4),
     # the seed's §4.2/§4.5 model: 96 layers, H=4096 (≈19B in its layers), micro-batch 8 x seq 1024
     ModelSpec("seed-96l", 96, 4096, 32, 1024, 51200),
 ]}
@@ -443,8 +478,8 @@ def from_hf_config(path: str) -> ModelSpec:
     seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=2048)
     chunk = cfg.get("_attention_chunk")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else 0
-    if chunk and seq and seq > chunk:  # Llama 4's 10M-token positions: the chunk is the longest length priced
-        seq = chunk
+    if chunk and seq and seq > chunk:  # Llama 4's 10M-token positions: its chunk as the default length (--seq-len
+        seq = chunk  # sets a longer one, priced with the chunks: ModelSpec.attention_spans)
     missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab))
                if v is None]
     if missing:
@@ -461,13 +496,17 @@ def from_hf_config(path: str) -> ModelSpec:
                      None if "kv_lora" in moe else pick("num_key_value_heads"), gated=gated,
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
-                     norm="rms" if rms else "layer", attn_chunk=chunk, **{"head_size": _head_size(cfg), **moe})
+                     norm="rms" if rms else "layer", attn_chunk=chunk,
+                     global_every=int(cfg.get("_global_every", 0)) if chunk else 0,
+                     **{"head_size": _head_size(cfg), **moe})
 
 
 def _llama4_keys(cfg: dict, path: str) -> dict:
     """Llama 4's text config in the key names `from_hf_config` reads: its experts' (and shared expert's) width is
     `intermediate_size`, its dense layers' `intermediate_size_mlp`, its interleaving `interleave_moe_layer_step`; its
-    chunked attention (`attention_chunk_size`) is full attention up to the chunk, and refused past it (not priced)."""
+    chunked attention (`attention_chunk_size`) runs on the layers `no_rope_layers` marks 1 (or `layer_types` calls
+    "chunked_attention"), the others attending globally: every `nope_layer_interval`-th (4) where neither is given,
+    as transformers' Llama4TextConfig fills them."""
     if cfg.get("model_type") not in ("llama4_text", "llama4"):
         return cfg
     out = dict(cfg)
@@ -478,6 +517,23 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
         out["intermediate_size"] = cfg["intermediate_size_mlp"]
     out["hidden_act"] = cfg.get("hidden_act", "silu")
     out["_attention_chunk"] = cfg.get("attention_chunk_size")
+    n = cfg.get("num_hidden_layers")
+    kinds = cfg.get("layer_types")
+    rope = cfg.get("no_rope_layers")
+    if isinstance(kinds, list) and kinds:
+        glob = [i for i, k in enumerate(kinds) if k != "chunked_attention"]
+    elif isinstance(rope, list) and rope:
+        glob = [i for i, k in enumerate(rope) if not k]
+    else:
+        every = cfg.get("nope_layer_interval", 4)
+        glob = [i for i in range(n or 0) if isinstance(every, int) and every > 0 and (i + 1) % every == 0]
+    if glob:
+        every = glob[0] + 1
+        if not isinstance(n, int) or glob != [i for i in range(n) if (i + 1) % every == 0]:
+            raise ModelError(f"--model {path}: its global-attention layers (0-based {glob[:8]}"
+                             f"{' ...' if len(glob) > 8 else ''}) are not every k-th layer, the one pattern the planner "
+                             "prices beside the chunked ones")
+        out["_global_every"] = every
     return out
 
 
@@ -660,10 +716,6 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
         raise ModelError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}; each head "
                          f"needs hidden/heads channels: pick heads dividing {spec.hidden}, or give the heads "
                          f"their own width with --head-dim")
-    if spec.attn_chunk and spec.seq_len > spec.attn_chunk:
-        raise ModelError(f"--seq-len {spec.seq_len}: {spec.name} attends in chunks of {spec.attn_chunk} tokens "
-                         "(config.json's attention_chunk_size) on most layers, which the planner does not price (it "
-                         f"prices full attention); use --seq-len {spec.attn_chunk} or less")
     if spec.heads % spec.kv:
         raise ModelError(f"--kv-heads {spec.kv} must divide --heads {spec.heads} (each K/V head serves "
                          f"heads/kv_heads query heads); use one of "

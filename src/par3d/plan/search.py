@@ -195,8 +195,18 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
 
 
 def cp_valid(model: ModelSpec, cp: int) -> bool:
-    """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP)."""
-    return cp == 1 or model.seq_len % (2 * cp) == 0
+    """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP); chunked attention past its chunk
+    is priced without CP only (`_check_chunked`)."""
+    return cp == 1 or (model.seq_len % (2 * cp) == 0 and len(model.attention_spans()) == 1)
+
+
+def _check_chunked(model: ModelSpec, fixed: Fixed) -> None:
+    """Chunked attention past its chunk (Llama 4) with context parallelism: how CP's ring would run over chunked layers
+    (whose chunks need no K/V from other ranks when they fall inside one rank's share) is not priced."""
+    if fixed.cp is not None and fixed.cp > 1 and len(model.attention_spans()) > 1:
+        raise PlanError(f"--cp {fixed.cp}: {model.name} attends in chunks of {model.attn_chunk} tokens and its "
+                        f"--seq-len {model.seq_len} is longer; context parallelism over chunked attention is not "
+                        f"priced: use --cp 1, or --seq-len {model.attn_chunk} or less", "--cp")
 
 
 def cp_choices(model: ModelSpec, rest: int, fixed: Fixed, limits: Limits) -> list[int]:
@@ -300,6 +310,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
     _check_ulysses(model, cluster, fixed)
+    _check_chunked(model, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     if model.moe and (cluster.zero3_unit == "submodule" or not cluster.hier):  # (check_moe: ZeRO-3 of experts is
