@@ -1476,3 +1476,39 @@ def test_catalogue_names_the_validation_sets_models():
         assert replace(CATALOGUE[f"llama3.1-{n}"], name=f"llama3-{n}") == CATALOGUE[f"llama3-{n}"]
     cl = make_cluster("h100-sxm", 64, dtype="bf16")
     assert search(CATALOGUE["mixtral-8x7b"], cl, 256, top=1).plans
+
+
+def test_sliding_window_on_every_layer_from_config_json(tmp_path):
+    """Mistral 7B v0.1's `sliding_window` 4,096 on every layer (issue 12's twenty-ninth round; until then it was priced
+    as full attention over its 32K positions): a query attends to min(i + 1, w) keys, w(w + 1)/2 + (s - w)·w pairs of
+    the s(s + 1)/2 causal ones; Qwen2's unused window (use_sliding_window false) is ignored, a window over some layers
+    only (max_window_layers) refused by name; context parallelism over a window refused by name."""
+    from par3d.plan.compute import layer_flops
+    from par3d.plan.search import Fixed, PlanError, search
+
+    cfg = {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "hidden_act": "silu",
+           "rms_norm_eps": 1e-5, "max_position_embeddings": 32768, "sliding_window": 4096,
+           "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = resolve_model(str(p))
+    s, w = 32768, 4096
+    assert m.window == w and m.seq_len == s and m.to_dict()["sliding_window"] == w and "sliding window 4096" in \
+        m.summary()
+    ((share, work, span),) = m.attention_spans()
+    assert (share, span) == (1.0, w) and work == pytest.approx((w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2))
+    full = replace(m, window=0)
+    assert layer_flops(m, 1, 1)[1] / layer_flops(full, 1, 1)[1] == pytest.approx(work, rel=1e-4)
+    assert layer_flops(m, 1, 1)[0] == layer_flops(full, 1, 1)[0]  # the projections and MLP are the same
+    short = resolve_model(str(p), seq_len=w)  # within the window: causal attention, as before
+    assert not short.local_attention and short.attn_keys == w
+    cl = make_cluster("h100-sxm", 16)
+    assert search(full, cl, 16).plans[0].step_time > search(m, cl, 16).plans[0].step_time
+    with pytest.raises(PlanError, match="sliding window of 4096"):
+        search(m, cl, 16, Fixed(cp=2))
+    p.write_text(json.dumps({**cfg, "model_type": "qwen2", "use_sliding_window": False, "sliding_window": 131072}))
+    assert resolve_model(str(p)).window == 0
+    p.write_text(json.dumps({**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}))
+    with pytest.raises(ValueError, match="max_window_layers 28 of 32"):
+        resolve_model(str(p))

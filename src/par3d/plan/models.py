@@ -105,6 +105,9 @@ class ModelSpec:
     # with attn_chunk: one layer in this many attends over the whole sequence (Llama 4's NoPE layers: config.json's
     # no_rope_layers, every 4th; layer u, counted from 1, when u % global_every == 0); 0: every layer chunked
     global_every: int = 0
+    # sliding-window attention on every layer (Mistral 7B v0.1's sliding_window, Phi-3's): each token attends to itself
+    # and the window - 1 tokens before it (`attention_spans`); 0: none
+    window: int = 0
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -125,7 +128,11 @@ class ModelSpec:
         pairs of the s(s+1)/2 causal ones (s = q·c + r), and the fused kernel skips the masked-out tiles, so it works
         like a kernel over c-token sequences (its share of peak read at c, Device.attn_share); `global_every`'s
         layers attend over the whole sequence."""
-        s, c = self.seq_len, self.attn_chunk
+        s, c, w = self.seq_len, self.attn_chunk, self.window
+        if w and s > w:  # query i attends to min(i + 1, w) keys: w(w + 1)/2 + (s - w)·w pairs, the kernel skipping
+            # the tiles outside the band -- priced at its share for a w-token sequence (an assumption: no windowed
+            # kernel is benchmarked here)
+            return ((1.0, (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2), w),)
         if not c or s <= c:
             return ((1.0, 1.0, s),)
         q, r = divmod(s, c)
@@ -134,12 +141,17 @@ class ModelSpec:
         return tuple(k for k in ((glob, 1.0, s), (1.0 - glob, band, c)) if k[0] > 0)
 
     @property
+    def local_attention(self) -> bool:
+        """Whether some layer attends to less than the causal whole of the sequence (chunks or a window past it)."""
+        return any(work < 1.0 for _, work, _ in self.attention_spans())
+
+    @property
     def attn_keys(self) -> int:
         """The keys each query's score GEMMs are sized by (`compute.layer_gemms`): the sequence, or under chunked
         attention the sequence times the layers' mean share of the causal work (`attention_spans`), so that the
         counted FLOPs are the work the layers do."""
         spans = self.attention_spans()
-        if len(spans) == 1 and spans[0][1] == 1.0:
+        if not self.local_attention:
             return self.seq_len
         return max(1, round(self.seq_len * sum(share * work for share, work, _ in spans)))
 
@@ -339,6 +351,8 @@ class ModelSpec:
         if self.attn_chunk:
             extra += f", attention in chunks of {self.attn_chunk}" + (
                 f" (one layer in {self.global_every} global)" if self.global_every else "")
+        if self.window:
+            extra += f", sliding window {self.window}"
         return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{extra}, {mlp}{' (gated)' if self.gated else ''}, "
                 f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
@@ -358,7 +372,8 @@ class ModelSpec:
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
                     "v_head_dim": self.v_head_dim} if self.mla else {}),
                 **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {}),
-                **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {})}
+                **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {}),
+                **({"sliding_window": self.window} if self.window else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -497,7 +512,7 @@ def from_hf_config(path: str) -> ModelSpec:
                      tied=bool(cfg.get("tie_word_embeddings", not gated)),
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
-                     global_every=int(cfg.get("_global_every", 0)) if chunk else 0,
+                     global_every=int(cfg.get("_global_every", 0)) if chunk else 0, window=_window_of(cfg, path, layers),
                      **{"head_size": _head_size(cfg), **moe})
 
 
@@ -553,6 +568,20 @@ EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 MIXED_LAYER_KEYS = {"mlp_only_layers": [], "moe_layer_freq": 1}
 # ... and the keys that interleave them regularly, which are read (ModelSpec.moe_step): Llama 4's, Qwen2-MoE's
 STEP_KEYS = ("interleave_moe_layer_step", "decoder_sparse_step")
+
+
+def _window_of(cfg: dict, path: str, layers: int) -> int:
+    """A sliding window on every layer (`sliding_window`: Mistral 7B v0.1's 4,096, Phi-3's 2,047), or 0: none where it
+    is null or `use_sliding_window` is false (Qwen2/Qwen3 ship a window they do not use).  Qwen2's `max_window_layers`,
+    windowing only some layers, is refused by name."""
+    w = cfg.get("sliding_window")
+    if not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False:
+        return 0
+    mwl = cfg.get("max_window_layers")
+    if cfg.get("use_sliding_window") is True and isinstance(mwl, int) and mwl < layers:
+        raise ModelError(f"--model {path}: config.json windows only some layers (use_sliding_window with "
+                         f"max_window_layers {mwl} of {layers}); the planner prices one kind of window per model")
+    return w
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:

@@ -197,16 +197,19 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
 def cp_valid(model: ModelSpec, cp: int) -> bool:
     """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP); chunked attention past its chunk
     is priced without CP only (`_check_chunked`)."""
-    return cp == 1 or (model.seq_len % (2 * cp) == 0 and len(model.attention_spans()) == 1)
+    return cp == 1 or (model.seq_len % (2 * cp) == 0 and not model.local_attention)
 
 
 def _check_chunked(model: ModelSpec, fixed: Fixed) -> None:
-    """Chunked attention past its chunk (Llama 4) with context parallelism: how CP's ring would run over chunked layers
-    (whose chunks need no K/V from other ranks when they fall inside one rank's share) is not priced."""
-    if fixed.cp is not None and fixed.cp > 1 and len(model.attention_spans()) > 1:
-        raise PlanError(f"--cp {fixed.cp}: {model.name} attends in chunks of {model.attn_chunk} tokens and its "
-                        f"--seq-len {model.seq_len} is longer; context parallelism over chunked attention is not "
-                        f"priced: use --cp 1, or --seq-len {model.attn_chunk} or less", "--cp")
+    """Local attention past its span (Llama 4's chunks, a sliding window) with context parallelism: how CP's ring would
+    run over layers whose keys mostly sit on the rank itself is not priced."""
+    if fixed.cp is not None and fixed.cp > 1 and model.local_attention:
+        span = (f"in chunks of {model.attn_chunk} tokens" if model.attn_chunk
+                else f"through a sliding window of {model.window} tokens")
+        short = model.attn_chunk or model.window
+        raise PlanError(f"--cp {fixed.cp}: {model.name} attends {span} and its --seq-len {model.seq_len} is longer; "
+                        f"context parallelism over local attention is not priced: use --cp 1, or --seq-len {short} "
+                        "or less", "--cp")
 
 
 def cp_choices(model: ModelSpec, rest: int, fixed: Fixed, limits: Limits) -> list[int]:
