@@ -1068,11 +1068,16 @@ def cost_logits(model) -> float:
     ({"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_layer_freq": 2}, "moe_layer_freq"),
     ({"num_experts": 60, "num_experts_per_tok": 4, "mlp_only_layers": [0]}, "mlp_only_layers"),
     ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16}, "16 sliding-window"),
+    # state-space (Mamba) layers and hybrids (issue 12's twenty-ninth round): by key, by model type, by layer type
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*" * 8, "mamba_num_heads": 64}, "hybrid_override"),
+    ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
+    ({"model_type": "mamba2"}, "model_type 'mamba2'"),
+    ({"layer_types": ["mamba", "attention"] * 16}, "layer_types"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
-    its MoE ones other than leading ones or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) are refused in
-    any model: each by the key that says so."""
+    its MoE ones other than leading ones or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) and state-space
+    (Mamba) layers are refused in any model: each by the key that says so."""
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
     p = tmp_path / "config.json"

@@ -501,6 +501,7 @@ def from_hf_config(path: str) -> ModelSpec:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
     _refuse_windows(cfg, path)
+    _refuse_state_space(cfg, path)
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
     gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
@@ -582,6 +583,28 @@ def _window_of(cfg: dict, path: str, layers: int) -> int:
         raise ModelError(f"--model {path}: config.json windows only some layers (use_sliding_window with "
                          f"max_window_layers {mwl} of {layers}); the planner prices one kind of window per model")
     return w
+
+
+# config.json keys and model types of state-space (Mamba) and hybrid models: Nemotron-H / Nemotron 3
+# (hybrid_override_pattern), Jamba (attn_layer_period), Falcon-H1, Granite 4 hybrids, Mamba / Mamba-2 themselves
+STATE_SPACE_KEYS = ("hybrid_override_pattern", "hybrid_layer_pattern", "layers_block_type", "attn_layer_period",
+                    "mamba_d_state", "mamba_n_heads", "mamba_num_heads", "ssm_cfg")
+STATE_SPACE_TYPES = ("mamba", "mamba2", "nemotron_h", "jamba", "falcon_h1", "falcon_mamba", "granitemoehybrid", "zamba",
+                     "zamba2", "bamba")
+
+
+def _refuse_state_space(cfg: dict, path: str) -> None:
+    """Refuse state-space layers (Mamba, Mamba-2) and hybrids of them with attention: the planner would read such a
+    config as a transformer of as many attention layers.  A Mamba-2 pricing was tried against Megatron-Bridge's 20
+    Nemotron 3 Nano runs and missed every one, +16 ... +47 % (docs/planner.md section 9, twenty-ninth round)."""
+    kinds = cfg.get("layer_types")
+    key = next((k for k in STATE_SPACE_KEYS if k in cfg), None)
+    mtype = str(cfg.get("model_type", ""))
+    if key or mtype in STATE_SPACE_TYPES or (isinstance(kinds, list) and any("mamba" in str(k) for k in kinds)):
+        why = f"key {key!r}" if key else f"model_type {mtype!r}" if mtype in STATE_SPACE_TYPES else "layer_types"
+        raise ModelError(f"--model {path}: config.json describes state-space (Mamba) layers ({why}); the planner "
+                         "prices transformer layers only, and its one pricing of a hybrid Mamba model missed every "
+                         "published run it was checked against (docs/planner.md section 9): no plan is offered for it")
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
