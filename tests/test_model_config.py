@@ -91,3 +91,24 @@ def test_hugging_face_packages_are_imported_only_when_used():
             "bad = [m for m in ('transformers', 'safetensors', 'tokenizers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_windowed_model_is_not_built_as_full_attention(tmp_path):
+    """A model with a sliding window on every layer (Mistral 7B v0.1's config.json; the planner prices it since issue 12's
+    twenty-ninth round) is refused by the runtime, which has no local attention, rather than built with full attention."""
+    import json
+
+    from par3d.config import model_config_from_spec
+    from par3d.plan.models import resolve_model
+
+    cfg = {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "hidden_act": "silu",
+           "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "sliding_window": 1024}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="local attention"):
+        model_config_from_spec(resolve_model(str(p)))
+    p.write_text(json.dumps({**cfg, "sliding_window": None}))
+    assert model_config_from_spec(resolve_model(str(p))).layers == 2  # no window: built as before
+    p.write_text(json.dumps({**cfg, "sliding_window": 4096}))  # a window as long as the sequence: full attention
+    assert model_config_from_spec(resolve_model(str(p))).layers == 2

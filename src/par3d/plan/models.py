@@ -127,7 +127,8 @@ class ModelSpec:
         attention (`attn_chunk` c < seq): a query attends to its own chunk's earlier tokens, q·c(c+1)/2 + r(r+1)/2
         pairs of the s(s+1)/2 causal ones (s = q·c + r), and the fused kernel skips the masked-out tiles, so it works
         like a kernel over c-token sequences (its share of peak read at c, Device.attn_share); `global_every`'s
-        layers attend over the whole sequence."""
+        layers attend over the whole sequence.  A sliding window (`window` w < seq) on every layer: query i attends to
+        min(i + 1, w) keys, the kernel read at w."""
         s, c, w = self.seq_len, self.attn_chunk, self.window
         if w and s > w:  # query i attends to min(i + 1, w) keys: w(w + 1)/2 + (s - w)·w pairs, the kernel skipping
             # the tiles outside the band -- priced at its share for a w-token sequence (an assumption: no windowed
@@ -147,9 +148,9 @@ class ModelSpec:
 
     @property
     def attn_keys(self) -> int:
-        """The keys each query's score GEMMs are sized by (`compute.layer_gemms`): the sequence, or under chunked
-        attention the sequence times the layers' mean share of the causal work (`attention_spans`), so that the
-        counted FLOPs are the work the layers do."""
+        """The keys each query's score GEMMs are sized by (`compute.layer_gemms`): the sequence, or under local
+        attention (chunks, a window) the sequence times the layers' mean share of the causal work (`attention_spans`),
+        so that the counted FLOPs are the work the layers do."""
         spans = self.attention_spans()
         if not self.local_attention:
             return self.seq_len

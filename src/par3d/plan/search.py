@@ -195,12 +195,12 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
 
 
 def cp_valid(model: ModelSpec, cp: int) -> bool:
-    """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP); chunked attention past its chunk
-    is priced without CP only (`_check_chunked`)."""
+    """Causal load balancing cuts each sequence into 2·cp chunks (Megatron-LM's CP); local attention (chunks, a window)
+    past its span is priced without CP only (`_check_local_attention`)."""
     return cp == 1 or (model.seq_len % (2 * cp) == 0 and not model.local_attention)
 
 
-def _check_chunked(model: ModelSpec, fixed: Fixed) -> None:
+def _check_local_attention(model: ModelSpec, fixed: Fixed) -> None:
     """Local attention past its span (Llama 4's chunks, a sliding window) with context parallelism: how CP's ring would
     run over layers whose keys mostly sit on the rank itself is not priced."""
     if fixed.cp is not None and fixed.cp > 1 and model.local_attention:
@@ -313,7 +313,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
     _check_ulysses(model, cluster, fixed)
-    _check_chunked(model, fixed)
+    _check_local_attention(model, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
     if model.moe and (cluster.zero3_unit == "submodule" or not cluster.hier):  # (check_moe: ZeRO-3 of experts is
