@@ -1483,7 +1483,7 @@ def test_catalogue_names_the_validation_sets_models():
     assert search(CATALOGUE["mixtral-8x7b"], cl, 256, top=1).plans
 
 
-def test_sliding_window_on_every_layer_from_config_json(tmp_path):
+def test_sliding_window_on_every_layer_from_config_json(tmp_path, capsys):
     """Mistral 7B v0.1's `sliding_window` 4,096 on every layer (issue 12's twenty-ninth round; until then it was priced
     as full attention over its 32K positions): a query attends to min(i + 1, w) keys, w(w + 1)/2 + (s - w)·w pairs of
     the s(s + 1)/2 causal ones; Qwen2's unused window (use_sliding_window false) is ignored, a window over some layers
@@ -1512,6 +1512,11 @@ def test_sliding_window_on_every_layer_from_config_json(tmp_path):
     assert search(full, cl, 16).plans[0].step_time > search(m, cl, 16).plans[0].step_time
     with pytest.raises(PlanError, match="sliding window of 4096"):
         search(m, cl, 16, Fixed(cp=2))
+    # the table says the pricing is unscored
+    from par3d.cli import main
+
+    assert main(["plan", "--model", str(p), "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "16"]) == 0
+    assert "no published run of it is in the validation set" in capsys.readouterr().out
     p.write_text(json.dumps({**cfg, "model_type": "qwen2", "use_sliding_window": False, "sliding_window": 131072}))
     assert resolve_model(str(p)).window == 0
     p.write_text(json.dumps({**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}))

@@ -908,6 +908,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         how = "as --pipeline-layout gives" if model.pipeline_split else "the planner's partition; --pipeline-layout sets one"
         out.append(f"layout:   layers per pipeline chunk {','.join(map(str, _chunk_layers(model, best.choice)))} ({how})")
     out.append(_evidence_line(cluster, model.moe))
+    if model.local_attention:  # (ModelSpec.attention_spans) no run of the validation set attends locally
+        out.append("note:     local attention (chunks or a sliding window past the sequence) is priced as the work it "
+                   "does; no published run of it is in the validation set (docs/planner.md §2)")
     out += _regime_lines(cluster, best.choice)
     c = best.choice
     if c.zero_stage == 3 and cluster.zero3_unit == "layer" and not cluster.fsdp \
