@@ -1522,3 +1522,25 @@ def test_sliding_window_on_every_layer_from_config_json(tmp_path, capsys):
     p.write_text(json.dumps({**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}))
     with pytest.raises(ValueError, match="max_window_layers 28 of 32"):
         resolve_model(str(p))
+
+
+def test_local_attention_from_flags():
+    """`--sliding-window`, `--attention-chunk` and `--global-every` describe local attention without a config.json
+    (issue 12's twenty-ninth round): the flags rebuild the catalogue's Llama 4 Scout from Llama-style dimensions, turn
+    its chunks off, and refuse what the planner does not price, by name."""
+    from par3d.plan.models import ModelError
+
+    scout = CATALOGUE["llama4-scout"]
+    flags = resolve_model("llama4-scout", attn_chunk=0)
+    assert (flags.attn_chunk, flags.global_every) == (0, 0)  # chunks off: their global layers with them
+    rebuilt = resolve_model(None, layers=48, hidden=5120, heads=40, seq_len=8192, vocab=202048, ffn_hidden=16384,
+                            kv_heads=8, gated=True, norm="rms", experts=16, top_k=1, moe_ffn_hidden=8192,
+                            shared_ffn=8192, attn_chunk=8192, global_every=4)
+    assert rebuilt.attention_spans() == scout.attention_spans()
+    assert replace(rebuilt, seq_len=32768).attention_spans() == replace(scout, seq_len=32768).attention_spans()
+    win = resolve_model("llama3-8b", window=4096, seq_len=32768)
+    assert win.window == 4096 and win.local_attention
+    with pytest.raises(ModelError, match="one kind of local attention"):
+        resolve_model("llama3-8b", window=1024, attn_chunk=4096)
+    with pytest.raises(ModelError, match="--attention-chunk C too"):
+        resolve_model("llama3-8b", global_every=4)

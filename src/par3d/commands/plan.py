@@ -136,6 +136,15 @@ def register(sub) -> None:
                    help="a mixture of experts whose every K-th layer (after --dense-layers) is MoE and the others dense "
                         "of --ffn-hidden (Llama 4 Maverick 2; config.json's interleave_moe_layer_step or Qwen2-MoE's "
                         "decoder_sparse_step); 1 (the default): every layer")
+    g.add_argument("--sliding-window", type=_int_at_least(0), default=None, metavar="W",
+                   help="every layer attends to the last W tokens only (Mistral 7B v0.1 4096; config.json's "
+                        "sliding_window): priced as the band's work; 0: none (docs/planner.md section 2)")
+    g.add_argument("--attention-chunk", type=_int_at_least(0), default=None, metavar="C",
+                   help="chunked attention: each token attends within its chunk of C tokens (Llama 4 8192; "
+                        "config.json's attention_chunk_size); 0: none")
+    g.add_argument("--global-every", type=_int_at_least(0), default=None, metavar="K",
+                   help="with --attention-chunk: one layer in K attends over the whole sequence (Llama 4 4, its NoPE "
+                        "layers); 0: every layer chunked")
     g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
@@ -686,7 +695,8 @@ def _run(args: argparse.Namespace) -> int:
                               args.position, args.bias, args.head_dim, args.experts, args.top_k,
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
-                              args.router_groups, args.router_group_topk, args.moe_step)
+                              args.router_groups, args.router_group_topk, args.moe_step, args.sliding_window,
+                              args.attention_chunk, args.global_every)
     except ModelError as e:
         raise UsageError(str(e)) from None
     if args.pipeline_layout:

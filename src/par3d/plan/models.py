@@ -698,7 +698,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   shared_ffn: int | None = None, dense_layers: int | None = None, kv_lora: int | None = None,
                   q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None,
                   mtp_layers: int | None = None, route_groups: int | None = None,
-                  route_group_topk: int | None = None, moe_step: int | None = None) -> ModelSpec:
+                  route_group_topk: int | None = None, moe_step: int | None = None, window: int | None = None,
+                  attn_chunk: int | None = None, global_every: int | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -707,6 +708,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     `--position`, `--bias/--no-bias` and `--tied-embeddings/--no-tied-embeddings` override it.
     `--head-dim` gives the heads a width of their own (q = heads × head_dim need not be hidden).
     `--experts/--top-k/--moe-ffn-hidden/--shared-expert-ffn` make every layer's MLP a mixture of experts.
+    `--sliding-window W` and `--attention-chunk C [--global-every K]` give the layers local attention (0: none).
     """
     if norm is not None and norm not in NORMS:
         raise ModelError(f"--norm {norm!r}: choose one of {', '.join(NORMS)}")
@@ -730,7 +732,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       shared_ffn=shared_ffn, dense_layers=dense_layers, kv_lora=kv_lora,
                                       q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers,
                                       route_groups=route_groups, route_group_topk=route_group_topk,
-                                      moe_step=moe_step).items()
+                                      moe_step=moe_step, window=window, attn_chunk=attn_chunk,
+                                      global_every=0 if attn_chunk == 0 and global_every is None else global_every
+                                      ).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -750,13 +754,20 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          shared_ffn=shared_ffn or 0, dense_layers=dense_layers or 0, kv_lora=kv_lora or 0,
                          q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
                          route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
-                         moe_step=moe_step or 1)
+                         moe_step=moe_step or 1, window=window or 0, attn_chunk=attn_chunk or 0,
+                         global_every=global_every or 0)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
         if v < 1:
             raise ModelError(f"{flag} {v}: must be an integer >= 1")
     validate_moe(spec)
+    if spec.window and spec.attn_chunk:
+        raise ModelError(f"--sliding-window {spec.window} with --attention-chunk {spec.attn_chunk}: the planner prices "
+                         "one kind of local attention per model; give one of them (0 turns one off)")
+    if spec.global_every and not spec.attn_chunk:
+        raise ModelError(f"--global-every {spec.global_every} names the global layers among chunked ones: give "
+                         "--attention-chunk C too (Llama 4: 8192, one layer in 4 global)")
     if not spec.mla and (spec.q_lora or spec.rope_dim or spec.v_head is not None):
         raise ModelError("--q-lora-rank/--qk-rope-dim/--v-head-dim describe multi-head latent attention: give "
                          "--kv-lora-rank R (R >= 1, DeepSeek-V3's 512) too")
