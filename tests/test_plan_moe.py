@@ -239,13 +239,21 @@ def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
         resolve_model("llama3-8b", experts=64, top_k=4, route_groups=8, route_group_topk=8)
 
 
+def memory_layer_bytes(model, rec: str) -> float:
+    from par3d.plan.hardware import make_cluster as mk
+    from par3d.plan.memory import layer_activation_bytes
+
+    cl = mk("h100-sxm", 1024, dtype="fp8")
+    return layer_activation_bytes(model, 1, 1, False, rec, cl.precision, 1, cl.flash)
+
+
 def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
     """Issue 12's twenty-fourth round's review: (1) the memory report's rank is the heaviest of all pipeline ranks
     priced in full (expert states shard over expert_dp, not dp x cp, so no one coefficient orders the ranks);
     (2) MoE with tp > 1 runs sequence parallelism, as Megatron-Core requires, and --no-sequence-parallel with it is
     refused; (3) HSDP replicas with experts are refused; (4) the leading dense layers' ffn must split over tp;
     (5) router groups on a dense model are refused; (6) the MTP projection runs on this rank's s/cp tokens."""
-    from par3d.plan.cost import _memory_scan, mtp_forward, offloaded_live
+    from par3d.plan.cost import _memory_scan, layout, mtp_forward, offloaded_live, rank_stage_lists
     from par3d.plan.memory import rank_memory
     from par3d.plan.models import ModelError
 
@@ -256,12 +264,28 @@ def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
     for pp, ep, rec in ((16, 32, "full"), (8, 32, "none"), (16, 64, "none")):
         c = Choice(1, pp, 1024 // pp, 1, 4 * pp, zero_stage=1, ep=ep, recompute=rec)
         mb, arg = memory(ds, cl, c)
-        shapes, peaks, per_layer, _, live, _ = _memory_scan(ds, cl.dtype, cl.flash, 1, pp, 1, "1f1b", 4 * pp, 1,
-                                                             False, rec, 1, 0, cl.cross_entropy, ep)
+        shapes, peaks, per_layer, _, live, _, per_rank = _memory_scan(ds, cl.dtype, cl.flash, 1, pp, 1, "1f1b",
+                                                                       4 * pp, 1, False, rec, 1, 0, cl.cross_entropy,
+                                                                       ep)
         every = [rank_memory(ds, shapes[r], peaks[r], tp=1, dp=c.dp, b=1, inflight_layers=offloaded_live(live[r], 0, c),
-                             sp=False, recompute=rec, zero=1, dtype=cl.dtype, flash=cl.flash, per_layer=per_layer,
+                             sp=False, recompute=rec, zero=1, dtype=cl.dtype, flash=cl.flash, per_layer=per_rank[r],
                              cross_entropy=cl.cross_entropy, expert_dp=c.expert_dp).total for r in range(pp)]
         assert mb.total == pytest.approx(max(every)) and every[arg] == pytest.approx(max(every))
+        # each rank's layers at their own kinds (issue 12's twenty-ninth round): a rank of MoE layers only at the MoE
+        # layer's bytes, a rank holding some of the three leading dense layers between the two kinds' (the dense
+        # ones store less here); the one-number estimate keeps the larger of the two
+        moe_b, dense_b = memory_layer_bytes(ds, rec), memory_layer_bytes(ds.dense_variant(), rec)
+        if rec == "full":  # every layer keeps its input only: the two kinds store alike
+            assert dense_b == moe_b and set(per_rank) == {moe_b}
+            continue
+        assert dense_b < moe_b and per_layer == moe_b
+        lay = layout(ds, pp)
+        kinds = [(sum(lay.layers[st] for st in stages), sum(lay.dense_of(st) for st in stages))
+                 for stages in rank_stage_lists("1f1b", pp, 1)]
+        assert sum(nd for _, nd in kinds) == 3 and kinds[-1][1] == 0
+        for r, (n, nd) in enumerate(kinds):
+            assert per_rank[r] == pytest.approx(((n - nd) * moe_b + nd * dense_b) / n, rel=1e-12)
+            assert dense_b <= per_rank[r] <= moe_b and (per_rank[r] == moe_b) == (nd == 0)
     gb = make_cluster("gb200", 16, dtype="fp8")
     res = search(qwen, gb, 512, Fixed(pp=1, micro_batch=4, recompute="none"), top=60)
     assert any(p.choice.tp > 1 for p in res.plans)

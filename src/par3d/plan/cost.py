@@ -1496,10 +1496,18 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
         per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
     else:
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
-    if model.dense_count:  # a mixture of experts' dense layers: every layer counted at the larger of the two
-        per_layer = max(per_layer, _memory_scan(model.dense_variant(), dtype, flash, tp, pp, v, schedule, m, b, sp,
-                                                recompute, cp, rec_layers, cross_entropy)[2])
-    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy
+    per_rank: tuple[float, ...] = ()
+    if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean (its dense
+        # and MoE layers counted over its chunks, `Layout.dense`); the larger of the two for the one-number estimate
+        dense = _memory_scan(model.dense_variant(), dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp,
+                             rec_layers, cross_entropy)[2]
+        lay = layout(model, pp * v)
+        for stages in rank_stage_lists(schedule, pp, v):
+            n = sum(lay.layers[s] for s in stages)
+            nd = sum(lay.dense_of(s) for s in stages)
+            per_rank += (((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense),)
+        per_layer = max(per_layer, dense)
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank
 
 
 @lru_cache(maxsize=4096)
@@ -1518,7 +1526,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
-    shapes, peaks, per_layer, logits, live, heavy = _memory_scan(
+    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
         model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
         c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.ep)
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
@@ -1537,7 +1545,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                            sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                           per_layer=per_layer if (c.recompute_layers or model.dense_count) else None,
+                           per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
                            cross_entropy=cluster.cross_entropy,
                            expert_dp=c.expert_dp)
 
