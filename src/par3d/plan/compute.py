@@ -298,6 +298,22 @@ MODULE_ABBREV = {"core_attn": "attn", "mla_up_proj": "up", "layernorm": "ln", "m
 RECOMPUTE_MODULES = tuple(MODULE_ABBREV)
 
 
+def module_gemms(model: ModelSpec, module: str) -> tuple[str, ...]:
+    """The forward GEMMs (`layer_gemms` names) a recompute module re-runs in this model's layer: MLA's Q and K/V up
+    projections; a dense MLP's two; a mixture of experts' router, routed experts and shared expert (the whole block) or
+    its shared expert alone; none for the attention core (its own kernel), the norms and the experts' activation."""
+    if module == "mla_up_proj":
+        return ("qkv", "kv_up") if model.mla else ()
+    if module == "mlp":
+        return () if model.moe else ("mlp_in", "mlp_out")
+    if module == "moe":
+        return (("router", "expert_in", "expert_out") + (("mlp_in", "mlp_out") if model.shared_ffn else ())
+                if model.moe else ())
+    if module == "shared_experts":
+        return ("mlp_in", "mlp_out") if model.moe and model.shared_ffn else ()
+    return ()
+
+
 def recompute_modules(recompute: str) -> frozenset[str]:
     """The selective-recomputation modules a recompute method names: "selective" is Megatron-Core's default list
     (the attention core), "selective:m1,m2" its `recompute_modules` spelled out; every other method none."""
@@ -413,15 +429,16 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     op = sum(times[k] * f for k, f in shares.items()) + elem
     bw = dev.mem_bw * dev.mem_eff
     parts = module_elementwise_bytes(model, b, tp, sp, dtype)
-    routed = ("router", "expert_in", "expert_out")
-    modules = (("mla_up_proj", times.get("qkv", 0.0) + times.get("kv_up", 0.0) if model.mla else 0.0),
+    # each module: its GEMMs (`module_gemms`) and the traffic it re-runs
+    redo = {"mlp": parts["act"], "moe": parts["route"] + parts["act"] + parts["shared_act"],
+            "shared_experts": parts["shared_act"]}
+    modules = (("mla_up_proj", sum(times[k] for k in module_gemms(model, "mla_up_proj"))),
                ("layernorm", parts["norms"] / bw),
-               ("mlp", 0.0 if model.moe else times["mlp_in"] + times["mlp_out"] + parts["act"] / bw),
-               ("moe", sum(times[k] for k in routed if k in times) + times.get("mlp_in", 0.0) * model.moe
-                + times.get("mlp_out", 0.0) * model.moe + (parts["route"] + parts["act"] + parts["shared_act"]) / bw),
+               *((m, sum(times[k] for k in module_gemms(model, m)) + redo[m] / bw if module_gemms(model, m) else 0.0)
+                 for m in ("mlp", "moe")),
                ("moe_act", parts["act"] / bw if model.moe else 0.0),
-               ("shared_experts", times.get("mlp_in", 0.0) + times.get("mlp_out", 0.0) + parts["shared_act"] / bw
-                if model.moe and model.shared_ffn else 0.0))
+               ("shared_experts", sum(times[k] for k in module_gemms(model, "shared_experts")) + redo["shared_experts"]
+                / bw if module_gemms(model, "shared_experts") else 0.0))
     return LayerTimes(others + core + elem, core, gemm_time(hg, dev, head_dtype) + loss, gemm + core_f, core_f,
                       hg.flops, elem, op, modules)
 
@@ -474,11 +491,8 @@ def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
     if recompute.startswith("selective:"):  # Megatron-Core's named modules: their GEMMs (and the core)
         fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
         mods = recompute_modules(recompute)
-        names = (({"qkv", "kv_up"} if "mla_up_proj" in mods and model.mla else set())
-                 | ({"mlp_in", "mlp_out"} if ("mlp" in mods and not model.moe)
-                    or (model.moe and ("moe" in mods or "shared_experts" in mods)) else set())
-                 | ({"router", "expert_in", "expert_out"} if "moe" in mods and model.moe else set()))
-        return model.layers * (sum(fl.get(k, 0.0) for k in names) + (core if "core_attn" in mods else 0.0))
+        names = dict.fromkeys(k for m in RECOMPUTE_MODULES if m in mods for k in module_gemms(model, m))  # once each
+        return model.layers * (sum(fl[k] for k in names) + (core if "core_attn" in mods else 0.0))
     if recompute == "op":
         fl = {g.name: g.flops for g in layer_gemms(model, 1, 1)}
         # (a mixture of experts' grouped GEMMs: the same FLOPs at ep = 1)

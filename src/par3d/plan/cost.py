@@ -1492,15 +1492,17 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
                  cross_entropy: str = "unfused", ep: int = 1) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
     shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
-    if recompute == "full" and rec_layers > 0:
-        per_layer = partial_activation_bytes(model, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
-    else:
-        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+
+    def of_layer(k: ModelSpec) -> float:
+        if recompute == "full" and rec_layers > 0:
+            return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
+        return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash)
+
+    per_layer = of_layer(model)
     per_rank: tuple[float, ...] = ()
     if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean (its dense
         # and MoE layers counted over its chunks, `Layout.dense`); the larger of the two for the one-number estimate
-        dense = _memory_scan(model.dense_variant(), dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp,
-                             rec_layers, cross_entropy)[2]
+        dense = of_layer(model.dense_variant())
         lay = layout(model, pp * v)
         for stages in rank_stage_lists(schedule, pp, v):
             n = sum(lay.layers[s] for s in stages)

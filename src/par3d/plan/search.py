@@ -164,6 +164,12 @@ def ep_choices(model: ModelSpec, tp: int, cp: int, dp: int, fixed: Fixed, reject
     return [e for e in divisors(model.experts) if ranks % e == 0]
 
 
+def layer_units(cluster: Cluster) -> bool:
+    """Whether the cluster prices a layer's own units (a GPU description, ZeRO-3 by layer): what a mixture of experts'
+    ZeRO-3 and Megatron-Core's recompute modules are priced with."""
+    return cluster.hier and cluster.zero3_unit != "submodule"
+
+
 def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
     """The expert-parallel flags against the model, before any candidate is priced: `--ep` needs a mixture of
     experts and must divide its expert count; what the planner does not model for one is refused by name."""
@@ -175,8 +181,7 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
     if fixed.ep is not None and (fixed.ep < 1 or model.experts % fixed.ep):
         raise PlanError(f"--ep {fixed.ep}: each rank holds experts/ep whole experts, so ep must divide "
                         f"experts={model.experts}; use one of {_fmt(divisors(model.experts))}", "--ep")
-    if fixed.zero_stage is not None and fixed.zero_stage >= 3 and (cluster.zero3_unit == "submodule"
-                                                                    or not cluster.hier):
+    if fixed.zero_stage is not None and fixed.zero_stage >= 3 and not layer_units(cluster):
         raise PlanError("--zero-stage 3 with a mixture of experts: priced with layer units on a GPU description "
                         "(FSDP2 / Megatron-FSDP style: each layer's dense part gathered over dp x cp, its routed "
                         "experts over the ranks holding them); DeepSpeed's sub-module units and the flat model are "
@@ -316,12 +321,12 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_local_attention(model, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
     zeros = [fixed.zero_stage] if fixed.zero_stage is not None else list(range(limits.max_zero_stage + 1))
-    if model.moe and (cluster.zero3_unit == "submodule" or not cluster.hier):  # (check_moe: ZeRO-3 of experts is
-        zeros = [z for z in zeros if z < 3]  # priced with layer units on a GPU description only)
+    if model.moe and not layer_units(cluster):  # (check_moe: ZeRO-3 of experts is priced with layer units only)
+        zeros = [z for z in zeros if z < 3]
     if cluster.fsdp:  # PyTorch FSDP's strategies: NO_SHARD (DDP) = 0, SHARD_GRAD_OP = 2, FULL_SHARD / HSDP = 3
         zeros = [z for z in zeros if z != 1] or zeros
     recs = [fixed.recompute] if fixed.recompute else list(RECOMPUTE_ORDER)
-    if not fixed.recompute and model.moe and cluster.hier and cluster.zero3_unit != "submodule":
+    if not fixed.recompute and model.moe and layer_units(cluster):
         # a mixture of experts' cheap Megatron-Core modules (compute.RECOMPUTE_MODULES) as its recipes use them: the
         # routed experts' activation, and with latent attention its up projections too
         recs[1:1] = [modules_recompute(["moe_act"])] + (
