@@ -636,3 +636,31 @@ def test_chunked_attention_prices_the_chunks_work(tmp_path):
     path.write_text(json.dumps({**base, "no_rope_layers": [1, 0, 0, 1, 1, 1, 1, 0]}))
     with pytest.raises(ModelError, match="not every k-th layer"):
         from_hf_config(str(path))
+
+
+def test_alltoall_dispatcher_resorts_the_received_tokens(qwen, capsys):
+    """Megatron-Core's alltoall dispatcher sorts the k·T copies a rank receives by local expert after the dispatch
+    and back before the combine (token_dispatcher.py's "Permutation 2", only with more than one local expert): a read
+    and a write of them each, 4·k·T·h bytes more in the forward's routing.  The flex dispatcher (DeepEP, HybridEP;
+    what --ep-dispatch dedup implies) has no such pass, nor does one expert per rank or ep 1."""
+    b, tok, h, k = 1, qwen.seq_len, qwen.hidden, qwen.top_k
+    base = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 8)["route"]
+    resort = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 8, True)["route"]
+    assert resort - base == pytest.approx(4 * k * tok * h * 2)
+    one_each = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 128, True)["route"]
+    assert one_each == pytest.approx(compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 128)["route"])
+    cl = make_cluster("h100-sxm", 16, dtype="bf16")
+    assert cl.dispatcher == "alltoall" and replace(cl, ep_dispatch="dedup").dispatcher == "flex"
+    assert replace(cl, ep_dispatch="dedup", moe_dispatcher="alltoall").dispatcher == "alltoall"
+    c = Choice(1, 1, 16, 1, 4, "1f1b", 1, "none", 1, False, 1, 1, 0, 8)
+    a2a = stage_times(qwen, cl, c)
+    flex = stage_times(qwen, replace(cl, moe_dispatcher="flex"), c)
+    layer_gap = (4 * k * tok * h * 2) / (cl.device.mem_bw * cl.device.mem_eff)
+    assert a2a.f_compute[0] - flex.f_compute[0] == pytest.approx(qwen.layers * layer_gap, rel=1e-6)
+    no_ep = replace(c, ep=1)
+    assert stage_times(qwen, cl, no_ep).f == stage_times(qwen, replace(cl, moe_dispatcher="flex"), no_ep).f
+    # the flag, in the JSON's cluster
+    args = ["plan", *QWEN_FLAGS, "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--ep", "8", "--json"]
+    for extra, want in (([], "alltoall"), (["--ep-dispatch", "dedup"], "flex"), (["--moe-dispatcher", "flex"], "flex")):
+        assert main([*args, *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["hardware"]["moe_dispatcher"] == want

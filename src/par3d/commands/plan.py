@@ -241,6 +241,11 @@ def register(sub) -> None:
                    help="a mixture of experts' tokens across nodes: alltoall (Megatron-Core's alltoall dispatcher, every "
                         "copy bound for another node crosses the NICs) or dedup (DeepEP / HybridEP, the flex dispatcher: "
                         "once per remote node, forwarded inside it over NVLink) (default: %(default)s)")
+    g.add_argument("--moe-dispatcher", choices=("alltoall", "flex"), default=None,
+                   help="Megatron-Core's token dispatcher of a mixture of experts: alltoall sorts the tokens a rank "
+                        "receives by local expert after the dispatch and back before the combine (an extra read and "
+                        "write of them each, with more than one expert per rank), flex (DeepEP / HybridEP) permutes "
+                        "them once (default: flex with --ep-dispatch dedup, else alltoall)")
     g.add_argument("--ep-dispatch-fp8", action=argparse.BooleanOptionalAction, default=False,
                    help="the forward dispatch moves FP8 tokens (DeepSeek-V3, DeepEP); the combine and the backward stay "
                         "16-bit (default: off)")
@@ -490,7 +495,7 @@ def _cluster(args: argparse.Namespace):
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
-                  fp8_scaling=args.fp8_scaling,
+                  moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   offload_layers=args.offload_layers, dp_bucket_params=args.dp_bucket_params,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)

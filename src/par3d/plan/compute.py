@@ -224,7 +224,7 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
-                      fp8_current: bool = False, fp8_block: str = "") -> float:
+                      fp8_current: bool = False, fp8_block: str = "", ep: int = 1, ep_resort: bool = False) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
@@ -238,7 +238,8 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     A mixture-of-experts layer's MLP part (models.ModelSpec.moe): the router's fp32 softmax and top-k over the
     rank's b·s/tp tokens × E logits (read + write 4 B each), the permutation of each token into its top_k copies
     and back (read T, write k·T; read k·T, weigh, write T: 2·(1 + k)·T·h), the activation over the k·T routed
-    rows at the expert width, and a shared expert's activation as a dense MLP's.
+    rows at the expert width, and a shared expert's activation as a dense MLP's; `ep_resort` (Megatron-Core's
+    alltoall dispatcher) its second permutation (`module_elementwise_bytes`).
     """
     # fp8 (Transformer Engine) keeps bf16 activations between kernels: only GEMM inputs are fp8
     d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
@@ -248,7 +249,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     drop = 1.0 if model.bias else 0.0
     # the two norms, the activation(s), a mixture of experts' routing (module_elementwise_bytes: what the recomputation
     # modules re-run)
-    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype).values())
+    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort).values())
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     if model.moe:
         k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
@@ -387,7 +388,7 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: str = "", ep: int = 1) -> LayerTimes:
+                fp8_block: str = "", ep: int = 1, ep_resort: bool = False) -> LayerTimes:
     gs = layer_gemms(model, b, tp, ep, sp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp, ep, sp)
@@ -420,7 +421,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = gemm_time(full["attn_scores"], dev, dtype) + gemm_time(full["attn_values"], dev, dtype)
     else:
         core = times["attn_scores"] + times["attn_values"]
-    elem = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block) / (dev.mem_bw * dev.mem_eff)
+    elem = (elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort)
+            / (dev.mem_bw * dev.mem_eff))
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
     loss = loss_time(model, dev, b, tp, cross_entropy) / 3
@@ -428,7 +430,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
     op = sum(times[k] * f for k, f in shares.items()) + elem
     bw = dev.mem_bw * dev.mem_eff
-    parts = module_elementwise_bytes(model, b, tp, sp, dtype)
+    parts = module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort)
     # each module: its GEMMs (`module_gemms`) and the traffic it re-runs
     redo = {"mlp": parts["act"], "moe": parts["route"] + parts["act"] + parts["shared_act"],
             "shared_experts": parts["shared_act"]}
@@ -443,12 +445,19 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
                       hg.flops, elem, op, modules)
 
 
-def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16") -> dict[str, float]:
+def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16", ep: int = 1,
+                             ep_resort: bool = False) -> dict[str, float]:
     """The parts of `elementwise_bytes` a selective-recomputation module re-runs (HBM bytes, one layer's forward on
     one TP rank; `elementwise_bytes` adds them up): the two norms (read + write T·h each), the MLP's activation
     (GeLU: read + write; SwiGLU: read 2, write 1 per output element; a mixture of experts': the routed copies'), a
     shared expert's activation, a mixture of experts' routing (the router's fp32 softmax and top-k, 4 B read + write
-    per logit; the permutation into the experts' order and back, 2·(1 + k)·T·h)."""
+    per logit; the permutation into the experts' order and back, 2·(1 + k)·T·h).
+
+    `ep_resort`: Megatron-Core's alltoall dispatcher, which with more than one local expert (E/ep > 1) sorts the
+    k·T routed copies a rank receives by local expert after the dispatch and back before the combine
+    (token_dispatcher.py's "Permutation 2" / "Unpermutation 2", `sort_chunks_by_idxs`): a read and a write of
+    them each, 4·k·T·h more.  The flex dispatcher (DeepEP, HybridEP) permutes the received tokens once, by expert,
+    and has no such pass."""
     d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0
@@ -459,6 +468,8 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
         out["act"] = act * tok / t * k * model.expert_ffn * d
         out["shared_act"] = act * tok * model.shared_ffn / t * d
         out["route"] = 8.0 * tok / t * model.experts + 2 * (1 + k) * tok / t * h * d
+        if ep_resort and model.experts // max(1, ep) > 1:
+            out["route"] += 4 * k * tok / t * h * d
     return out
 
 

@@ -582,6 +582,7 @@ def default_gpus_per_node(gpu: str) -> int:
 
 CP_COMMS = ("ring", "all-gather", "a2a")  # how context parallelism moves K/V (Cluster.cp_comm)
 EP_DISPATCHES = ("alltoall", "dedup")  # how a mixture of experts' tokens cross nodes (Cluster.ep_dispatch)
+MOE_DISPATCHERS = ("alltoall", "flex")  # Megatron-Core's token dispatcher of a mixture of experts (Cluster.moe_dispatcher)
 # Transformer Engine's low-precision recipes (Cluster.fp8_scaling): FP8 by tensor (delayed, current), by block (mxfp8),
 # and NVFP4 (`--dtype nvfp4`: the layers' GEMMs in 4 bits, everything else as FP8 training keeps it)
 FP8_SCALINGS = ("delayed", "current", "mxfp8", "nvfp4")
@@ -658,6 +659,11 @@ class Cluster:
     # per remote node, forwarded inside it over NVLink); and whether the forward dispatch moves FP8 tokens
     ep_dispatch: str = "alltoall"
     ep_dispatch_fp8: bool = False
+    # which of Megatron-Core's token dispatchers runs the MoE layers (cost.choice_layer_times): "alltoall" sorts the
+    # copies a rank receives by local expert after the dispatch and back before the combine (its "Permutation 2",
+    # compute.module_elementwise_bytes), "flex" (DeepEP, HybridEP) permutes them once; "" follows ep_dispatch
+    # (dedup is the flex dispatcher's scheme) -- `dispatcher`
+    moe_dispatcher: str = ""
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
     # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
     # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
@@ -744,6 +750,11 @@ class Cluster:
         return self.hierarchical if self.hierarchical is not None else self.device.kernel_model == "table"
 
     @property
+    def dispatcher(self) -> str:
+        """The MoE token dispatcher the step is priced with: `moe_dispatcher`, or the one ep_dispatch implies."""
+        return self.moe_dispatcher or ("flex" if self.ep_dispatch == "dedup" else "alltoall")
+
+    @property
     def nics(self) -> int:
         return self.nics_per_node if self.nics_per_node is not None else self.gpus_per_node
 
@@ -764,7 +775,8 @@ class Cluster:
             "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
-            "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "cp_comm": self.cp_comm,
+            "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,
+            "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "precision": self.precision, "fp8_param_gather": self.fp8_param_gather,
             "fp8_attention": self.fp8_attention,

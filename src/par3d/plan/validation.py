@@ -21,7 +21,14 @@ from typing import Any
 from .compute import CROSS_ENTROPY
 from .cost import Choice, Options, Plan, evaluate
 from .gemm_table import family_of
-from .hardware import EP_DISPATCHES, Cluster, attn_sustain_of, fp8_scaling_error, make_cluster
+from .hardware import (
+    EP_DISPATCHES,
+    MOE_DISPATCHERS,
+    Cluster,
+    attn_sustain_of,
+    fp8_scaling_error,
+    make_cluster,
+)
 from .models import CATALOGUE, ModelSpec, split_error
 from .search import Fixed, Limits, search
 
@@ -71,6 +78,9 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
         raise ValueError(f"{row['name']}: cross_entropy {ce!r}: choose one of {', '.join(CROSS_ENTROPY)}")
     if str(row.get("ep_dispatch", "alltoall")) not in EP_DISPATCHES:
         raise ValueError(f"{row['name']}: ep_dispatch {row['ep_dispatch']!r}: choose one of {', '.join(EP_DISPATCHES)}")
+    if str(row.get("moe_dispatcher", "alltoall")) not in MOE_DISPATCHERS:
+        raise ValueError(f"{row['name']}: moe_dispatcher {row['moe_dispatcher']!r}: choose one of "
+                         f"{', '.join(MOE_DISPATCHERS)}")
     # a row's dtype "nvfp4" is FP8 training with NVFP4's recipe (`--dtype nvfp4`: hardware.FP8_SCALINGS)
     nvfp4 = row.get("dtype") == "nvfp4"
     if nvfp4 and row.get("fp8_scaling", "nvfp4") != "nvfp4":
@@ -94,6 +104,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
                    ep_dispatch=str(row.get("ep_dispatch", "alltoall")),
                    ep_dispatch_fp8=bool(row.get("ep_dispatch_fp8", False)),
+                   moe_dispatcher=str(row.get("moe_dispatcher", "")),
                    tp_overlap_pipeline=tuple((str(g), int(v[0]), int(v[1]))
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=scaling,
