@@ -1,0 +1,45 @@
+"""One mixture-of-experts layer alone against Megatron-LM's own measurements of it (issue 12's thirtieth round,
+held out: plan/moe_layers.py).  The docs quote the script's table; the measured ordering of the two dispatchers
+holds in the model; and each case stays inside the band it was first priced in (a regression guard stated as one:
+|error| ≤ 25 %, the widest today 24 %), never a number tuned to a case."""
+
+from __future__ import annotations
+
+import os
+
+from par3d.plan import moe_layers
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")
+
+
+def test_docs_quote_the_layer_bench():
+    assert moe_layers.table() in open(DOCS, encoding="utf-8").read()
+
+
+def test_alltoall_dispatcher_slower_than_flex_where_experts_share_a_rank():
+    """DeepSeek-V3's proxy (4 experts per rank): measured, the alltoall case is slower than both flex cases each way,
+    and so is the model (its second permutation); Mixtral's (1 expert per rank): no such pass, the model prices the
+    dispatchers alike, and the measured alltoall and HybridEP cases are within 1 % of each other."""
+    cases = {c.name: c for c in moe_layers.CASES}
+    pred = {n: moe_layers.predict(c) for n, c in cases.items()}
+    for flex in ("deepseek_deepep_tp1ep8_bf16", "deepseek_hybridep_tp1ep8_bf16"):
+        a2a, f = cases["deepseek_a2a_tp1ep8_bf16"], cases[flex]
+        assert a2a.forward_ms > f.forward_ms and a2a.backward_ms > f.backward_ms
+        assert pred["deepseek_a2a_tp1ep8_bf16"][0] > pred[flex][0]
+        assert pred["deepseek_a2a_tp1ep8_bf16"][1] > pred[flex][1]
+    assert pred["mixtral_a2a_tp1ep8_bf16"] == pred["mixtral_hybridep_tp1ep8_bf16"]
+    m_a, m_h = cases["mixtral_a2a_tp1ep8_bf16"], cases["mixtral_hybridep_tp1ep8_bf16"]
+    assert abs(m_a.forward_ms / m_h.forward_ms - 1) < 0.01 and abs(m_a.backward_ms / m_h.backward_ms - 1) < 0.01
+
+
+def test_every_case_inside_its_first_band():
+    for case in moe_layers.CASES:
+        f, b = moe_layers.predict(case)
+        assert abs(f / case.forward_ms - 1) <= 0.25, case.name
+        assert abs(b / case.backward_ms - 1) <= 0.25, case.name
+
+
+def test_cli(capsys):
+    assert moe_layers.main([]) == 0
+    assert capsys.readouterr().out.strip() == moe_layers.table()
+    assert moe_layers.main(["--help"]) == 0
