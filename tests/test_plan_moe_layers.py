@@ -40,6 +40,16 @@ def test_every_case_inside_its_first_band():
 
 
 def test_cli(capsys):
+    import json
+
+    import pytest
+
     assert moe_layers.main([]) == 0
     assert capsys.readouterr().out.strip() == moe_layers.table()
-    assert moe_layers.main(["--help"]) == 0
+    assert moe_layers.main(["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["case"] for r in rows] == [c.name for c in moe_layers.CASES]
+    assert rows[0]["forward_ms"]["predicted"] == pytest.approx(moe_layers.predict(moe_layers.CASES[0])[0])
+    with pytest.raises(SystemExit) as e:
+        moe_layers.main(["--help"])
+    assert e.value.code == 0

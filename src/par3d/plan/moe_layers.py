@@ -85,13 +85,26 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def as_json() -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for case in CASES:
+        f, b = predict(case)
+        out.append({"case": case.name, "dispatcher": case.dispatcher, "source": SOURCE,
+                    "forward_ms": {"measured": case.forward_ms, "predicted": f, "error": f / case.forward_ms - 1},
+                    "backward_ms": {"measured": case.backward_ms, "predicted": b, "error": b / case.backward_ms - 1}})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: python -m par3d.plan.moe_layers\n\nPrint the MoE layer alone, priced against Megatron-LM's "
-              "measured moe_perf baselines (H100, EP 8, BF16).")
-        return 0
-    print(table())
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m par3d.plan.moe_layers",
+                                 description="One MoE layer alone, priced against Megatron-LM's measured moe_perf "
+                                             "baselines (DGX H100, EP 8, BF16; held out).")
+    ap.add_argument("--json", action="store_true", help="print the cases as JSON instead of the markdown table")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    print(json.dumps(as_json(), indent=2) if args.json else table())
     return 0
 
 
