@@ -51,7 +51,7 @@ In the **table** kernel model (catalogue GPUs by default):
     and max (2 + 4), subtract-exp-sum (4 + 4), divide (4 + 4), the gradient's multiply and bf16 cast (4 + 2);
   * "kernel", 10 B — one online-softmax kernel pair on the bf16 logits that writes the gradient in the
     forward: Transformer Engine's parallel cross entropy (`cross_entropy_fusion_impl = "te"`, which
-    Megatron-Bridge's and NeMo 2.4's performance scripts set): a max/sum pass (read 2), a loss-and-gradient
+    Megatron-Bridge's and NeMo's performance scripts set, NeMo's since v2.3): a max/sum pass (read 2), a loss-and-gradient
     pass (2 + 2), the backward's scaling (2 + 2); flash-attn's CrossEntropyLoss (llm-foundry's default
     `fused_crossentropy`) moves 6 B and is priced as this class.
 """
