@@ -468,7 +468,7 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
         out["act"] = act * tok / t * k * model.expert_ffn * d
         out["shared_act"] = act * tok * model.shared_ffn / t * d
         out["route"] = 8.0 * tok / t * model.experts + 2 * (1 + k) * tok / t * h * d
-        if ep_resort and model.experts // max(1, ep) > 1:
+        if ep_resort and model.experts // ep > 1:
             out["route"] += 4 * k * tok / t * h * d
     return out
 

@@ -67,7 +67,7 @@ def model_of(case: Case) -> ModelSpec:
 def predict(case: Case) -> tuple[float, float]:
     """(forward, backward) of the MoE block in milliseconds, as the step model prices them on one DGX H100 node."""
     cl = replace(make_cluster("h100-sxm", 8, dtype="bf16"), moe_dispatcher=case.dispatcher)
-    c = Choice(1, 1, 8, 1, 1, "1f1b", 1, "none", 1, False, 1, 1, 0, 8)
+    c = Choice(tp=1, pp=1, dp=8, micro_batch=1, microbatches=1, zero_stage=1, ep=8)  # one node, EP 8
     model = model_of(case)
     block = dict(choice_layer_times(model, cl, c).modules)["moe"]
     fwd, bwd = ep_exchange(model, cl, c)
