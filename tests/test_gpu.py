@@ -2,8 +2,9 @@
 single-device reference on NCCL, one GPU per rank, and a short `par3d calibrate` on the GPU.
 
 Skipped, with the reason in pytest's summary, on a machine with fewer than two CUDA devices —
-which is every machine this project has run on so far: until this file has passed on GPUs the
-GPU path is untested (docs/reliability.md, "The GPU path")."""
+which is every machine this project has run on so far (the one GPU it was lent, an H200, ran the
+single-rank path only: docs/measured.md §6): until this file has passed on GPUs the multi-GPU path
+is untested (docs/reliability.md, "The GPU path")."""
 
 from __future__ import annotations
 

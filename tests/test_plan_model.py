@@ -1040,7 +1040,7 @@ def test_runtime_memory_prediction_counts_interleaved_chunks(tmp_path):
     counts = peak_inflight("interleaved", 2, 4, 2)
     means = [counts[r] * (lay.layers[r] + lay.layers[2 + r]) / 2 for r in range(2)]
     assert any(w != mean for w, mean in zip(walked, means)), "the mean count agrees: the case tests nothing"
-    per_layer = layer_activation_bytes(model, 1, 1, False, "none", cfg.train.dtype, 1, False)
+    per_layer = layer_activation_bytes(model, 1, 1, False, "none", cfg.train.dtype, 1, True)  # no s² (runtime)
     for r in range(2):
         act = predict_memory(cfg, r)["activations"]
         head = cost_logits(model) if r == 1 else 0.0

@@ -52,7 +52,7 @@ class Estimate:
 def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = "cpu") -> Estimate:
     """Every pipeline rank's memory for `cfg` (validated), and how much of `capacity` the
     `ranks_sharing` ranks that draw on it need together (the heaviest rank's share each)."""
-    from par3d.predict import choice, model_spec, peak_inflight
+    from par3d.predict import choice, model_spec, peak_inflight, runtime_memory_flags
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
@@ -62,7 +62,8 @@ def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = 
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):
         mb = rank_memory(model, shape, peaks[r], tp=c.tp, dp=c.dp, b=c.micro_batch, sp=c.sequence_parallel,
-                         recompute=c.recompute, zero=c.zero_stage, dtype=dtype, v=c.virtual_stages)
+                         recompute=c.recompute, zero=c.zero_stage, dtype=dtype, v=c.virtual_stages,
+                         **runtime_memory_flags(cfg))
         if device == "cpu":  # a process, not a CUDA context (module doc)
             other = CPU_RANK_BYTES + FRAGMENTATION * mb.activations
             parts.append({**mb.gib(), "other": round(other / GiB, 3),

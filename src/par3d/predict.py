@@ -10,6 +10,7 @@ the same number (tests/test_calibrate.py checks it).  No torch is imported here.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from par3d.config import RunConfig
 from par3d.plan import cost
@@ -101,6 +102,17 @@ def predict(cfg: RunConfig, hw: HardwareFile) -> Prediction:
     return Prediction(plan.step_time, plan.extra["makespan_s"], plan.bubble_fraction, dict(plan.breakdown))
 
 
+def runtime_memory_flags(cfg: RunConfig) -> dict[str, Any]:
+    """How `par3d train` itself holds memory, as rank_memory's switches: gradients in fp32 main-grad buffers
+    whatever the training dtype (data_parallel.py / zero.py `memory()`: 4 B per parameter, Megatron's count), and
+    attention through `F.scaled_dot_product_attention`, whose fused kernels (FlashAttention on a GPU, the
+    blockwise CPU kernel) keep a log-sum-exp, not the s² scores -- except with dropout, where PyTorch falls back
+    to the math path that stores them.  Measured on one H200 (docs/measured.md, "One H200"): with the s² scores
+    and 2-byte gradients the report predicted 48.4 GB of activations and 2.8 GB of gradients where the 1.4B run
+    held 14.6 GB and 5.7 GB."""
+    return {"flash": not cfg.model.dropout, "accounting": "megatron"}
+
+
 def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
     """plan/memory.py's bytes for pipeline rank `pp_rank` of this layout (every DP, CP and TP rank of
     it holds the same): weights, grads, optimizer (ZeRO over dp x cp), activations (the schedule's
@@ -120,7 +132,8 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
         live = cost.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
     mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
-                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live)
+                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,
+                     **runtime_memory_flags(cfg))
     return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,
             "other": mb.other}
 
@@ -139,6 +152,6 @@ def with_efficiency(hw: HardwareFile, efficiency: float) -> HardwareFile:
     return replace(hw, device=replace(hw.device, efficiency=efficiency))
 
 
-__all__ = ["Prediction", "choice", "cluster_of", "load_hardware", "model_spec", "predict", "predict_memory",
+__all__ = ["Prediction", "choice", "cluster_of", "load_hardware", "model_spec", "predict", "predict_memory", "runtime_memory_flags",
            "predict_step_time",
            "with_efficiency"]
