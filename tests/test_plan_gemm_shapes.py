@@ -71,3 +71,23 @@ def test_the_curve_holds_on_the_newest_revisions_remeasured_gemms(gpu):
         assert len(pts) == 15
         new = gemm_shapes.best_level(gpu, GEMM_K0, GEMM_FIXED_S, pts, nbytes)[0]
         assert new < gemm_shapes.best_level(gpu, 0, 3e-6, pts, nbytes)[0] and new < 0.20
+
+
+def test_the_h200_measured_here_is_the_probe_file_and_the_docs_quote_its_scores():
+    """gemm_shapes.H200_HERE(_LATER) is benchmarks/results/gpu-probe-h200.json to 0.1 TFLOP/s (the planner holds
+    no file reader for it), and docs/measured.md §6 quotes the curve's scores on it (level free, held out)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    probe = json.loads((root / "benchmarks" / "results" / "gpu-probe-h200.json").read_text())["gemm"]
+    xla = [(r["b"], r["m"], r["n"], r["k"], round(r["bf16_tflops"], 1)) for r in probe if r["set"] == "xla-h100"]
+    assert list(gemm_shapes.H200_HERE) == xla
+    assert [p[:2] for p in gemm_shapes.H200_HERE_LATER] == [p[:2] for p in gemm_shapes.LATER["h100-sxm"][2]]
+    doc = (root / "docs" / "measured.md").read_text()
+    whole = gemm_shapes.best_level("h200", GEMM_K0, GEMM_FIXED_S, gemm_shapes.H200_HERE)[0]
+    before = gemm_shapes.best_level("h200", 0, 3e-6, gemm_shapes.H200_HERE)[0]
+    assert f"mean \\|error\\| {whole * 100:.1f} % (before the curve: {before * 100:.1f} %)" in doc
+    bf, f8 = (gemm_shapes.best_level("h200", GEMM_K0, GEMM_FIXED_S, gemm_shapes.here_later(dt), n)[0]
+              for dt, n in (("bf16", 2), ("fp8", 1)))
+    assert f"{bf * 100:.1f} % / {f8 * 100:.1f} %" in doc
