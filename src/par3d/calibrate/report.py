@@ -104,10 +104,13 @@ def summary(hw: dict[str, Any]) -> str:
     lines = [f"device      {d['name']}: " + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in d["peak_tflops"].items())
              + f" (asymptotic GEMM rate), memory {d['mem_bw_gbps']:.1f} GB/s",
              f"overheads   block F {ov['layer_f_s'] * 1e6:.0f} µs, B {ov['layer_b_s'] * 1e6:.0f} µs; action F "
-             f"{ov['action_f_s'] * 1e6:.0f} µs, B {ov['action_b_s'] * 1e6:.0f} µs; step {ov['step_s'] * 1e3:.2f} ms",
-             f"intra link  α={hw['intra']['alpha_us']:.1f} µs, β={hw['intra']['bw_gbps']:.3f} GB/s "
-             f"(pooled all-reduce fit, rel. rms {hw['collective_fits']['pooled_all_reduce']['rel_rms']:.0%})",
-             f"p2p         α={hw['links']['p2p']['alpha_us']:.1f} µs, β={hw['links']['p2p']['bw_gbps']:.3f} GB/s"]
+             f"{ov['action_f_s'] * 1e6:.0f} µs, B {ov['action_b_s'] * 1e6:.0f} µs; step {ov['step_s'] * 1e3:.2f} ms"]
+    if "intra" in hw:
+        lines += [f"intra link  α={hw['intra']['alpha_us']:.1f} µs, β={hw['intra']['bw_gbps']:.3f} GB/s "
+                  f"(pooled all-reduce fit, rel. rms {hw['collective_fits']['pooled_all_reduce']['rel_rms']:.0%})",
+                  f"p2p         α={hw['links']['p2p']['alpha_us']:.1f} µs, β={hw['links']['p2p']['bw_gbps']:.3f} GB/s"]
+    else:  # `--nproc 1` on one GPU (run.calibrate)
+        lines.append("links       not measured (one GPU): the planner keeps the catalogue's for this GPU")
     for kind, k in (hw.get("kernels") or {}).get("primitives", {}).items():
         bwd = "" if kind == "merge" else f", backward {k['backward_rel_rms']:.0%}"  # the merge has no backward
         lines.append(f"  {kind:15s} fit over {k['points']} sizes: rel. rms forward {k['forward_rel_rms']:.0%}{bwd}")

@@ -32,6 +32,17 @@ def probe_runs(quick: bool) -> int:
     return 1 if quick else 5
 
 
+def gpu_fields(gpu: str | None) -> dict[str, Any]:
+    """The device fields a GPU's hardware file takes from the GPU itself: its memory in GiB, its SM count, and the
+    catalogue GPU it is (`base`), if any.  Found missing on the one GPU this project was lent (docs/measured.md §6):
+    the file said 1 SM and the host's RAM."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {"mem_gib": props.total_memory / 2**30, "sms": props.multi_processor_count,
+            **({"base": gpu} if gpu else {})}
+
+
 def run_together(cfgs: list[dict[str, Any]], ranks: int, quick: bool) -> list[float]:
     """The median step time of each of `cfgs`, all run one after another in the same launched world
     of `ranks` ranks, the median over `probe_runs` launches.  Together, because a launch of several
@@ -107,20 +118,32 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     tick()
     over = probes.measure_overheads(quick, tick)
     overheads = fits.residual_overheads(over["overheads"], kernels, over["tiny"])
-    coll = launch(probes.collective_worker, nproc, (probes.message_sizes(quick), quick, progress), timeout_s=120,
-                  wall_timeout_s=900, threads=1)[0]
+    # one GPU (`--nproc 1`, a GPU only): no pair of ranks to time a collective or a pipeline hop between, so the
+    # file leaves the links out and the planner keeps the catalogue's for that GPU (hardware.load_hardware_file)
+    single = on_gpu and nproc == 1
+    coll: list[dict[str, Any]] = [] if single else launch(
+        probes.collective_worker, nproc, (probes.message_sizes(quick), quick, progress), timeout_s=120,
+        wall_timeout_s=900, threads=1)[0]
     tick()
-    cfits = fits.fit_collectives(coll)
+    cfits = fits.fit_collectives(coll) if coll else {}
     if probes.solo_passes(quick) > 2:
         solo.append(probes.measure_solo())
-    pooled, p2p = cfits["pooled_all_reduce"], cfits["p2p"]["2"]
-    link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
-            "bw_gbps": pooled["bw_gbps"]}
+    links: dict[str, Any] = {}
+    if not single:
+        pooled, p2p = cfits["pooled_all_reduce"], cfits["p2p"]["2"]
+        link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
+                "bw_gbps": pooled["bw_gbps"]}
+        links = {"intra": link, "inter": dict(link, name=link["name"] + " (same machine)"),
+                 "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]},
+                           # context parallelism's ring exchange (through the backend)
+                           **({"cp": {"alpha_us": cfits["exchange"]["2"]["alpha_us"],
+                                      "bw_gbps": cfits["exchange"]["2"]["bw_gbps"]}} if "exchange" in cfits else {})}}
     name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
     peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
     gemm_share: dict[str, float] = {}
     attention: dict[str, float] = {}
     held: dict[str, dict[str, Any]] = {}
+    gpu: str | None = None
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
         # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
         from par3d.plan import gemm_table
@@ -141,21 +164,20 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     hw: dict[str, Any] = {
         "device": {"name": name,
                    "peak_tflops": peaks, **({"gemm": gemm_share} if gemm_share else {}), **attention,
-                   "mem_bw_gbps": mem_bw / GB, "mem_gib": mem_gib_per_rank(nproc), "sms": 1,
+                   # on a GPU its own memory and SM count (wave quantization), and the catalogue GPU it is
+                   # (`base`: what the file leaves out -- the links with --nproc 1 -- is then that GPU's)
+                   "mem_bw_gbps": mem_bw / GB,
+                   **(gpu_fields(gpu) if on_gpu else {"mem_gib": mem_gib_per_rank(nproc), "sms": 1}),
                    # the arithmetic of a block comes from `kernels` (measured primitives); the
                    # roofline's efficiency is only used for a dtype they were not measured in
                    "efficiency": 1.0},
-        "gpus_per_node": nproc,
-        "intra": link,
-        "inter": dict(link, name=link["name"] + " (same machine)"),
+        **({} if single else {"gpus_per_node": nproc}),
+        **({k: v for k, v in links.items() if k != "links"}),
         "cores": None if on_gpu else host.machine_cores(),
         "threads_per_rank": 1,
         **({"kernels": kernels} if kernels else {}),
         "overheads": overheads,
-        "links": {"p2p": {"alpha_us": p2p["alpha_us"], "bw_gbps": p2p["bw_gbps"]},
-                  # context parallelism's ring exchange (through the backend)
-                  **({"cp": {"alpha_us": cfits["exchange"]["2"]["alpha_us"],
-                             "bw_gbps": cfits["exchange"]["2"]["bw_gbps"]}} if "exchange" in cfits else {})},
+        **({"links": links["links"]} if "links" in links else {}),
         "gemm_fit": gfit,
         "collective_fits": cfits,
     }
@@ -230,7 +252,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
             hw.pop(fixed_key, None)  # each GPT's one-factor fit (a diagnostic): fixed costs slowed alike
             r["fits"] = [fits.fit_contention(hw, cfg, t, key) for cfg, t in r["_runs"]]
             hw[key], hw[fixed_key] = fits.fit_corun(hw, r["_runs"], key, fixed_key)
-        if not sync_runs:
+        if not sync_runs and not single:  # one rank runs no collective to fit a sync on
             hw["collective_sync_us"] = fits.fit_collective_sync(hw, tp_cfg, tp_step) / US
     sync_fits = {}
     if sync_runs:  # the DP-only runs above meet no sync point: the contention is fitted first
@@ -246,9 +268,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
                         "models": [{k: cfg["model"][k] for k in ("layers", "hidden", "seq_len")} for cfg, _ in r["_runs"]],
                         "steps_s": [t for _, t in r["_runs"]]} for key, r in runs.items()}
     p, m, stage_ms = max(2, nproc), 4, 2.0
-    syn = probes.measure_synthetic("1f1b", p, m, stage_ms, stage_ms, steps=4 if quick else 8)
-    hop = fits.fit_pipeline_hop(p, m, stage_ms, syn["measured_makespan_s"])
-    hw["pipeline_hop_us"] = hop["hop_s"] / US
+    hop: dict[str, Any] = {}
+    if not single:  # a pipeline of two stages needs two GPUs
+        syn = probes.measure_synthetic("1f1b", p, m, stage_ms, stage_ms, steps=4 if quick else 8)
+        hop = fits.fit_pipeline_hop(p, m, stage_ms, syn["measured_makespan_s"])
+        hw["pipeline_hop_us"] = hop["hop_s"] / US
     tick()
     if bar is not None:
         bar.close()

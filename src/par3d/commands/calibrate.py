@@ -33,7 +33,8 @@ def register(sub: Any) -> None:
                          "this PNG")
     ap.add_argument("--nproc", type=int, default=2,
                     help="ranks to launch for the collectives; groups of 2..NPROC ranks are measured "
-                         "(default 2)")
+                         "(default 2; on a GPU at most one rank per GPU, and 1 on a one-GPU machine: its "
+                         "collectives and pipeline hop are then not measured and the catalogue's links kept)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer shapes, message sizes and repetitions (~4x faster, noisier)")
     ap.add_argument("--sustained-s", type=float, default=60.0, metavar="S",
@@ -45,14 +46,28 @@ def register(sub: Any) -> None:
     ap.set_defaults(func=run)
 
 
+def _gpus() -> int:
+    """CUDA devices visible here (0 without CUDA); torch is imported only when the flags are valid otherwise."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.sustained_s < 0:
         print(f"par3d calibrate: --sustained-s {args.sustained_s}: a hold lasts 0 seconds (skip it) or more; "
               "use --sustained-s 60", file=sys.stderr)
         return 2
-    if args.nproc < 2:
-        print(f"par3d calibrate: --nproc {args.nproc}: collectives need at least 2 ranks; use --nproc 2",
-              file=sys.stderr)
+    gpus = _gpus()
+    if args.nproc < 1 or (args.nproc < 2 and gpus == 0):
+        print(f"par3d calibrate: --nproc {args.nproc}: collectives need at least 2 ranks; use --nproc 2"
+              + (" (--nproc 1 is for a machine with one GPU)" if args.nproc == 1 else ""), file=sys.stderr)
+        return 2
+    if gpus and args.nproc > gpus:
+        print(f"par3d calibrate: --nproc {args.nproc}: each rank needs its own GPU and {gpus} "
+              f"{'is' if gpus == 1 else 'are'} visible; use --nproc {gpus}"
+              + (" (collectives and the pipeline hop are then not measured: the catalogue's links are kept)"
+                 if gpus == 1 else ""), file=sys.stderr)
         return 2
     from par3d.calibrate import calibrate, plot, summary
     from par3d.distributed import RankFailure
