@@ -231,7 +231,7 @@ def gemm_shapes(quick: bool, gpu: bool = False) -> list[tuple[int, int, int]]:
     """(M, N, K): tokens × out × in of transformer projections, plus squares for the asymptote.  On a GPU also
     GEMMs of depth 4,096 large enough to fill every SM for many waves: the planner's table model reaches a GPU's
     large-GEMM rate at K = 4,096 (compute.GEMM_K_REF; shallower GEMMs keep less by its depth curve), so the best
-    of these is the burst rate `hardware.calibrated_gemm_share` takes (never run: no GPU here)."""
+    of these is the burst rate `hardware.calibrated_gemm_share` takes (run once, on one H200: docs/measured.md §6)."""
     tokens = (64, 256, 1024) if quick else (32, 128, 512, 2048)
     hidden = (64, 128) if quick else (32, 128, 256)
     shapes = [(t, 4 * h, h) for t in tokens for h in hidden] + [(t, h, 4 * h) for t in tokens[-2:] for h in hidden]
@@ -290,7 +290,7 @@ def steady_rate(windows: list[float]) -> float:
 def sustained_worker(dtype: str, shape: tuple[int, int, int], seconds: float, window_s: float) -> float:
     """One rank of `run.calibrate`'s sustained hold: its GPU runs one GEMM of `shape` (M, N, K) for `seconds`
     while every other GPU of the node runs its own -- the state of a training step, every GPU at its power limit
-    at once ("Siblings: yes" in Bekman's table) -- and returns its steady FLOP/s.  Never run on a GPU here."""
+    at once ("Siblings: yes" in Bekman's table) -- and returns its steady FLOP/s.  Run once, as a world of one H200 (docs/measured.md §6)."""
     import torch
 
     dev = device()

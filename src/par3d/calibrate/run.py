@@ -59,7 +59,7 @@ def sustained_gemms(gemms: list[dict[str, Any]], dtypes: list[str], seconds: flo
                     window_s: float = 1.0) -> dict[str, dict[str, Any]]:
     """Each dtype's fastest burst GEMM of depth 4,096 held for `seconds` on every GPU of the node at once
     (`probes.sustained_worker`): the GPU's own MSMF, which `hardware.calibrated_gemm_share` then takes in place
-    of a sustained/burst ratio borrowed from another GPU.  Never run on a GPU here."""
+    of a sustained/burst ratio borrowed from another GPU.  Run once, on one H200 (docs/measured.md §6)."""
     import torch
 
     from par3d.distributed import launch
@@ -145,7 +145,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     held: dict[str, dict[str, Any]] = {}
     gpu: str | None = None
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
-        # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; never run: no GPU here)
+        # the step share, as the catalogue describes its GPUs (hardware.calibrated_gemm_share; run once, on one H200)
         from par3d.plan import gemm_table
         from par3d.plan.hardware import DEVICES, calibrated_attention, calibrated_gemm_share, catalogue_gpu_of
 

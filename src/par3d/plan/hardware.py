@@ -887,7 +887,7 @@ def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float,
     gives the catalogue's share) -- no borrowed ratio.  Without it: the best burst GEMM's share of peak (at boost
     clock, like Bekman's MAMF) × the GPU's sustained/burst ratio (`gemm_table.sustained_ratio`: MSMF/MAMF where
     measured, the fitted ratio for the H100, the A100's HPL clock ratio, the B200's for GPUs measured at burst
-    only) × the step share.  Never run on a GPU here."""
+    only) × the step share.  Run once, on one H200 (docs/measured.md §6)."""
     if sustained_tflops is not None:
         return min(1.0, sustained_tflops / peak_tflops) * _gt.training_factor(dtype) * _gt.STEP_SHARE
     burst = gemm_entry_from_points(points, peak_tflops)
