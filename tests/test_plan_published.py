@@ -136,6 +136,9 @@ CAPACITY_ONLY |= {"automodel-deepseek-v3-h100-256"}
 # planner does not model (whole experts per rank), so priced as published
 CAPACITY_ONLY |= {"dgxc-25.05-deepseek-v3-671B-bf16-gb200-128", "dgxc-25.05-llama4-maverick-400B-bf16-gb200-128"}
 OVER_MEMORY_MLA |= {"dgxc-25.05-deepseek-v3-671B-bf16-h100-512"}
+# Megatron-LM's DeepSeek-V3 GB200 write-up (thirty-first round): its BF16 Adam moments (8 B per parameter) are not
+# expressible, so the 12 B default is priced: 1.10x the GPU
+OVER_MEMORY_MLA |= {"megatron-disc-deepseek-v3-gb200-mxfp8-256"}
 OVER_MEMORY_ETP = {f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
 
 
@@ -317,7 +320,7 @@ def test_rows_say_how_their_loss_ran():
     compute.LOSS_BYTES), so that a row added later cannot pick its loss pricing to suit its error; an unknown
     implementation is refused with the row's name."""
     # NeMo's performance scripts set Transformer Engine's cross entropy from v2.3 (NeMo 25.04; thirtieth round)
-    kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-", "nemo-25.04-", "dgxc-25.05-")
+    kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-", "nemo-25.04-", "dgxc-25.05-", "megatron-disc-")
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-")
     for r in ROWS:
         name = str(r["name"])
