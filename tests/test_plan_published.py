@@ -516,3 +516,23 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
         text = " ".join(open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8").read().split())
         assert f"{reg['rows']} such published runs" in text or f"{reg['rows']} rows from nine sources" in text, doc
         assert f"{reg['median_error_pct']} %" in text, doc
+
+
+def test_rows_say_how_their_source_counted_flops():
+    """A "model" row whose number is Megatron-LM's logged TFLOP/s from a Megatron holding 8873b55 (2025-03-06: the
+    causal attention core halved in num_floating_point_operations) is compared in that count (thirty-first round):
+    OpenEuroLLM's rows (NeMo 26.04) and Megatron-LM's DeepSeek-V3 GB200 write-up (Megatron-Core effebd81).  The
+    halved count takes half of the attention core off the plan's model FLOPs; an unknown count is refused."""
+    from par3d.plan.compute import attention_core_flops_per_sequence, model_flops_per_sequence
+
+    halved = {str(r["name"]) for r in ROWS if r.get("flop_count") == "causal-half"}
+    assert halved == {str(r["name"]) for r in ROWS if str(r["name"]).startswith(("oellm-", "megatron-disc-"))}
+    assert all(r["metric"] == "model" for r in ROWS if r.get("flop_count"))
+    row = next(r for r in ROWS if r["name"] == "oellm-32B-bf16-32")
+    p = validation.predict(row)
+    m = validation.model_of(row)
+    full, core = model_flops_per_sequence(m), attention_core_flops_per_sequence(m)
+    assert 0.05 < core / full < 0.15  # a 32B at 4,096 tokens: the core is a tenth of its FLOPs
+    assert p.value == pytest.approx(p.plan.model_tflops_per_gpu * (1 - 0.5 * core / full), rel=1e-12)
+    with pytest.raises(ValueError, match="flop_count 'half'"):
+        validation.metric_value(p.plan, "model", 32, m, "half")

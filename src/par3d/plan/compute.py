@@ -488,6 +488,18 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     return 3.0 * (model.layers * (lt[0] + lt[1]) + head + mtp)
 
 
+def attention_core_flops_per_sequence(model: ModelSpec) -> float:
+    """The attention core's part of `model_flops_per_sequence` (QKᵀ and ·V over the whole s × s, forward + backward,
+    multi-token prediction's layers included): what a count that halves causal attention leaves out half of."""
+    lt = layer_flops(model, 1, 1)
+    if model.dense_count:
+        ld = layer_flops(model.dense_variant(), 1, 1)
+        layers = model.moe_layers * lt[1] + model.dense_count * ld[1]
+    else:
+        layers = model.layers * lt[1]
+    return 3.0 * (layers + model.mtp_layers * lt[1])
+
+
 def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
     """Extra forward FLOPs spent recomputing (hardware FLOPs − model FLOPs)."""
     if model.dense_count:  # the MoE layers' and the dense layers' apart

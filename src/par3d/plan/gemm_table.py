@@ -113,7 +113,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     set power limit of 660 W", the Grace CPU and its LPDDR5X included).  Set per dtype, as the H100's, so that
     declared calibration rows average zero error: OpenEuroLLM's 32B strong-scaling runs on 32, 64 and 128 GH200 of
     JUPITER (`validation.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
-    the fit was first run): 0.6173 BF16, 0.4868 FP8 (0.4925 before issue 12's twenty-eighth round priced the FP8
+    the fit was first run): 0.6589 BF16, 0.5217 FP8 (0.6173 and 0.4868 before issue 12's thirty-first round read those
+    rows' model TFLOP/s in Megatron-LM's own count, which halves the causal attention core since 8873b55, 2025-03-06:
+    `validation.metric_value`; 0.4925 FP8 before issue 12's twenty-eighth round priced the FP8
     sequence-parallel all-gathers quantized, cost.GATHERED_INPUT_BYTES; 0.6174 and 0.4927 before issue 12's twenty-fifth round sized
     the DP buckets, cost.dp_bucket; fitted after BF16: attention's in-step discount moves with the
     BF16 ratio).  It holds what those modules sustain at their sites' power caps and what that stack's FP8 costs
@@ -224,7 +226,7 @@ SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200
 # and the GB300 have no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
 FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8556, ("h100", "fp8"): 0.8146,
-                                                   ("gh200", "bf16"): 0.6173, ("gh200", "fp8"): 0.4868,
+                                                   ("gh200", "bf16"): 0.6589, ("gh200", "fp8"): 0.5217,
                                                    ("gb300", "bf16"): 0.9441, ("gb300", "fp8"): 0.9441}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and
 # attention, which runs in BF16, moves with it): the fit uses all their rows (validation.fit_sustained)

@@ -18,7 +18,7 @@ from functools import cache
 from statistics import median
 from typing import Any
 
-from .compute import CROSS_ENTROPY
+from .compute import CROSS_ENTROPY, attention_core_flops_per_sequence, model_flops_per_sequence
 from .cost import Choice, Options, Plan, evaluate
 from .gemm_table import family_of
 from .hardware import (
@@ -148,17 +148,31 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
         plan, fits = evaluate(model, cluster, c, opts=opts), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
-    value = metric_value(plan, str(row["metric"]), int(row["gpus"]))
+    value = metric_value(plan, str(row["metric"]), int(row["gpus"]), model, str(row.get("flop_count", "full")))
     return Prediction(row, plan, value, fits, in_headroom and fits)
 
 
-def metric_value(plan: Plan, metric: str, gpus: int) -> float:
+FLOP_COUNTS = ("full", "causal-half")
+
+
+def metric_value(plan: Plan, metric: str, gpus: int, model: ModelSpec | None = None, flop_count: str = "full"
+                 ) -> float:
     """The plan's number in a row's metric: "hardware" / "model" TFLOP/s per GPU, or "tokens" per
     second per GPU (what NVIDIA's NeMo / Megatron-Bridge tables give beside a model TFLOP/s whose
-    FLOP count changed between releases)."""
+    FLOP count changed between releases).  A "model" row's `flop_count` says how its source counted: "full"
+    (par3d's, Megatron's classic count: the whole s × s attention) or "causal-half" (Megatron-LM's
+    num_floating_point_operations since 8873b55, 2025-03-06: the causal attention core halved) -- the plan's
+    tokens are then counted that way (`compute.attention_core_flops_per_sequence`)."""
+    if flop_count not in FLOP_COUNTS:
+        raise ValueError(f"flop_count {flop_count!r}: choose one of {', '.join(FLOP_COUNTS)}")
     if metric == "hardware":
         return plan.hardware_tflops_per_gpu
     if metric == "model":
+        if flop_count == "causal-half":
+            if model is None:
+                raise ValueError("flop_count 'causal-half' needs the row's model")
+            full = model_flops_per_sequence(model)
+            return plan.model_tflops_per_gpu * (full - 0.5 * attention_core_flops_per_sequence(model)) / full
         return plan.model_tflops_per_gpu
     if metric == "tokens":
         return plan.tokens_per_s / gpus
