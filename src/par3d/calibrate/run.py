@@ -128,7 +128,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     cfits = fits.fit_collectives(coll) if coll else {}
     if probes.solo_passes(quick) > 2:
         solo.append(probes.measure_solo())
-    links: dict[str, Any] = {}
+    links: dict[str, Any] = {}  # the file's intra / inter / links: measured between pairs of ranks, so none on one GPU
     if not single:
         pooled, p2p = cfits["pooled_all_reduce"], cfits["p2p"]["2"]
         link = {"name": f"{'nccl' if on_gpu else 'gloo'}-local", "alpha_us": pooled["alpha_us"],
@@ -172,12 +172,11 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
                    # roofline's efficiency is only used for a dtype they were not measured in
                    "efficiency": 1.0},
         **({} if single else {"gpus_per_node": nproc}),
-        **({k: v for k, v in links.items() if k != "links"}),
+        **links,
         "cores": None if on_gpu else host.machine_cores(),
         "threads_per_rank": 1,
         **({"kernels": kernels} if kernels else {}),
         "overheads": overheads,
-        **({"links": links["links"]} if "links" in links else {}),
         "gemm_fit": gfit,
         "collective_fits": cfits,
     }
