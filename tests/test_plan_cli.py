@@ -513,6 +513,10 @@ def test_optimizer_dtype_flag(capsys):
     assert a["memory"]["optimizer_dtype"] == "fp32" and b["memory"]["optimizer_dtype"] == "bf16"
     oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
     assert ob == pytest.approx(oa / 2, rel=1e-2)
+    rc3, out3, _ = run(capsys, *base, "--optimizer-dtype", "bf16-moments")  # Megatron's precision-aware optimizer
+    c = json.loads(out3)
+    assert rc3 == 0 and c["memory"]["optimizer_dtype"] == "bf16-moments"
+    assert c["plans"][0]["memory_gib"]["optimizer"] == pytest.approx(oa * 8 / 12, rel=1e-2)
 
 
 def test_fp8_current_scaling_flag(capsys):

@@ -94,6 +94,28 @@ def test_bf16_optimizer_state():
     assert bf16.memory.weights == fp32.memory.weights and bf16.memory.activations == fp32.memory.activations
 
 
+def test_precision_aware_optimizer_state():
+    """Megatron-Core's precision-aware optimizer (issue 12's thirty-second round): fp32 master + bf16 moments 8 B;
+    TE's 16-bit master remainders + fp32 moments 10 B, + bf16 moments 6 B; ZeRO shards each as the 12 B."""
+    assert state_bytes_per_param("bf16", 0, 8, optimizer_dtype="bf16-moments") == (2, 2, 8)
+    assert state_bytes_per_param("fp8", 0, 8, optimizer_dtype="remainders") == (2, 2, 10)
+    assert state_bytes_per_param("bf16", 1, 4, optimizer_dtype="remainders-bf16-moments") == (2, 2, 1.5)
+    assert state_bytes_per_param("bf16", 1, 4, "megatron", "bf16-moments") == (2, 4, 2)
+
+
+def test_deepseek_v3_rows_use_their_recipes_optimizer_state():
+    """Megatron-Bridge's DeepSeek-V3 recipe (every release read, v0.2.0 ... v0.6.0) and Megatron-LM's DeepSeek-V3
+    write-up keep bf16 moments beside fp32 main params: MXFP8 / FP8 rows 8 B, BF16 rows 6 B (TE's remainders)."""
+    from par3d.plan import validation
+
+    rows = [r for r in validation.rows() if "deepseek-v3" in r["name"]
+            and r["name"].startswith(("mbridge-moe-", "megatron-disc-"))]
+    assert len(rows) == 30
+    for r in rows:
+        want = "remainders-bf16-moments" if r.get("dtype", "bf16") == "bf16" else "bf16-moments"
+        assert r["optimizer_dtype"] == want, r["name"]
+
+
 @pytest.mark.parametrize("sched,p,m,v", [("1f1b", 4, 16, 1), ("1f1b", 4, 3, 1), ("zb-h1", 4, 12, 1),
                                          ("interleaved", 4, 16, 2), ("interleaved", 2, 8, 3), ("gpipe", 4, 11, 1),
                                          ("zb-v", 4, 20, 2), ("zb-v", 1, 3, 2), ("dualpipe-v", 4, 20, 2)])

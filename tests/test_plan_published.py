@@ -86,8 +86,8 @@ CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-{g}" for rel in ("26.02", "2
                   for g in ("b300", "gb300")}
 CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-gb300" for rel in ("26.06.01", "26.08")}
 CAPACITY_ONLY |= {f"mbridge-moe-{rel}-qwen3-30B-a3b-b200" for rel in ("26.02.01", "26.04", "26.04.01")}
-CAPACITY_ONLY |= {"mbridge-moe-25.11-qwen3-235B-a22b-gb300", "mbridge-moe-25.11-qwen3-30B-a3b-h100",
-                  "mbridge-moe-25.11-deepseek-v3-gb300"}
+CAPACITY_ONLY |= {"mbridge-moe-25.11-qwen3-235B-a22b-gb300", "mbridge-moe-25.11-qwen3-30B-a3b-h100"}
+# (25.11's DeepSeek-V3 BF16 run on the GB300 was here until the thirty-second round priced its recipe's bf16 moments)
 
 
 # rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
@@ -109,12 +109,14 @@ OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.
 # only where it outweighs the MoE layers: every layer is counted at the larger of the two); these are still 5-21 %
 # over the GPUs they ran on (the heaviest rank priced in full since the twenty-fourth round)
 OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
-    ("25.11", ("gb200", "gb200-mxfp8")), ("26.02", ("gb300",)), ("26.02.01", ("gb300",)), ("26.04", ("gb200", "gb300")),
-    ("26.04.01", ("b200", "b300", "gb200", "gb300")), ("26.06", ("b300",))) for g in gs}
+    ("25.11", ("gb200-mxfp8",)), ("26.02", ("gb300",)), ("26.02.01", ("gb300",)), ("26.04", ("gb200", "gb300")),
+    ("26.04.01", ("b300", "gb200", "gb300")), ("26.06", ("b300",))) for g in gs}
+# with the recipes' bf16 Adam moments priced (thirty-second round: 8 B, 6 B for BF16) 25.11's BF16 run on the GB200 and
+# 26.04.01's on the B200 fit the GPU, not its 5 % headroom
 OVER_MEMORY_MLA |= {f"mbridge-moe-{rel}-kimi-k2-gb300" for rel in ("26.02.01", "26.04", "26.04.01", "26.06")}
+CAPACITY_ONLY |= {"mbridge-moe-25.11-deepseek-v3-gb200", "mbridge-moe-26.04.01-deepseek-v3-b200"}
 # with their recipes' recompute_modules priced (twenty-eighth round) the B200 runs of 25.11 ... 26.04 fit the GPU, not
-# its 5 % headroom (97.5 %); the others of 26.02+ fit inside it
-CAPACITY_ONLY |= {f"mbridge-moe-{rel}-deepseek-v3-b200" for rel in ("25.11", "26.02", "26.02.01", "26.04")}
+# its 5 % headroom (97.5 %); with their bf16 moments (thirty-second round) they fit inside it, as the others of 26.02+
 # the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts its recomputation of RMSNorm and MLA's
 # up projections since the twenty-eighth round, but not its FP8 caching of the MoE activations, and puts PP 16
 # DualPipe's ~32 in-flight micro-batches at 2.1x the GPU (2.8x before) -- priced at the published layout all the same,
@@ -136,8 +138,8 @@ CAPACITY_ONLY |= {"automodel-deepseek-v3-h100-256"}
 # planner does not model (whole experts per rank), so priced as published
 CAPACITY_ONLY |= {"dgxc-25.05-deepseek-v3-671B-bf16-gb200-128", "dgxc-25.05-llama4-maverick-400B-bf16-gb200-128"}
 OVER_MEMORY_MLA |= {"dgxc-25.05-deepseek-v3-671B-bf16-h100-512"}
-# Megatron-LM's DeepSeek-V3 GB200 write-up (thirty-first round): its BF16 Adam moments (8 B per parameter) are not
-# expressible, so the 12 B default is priced: 1.10x the GPU
+# Megatron-LM's DeepSeek-V3 GB200 write-up (thirty-first round): over the GPU with its BF16 Adam moments priced since the
+# thirty-second round (8 B per parameter; 1.10x the GPU at the 12 B priced before)
 OVER_MEMORY_MLA |= {"megatron-disc-deepseek-v3-gb200-mxfp8-256"}
 OVER_MEMORY_ETP = {f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
 

@@ -13,6 +13,7 @@ import sys
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
 from par3d.plan.hardware import FSDP_UNIT_S
+from par3d.plan.memory import OPTIMIZER_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V: v = 2
@@ -370,9 +371,12 @@ def register(sub) -> None:
                    help="model-state bytes per parameter: seed = 2 B weights + 2 B gradients + 12 B Adam "
                         "(16 B); megatron = Megatron-LM's fp32 main gradients (18 B; its distributed optimizer "
                         "= ZeRO-1: 6 + 12/d) (default: %(default)s)")
-    g.add_argument("--optimizer-dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="dtype of Adam's state (master copy, m, v): fp32 = 12 B per parameter; bf16 = 6 B, as "
-                        "NeMo's distributed_fused_adam with dtype bf16 keeps it (default: %(default)s)")
+    g.add_argument("--optimizer-dtype", choices=tuple(OPTIMIZER_BYTES), default="fp32",
+                   help="Adam's state (master copy, m, v) per parameter: fp32 = 12 B; bf16 = 6 B, as NeMo's "
+                        "distributed_fused_adam with dtype bf16 keeps it; Megatron-Core's precision-aware optimizer: "
+                        "bf16-moments = fp32 master + bf16 m, v, 8 B (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); "
+                        "remainders = 16-bit master remainders + fp32 m, v, 10 B (TE's store_param_remainders, "
+                        "BF16 training); remainders-bf16-moments = 6 B (default: %(default)s)")
     g.add_argument("--memory-headroom", type=_headroom, default=0.05,
                    help="share of each GPU's memory a fitting plan leaves free (default: %(default)s)")
     g.add_argument("--ignore-memory", action="store_true",

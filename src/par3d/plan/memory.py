@@ -16,6 +16,14 @@ optimizer of NeMo 1.0's `optim.name: distributed_fused_adam`) allocates, per par
 a parameter copy (`store_params`, default on), exp_avg and exp_avg_sq, all three in its `dtype`
 (apex/contrib/optimizers/distributed_fused_adam.py, StateBucket); NVIDIA's Nemotron-4 340B recipe sets
 `optim.dtype: bf16` (NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml): 3 x 2 = 6 B, not 12.
+Megatron-Core's precision-aware optimizer (`--use-precision-aware-optimizer`, Transformer Engine's FusedAdam; issue
+12's thirty-second round) sets the master copy and the moments apart (megatron/core/optimizer/optimizer_config.py):
+`optimizer_dtype="bf16-moments"` = fp32 master 4 + bf16 m, v 2 + 2 = 8 B (`--exp-avg-dtype bf16
+--exp-avg-sq-dtype bf16`, as Megatron-Bridge's DeepSeek-V3 recipes set them); `"remainders"` = 2 + 4 + 4 = 10 B and
+`"remainders-bf16-moments"` = 2 + 2 + 2 = 6 B where TE keeps only the 16 low bits of each fp32 master weight beside
+the bf16 one (`store_param_remainders`, Megatron-Core's default since core 0.13 with TE >= 2.1; it applies when TE
+holds the master copy: BF16 training or FP8 with delayed scaling -- with other FP8 recipes Megatron-Core holds an
+fp32 master, 4 B).  The optimizer step's HBM traffic (cost.py) is priced with fp32 states whatever this says.
 fp8 weights: with Transformer Engine's fp8 primary weights (NeMo `fp8_params`, TE `fp8_model_init`) a
 GEMM weight is 1 B plus its cached 1 B transpose (Hopper's fp8 GEMMs take only TN), i.e. bf16's 2 B;
 without them TE also caches an fp8 copy and transpose of every GEMM weight beside the bf16 one
@@ -76,7 +84,7 @@ OTHER_FIXED = 1.0 * GiB
 FRAGMENTATION = 0.10
 ACCOUNTINGS = ("seed", "megatron")
 # bytes of Adam's state per parameter (master copy, m, v) by the optimizer's state dtype (see above)
-OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0}
+OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0, "bf16-moments": 8.0, "remainders": 10.0, "remainders-bf16-moments": 6.0}
 # bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
 # Engine casts GEMM inputs to fp8 inside the GEMM's wrapper; what it saves for the backward in fp8 is
 # counted in layer_activation_bytes)
