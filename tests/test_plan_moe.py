@@ -664,3 +664,45 @@ def test_alltoall_dispatcher_resorts_the_received_tokens(qwen, capsys):
     for extra, want in (([], "alltoall"), (["--ep-dispatch", "dedup"], "flex"), (["--moe-dispatcher", "flex"], "flex")):
         assert main([*args, *extra]) == 0
         assert json.loads(capsys.readouterr().out)["hardware"]["moe_dispatcher"] == want
+
+
+def test_expert_tensor_parallelism(qwen, capsys):
+    """--etp (issue 12's thirty-second round; Megatron-Core's expert-tensor-parallel size, its alltoall dispatcher):
+    each expert's fc1 column-split and fc2 row-split over etp ranks that compute every copy their experts receive --
+    per rank the FLOPs and expert weights of EP = ep·etp, M etp times, the width 1/etp; the expert-data-parallel group
+    tp·cp·dp/(ep·etp); per MoE layer an all-gather of the received copies (16-bit) and a reduce-scatter of the
+    outputs (fp32) over the etp group each way, on top of the all-to-alls over ep ranks etp apart; the copies' fc1
+    inputs etp times in memory.  ETP 1 is the model as before."""
+    b, tok = 2, 2 * qwen.seq_len
+    g1 = {g.name: g for g in compute.layer_gemms(qwen, b, 1, 8)}
+    g4 = {g.name: g for g in compute.layer_gemms(qwen, b, 1, 8, etp=4)}
+    assert g4["expert_in"].batch == 128 // 8 and g4["expert_in"].m == tok * 8 * 32 // 128
+    assert (g4["expert_in"].n, g4["expert_out"].k) == (2 * 768 // 4, 768 // 4)
+    assert compute.layer_flops(qwen, b, 1, 8, etp=4) == pytest.approx(compute.layer_flops(qwen, b, 1, 32))
+    assert g4["expert_in"].flops == pytest.approx(g1["expert_in"].flops)
+    cl = make_cluster("h100-sxm", 64, dtype="bf16")
+    c = Choice(1, 1, 64, 1, 4, ep=8, etp=4, zero_stage=1)
+    assert c.expert_shards == 32 and c.expert_dp == 2 and "etp=4" in c.label()
+    f4, b4 = ep_exchange(qwen, cl, c)
+    copies = qwen.seq_len * 8 * 2048
+    a2a = comm.all_to_all(copies * 2.0, 8, cl, None, qwen.seq_len * 2048 * 2.0, stride=4).total
+    etp = (comm.collective("all_gather", 2.0 * copies * 4, 4, 1, cl).total
+           + comm.collective("reduce_scatter", 4.0 * copies * 4, 4, 1, cl).total)
+    assert (f4, b4) == pytest.approx((2 * a2a + etp, 2 * a2a + etp)) and etp > 0
+    assert ep_exchange(qwen, cl, replace(c, ep=1))[0] == pytest.approx(etp)  # ETP alone: no all-to-all
+    m32, m4 = memory(qwen, cl, replace(c, ep=32, etp=1))[0], memory(qwen, cl, c)[0]
+    assert m4.weights == pytest.approx(m32.weights) and m4.optimizer == pytest.approx(m32.optimizer)
+    from par3d.plan.memory import layer_activation_bytes
+    a1 = layer_activation_bytes(qwen, 1, 1, False, "none", "bf16")
+    a4 = layer_activation_bytes(qwen, 1, 1, False, "none", "bf16", etp=4)
+    assert a4 - a1 == pytest.approx(qwen.seq_len * 8 * 2.0 * 2048 * 3)  # the copies' fc1 inputs, 3 more sets
+    res = search(qwen, cl, 256, Fixed(pp=1, tp=1, ep=8, etp=4, micro_batch=1), top=2)
+    assert res.plans and all(p.choice.etp == 4 and p.choice.ep == 8 for p in res.plans)
+    with pytest.raises(PlanError, match="--etp 5"):
+        search(qwen, cl, 256, Fixed(etp=5))
+    with pytest.raises(PlanError, match="--etp 2.*dense"):
+        search(resolve_model("llama3-8b"), cl, 64, Fixed(etp=2))
+    rc = main(["plan", *QWEN_FLAGS, "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256", "--pp", "1",
+               "--tp", "1", "--ep", "8", "--etp", "4", "--micro-batch", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["plans"][0]["etp"] == 4 and out["plans"][0]["ep"] == 8

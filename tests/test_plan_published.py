@@ -134,14 +134,15 @@ OVER_MEMORY_FSDP_EP = {"automodel-qwen3-30B-a3b-h100-8", "automodel-kimi-k2-h100
 CAPACITY_ONLY |= {"automodel-deepseek-v3-h100-256"}
 # dgxc-benchmarking v25.05's MoE tables (thirtieth round): DeepSeek-V3 and Llama 4 on 128 GB200 at 95-97 % of the GPU,
 # DeepSeek-V3 on 512 H100 2.5 % over (its MLA recipe's recomputation counted, as the Megatron-Bridge rows above), and
-# Grok-1 on GB200 26-44 % over: the runs split each expert over 4 ranks (expert-tensor parallelism 4), which the
-# planner does not model (whole experts per rank), so priced as published
+# Grok-1 on GB200 26-44 % over while the planner held each rank's experts whole; with their expert-tensor
+# parallelism 4 priced (thirty-second round: `etp = 4`, each rank a quarter of its experts) they fit
 CAPACITY_ONLY |= {"dgxc-25.05-deepseek-v3-671B-bf16-gb200-128", "dgxc-25.05-llama4-maverick-400B-bf16-gb200-128"}
 OVER_MEMORY_MLA |= {"dgxc-25.05-deepseek-v3-671B-bf16-h100-512"}
 # Megatron-LM's DeepSeek-V3 GB200 write-up (thirty-first round): over the GPU with its BF16 Adam moments priced since the
 # thirty-second round (8 B per parameter; 1.10x the GPU at the 12 B priced before)
 OVER_MEMORY_MLA |= {"megatron-disc-deepseek-v3-gb200-mxfp8-256"}
-OVER_MEMORY_ETP = {f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
+ETP_ROWS = ({f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
+            | {f"dgxc-25.05-llama4-maverick-400B-{d}-h100-512" for d in ("bf16", "fp8")})
 
 
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
@@ -157,12 +158,13 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
                                                                   | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over
-                                                                  | OVER_MEMORY_FSDP_EP | OVER_MEMORY_ETP)
-    for n in OVER_MEMORY_ETP:
+                                                                  | OVER_MEMORY_FSDP_EP)
+    # the rows whose sources state expert-tensor parallelism 4 are priced with it, and fit
+    assert {n for n, p in predictions.items() if p.row["fixed"].get("etp", 1) > 1} == ETP_ROWS
+    for n in ETP_ROWS:
         p = predictions[n]
-        cap = validation.cluster_of(p.row).device.mem_bytes
-        assert p.row.get("evaluate_unfit") and "expert-tensor-parallel 4" in p.row["assumed"]
-        assert cap < p.plan.memory.total < 1.5 * cap
+        assert p.row["fixed"]["etp"] == 4 and p.plan.choice.etp == 4 and "expert-tensor-parallel 4" in p.row["assumed"]
+        assert p.fits and p.in_headroom
     for n in OVER_MEMORY_FSDP_EP:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes

@@ -324,7 +324,12 @@ def register(sub) -> None:
     g.add_argument("--ep", type=_int_at_least(1),
                    help="expert-parallel size (a mixture of experts): the routed experts split over ep of the tp x cp "
                         "x dp ranks of a stage, experts/ep whole experts each (Megatron-Core's parallel folding, "
-                        "expert-tensor-parallel size 1); must divide --experts. Searched when omitted")
+                        "expert-tensor-parallel size 1 unless --etp); must divide --experts. Searched when omitted")
+    g.add_argument("--etp", type=_int_at_least(1),
+                   help="expert-tensor-parallel size (a mixture of experts; Megatron-Core's "
+                        "--expert-tensor-parallel-size): each routed expert's fc1 split by columns and fc2 by rows over "
+                        "etp ranks, which all-gather the copies they receive and reduce-scatter the outputs (fp32); "
+                        "ep x etp must divide tp x cp x dp, etp the expert width. Default 1, not searched")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
@@ -739,7 +744,7 @@ def _run(args: argparse.Namespace) -> int:
         args.recompute = modules_recompute(names)
     fixed = Fixed(args.tp, args.pp, args.dp, args.micro_batch, args.schedule, args.virtual_stages,
                   args.recompute, args.zero_stage, args.sequence_parallel, args.cp,
-                  1 if args.emit_config else args.dp_replicate, args.recompute_layers, args.ep)
+                  1 if args.emit_config else args.dp_replicate, args.recompute_layers, args.ep, args.etp)
     max_zero, has_cp = runtime_support() if args.emit_config else (3, True)
     limits = Limits(args.max_bubble, args.allow_inter_node_tp, max_zero, args.max_virtual_stages,
                     None if has_cp else 1, block_recompute=not args.emit_config, schedules=args.schedules)

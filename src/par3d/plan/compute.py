@@ -177,7 +177,7 @@ def gemm_time(g: Gemm, dev: Device, dtype: str) -> float:
     return roofline(g, dev, dtype).time
 
 
-def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False) -> list[Gemm]:
+def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False, etp: int = 1) -> list[Gemm]:
     """The forward GEMMs of one decoder layer on one TP rank (Megatron column/row split).
 
     A mixture-of-experts layer (models.ModelSpec.moe) has, in place of the dense MLP, the router (its tokens'
@@ -185,7 +185,9 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
     (`batch`: one kernel, Megatron-Core's GroupedMLP / TE's grouped linear), each expert's M the tokens it
     receives under balanced routing: this rank's b·s/tp tokens (sequence parallelism shards them; experts are
     not TP-split) × top_k copies, spread over the E experts and gathered from the ep ranks -> b·s/tp·k·ep/E.
-    A shared expert is a dense MLP of its width (TP-split as one).
+    A shared expert is a dense MLP of its width (TP-split as one).  Expert tensor parallelism (`etp`, Megatron-Core's
+    --expert-tensor-parallel-size) splits each expert's fc1 by columns and fc2 by rows over etp ranks, which all
+    compute every copy their experts receive (the copies all-gathered over them): M etp times, the width 1/etp.
 
     Multi-head latent attention's down projections are whole on every TP rank; under sequence parallelism each
     rank runs them on its own s/tp tokens (Megatron-Core's MLASelfAttention: TELinear "duplicated" on the
@@ -211,8 +213,8 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
         f_out = (2 if model.gated else 1) * model.ffn // t
         return attn + [Gemm("mlp_in", tok, f_out, h), Gemm("mlp_out", tok, h, model.ffn // t)]
     local = tok / t  # this rank's tokens entering the MoE block
-    per_expert = max(1, round(local * model.top_k * ep / model.experts))
-    fe = model.expert_ffn
+    per_expert = max(1, round(local * model.top_k * ep * etp / model.experts))
+    fe = model.expert_ffn // etp
     out = attn + [Gemm("router", max(1, round(local)), model.experts, h),
                   Gemm("expert_in", per_expert, (2 if model.gated else 1) * fe, h, model.experts // ep),
                   Gemm("expert_out", per_expert, h, fe, model.experts // ep)]
@@ -226,9 +228,10 @@ def head_gemm(model: ModelSpec, b: int, tp: int) -> Gemm:
     return Gemm("head", b * model.seq_len, -(-model.vocab // tp), model.hidden)
 
 
-def layer_flops(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False) -> tuple[float, float]:
+def layer_flops(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False,
+                etp: int = 1) -> tuple[float, float]:
     """(GEMM FLOPs of the projections and MLP, attention-core FLOPs), forward, per TP rank."""
-    gs = layer_gemms(model, b, tp, ep, sp)
+    gs = layer_gemms(model, b, tp, ep, sp, etp)
     core = sum(g.flops for g in gs if g.name.startswith("attn_") and g.name != "attn_out")
     return sum(g.flops for g in gs) - core, core
 
@@ -239,7 +242,8 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
-                      fp8_current: bool = False, fp8_block: str = "", ep: int = 1, ep_resort: bool = False) -> float:
+                      fp8_current: bool = False, fp8_block: str = "", ep: int = 1, ep_resort: bool = False,
+                      etp: int = 1) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
@@ -264,13 +268,14 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     drop = 1.0 if model.bias else 0.0
     # the two norms, the activation(s), a mixture of experts' routing (module_elementwise_bytes: what the recomputation
     # modules re-run)
-    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort).values())
+    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort, etp).values())
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     if model.moe:
         k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
         # per token, the elements cast to fp8 at an MLP input: the routed copies (k·h) and the expert's
         # activation (k·fe) of this rank's T/tp tokens, and the shared expert's input and activation
-        mlp_in, mlp_act = k * h / t + (h * rep if fs else 0.0), k * fe / t + fs / t
+        # (expert tensor parallelism: each rank casts the copies gathered from its etp group, at 1/etp of the width)
+        mlp_in, mlp_act = k * h * etp / t + (h * rep if fs else 0.0), k * fe / t + fs / t
     else:
         mlp_in, mlp_act = h * rep, model.ffn / t
     if model.mla:  # rotary on Q's and the shared K's rotary channels; the latents' norms (whole on every TP rank)
@@ -403,10 +408,10 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: str = "", ep: int = 1, ep_resort: bool = False) -> LayerTimes:
-    gs = layer_gemms(model, b, tp, ep, sp)
+                fp8_block: str = "", ep: int = 1, ep_resort: bool = False, etp: int = 1) -> LayerTimes:
+    gs = layer_gemms(model, b, tp, ep, sp, etp)
     hg = head_gemm(model, b, tp)
-    gemm, core_f = layer_flops(model, b, tp, ep, sp)
+    gemm, core_f = layer_flops(model, b, tp, ep, sp, etp)
     shares = op_shares(model)
     if dev.kernel_model != "table":
         times = {g.name: gemm_time(g, dev, dtype) for g in gs}
@@ -436,7 +441,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = gemm_time(full["attn_scores"], dev, dtype) + gemm_time(full["attn_values"], dev, dtype)
     else:
         core = times["attn_scores"] + times["attn_values"]
-    elem = (elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort)
+    elem = (elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
             / (dev.mem_bw * dev.mem_eff))
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
@@ -445,7 +450,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
     op = sum(times[k] * f for k, f in shares.items()) + elem
     bw = dev.mem_bw * dev.mem_eff
-    parts = module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort)
+    parts = module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort, etp)
     # each module: its GEMMs (`module_gemms`) and the traffic it re-runs
     redo = {"mlp": parts["act"], "moe": parts["route"] + parts["act"] + parts["shared_act"],
             "shared_experts": parts["shared_act"]}
@@ -461,7 +466,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
 
 
 def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16", ep: int = 1,
-                             ep_resort: bool = False) -> dict[str, float]:
+                             ep_resort: bool = False, etp: int = 1) -> dict[str, float]:
     """The parts of `elementwise_bytes` a selective-recomputation module re-runs (HBM bytes, one layer's forward on
     one TP rank; `elementwise_bytes` adds them up): the two norms (read + write T·h each), the MLP's activation
     (GeLU: read + write; SwiGLU: read 2, write 1 per output element; a mixture of experts': the routed copies'), a
@@ -472,7 +477,8 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     k·T routed copies a rank receives by local expert after the dispatch and back before the combine
     (token_dispatcher.py's "Permutation 2" / "Unpermutation 2", `sort_chunks_by_idxs`): a read and a write of
     them each, 4·k·T·h more.  The flex dispatcher (DeepEP, HybridEP) permutes the received tokens once, by expert,
-    and has no such pass."""
+    and has no such pass.  With expert tensor parallelism (`etp`) it sorts the copies gathered from the etp group,
+    etp times as many."""
     d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0
@@ -484,7 +490,7 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
         out["shared_act"] = act * tok * model.shared_ffn / t * d
         out["route"] = 8.0 * tok / t * model.experts + 2 * (1 + k) * tok / t * h * d
         if ep_resort and model.experts // ep > 1:
-            out["route"] += 4 * k * tok / t * h * d
+            out["route"] += 4 * k * tok / t * h * d * etp
     return out
 
 

@@ -150,15 +150,24 @@ class Choice:
     # tp × cp × dp ranks of a stage (Megatron-Core's parallel folding, expert-tensor-parallel size 1), E/ep whole
     # experts each; the ranks holding the same experts (expert_dp of them) reduce their gradients together
     ep: int = 1
+    # expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size): each routed expert's fc1 column-split
+    # and fc2 row-split over etp ranks, innermost in the expert grid (etp x ep x expert_dp = tp x cp x dp); the
+    # received copies all-gathered over them before the experts and reduce-scattered after (ep_exchange)
+    etp: int = 1
 
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def expert_shards(self) -> int:
+        """Ranks one layer's routed experts are spread over: ep x etp (each rank holds 1/(ep·etp) of them)."""
+        return self.ep * self.etp
+
+    @property
     def expert_dp(self) -> int:
-        """Ranks holding the same routed experts: a stage's tp × cp × dp ranks over ep."""
-        return self.tp * self.cp * self.dp // self.ep
+        """Ranks holding the same routed-expert shard: a stage's tp × cp × dp ranks over ep × etp."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def dp_split(self) -> str:
@@ -182,7 +191,7 @@ class Choice:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         rep = f"({self.dp_split})" if self.dp_replicate > 1 else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep = (f" ep={self.ep}" if self.ep > 1 else "") + (f" etp={self.etp}" if self.etp > 1 else "")
         return (f"tp={self.tp}{cp} pp={self.pp} dp={self.dp}{rep}{ep} mb={self.micro_batch} m={self.microbatches} "
                 f"{self.schedule}{v} recompute={self.recompute_label} zero={self.zero_stage} "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
@@ -777,7 +786,7 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
                    cross_entropy: str = "unfused", fp8_block: str = "", ep: int = 1,
-                   heads: bool = False, ep_resort: bool = False) -> LayerTimes:
+                   heads: bool = False, ep_resort: bool = False, etp: int = 1) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
@@ -785,13 +794,13 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
     instead one kernel over all s tokens for 1/cp of this TP rank's heads -- the same FLOPs, at the
     kernel's share for s tokens rather than s/cp."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                     cross_entropy, fp8_block, ep, ep_resort)
+                     cross_entropy, fp8_block, ep, ep_resort, etp)
     if cp == 1:
         return lt
     if heads:
         if flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
             whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                                cross_entropy, fp8_block, ep, ep_resort)
+                                cross_entropy, fp8_block, ep, ep_resort, etp)
             core = (whole.core - KERNEL_S) / cp + KERNEL_S
         else:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
             core = lt.core * cp
@@ -824,18 +833,28 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     `cluster.ep_dispatch` "dedup" (DeepEP, HybridEP: Megatron-Core's flex dispatcher) sends a token once to each
     remote node holding any of its experts and forwards it inside that node over NVLink: the NICs carry
     `remote_nodes` copies of each token (`ep_remote_nodes`) rather than every copy bound for another node (the
-    "alltoall" dispatcher's, the default).  Zero for a dense model and ep = 1."""
-    if not model.moe or c.ep <= 1:
+    "alltoall" dispatcher's, the default).
+
+    Expert tensor parallelism (`c.etp` > 1; Megatron-Core's MoEAlltoAllTokenDispatcher with an expert-TP group):
+    the all-to-all runs over the EP group, whose members are etp ranks apart (the expert-TP ranks innermost), then
+    the copies received are all-gathered over the etp group before the experts (16-bit) and their outputs
+    reduce-scattered over it after them, in fp32 (`hidden_states.to(self.probs.dtype)`); backward the transposes
+    (a 16-bit reduce-scatter, an fp32 all-gather).  Zero for a dense model and ep = etp = 1."""
+    if not model.moe or (c.ep <= 1 and c.etp <= 1):
         return 0.0, 0.0
     tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
     copies = tokens * model.top_k * model.hidden  # elements of every routed copy of this rank's tokens
-    remote = ep_remote_nodes(model, cluster, c) if cluster.ep_dispatch == "dedup" else None
+    remote = ep_remote_nodes(model, cluster, c) if cluster.ep_dispatch == "dedup" and c.ep > 1 else None
 
     def a2a(b: float) -> float:
-        return comm.all_to_all(copies * b, c.ep, cluster, remote, tokens * model.hidden * b).total
+        return comm.all_to_all(copies * b, c.ep, cluster, remote, tokens * model.hidden * b, stride=c.etp).total
 
     disp = a2a(1.0 + 4.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
     fwd, bwd = disp + a2a(2.0), 2 * a2a(2.0)
+    if c.etp > 1:  # the gathered copies: etp times this rank's received ones (balanced: as many as it sent)
+        etp_ag16 = comm.collective("all_gather", 2.0 * copies * c.etp, c.etp, 1, cluster).total
+        etp_32 = comm.collective("reduce_scatter", 4.0 * copies * c.etp, c.etp, 1, cluster).total
+        fwd, bwd = fwd + etp_ag16 + etp_32, bwd + etp_ag16 + etp_32
     if not cluster.ep_comm_overlap:
         return fwd, bwd
     f = choice_layer_times(model, cluster, c).fwd
@@ -849,7 +868,7 @@ def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     (experts drawn uniformly), of which (N - 1)/N are remote.  m = N, or -- group-limited routing
     (models.ModelSpec.route_groups / route_group_topk: DeepSeek-V3's 8 groups, 4 per token, one group per node when
     EP 64 spans 8 nodes) -- the nodes of the token's groups, route_group_topk × max(1, N / route_groups)."""
-    g = max(1, min(c.ep, cluster.gpus_per_node))
+    g = max(1, min(c.ep, cluster.gpus_per_node // c.etp))  # EP members etp ranks apart (expert-TP innermost)
     nodes = -(-c.ep // g)
     if nodes <= 1:
         return 0.0
@@ -871,7 +890,7 @@ def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: i
         ag = grad_collective(cluster, c, "all_gather", 2.0 * dense, group="shard")
         rs = sharded_grad_reduce(cluster, c, grad_bytes(cluster) * dense)
         if m.moe:
-            experts = m.expert_layer_params() / c.ep
+            experts = m.expert_layer_params() / c.expert_shards
             ag += expert_grad_collective(cluster, c, "all_gather", 2.0 * experts)
             rs += expert_grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * experts)
         return ag, rs
@@ -885,13 +904,13 @@ def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: i
 
 def expert_grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float) -> float:
     """A collective over the expert-data-parallel group (the `c.expert_dp` ranks holding the same routed experts),
-    placed as Megatron-Core's rank order places it: members `ep` ranks apart (comm.all_to_all)."""
+    placed as Megatron-Core's rank order places it: members ep x etp ranks apart (comm.all_to_all)."""
     if c.expert_dp <= 1:
         return 0.0
     if not cluster.hier:  # the seed's flat ring over the link of the group's span
         ring = comm.all_reduce if kind == "all_reduce" else comm.reduce_scatter
-        return ring(nbytes, c.expert_dp, cluster.link_for_span(c.expert_dp * c.ep)).total
-    return comm.collective(kind, nbytes, c.expert_dp, c.ep, cluster).total
+        return ring(nbytes, c.expert_dp, cluster.link_for_span(c.expert_dp * c.expert_shards)).total
+    return comm.collective(kind, nbytes, c.expert_dp, c.expert_shards, cluster).total
 
 
 def kv_block_bytes(model: ModelSpec, b: int, tp: int, cp: int, dtype: str) -> float:
@@ -1083,7 +1102,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
                           cluster.cross_entropy, cluster.fp8_block, c.ep, cluster.cp_comm == "a2a",
-                          c.ep > 1 and cluster.dispatcher == "alltoall")
+                          c.ep > 1 and cluster.dispatcher == "alltoall", c.etp)
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
@@ -1159,7 +1178,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     # sit outside the core: only the full recomputation repeats them)
     cpr = cpf if c.recompute == "full" or (recomputes_core(c.recompute) and cluster.cp_comm != "a2a") else 0.0
     lay = layout(model, c.pp * c.virtual_stages)
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
@@ -1475,29 +1494,30 @@ def memory_accounting(opts: Options, cluster: Cluster) -> str:
 
 
 def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str, cp: int, flash: bool,
-                             chunks: int, rec_layers: int) -> float:
+                             chunks: int, rec_layers: int, etp: int = 1) -> float:
     """One layer's stored activations, averaged over a chunk of which the first `rec_layers` keep only their
     input (full recomputation) and the rest keep everything (Megatron-LM's block method); the chunk is the
     model's mean, layers / chunks (an embedding or head chunk is not told apart)."""
     n = model.layers / chunks
-    full = layer_activation_bytes(model, b, tp, sp, "full", dtype, cp, flash)
+    full = layer_activation_bytes(model, b, tp, sp, "full", dtype, cp, flash, etp)
     if rec_layers >= n:  # every layer: plain full recomputation
         return full
-    none = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+    none = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
     return (rec_layers * full + (n - rec_layers) * none) / n
 
 
 @lru_cache(maxsize=8192)
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
                  b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0,
-                 cross_entropy: str = "unfused", ep: int = 1) -> tuple:
-    """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout)."""
+                 cross_entropy: str = "unfused", ep: int = 1, etp: int = 1) -> tuple:
+    """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
+    ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
     shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
 
     def of_layer(k: ModelSpec) -> float:
         if recompute == "full" and rec_layers > 0:
-            return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers)
-        return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash)
+            return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers, etp)
+        return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
 
     per_layer = of_layer(model)
     per_rank: tuple[float, ...] = ()
@@ -1531,7 +1551,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
         model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.ep)
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
     # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
     # alone sharded
@@ -1550,7 +1570,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
                            per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
                            cross_entropy=cluster.cross_entropy,
-                           expert_dp=c.expert_dp)
+                           expert_dp=c.expert_dp, etp=c.etp)
 
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
@@ -1587,7 +1607,7 @@ def offload_exposed(model: ModelSpec, cluster: Cluster, c: Choice, f_layer: floa
         return 0.0, 0.0
     flash = cluster.flash
     nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
-                                    c.cp, flash)
+                                    c.cp, flash, c.etp)
     host = cluster.host
     copy = host.alpha + nbytes / (host.beta * NVLINK4_EFF)
     return n * max(0.0, copy - f_layer), n * max(0.0, copy - b_layer)
@@ -1604,7 +1624,7 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
         if not model.moe:
             return None
         dense = model.dense_variant().layer_params_per_rank(c.tp) if model.dense_count else 0.0
-        return 2 * max(model.layer_params_per_rank(c.tp, c.ep), dense)
+        return 2 * max(model.layer_params_per_rank(c.tp, c.expert_shards), dense)
     gs = {g.name: g for g in layer_gemms(model, 1, c.tp)}
     w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
     pair = max(w[i] + w[(i + 1) % 4] for i in range(4))
@@ -1676,7 +1696,7 @@ def _kv_tails(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes) -> 
         return [0.0] * c.pp
     out = []
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
-    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)):
+    for r, shape in enumerate(rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)):
         n_layers = sum(shape.layers)
         red = kv_replica_reduce(model, cluster, c, n_layers)
         if cluster.overlap_grad_reduce and n_layers > 0:
@@ -1735,14 +1755,14 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
     NeMo's and Megatron-Bridge's model chunks after a rank's first, built with `disable_bucketing` ("overlapped
     with compute anyway")."""
     n = lay.layers[s]
-    per_layer = model.layer_params_per_rank(c.tp, c.ep)
+    per_layer = model.layer_params_per_rank(c.tp, c.expert_shards)
     # a mixture of experts' leading dense layers (the stage's first ones) hold their own parameter count
     per_dense = model.dense_variant().layer_params_per_rank(c.tp) if lay.dense_of(s) else per_layer
     out = [(b_start + (k + 1) * b_dur / n, f_start + k * f_dur / n, per_dense if k < lay.dense_of(s) else per_layer)
            for k in range(n)]
     if lay.head[s]:
         head = (model.head_params() if (not model.tied or c.pp > 1) else model.norm_params) / c.tp
-        out.append((b_start, f_start + f_dur, head + mtp_params_per_rank(model, c.tp, c.ep)))
+        out.append((b_start, f_start + f_dur, head + mtp_params_per_rank(model, c.tp, c.expert_shards)))
     if lay.embed[s]:
         out.append((b_start + b_dur, f_start, model.embedding_params() / c.tp))
     if not out:
@@ -1795,7 +1815,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     sigma = cluster.device.sigma
     split = c.schedule in SPLIT_BACKWARD
@@ -1887,7 +1907,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
         return _dp_tail_bucketed(model, cluster, c, st, marks)
     lk = links(cluster, c)
     gbytes, wbytes = grad_bytes(cluster), weight_bytes(cluster)  # seed: 2 B bf16 gradients per parameter
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     if c.zero_stage >= 3:
         return 0.0  # reduced per micro-batch inside the stage durations
@@ -1927,7 +1947,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
 
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
-    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.ep)
+    shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     zs, ze = (c.zero_shards, c.expert_dp) if c.zero_stage >= 1 else (1, 1)
     params = max((s.params - s.expert_params) / zs + s.expert_params / ze for s in shapes)
     dev = cluster.device
@@ -1963,7 +1983,7 @@ class Plan:
             "stage_ranks": list(stage_placement(c.schedule, c.pp, c.virtual_stages)), "recompute": c.recompute,
             "recompute_layers": c.recompute_layers,
             "zero_stage": c.zero_stage, "dp_replicate": c.dp_replicate, "sequence_parallel": c.sequence_parallel,
-            "ep": c.ep, "fits": self.fits,
+            "ep": c.ep, "etp": c.etp, "fits": self.fits,
             "memory_gib": self.memory.gib(), "memory_rank": self.memory_rank,
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in

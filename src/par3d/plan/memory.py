@@ -138,9 +138,11 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "see
 
 @lru_cache(maxsize=4096)
 def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str,
-                           dtype: str = "bf16", cp: int = 1, flash: bool = False) -> float:
+                           dtype: str = "bf16", cp: int = 1, flash: bool = False, etp: int = 1) -> float:
     """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022), with
-    s/cp tokens per rank under context parallelism."""
+    s/cp tokens per rank under context parallelism.  Expert tensor parallelism (`etp`, cost.Choice.etp) gathers
+    etp times the routed copies onto each rank at 1/etp of the expert's width: the copies' fc1 inputs (h wide)
+    are etp times as many; their width-wide activations as without it."""
     s_full, h, a, t = model.seq_len, model.hidden, model.heads, tp
     s = s_full / cp  # this rank's tokens
     scale = ACT_BYTES[dtype] / 2.0  # the formulas assume 2-byte activations
@@ -164,7 +166,8 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
         # its width, its permuted input (2 per h: fc1's input) and its output before the weighted combine (2 per h);
         # the router's fp32 probabilities (4 per expert); a shared expert as a dense MLP of its width
         k = model.top_k
-        mlp = s * b * (k * (unit * model.expert_ffn + 4.0 * h) + 4.0 * model.experts + unit * model.shared_ffn)
+        mlp = s * b * (k * (unit * model.expert_ffn + 2.0 * h * etp + 2.0 * h) + 4.0 * model.experts
+                       + unit * model.shared_ffn)
     else:
         mlp = unit * s * b * model.ffn
     # Q, projection input (4 units of s·b·q/t, q = heads · head_dim: h unless the heads have their own
@@ -179,7 +182,8 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
         # "fp8 activations"); `dtype` "nvfp4": `Cluster.precision`
         replicated -= 2.0 * (2.0 - q) * sbh  # QKV and fc1 inputs: 2 + 2 -> q + q
         # projection input once more as a cast; fc2 input 2 -> q (MoE: each routed copy's fc1 and fc2 inputs)
-        fc2_in = s * b * (model.top_k * (model.expert_ffn + h) + model.shared_ffn) if model.moe else s * b * model.ffn
+        fc2_in = (s * b * (model.top_k * (model.expert_ffn + h * etp) + model.shared_ffn) if model.moe
+                  else s * b * model.ffn)
         sharded += q * s * b * model.o_dim - (2.0 - q) * fc2_in
     mods = recompute_modules(recompute)
     if recompute.startswith("selective:"):
@@ -194,7 +198,7 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
             replicated -= 4.0 * sbh
         if model.moe:
             k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
-            routed = s * b * k * (fc1_out * fe + q * fe + q * h + 2.0 * h) + 4.0 * s * b * model.experts
+            routed = s * b * k * (fc1_out * fe + q * fe + q * h * etp + 2.0 * h) + 4.0 * s * b * model.experts
             shared = s * b * (fc1_out + q) * fs
             if "moe" in mods:  # the whole block: routed copies, router probabilities, shared experts
                 sharded -= routed + shared
@@ -238,7 +242,7 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                 accounting: str = "seed", zero3_live: float | None = None,
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
                 per_layer: float | None = None, cross_entropy: str = "unfused",
-                expert_dp: int | None = None) -> MemoryBreakdown:
+                expert_dp: int | None = None, etp: int = 1) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
@@ -246,16 +250,16 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep)."""
     wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)
     if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
-        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash)
+        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight_layers * per_layer
     if recompute == "full":  # the working set of the layer being recomputed and back-propagated
-        act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
+        act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
     elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
         # back-propagated recomputes, live once
-        act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash)
-                   - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash))
+        act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
+                   - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp))
     if shape.head:
         act += logits_bytes(model, b, tp, cp, cross_entropy)
         # multi-token prediction (models.ModelSpec.mtp_layers): each module's layer for every in-flight micro-batch

@@ -81,6 +81,7 @@ class Fixed:
     dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
     recompute_layers: int | None = None  # block-method full recomputation (cost.Choice.recompute_layers)
     ep: int | None = None  # expert parallelism (a mixture of experts: cost.Choice.ep)
+    etp: int | None = None  # expert tensor parallelism (cost.Choice.etp); None: 1, not searched
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -155,13 +156,16 @@ def ep_choices(model: ModelSpec, tp: int, cp: int, dp: int, fixed: Fixed, reject
     the expert count (E/ep whole experts per rank) and the stage's tp × cp × dp ranks it folds over."""
     if not model.moe:
         return [1]
-    ranks = tp * cp * dp
+    ranks, etp = tp * cp * dp, fixed.etp or 1
     if fixed.ep is not None:
-        if ranks % fixed.ep:
-            rejected["--ep does not divide tp·cp·dp"] += 1
+        if ranks % (fixed.ep * etp):
+            rejected["--ep x --etp does not divide tp·cp·dp" if etp > 1 else "--ep does not divide tp·cp·dp"] += 1
             return []
         return [fixed.ep]
-    return [e for e in divisors(model.experts) if ranks % e == 0]
+    ok = [e for e in divisors(model.experts) if ranks % (e * etp) == 0]
+    if not ok:
+        rejected["--etp does not divide tp·cp·dp"] += 1
+    return ok
 
 
 def layer_units(cluster: Cluster) -> bool:
@@ -177,7 +181,14 @@ def check_moe(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
         if fixed.ep not in (None, 1):
             raise PlanError(f"--ep {fixed.ep}: expert parallelism splits a mixture of experts' routed experts, and "
                             f"{model.name} is dense; drop --ep, or describe the experts (--experts/--top-k)", "--ep")
+        if fixed.etp not in (None, 1):
+            raise PlanError(f"--etp {fixed.etp}: expert tensor parallelism splits a mixture of experts' routed "
+                            f"experts, and {model.name} is dense; drop --etp", "--etp")
         return
+    if fixed.etp is not None and (fixed.etp < 1 or model.expert_ffn % fixed.etp):
+        raise PlanError(f"--etp {fixed.etp}: each expert's width is split over etp ranks, so etp must divide "
+                        f"the expert width {model.expert_ffn}; use one of {_fmt(divisors(model.expert_ffn)[:8])}",
+                        "--etp")
     if fixed.ep is not None and (fixed.ep < 1 or model.experts % fixed.ep):
         raise PlanError(f"--ep {fixed.ep}: each rank holds experts/ep whole experts, so ep must divide "
                         f"experts={model.experts}; use one of {_fmt(divisors(model.experts))}", "--ep")
@@ -317,6 +328,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_op(cluster, fixed)
     _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
+    etp = fixed.etp or 1
     _check_ulysses(model, cluster, fixed)
     _check_local_attention(model, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
@@ -385,7 +397,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         continue  # ZeRO over one rank changes nothing
                     if rec.startswith("selective:") and bare_total.get((z, r), math.inf) <= cap and not fixed.recompute:
                         continue  # searched modules only where nothing is recomputed does not fit: else they only add
-                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers, ep)
+                    c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers, ep, etp)
                     res.considered += 1
                     mem = memory(model, cluster, c, opts)
                     total = mem[0].total
@@ -625,7 +637,7 @@ class _Memo:
         bound), a hair below it so that rounding never lifts it above that bound; the busiest rank's
         work per micro-batch is shared by every m and ZeRO stage of a layout."""
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
-               c.schedule, c.ep)
+               c.schedule, c.ep, c.etp)
         work = self.work.get(key)
         if work is None:
             work = self.work[key] = _busiest_work(self.model, self.cluster, c)
@@ -648,7 +660,7 @@ class _Memo:
         if not self.on:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
-               _placement(c), c.ep) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
+               _placement(c), c.ep, c.etp) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
                    (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # cost.fsdp_unit_priced: ZeRO-2 and 3
         hit = self.st.get(key)
         if hit is None:
@@ -665,7 +677,7 @@ class _Memo:
         if lb is None:
             lb = self.lb[k1] = makespan_lower_bound(st, c)  # type: ignore[arg-type]
         # the tail reads the ranks' stages, and its bound whether the schedule splits its backwards
-        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.dp_replicate, c.schedule in SPLIT_BACKWARD, c.ep)
+        k2 = (id(st), _placement(c), c.dp, c.zero_stage, c.dp_replicate, c.schedule in SPLIT_BACKWARD, c.ep, c.etp)
         tail = self.tail.get(k2)
         if tail is None:
             tail = self.tail[k2] = (dp_tail(self.model, self.cluster, c, st)  # type: ignore[arg-type]
