@@ -77,7 +77,7 @@ GEMM_K0 = 136
 GEMM_FIXED_S = 6e-6
 # GEMM_K0 is BF16's.  The overhead it stands for is time, not depth: the epilogue writes the same 16-bit output
 # whatever the inputs' dtype, and the fill is latency.  A dtype whose main loop runs r x BF16's (the model's own
-# large-GEMM rates: FP8 ~1.8-1.9, MXFP8 1.75, NVFP4 3.42) spends the same seconds on it, i.e. r x K0 of its depth
+# large-GEMM rates: FP8 1.68 on the H100, 1.85 on the B200; MXFP8 1.75, NVFP4 3.42) spends the same seconds on it, i.e. r x K0 of its depth
 # (`depth_k0`; issue 12's thirty-second round).  Derived, not fitted; scored on the held-out FP8 GEMM sets
 # (gemm_shapes.py, mean |error|: B200 OpenXLA 15.6 -> 10.8 %, the H200 measured here 19.8 -> 15.3 %; the H100
 # FP8 column, above its peak and so scored only as a shape, 5.8 -> 6.4 %).
