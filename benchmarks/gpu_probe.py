@@ -58,6 +58,35 @@ def timed(fn: Any, n: int, repeats: int, warmup: int = 3) -> float:
     return statistics.median(out)
 
 
+def timed_graph(fn: Any, n: int, repeats: int) -> float:
+    """As `timed`, but the `n` calls are captured once in a CUDA graph and replayed, so the host's launch rate
+    (about 20 µs a call through PyTorch, the floor the first lease's small GEMMs met) does not count."""
+    if not torch.cuda.is_available():
+        return timed(fn, n, repeats)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS picks its kernel and workspace here
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    graph.replay()
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) / 1e3 / n)
+    del graph
+    return statistics.median(out)
+
+
 def gemm_shapes(smoke: bool) -> list[tuple[str, int, int, int, int]]:
     """(set, b, m, n, k): OpenXLA's H100 fit set and the newest revision's H100 (n, k) group."""
     if smoke:
@@ -84,6 +113,116 @@ def probe_gemms(dev: torch.device, smoke: bool) -> list[dict[str, Any]]:
             row.update(fp8_s=s8, fp8_tflops=2 * b * m * n * k / s8 / 1e12)
         rows.append(row)
     return rows
+
+
+def probe_gemms_graphed(dev: torch.device, smoke: bool) -> list[dict[str, Any]]:
+    """The same shapes as `probe_gemms`, bf16 and fp8 on every one, each timed inside a CUDA graph (`timed_graph`):
+    the second lease's answer to the first's launch floor (docs/measured.md §6)."""
+    rows = []
+    fp8 = dev.type == "cuda" and hasattr(torch, "float8_e4m3fn")
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    for tag, b, m, n, k in gemm_shapes(smoke):
+        flops = 2 * b * m * n * k
+        calls = 3 if smoke else max(5, min(100, int(5e12 / flops)))
+        x, w = torch.randn(b, m, k, device=dev, dtype=dt), torch.randn(b, k, n, device=dev, dtype=dt)
+        s = timed_graph(partial(torch.bmm, x, w), calls, 3 if smoke else 5)
+        row = {"set": tag, "b": b, "m": m, "n": n, "k": k, "calls": calls, "bf16_s": s, "bf16_tflops": flops / s / 1e12}
+        if fp8:
+            a8 = torch.randn(b * m, k, device=dev).to(torch.float8_e4m3fn)
+            w8 = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
+            one = torch.ones((), device=dev)
+            s8 = timed_graph(partial(torch._scaled_mm, a8, w8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                             calls, 5)
+            row.update(fp8_s=s8, fp8_tflops=flops / s8 / 1e12)
+        del x, w
+        rows.append(row)
+    return rows
+
+
+# Expert GEMMs of published mixture-of-experts runs, one rank's share under balanced routing (compute.layer_gemms:
+# G experts on the rank, M tokens each = micro-batch x sequence x top-k x ep / experts): (name, G, M, hidden, ffn,
+# gated).  Each layer's fc1 (h -> ffn, x2 when gated) and fc2 (ffn -> h), forward, input gradient and weight
+# gradient, as one grouped GEMM each (torch._grouped_mm: one kernel over the G experts).
+EXPERTS: tuple[tuple[str, int, int, int, int, bool], ...] = (
+    ("mixtral-8x7b ep8", 1, 8192, 4096, 14336, True),
+    ("mixtral-8x22b ep8", 1, 8192, 6144, 16384, True),
+    ("deepseek-v3 ep64", 4, 8192, 7168, 2048, True),
+    ("deepseek-v3 ep32", 8, 4096, 7168, 2048, True),
+    ("qwen3-235b-a22b ep8", 16, 2048, 4096, 1536, True),
+    ("qwen3-30b-a3b ep8", 16, 2048, 2048, 768, True),
+    ("gpt-oss-120b ep8", 16, 1024, 2880, 2880, True),
+    ("llama4-maverick ep64", 2, 4096, 5120, 8192, True),
+)
+
+
+def probe_grouped(dev: torch.device, smoke: bool) -> list[dict[str, Any]]:
+    """Grouped expert GEMMs by pass: forward (tokens x h @ h x f per expert), input gradient (tokens x f @ f x h)
+    and weight gradient (h x tokens @ tokens x f, the tokens as depth); seconds and TFLOP/s of each, so the
+    backward's ratio to the forward (the planner prices it at 2) is read off directly."""
+    rows = []
+    if not hasattr(torch, "_grouped_mm"):
+        return [{"error": "torch._grouped_mm missing"}]
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cases = EXPERTS if not smoke else (("smoke", 2, 32, 64, 32, True),)
+    for name, g, m, h, f, gated in cases:
+        for layer, k_in, n_out in (("fc1", h, f * (2 if gated else 1)), ("fc2", f, h)):
+            offs = torch.arange(1, g + 1, device=dev, dtype=torch.int32) * m
+            x = torch.randn(g * m, k_in, device=dev, dtype=dt)
+            w = torch.randn(g, n_out, k_in, device=dev, dtype=dt).transpose(-2, -1)  # (g, k, n), column-major
+            dy = torch.randn(g * m, n_out, device=dev, dtype=dt)
+            wt = w.transpose(-2, -1)  # (g, n, k): the input gradient's B
+            xt = x.t()  # (k, g·m): the weight gradient's A, the tokens as depth
+            flops = 2 * g * m * k_in * n_out
+            row: dict[str, Any] = {"case": name, "layer": layer, "experts": g, "tokens": m, "k": k_in, "n": n_out}
+            for part, a, b in (("fwd", x, w), ("dgrad", dy, wt), ("wgrad", xt, dy)):
+                # the layouts a training step has first; where this build refuses one, the operands made
+                # contiguous (the copy is not timed), and the row says which ran
+                for layout, (aa, bb) in (("native", (a, b)), ("contiguous", (a.contiguous(), b.contiguous()))):
+                    try:
+                        s = timed_graph(partial(torch._grouped_mm, aa, bb, offs=offs), 3 if smoke else 10,
+                                        3 if smoke else 5)
+                        row[f"{part}_s"], row[f"{part}_tflops"], row[f"{part}_layout"] = s, flops / s / 1e12, layout
+                        break
+                    except Exception as e:  # say so, measure the rest
+                        row[f"{part}_error_{layout}"] = f"{type(e).__name__}: {str(e)[:200]}"
+            if "fwd_s" in row and "dgrad_s" in row and "wgrad_s" in row:
+                row["bwd_over_fwd"] = (row["dgrad_s"] + row["wgrad_s"]) / row["fwd_s"]
+            # the same work as a batched GEMM of equal M per expert (what the planner's table model prices)
+            xb = x.view(g, m, k_in)
+            wb = torch.randn(g, k_in, n_out, device=dev, dtype=dt)
+            s = timed_graph(partial(torch.bmm, xb, wb), 3 if smoke else 10, 3 if smoke else 5)
+            row["bmm_fwd_s"], row["bmm_fwd_tflops"] = s, flops / s / 1e12
+            rows.append(row)
+            del x, w, dy, wb
+    return rows
+
+
+def probe_nccl_pair(smoke: bool) -> dict[str, Any]:
+    """Can two NCCL ranks share this one GPU (NCCL has refused a duplicate device)?  Two processes, an
+    all-reduce and a send/recv; the answer or the error, nothing else."""
+    code = (
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('nccl', device_id=torch.device('cuda', 0))\n"
+        "r = dist.get_rank(); t = torch.full((4,), float(r + 1), device='cuda')\n"
+        "dist.all_reduce(t); torch.cuda.synchronize()\n"
+        "x = torch.zeros(4, device='cuda')\n"
+        "(dist.send(t, 1) if r == 0 else dist.recv(x, 0)); torch.cuda.synchronize()\n"
+        "print('rank', r, 'all_reduce', t.tolist(), 'recv', x.tolist(), flush=True)\n"
+        "dist.destroy_process_group()\n")
+    if smoke or not torch.cuda.is_available():
+        return {"skipped": "no CUDA"}
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    try:
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                            "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
+                            sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=90)
+        return {"rc": p.returncode, "stdout": p.stdout[-1500:], "stderr": p.stderr[-2500:]}
+    except subprocess.TimeoutExpired as e:
+        return {"rc": None, "error": f"timed out: {str(e)[:300]}"}
 
 
 def probe_peak(dev: torch.device, smoke: bool, hold_s: float) -> dict[str, Any]:
@@ -249,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
              "peak": lambda: probe_peak(dev, args.smoke, 0 if args.smoke else args.hold_s),
              "attention": lambda: probe_attention(dev, args.smoke),
              "elementwise": lambda: probe_elementwise(dev, args.smoke),
-             "calib": lambda: probe_calibration(args.smoke, 0 if args.smoke else 10.0)}
+             "calib": lambda: probe_calibration(args.smoke, 0 if args.smoke else 10.0),
+             "gemm_graph": lambda: probe_gemms_graphed(dev, args.smoke),
+             "grouped": lambda: probe_grouped(dev, args.smoke),
+             "nccl_pair": lambda: probe_nccl_pair(args.smoke)}
     for name in args.parts.split(","):
         t0 = time.time()
         try:

@@ -61,3 +61,15 @@ def test_a_one_gpu_file_keeps_the_catalogue_links_and_summarises():
     f = hardware_from_dict(hw, "one-gpu.json")
     assert (f.intra, f.inter) == (LINKS["nvlink4"], LINKS["ib-ndr"]) and f.device.sms == 132
     assert "links       not measured (one GPU)" in summary(hw)
+
+
+def test_plot_of_a_file_without_collectives(tmp_path):
+    """`--plot` with `--nproc 1` (found on the second H200 lease: the plot took the largest measured group of an
+    empty list and failed after the file was written): the collectives' panels say they were not measured."""
+    from par3d.calibrate.report import plot
+
+    hw = json.loads((ROOT / "benchmarks/results/hardware-cpu.json").read_text())
+    hw["measurements"]["collectives"], hw["collective_fits"] = [], {}
+    out = tmp_path / "calibrate.png"
+    plot(hw, str(out))
+    assert out.stat().st_size > 10_000

@@ -303,7 +303,11 @@ def sustained_worker(dtype: str, shape: tuple[int, int, int], seconds: float, wi
 def measure_mem_bw(quick: bool) -> float:
     import torch
 
-    n = (8 if quick else 32) * 2**20 // 4  # far beyond the last-level cache
+    n = (8 if quick else 32) * 2**20 // 4  # far beyond a CPU's last-level cache
+    if torch.cuda.is_available():  # a GPU's L2 holds tens of MB (an H200's 60): 8 MiB measured 2.8 of its
+        # 4.3 TB/s there (one lease, docs/measured.md §6), so the buffer is 8 x the L2 and at least 256 MiB
+        l2 = getattr(torch.cuda.get_device_properties(device()), "L2_cache_size", 0)
+        n = max(n, 8 * l2 // 4, 256 * 2**20 // 4)
     a = torch.empty(n, device=device())
     b = torch.ones(n, device=device())
     s = time_call(lambda: a.copy_(b), min_s=0.05)

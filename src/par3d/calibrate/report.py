@@ -56,13 +56,19 @@ def plot(hw: dict[str, Any], path: str) -> None:
         ax.legend(fontsize=7)
 
     cf = hw["collective_fits"]
-    gmax = max(p["group"] for p in meas["collectives"])
-    curves(axes[1], lambda p: p["group"] == 2 or p["kind"] in ("p2p", "exchange"),
-           lambda k: f"{k['kind']} ({k['group']} ranks)", lambda k: cf[k["kind"]][str(k["group"])])
-    axes[1].set_title("collectives on 2 ranks: measured (dots), ring α-β fit (lines)")
-    curves(axes[2], lambda p: p["kind"] == "all_reduce",
-           lambda k: f"all-reduce {k['group']} ranks", lambda k: cf["all_reduce"][str(k["group"])])
-    axes[2].set_title(f"all-reduce over 2..{gmax} ranks")
+    if meas["collectives"]:
+        gmax = max(p["group"] for p in meas["collectives"])
+        curves(axes[1], lambda p: p["group"] == 2 or p["kind"] in ("p2p", "exchange"),
+               lambda k: f"{k['kind']} ({k['group']} ranks)", lambda k: cf[k["kind"]][str(k["group"])])
+        axes[1].set_title("collectives on 2 ranks: measured (dots), ring α-β fit (lines)")
+        curves(axes[2], lambda p: p["kind"] == "all_reduce",
+               lambda k: f"all-reduce {k['group']} ranks", lambda k: cf["all_reduce"][str(k["group"])])
+        axes[2].set_title(f"all-reduce over 2..{gmax} ranks")
+    else:  # --nproc 1 on a one-GPU machine: nothing measured between ranks (the catalogue's links are kept)
+        for ax in axes[1:3]:
+            ax.text(0.5, 0.5, "collectives not measured\n(one rank: --nproc 1)", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_axis_off()
     fig.suptitle(f"par3d calibrate — {hw['device']['name']}; fixed costs per block F/B "
                  f"{hw['overheads']['layer_f_s'] * 1e6:.0f}/{hw['overheads']['layer_b_s'] * 1e6:.0f} µs",
                  fontsize=10)
