@@ -667,3 +667,34 @@ def test_calibrate_refuses_a_negative_hold(capsys):
     assert main(["calibrate", "--sustained-s", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--sustained-s -1" in err and "--sustained-s 60" in err
+
+
+def test_a_gpu_files_fixed_costs_overlap_its_kernels(tmp_path):
+    """A GPU runs kernels while the host issues the next ones, so a GPU file's per-block fixed costs (what
+    `par3d calibrate` measures on a tiny GPT) count only where they exceed the GPU's work.  Found on the second
+    H200 lease: added to the arithmetic they put every run 20-70 % slow (docs/measured.md §6)."""
+    from dataclasses import replace
+
+    from par3d.plan import cost
+    from par3d.predict import choice, cluster_of, model_spec
+
+    cfg = _cfg(pp=2, microbatches=4)
+    sync_cl = cluster_of(_hw(tmp_path), cfg)
+    gpu_cl = replace(sync_cl, profile=replace(sync_cl.profile, asynchronous=True))
+    assert profile_of(_hw(tmp_path, host={"gpu": "NVIDIA H200"})).asynchronous
+    assert not profile_of(_hw(tmp_path, host={"gpu": None})).asynchronous
+    m, c = model_spec(cfg), choice(cfg)
+    ideal = cost.stage_times(m, replace(sync_cl, profile=None), c)
+    on_cpu, on_gpu = cost.stage_times(m, sync_cl, c), cost.stage_times(m, gpu_cl, c)
+    for s in range(2):
+        fx_f, fx_b = on_cpu.fixed_f[s], on_cpu.fixed_b[s]
+        assert on_cpu.f[s] == pytest.approx(on_cpu.f_compute[s] + fx_f)  # a CPU pays both
+        # the GPU: the longer of the two
+        assert on_gpu.f[s] == pytest.approx(max(on_gpu.f_compute[s], fx_f))
+        assert on_gpu.b[s] == pytest.approx(max(on_gpu.b_compute[s] + on_gpu.b_recompute[s], fx_b))
+        assert on_gpu.f[s] < on_cpu.f[s] and on_gpu.b[s] < on_cpu.b[s]
+    # fixed costs far below the GPU's work vanish: the GPU model's own stage times
+    tiny = replace(gpu_cl, profile=replace(gpu_cl.profile, overheads=replace(
+        gpu_cl.profile.overheads, layer_f_s=1e-12, layer_b_s=1e-12, action_f_s=1e-12, action_b_s=1e-12)))
+    quiet = cost.stage_times(m, tiny, c)
+    assert quiet.f == pytest.approx(ideal.f) and quiet.b == pytest.approx(ideal.b)

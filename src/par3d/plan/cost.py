@@ -1312,18 +1312,26 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
     for s, n in enumerate(lay.layers):
         f_fix = ov.action_f_s + n * ov.layer_f_s
         b_fix = ov.action_b_s + n * (ov.layer_b_s + rec_f * ov.layer_f_s)
+        bi_fix = bw_fix = b_fix  # BI and BW are each one autograd pass: each pays B's fixed cost
+        if prof.asynchronous:
+            # a GPU runs the kernels while the host issues the next ones (CUDA streams): a pass takes the
+            # longer of the two, not their sum, so the host's cost shows only where it exceeds the GPU's work
+            f_fix = max(0.0, f_fix - st.f_compute[s])
+            bi_fix = max(0.0, b_fix - st.bw[s] - st.b_recompute[s])
+            bw_fix = max(0.0, b_fix - st.bw[s])
+            b_fix = max(0.0, b_fix - st.b_compute[s] - st.b_recompute[s])
         st.f[s] += f_fix
         st.b[s] += b_fix
         st.fixed_f.append(f_fix)
         st.fixed_b.append(b_fix)
-        st.bi[s] += b_fix  # BI and BW are each one autograd pass: each pays B's fixed cost
+        st.bi[s] += bi_fix
         if prof.bw_full_backward:
             # eager zero-bubble: the weight gradients need every layer's activation gradient, which
             # BI did not keep, so BW redoes BI's chain (and its TP collectives): a whole B
             st.bw[s] = st.b[s]
             st.waits["bw"][s] = st.waits["b"][s]
         else:
-            st.bw[s] += b_fix
+            st.bw[s] += bw_fix
     if c.pp > 1:
         if prof.p2p is not None:  # the measured transport between pipeline ranks
             st.transfer = comm.p2p(boundary, prof.p2p).total

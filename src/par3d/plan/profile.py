@@ -131,6 +131,9 @@ class Profile:
     cp_link: Link | None = None
     collectives: tuple[tuple[str, Link], ...] = ()
     point_sync: SyncModel | None = None
+    # kernels run asynchronously to the host that issues them (a GPU file: `host.gpu` named): the fixed costs
+    # overlap the arithmetic instead of adding to it (cost._add_runtime_costs)
+    asynchronous: bool = False
 
     def collective(self, kind: str) -> Link | None:
         """The isolated calls' α-β link of one collective kind, if calibrated."""
@@ -179,7 +182,8 @@ def profile_of(hw: HardwareFile) -> Profile | None:
         kernels=kernels,
         cp_link=Link("cp", cpl["alpha_us"] * US, cpl["bw_gbps"] * GB) if cpl else None,
         collectives=tuple(colls),
-        point_sync=point_sync)
+        point_sync=point_sync,
+        asynchronous=bool((x.get("host") or {}).get("gpu")))
 
 
 def contention(prof: Profile | None, world: int, busy: float | None = None, fixed: bool = False) -> float:
