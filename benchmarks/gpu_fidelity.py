@@ -41,6 +41,20 @@ RUNS: tuple[tuple[str, str, int, int, int, int, int, int, int, int, str], ...] =
     ("llama-16l-gqa", "llama", 16, 2048, 16, 4, 5632, 4096, 2, 4, "none"),
     ("llama-8l-4k", "llama", 8, 4096, 32, 8, 11008, 2048, 2, 4, "none"),
 )
+# The second lease's runs (2026-12-04): shapes none of the above has, written down with the eager accounting
+# (plan/eager.py) and the GPU's own calibration file committed before any of them ran; priced from the
+# `par3d calibrate --nproc 1` file the same lease measured just before them (`predict --hardware`).
+HELD_OUT: tuple[tuple[str, str, int, int, int, int, int, int, int, int, str], ...] = (
+    ("llama-24l-2k", "llama", 24, 2048, 16, 8, 5504, 2048, 4, 8, "none"),
+    ("llama-mha-12l", "llama", 12, 1536, 12, 12, 4096, 2048, 4, 8, "none"),
+    ("llama-wide-4l", "llama", 4, 5120, 40, 8, 13824, 4096, 1, 2, "none"),
+    ("llama-long-16k", "llama", 4, 2048, 16, 4, 5632, 16384, 1, 2, "none"),
+    ("llama-16l-full", "llama", 16, 2048, 16, 4, 5632, 4096, 2, 4, "full"),
+    ("gpt-20l-1536", "gpt", 20, 1536, 12, 12, 6144, 2048, 4, 8, "none"),
+    ("gpt-36l-s512", "gpt", 36, 1280, 20, 20, 5120, 512, 16, 32, "none"),
+    ("gpt-1.4b-mb2", "gpt", 24, 2048, 16, 16, 8192, 2048, 2, 8, "none"),
+)
+SETS = {"first": RUNS, "second": HELD_OUT}
 VOCAB = 50304
 STEPS = 6
 
@@ -52,14 +66,16 @@ def shape_flags(run: tuple) -> list[str]:
             "--micro-batch", str(mb)]
 
 
-def plan_flags(run: tuple) -> list[str]:
+def plan_flags(run: tuple, hardware: str | None = None) -> list[str]:
+    """The plan of one run: on the catalogue's H200 with the runtime's facts as flags (the first lease), or on a
+    GPU file `par3d calibrate` wrote (`hardware`: its own attention curve and eager accounting)."""
     arch, recompute = run[1], run[-1]
     model = (["--no-gated-mlp", "--norm", "layer", "--position", "learned", "--bias"] if arch == "gpt" else
              ["--gated-mlp", "--norm", "rms", "--position", "rotary", "--no-bias"])
-    return (shape_flags(run) + model + ["--no-tied-embeddings", "--gpu", "h200", "--gpus", "1", "--gpus-per-node", "1",
+    gpu = ["--hardware", hardware] if hardware else ["--gpu", "h200", "--attention-kernel", "fa2"]
+    return (shape_flags(run) + model + ["--no-tied-embeddings", *gpu, "--gpus", "1", "--gpus-per-node", "1",
                                         "--tp", "1", "--pp", "1", "--dp", "1", "--dtype", "bf16", "--recompute",
-                                        recompute, "--attention-kernel", "fa2", "--cross-entropy", "unfused",
-                                        "--json"])
+                                        recompute, "--cross-entropy", "unfused", "--json"])
 
 
 def train_flags(run: tuple) -> list[str]:
@@ -69,24 +85,24 @@ def train_flags(run: tuple) -> list[str]:
                                 "--json"])
 
 
-def predict(out: Path) -> None:
+def predict(out: Path, runs: tuple = RUNS, hardware: str | None = None) -> None:
     rows = []
-    for run in RUNS:
-        r = subprocess.run([sys.executable, "-m", "par3d", "plan", *plan_flags(run)], capture_output=True, text=True,
-                           timeout=300)
+    for run in runs:
+        r = subprocess.run([sys.executable, "-m", "par3d", "plan", *plan_flags(run, hardware)], capture_output=True,
+                           text=True, timeout=300)
         if r.returncode != 0:
             raise SystemExit(f"par3d plan failed for {run[0]}: {r.stderr[-2000:]}")
         p = json.loads(r.stdout)["plans"][0]
-        rows.append({"name": run[0], "plan_flags": plan_flags(run), "train_flags": train_flags(run),
+        rows.append({"name": run[0], "plan_flags": plan_flags(run, hardware), "train_flags": train_flags(run),
                      "predicted_step_s": p["step_time_s"], "predicted_mfu": p["mfu"]})
         print(f"{run[0]}: {p['step_time_s'] * 1e3:.1f} ms", flush=True)
     out.write_text(json.dumps({"predicted_on": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "gpu": "h200", "runs": rows}, indent=1) + "\n")
+                               "gpu": "h200", "hardware": hardware, "runs": rows}, indent=1) + "\n")
 
 
-def measure(out: Path, timeout_s: float) -> None:
+def measure(out: Path, timeout_s: float, runs: tuple = RUNS) -> None:
     res: dict[str, Any] = {"measured_on": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
-    for run in RUNS:
+    for run in runs:
         t0 = time.time()
         r = subprocess.run([sys.executable, "-m", "par3d", "train", *train_flags(run), "--out", f"/tmp/fid/{run[0]}"],
                            capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
@@ -119,18 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("predict", help="write the plan's predictions (no GPU needed)")
     a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--set", choices=tuple(SETS), default="first", help="which runs (default: %(default)s)")
+    a.add_argument("--hardware", help="price on this GPU file (`par3d calibrate` on the GPU) instead of --gpu h200")
     b = sub.add_parser("measure", help="run each training run on this GPU, write the measured step times")
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--timeout-s", type=float, default=120.0, help="limit for each run")
+    b.add_argument("--set", choices=tuple(SETS), default="first", help="which runs (default: %(default)s)")
     c = sub.add_parser("score", help="join predictions and measurements: errors, within ±10 %%, median")
     c.add_argument("predicted", type=Path)
     c.add_argument("measured", type=Path)
     c.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     if args.cmd == "predict":
-        predict(args.out)
+        predict(args.out, SETS[args.set], args.hardware)
     elif args.cmd == "measure":
-        measure(args.out, args.timeout_s)
+        measure(args.out, args.timeout_s, SETS[args.set])
     else:
         s = score(args.predicted, args.measured)
         if args.json:

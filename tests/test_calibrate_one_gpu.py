@@ -73,3 +73,21 @@ def test_plot_of_a_file_without_collectives(tmp_path):
     out = tmp_path / "calibrate.png"
     plot(hw, str(out))
     assert out.stat().st_size > 10_000
+
+
+def test_the_gpu_probes_of_par3d_runtime_run_and_count_the_planners_bytes():
+    """The two probes `par3d calibrate` adds on a GPU (the runtime's attention call by length, and its eager
+    non-GEMM kernels' rate), run small on this CPU: each part's bytes are plan/eager.py's count, so the rate the
+    file gets is measured on the planner's own accounting."""
+    from par3d.calibrate import probes
+    from par3d.plan.eager import parts
+
+    tr = probes.measure_eager_traffic(True, tokens=64, h=256)
+    assert set(tr["parts"]) == set(parts())
+    for name, p in tr["parts"].items():
+        assert p["bytes"] == sum(parts()[name]) * 64 * 256 and p["seconds"] > 0
+    assert tr["gbps"] == pytest.approx(sum(p["bytes"] for p in tr["parts"].values())
+                                       / sum(p["seconds"] for p in tr["parts"].values()) / 1e9)
+    curve = probes.measure_attention_curve(True, lengths=(32, 64), tokens=64)
+    assert [c["tokens"] for c in curve] == [32, 64] and all(c["tflops"] > 0 for c in curve)
+    assert all(c["share"] is None for c in curve)  # no catalogue GPU on a CPU: no share of its peak

@@ -314,6 +314,83 @@ def measure_mem_bw(quick: bool) -> float:
     return 2.0 * 4 * n / s  # read b + write a
 
 
+def measure_attention_curve(quick: bool, lengths: tuple[int, ...] | None = None, tokens: int = 16384
+                            ) -> list[dict[str, Any]]:
+    """A GPU's causal attention as `model.Attention.core` calls it (`F.scaled_dot_product_attention`, whichever
+    backend PyTorch picks), forward + backward, 16 heads of 128, bf16, at least 16K tokens per call: its share of
+    the bf16 peak at each length, in the planner's count (3 x the causal forward's 2·b·heads·s²·d FLOPs over the
+    time).  What `device.attn_curve` of a GPU file holds; no GPU has run this yet."""
+    import torch
+    import torch.nn.functional as F
+
+    from par3d.plan.hardware import DEVICES, catalogue_gpu_of
+
+    gpu = catalogue_gpu_of(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    peak = DEVICES[gpu].peak("bf16") if gpu else None
+    out = []
+    for s in lengths or ((2048, 8192) if quick else (1024, 2048, 4096, 8192, 16384)):
+        b, heads, d = max(1, tokens // s), 16, 128
+        q, k, v = (torch.randn(b, heads, s, d, device=device(), dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        g = torch.randn(b, heads, s, d, device=device(), dtype=torch.bfloat16)
+
+        def step(q: Any = q, k: Any = k, v: Any = v, g: Any = g) -> None:
+            q.grad = k.grad = v.grad = None
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+        t = time_call(step, min_s=0.05)
+        flops = 3 * 2 * b * heads * s * s * d
+        out.append({"tokens": s, "batch": b, "seconds": t, "tflops": flops / t / 1e12,
+                    "share": flops / t / peak if peak else None})
+        del q, k, v, g
+    return out
+
+
+def measure_eager_traffic(quick: bool, tokens: int | None = None, h: int = 4096) -> dict[str, Any]:
+    """How fast `model.py`'s non-GEMM kernels move their bytes on this GPU: each piece the planner counts for an
+    eager block (plan/eager.py `parts`: the two norms, the rotary embedding, GeLU and the gated unit, a residual
+    add), forward and backward, on 16,384 (quick: 8,192) tokens x 4,096 in bf16, timed; bytes from the same
+    counts the planner uses.  The whole set's bytes over its time is the file's achieved elementwise rate."""
+    import torch
+    import torch.nn.functional as F
+
+    from par3d import model as M
+    from par3d.plan.eager import parts
+
+    dev, bf = device(), torch.bfloat16
+    tokens = tokens or (8192 if quick else 16384)
+    heads = h // 128
+    per = parts(2)
+    x = torch.randn(tokens, h, device=dev, dtype=bf, requires_grad=True)
+    dy = torch.randn(tokens, h, device=dev, dtype=bf)
+    rms, ln = M.RMSNorm(h, 1e-6, bf).to(dev), torch.nn.LayerNorm(h, dtype=bf).to(dev)
+    xq = torch.randn(1, heads, tokens, h // heads, device=dev, dtype=bf, requires_grad=True)
+    dq = torch.randn_like(xq)
+    pos = torch.arange(tokens)
+    u = torch.randn(tokens, h, device=dev, dtype=bf, requires_grad=True)
+
+    def fb(fn: Callable[[], Any], grad: Any, *leaves: Any) -> Callable[[], None]:
+        def run() -> None:
+            for t in leaves:
+                t.grad = None
+            fn().backward(grad)
+        return run
+    cases = {"rmsnorm": (fb(lambda: rms(x), dy, x), h),
+             "layernorm": (fb(lambda: ln(x), dy, x), h),
+             "rotary": (fb(lambda: M.rotary(xq, 10000.0, pos), dq, xq), h),
+             "gelu": (fb(lambda: F.gelu(x), dy, x), h),
+             "swiglu": (fb(lambda: F.silu(x) * u, dy, x, u), h),
+             "residual": (fb(lambda: x + u, dy, x, u), h)}
+    out: dict[str, Any] = {"tokens": tokens, "width": h, "parts": {}}
+    total_b = total_s = 0.0
+    for name, (fn, width) in cases.items():
+        t = time_call(fn, min_s=0.05)
+        nbytes = sum(per[name]) * tokens * width
+        out["parts"][name] = {"seconds": t, "bytes": nbytes, "gbps": nbytes / t / 1e9}
+        total_b, total_s = total_b + nbytes, total_s + t
+    out["gbps"] = total_b / total_s / 1e9
+    return out
+
+
 # ---- 3. the runtime's fixed costs ----------------------------------------------------------------
 
 def probe_config(layers: int, hidden: int, heads: int, seq: int, micro_batch: int, m: int, steps: int,

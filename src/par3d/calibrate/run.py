@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from par3d.calibrate import fits, probes
-from par3d.plan.hardware import GB, TFLOPS, US
+from par3d.plan.hardware import GB, TFLOPS, US, log2_interp
 
 
 def mem_gib_per_rank(nproc: int) -> float:
@@ -96,7 +96,7 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_prims + n_gemm + probes.overhead_passes(quick) + 5, desc="calibrate", unit="probe",
+        bar = tqdm(total=n_prims + n_gemm + probes.overhead_passes(quick) + 5 + (2 if on_gpu else 0), desc="calibrate", unit="probe",
                    file=sys.stderr, dynamic_ncols=True)
 
     def tick() -> None:
@@ -141,7 +141,10 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
     name = torch.cuda.get_device_name(0) if on_gpu else f"{host.cpu_name()} (1 thread)"
     peaks = {dt: f["rate_gflops"] * 1e9 / TFLOPS for dt, f in gfit.items()}
     gemm_share: dict[str, float] = {}
-    attention: dict[str, float] = {}
+    attention: dict[str, Any] = {}
+    curve: list[dict[str, Any]] = []
+    eager_traffic: dict[str, Any] = {}
+    mem_eff: float | None = None
     held: dict[str, dict[str, Any]] = {}
     gpu: str | None = None
     if on_gpu:  # the datasheet's peaks, and the best measured GEMM's share of them at the sustained clock and
@@ -160,13 +163,22 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
                                                 peaks[dt], family, dt,
                                                 held[dt]["tflops"] if dt in held else None)
                       for dt in peaks}
-        attention = calibrated_attention(gpu)  # not timed here: the catalogue's share and in-step discount
+        # par3d's own runtime on this GPU: its attention call timed by length (the share a step gets: no discount), and
+        # how fast its eager non-GEMM kernels move the bytes plan/eager.py counts, over the copy's rate
+        curve = probes.measure_attention_curve(quick)
+        tick()
+        eager_traffic = probes.measure_eager_traffic(quick)
+        tick()
+        pts = [[c["tokens"], round(c["share"], 4)] for c in curve if c["share"]]
+        attention = ({"attn_curve": pts, "attn_eff": log2_interp(tuple(map(tuple, pts)), 8192), "attn_sustain": 1.0}
+                     if pts else calibrated_attention(gpu))
+        mem_eff = min(1.0, eager_traffic["gbps"] * GB / mem_bw)
     hw: dict[str, Any] = {
         "device": {"name": name,
                    "peak_tflops": peaks, **({"gemm": gemm_share} if gemm_share else {}), **attention,
                    # on a GPU its own memory and SM count (wave quantization), and the catalogue GPU it is
                    # (`base`: what the file leaves out -- the links with --nproc 1 -- is then that GPU's)
-                   "mem_bw_gbps": mem_bw / GB,
+                   "mem_bw_gbps": mem_bw / GB, **({"mem_eff": round(mem_eff, 4)} if mem_eff else {}),
                    **(gpu_fields(gpu) if on_gpu else {"mem_gib": mem_gib_per_rank(nproc), "sms": 1}),
                    # the arithmetic of a block comes from `kernels` (measured primitives); the
                    # roofline's efficiency is only used for a dtype they were not measured in
@@ -287,6 +299,9 @@ def calibrate(nproc: int = 2, quick: bool = False, progress: bool = True, sustai
                                                     "models": [{k: c["model"][k] for k in ("layers", "hidden", "seq_len")}
                                                                for c, _ in r["runs"]],
                                                     **sync_fits[rpc]} for rpc, r in sync_runs.items()}}
+    if on_gpu:  # the file describes par3d's runtime on this GPU: eager kernels (plan/eager.py), and what was timed
+        hw["runtime"] = {"elementwise": "eager"}
+        hw["measurements"].update(attention=curve, eager_traffic=eager_traffic)
     hw["host"] = host.describe(torch.cuda.get_device_name(0) if on_gpu else None)
     hw["calibrated"] = {"date": hw["host"]["date"], "torch": torch.__version__, "host_cores": host.machine_cores(),
                         "nproc": nproc, "quick": quick, "seconds": round(time.time() - t_start, 1),

@@ -281,6 +281,12 @@ def register(sub) -> None:
                         "--cross-entropy-loss-fusion, native; NeMo 2's default) or kernel (10 B: one fused "
                         "kernel pair, Transformer Engine's parallel cross entropy as Megatron-Bridge's perf "
                         "recipes set it, flash-attn's CrossEntropyLoss) (default: %(default)s)")
+    g.add_argument("--elementwise", choices=("fused", "eager"), default=None,
+                   help="whose non-GEMM kernels (norms, rotary, activation, residuals) a step runs: fused "
+                        "(Megatron-Core / Transformer Engine's fused kernels, what published runs use) or eager "
+                        "(par3d train's own model, each line a PyTorch kernel, RMSNorm and rotary in fp32: "
+                        "plan/eager.py) (default: what the --hardware file says, which `par3d calibrate` "
+                        "on a GPU writes as eager; fused otherwise)")
     g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead, its rings "
                         "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
@@ -506,6 +512,7 @@ def _cluster(args: argparse.Namespace):
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
+                  elementwise=args.elementwise or cl.elementwise,
                   offload_layers=args.offload_layers, dp_bucket_params=args.dp_bucket_params,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     from par3d.plan.hardware import fp8_scaling_error

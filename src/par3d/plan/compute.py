@@ -61,6 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from .eager import block_bytes
 from .gemm_table import NVFP4_CAST_OVER_MXFP8
 from .hardware import Device, layer_gemm_dtype
 from .models import ModelSpec
@@ -408,7 +409,10 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: str = "", ep: int = 1, ep_resort: bool = False, etp: int = 1) -> LayerTimes:
+                fp8_block: str = "", ep: int = 1, ep_resort: bool = False, etp: int = 1,
+                eager: bool = False) -> LayerTimes:
+    """One layer's forward on one TP rank; the backward is priced as twice it.  `eager`: the non-GEMM kernels are
+    par3d's own runtime's, eager PyTorch (plan/eager.py), not Megatron-Core's fused ones (`elementwise_bytes`)."""
     gs = layer_gemms(model, b, tp, ep, sp, etp)
     hg = head_gemm(model, b, tp)
     gemm, core_f = layer_flops(model, b, tp, ep, sp, etp)
@@ -441,8 +445,18 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = gemm_time(full["attn_scores"], dev, dtype) + gemm_time(full["attn_values"], dev, dtype)
     else:
         core = times["attn_scores"] + times["attn_values"]
-    elem = (elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
-            / (dev.mem_bw * dev.mem_eff))
+    if eager and not (model.moe or model.mla):
+        # the eager block's forward and backward bytes, a third of them on the forward (the backward is priced as
+        # twice the forward: the step's total is then exact; eager.py); the attention's scores are the fused
+        # kernel's or, without it, counted below as before
+        fwd_b, bwd_b = block_bytes(model, b, tp, sp, DTYPE_BYTES.get(ATTN_DTYPE.get(dtype, dtype), 2))
+        nbytes = (fwd_b + bwd_b) / 3
+        if not flash:
+            nbytes += (elementwise_bytes(model, b, tp, sp, False, dtype) - elementwise_bytes(model, b, tp, sp, True,
+                                                                                             dtype))
+    else:
+        nbytes = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
+    elem = nbytes / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
     loss = loss_time(model, dev, b, tp, cross_entropy) / 3

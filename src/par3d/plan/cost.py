@@ -786,7 +786,7 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
                    cross_entropy: str = "unfused", fp8_block: str = "", ep: int = 1,
-                   heads: bool = False, ep_resort: bool = False, etp: int = 1) -> LayerTimes:
+                   heads: bool = False, ep_resort: bool = False, etp: int = 1, eager: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
@@ -794,13 +794,13 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
     instead one kernel over all s tokens for 1/cp of this TP rank's heads -- the same FLOPs, at the
     kernel's share for s tokens rather than s/cp."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                     cross_entropy, fp8_block, ep, ep_resort, etp)
+                     cross_entropy, fp8_block, ep, ep_resort, etp, eager)
     if cp == 1:
         return lt
     if heads:
         if flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
             whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                                cross_entropy, fp8_block, ep, ep_resort, etp)
+                                cross_entropy, fp8_block, ep, ep_resort, etp, eager)
             core = (whole.core - KERNEL_S) / cp + KERNEL_S
         else:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
             core = lt.core * cp
@@ -1102,7 +1102,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
                           cluster.cross_entropy, cluster.fp8_block, c.ep, cluster.cp_comm == "a2a",
-                          c.ep > 1 and cluster.dispatcher == "alltoall", c.etp)
+                          c.ep > 1 and cluster.dispatcher == "alltoall", c.etp, cluster.elementwise == "eager")
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:

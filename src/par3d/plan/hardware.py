@@ -694,6 +694,10 @@ class Cluster:
     # (Megatron-Core's cross_entropy_loss_fusion, native: NeMo 2's GPTConfig default) or "kernel" (one fused
     # kernel pair: Transformer Engine's parallel cross entropy, flash-attn's CrossEntropyLoss)
     cross_entropy: str = "unfused"
+    # whose non-GEMM kernels a step runs: "fused" (Megatron-Core / Transformer Engine: compute.elementwise_bytes) or
+    # "eager" (par3d's own runtime, model.py line by line in PyTorch: plan/eager.py); a GPU hardware file written by
+    # `par3d calibrate` describes par3d's runtime and says "eager" (profile.cluster_from_file)
+    elementwise: str = "fused"
     # the spread of the GPUs' step times (coefficient of variation: the silicon and power management of
     # one SKU, and per-step jitter); a synchronous step runs at its slowest GPU's pace (cost.straggler_factor).
     # None: gemm_table.STEP_SPREAD on hierarchical (catalogue-GPU) clusters, 0 on flat/calibrated ones
@@ -781,6 +785,7 @@ class Cluster:
             "fp8_scaling": self.fp8_scaling, "precision": self.precision, "fp8_param_gather": self.fp8_param_gather,
             "fp8_attention": self.fp8_attention,
             "cross_entropy": self.cross_entropy,
+            "elementwise": self.elementwise,
             "offload_layers": self.offload_layers,
             "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
@@ -932,6 +937,17 @@ def _link(d: Any, where: str, path: str) -> Link:
                 _num(d, "bw_gbps", where, path) * GB)
 
 
+def _attn_curve(raw: Any, path: str) -> tuple[tuple[int, float], ...]:
+    """device.attn_curve: [[tokens, share of peak], ...], tokens rising (what `par3d calibrate` measures on a GPU)."""
+    ok = isinstance(raw, list) and raw and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], int) and p[0] > 0
+        and isinstance(p[1], (int, float)) and 0 < p[1] <= 1 for p in raw)
+    if not ok or [p[0] for p in raw] != sorted({p[0] for p in raw}):
+        raise HardwareError(f"--hardware {path}: device.attn_curve={raw!r} must be a list of [tokens, share] pairs, "
+                            f"tokens rising and shares in (0, 1], e.g. [[2048, 0.3], [8192, 0.4]]")
+    return tuple((int(n), float(v)) for n, v in raw)
+
+
 def load_hardware_file(path: str) -> HardwareFile:
     """JSON or TOML; the schema is `Cluster.to_dict()`'s (see docs/planner.md, "Hardware files").
 
@@ -1000,6 +1016,7 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
                       else 1.0 if "attn_eff" in dv or base is None else base.attn_sustain),
         overlap_slowdown=(float(dv["overlap_slowdown"]) if "overlap_slowdown" in dv
                           else (base.overlap_slowdown if base else None)),
+        attn_curve=_attn_curve(dv.get("attn_curve"), path) if "attn_curve" in dv else (),
     )
     for key, val in (("efficiency", dev.efficiency), ("mem_eff", dev.mem_eff)):
         if not 0 < val <= 1:

@@ -222,8 +222,15 @@ def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: in
 
         raise HardwareError(f"straggler_cv={cv!r} must be a fraction in [0, 0.5] (0.015 = a 1.5 % spread of the "
                             f"GPUs' step times); drop it to take the default")
+    rt = hw.extra.get("runtime") or {}
+    elementwise = rt.get("elementwise", "fused")
+    if elementwise not in ("fused", "eager"):
+        from .hardware import HardwareError
+
+        raise HardwareError(f"runtime.elementwise={elementwise!r} must be 'fused' (Megatron-Core's kernels) or "
+                            f"'eager' (par3d's own runtime); drop it for fused")
     return Cluster(hw.device, gpus, min(gpus_per_node, gpus), hw.intra, hw.inter, dtype, prof,
-                   straggler_cv=None if cv is None else float(cv))
+                   straggler_cv=None if cv is None else float(cv), elementwise=elementwise)
 
 
 __all__ = ["Overheads", "Profile", "SyncModel", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
