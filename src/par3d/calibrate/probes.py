@@ -328,7 +328,7 @@ def measure_attention_curve(quick: bool, lengths: tuple[int, ...] | None = None,
     gpu = catalogue_gpu_of(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
     peak = DEVICES[gpu].peak("bf16") if gpu else None
     out = []
-    for s in lengths or ((2048, 8192) if quick else (1024, 2048, 4096, 8192, 16384)):
+    for s in lengths or (1024, 2048, 4096, 8192, 16384):  # a few seconds in all: the same with --quick
         b, heads, d = max(1, tokens // s), 16, 128
         q, k, v = (torch.randn(b, heads, s, d, device=device(), dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
