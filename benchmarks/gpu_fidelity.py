@@ -72,10 +72,10 @@ def plan_flags(run: tuple, hardware: str | None = None) -> list[str]:
     arch, recompute = run[1], run[-1]
     model = (["--no-gated-mlp", "--norm", "layer", "--position", "learned", "--bias"] if arch == "gpt" else
              ["--gated-mlp", "--norm", "rms", "--position", "rotary", "--no-bias"])
-    gpu = ["--hardware", hardware] if hardware else ["--gpu", "h200", "--attention-kernel", "fa2"]
+    gpu, kernel = (["--hardware", hardware], []) if hardware else (["--gpu", "h200"], ["--attention-kernel", "fa2"])
     return (shape_flags(run) + model + ["--no-tied-embeddings", *gpu, "--gpus", "1", "--gpus-per-node", "1",
                                         "--tp", "1", "--pp", "1", "--dp", "1", "--dtype", "bf16", "--recompute",
-                                        recompute, "--cross-entropy", "unfused", "--json"])
+                                        recompute, *kernel, "--cross-entropy", "unfused", "--json"])
 
 
 def train_flags(run: tuple) -> list[str]:
