@@ -250,6 +250,23 @@ class Layout:
         return self.dense[s] if self.dense else 0
 
 
+def megatron_split(layers: int, chunks: int) -> tuple[int, ...] | None:
+    """The layers per chunk Megatron-Core builds without a pipeline_model_parallel_layout or first/last-stage layer
+    counts (TransformerConfig.__post_init__, transformer_block.get_num_layers_to_build): the layers evenly over the
+    pp x vp chunks when they divide, else -- with account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split, which a recipe must then set -- the embedding and the loss counted as a layer
+    each, in the first and the last chunk, when layers + 2 divide.  None where neither does: a run of such a shape
+    gave its stages' layer counts, which a row states as its pipeline_layout."""
+    if chunks <= 1:
+        return None
+    if layers % chunks == 0:
+        return (layers // chunks,) * chunks
+    if (layers + 2) % chunks == 0:
+        k = (layers + 2) // chunks
+        return (k - 1,) + (k,) * (chunks - 2) + (k - 1,)
+    return None
+
+
 @lru_cache(maxsize=1024)
 def layout(model: ModelSpec, chunks: int) -> Layout:
     # (the multi-token-prediction modules weigh on the head's stage, which the partition then gives fewer layers, as
@@ -258,8 +275,9 @@ def layout(model: ModelSpec, chunks: int) -> Layout:
         raise ValueError(f"pipeline layout {','.join(map(str, model.pipeline_split))} has "
                          f"{len(model.pipeline_split)} chunks, the schedule {chunks} (pp × virtual stages)")
     # the layout given (Megatron-Core's pipeline_model_parallel_layout), else the balanced partition
+    split = model.pipeline_split or (megatron_split(model.layers, chunks) if model.partition == "megatron" else None)
     bounds = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
-                           model.mtp_layers, split=model.pipeline_split or None).bounds
+                           model.mtp_layers, split=split).bounds
     last = model.layers + 1
     layers, embed, head, dense = [], [], [], []
     for a, b in bounds:

@@ -63,8 +63,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
     v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
-    the fit was first run, and not changed after): 0.8556 BF16 (= 680 of MAMF 795), 0.8157 FP8 (= 1144 of
-    1403; 0.8146 before issue 12's thirty-second round gave FP8 GEMMs a depth constant of their own, compute.depth_k0;
+    the fit was first run, and not changed after): 0.8521 BF16 (= 677 of MAMF 795), 0.8120 FP8 (= 1139 of
+    1403; 0.8556 and 0.8157 before issue 12's thirty-third round priced those rows' pipelines as Megatron-Core splits
+    them, cost.megatron_split; 0.8146 FP8 before its thirty-second round gave FP8 GEMMs a depth constant of their own, compute.depth_k0;
     0.8338 before issue 12's twenty-eighth round priced Transformer Engine's quantized sequence-parallel
     all-gathers, cost.GATHERED_INPUT_BYTES; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
@@ -81,10 +82,11 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
   * The **training factor** (issue 12's twelfth round; `training_factor`): the H100's fitted ratio over the H200's
     measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the quotient is what a training step
-    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8556 / 0.888 = 0.964 (BF16),
-    0.8157 / 0.888 = 0.919 (FP8; 0.917 before issue 12's thirty-second round, 0.939 before its twenty-eighth).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
-    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.798
-    (BF16) and 0.764 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
+    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8521 / 0.888 = 0.959 (BF16),
+    0.8120 / 0.888 = 0.915 (FP8; 0.964 and 0.919 before issue 12's thirty-third round, 0.917 FP8 before its
+    thirty-second, 0.939 before its twenty-eighth).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
+    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.795
+    (BF16) and 0.761 (FP8).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
     H100's did before its fit: docs/planner.md section 9), so those rows are not independent evidence for it.
   * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SUSTAINED_FROM`: the same die,
@@ -114,7 +116,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     set power limit of 660 W", the Grace CPU and its LPDDR5X included).  Set per dtype, as the H100's, so that
     declared calibration rows average zero error: OpenEuroLLM's 32B strong-scaling runs on 32, 64 and 128 GH200 of
     JUPITER (`validation.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
-    the fit was first run): 0.6589 BF16, 0.5223 FP8 (0.5217 FP8 before issue 12's thirty-second round gave FP8 GEMMs their own depth constant,
+    the fit was first run): 0.6946 BF16, 0.6010 FP8 (0.6589 and 0.5223 before issue 12's thirty-third round priced
+    those rows' pipeline chunks as Megatron-Core splits them, cost.megatron_split, not by the planner's balanced
+    partition; 0.5217 FP8 before its thirty-second round gave FP8 GEMMs their own depth constant,
     compute.depth_k0; 0.6173 and 0.4868 before issue 12's thirty-first round read those
     rows' model TFLOP/s in Megatron-LM's own count, which halves the causal attention core since 8873b55, 2025-03-06:
     `validation.metric_value`; 0.4925 FP8 before issue 12's twenty-eighth round priced the FP8
@@ -227,8 +231,8 @@ SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb"
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200
 # and the GB300 have no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
-FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8556, ("h100", "fp8"): 0.8157,
-                                                   ("gh200", "bf16"): 0.6589, ("gh200", "fp8"): 0.5223,
+FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8521, ("h100", "fp8"): 0.8120,
+                                                   ("gh200", "bf16"): 0.6946, ("gh200", "fp8"): 0.6010,
                                                    ("gb300", "bf16"): 0.9441, ("gb300", "fp8"): 0.9441}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and
 # attention, which runs in BF16, moves with it): the fit uses all their rows (validation.fit_sustained)

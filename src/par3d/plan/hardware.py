@@ -141,8 +141,9 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # (compute.LOSS_BYTES: flash-attn's fused cross-entropy, llm-foundry's default, moves fewer bytes than the 14 B a
 # logit cost before) moved its calibration rows; 6.9 ms until its nineteenth round gave shallow GEMMs their measured
 # depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN); 7.2 ms until
-# its twenty-fifth sized Megatron-Core's DP buckets, which refitted the H100's sustained ratios (the rows are H100's).
-FSDP_UNIT_S = 7.1e-3
+# its twenty-fifth sized Megatron-Core's DP buckets, which refitted the H100's sustained ratios (the rows are H100's);
+# 7.1 ms until its thirty-third, whose Megatron-Core pipeline split refitted those ratios again.
+FSDP_UNIT_S = 7.0e-3
 
 
 def log2_interp(curve: tuple[tuple[int, float], ...], seq: int) -> float:

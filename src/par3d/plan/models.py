@@ -98,6 +98,10 @@ class ModelSpec:
     # (pipeline_model_parallel_layout, num_layers_in_first/last_pipeline_stage); (): the planner's balanced
     # partition (pipeline/partition.py).  `--pipeline-layout`; cost.layout reads it
     pipeline_split: tuple[int, ...] = ()
+    # without a `pipeline_split`: how the layers are cut into chunks -- "balanced" (par3d's own partition, by cost:
+    # pipeline/partition.py) or "megatron" (Megatron-Core's default, which Megatron-LM, NeMo and Megatron-Bridge runs
+    # use: `megatron_split`; the balanced one where it has none)
+    partition: str = "balanced"
     # chunked local attention (Llama 4's attention_chunk_size): each token attends to the earlier tokens of its own
     # chunk of this many (a block-diagonal causal mask), so a sequence past the chunk costs the layer chunk-length
     # attention, not the whole sequence's (`attention_spans`); 0: none

@@ -58,9 +58,19 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
         return list(tomllib.load(fh)["row"])
 
 
+# Rows run by Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (by their names' first word: the sources say so --
+# MLPerf's GPT-3 and Llama 3.1 reference code is NeMo; MegaScale is built on Megatron-LM and compared with it; Apertus
+# and OpenEuroLLM train with Megatron-LM).  Without a pipeline_layout their pipeline chunks are Megatron-Core's
+# default split (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
+MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
+                   "megascale", "apertus", "oellm")
+
+
 def model_of(row: dict[str, Any]) -> ModelSpec:
     m = row["model"]
     spec = CATALOGUE[m] if isinstance(m, str) else ModelSpec(row["name"], **m)
+    if row["name"].split("-")[0] in MEGATRON_FAMILY:
+        spec = replace(spec, partition="megatron")
     if "seq_len" in row:
         spec = replace(spec, seq_len=int(row["seq_len"]))
     if "pipeline_layout" in row:  # the layers of each chunk as the run cut them (models.ModelSpec.pipeline_split)
