@@ -8,6 +8,10 @@ Three steps, each its own command, so the predictions exist (and are committed) 
     python benchmarks/gpu_fidelity.py measure --out RESULTS.json                                 # on the GPU
     python benchmarks/gpu_fidelity.py score benchmarks/results/gpu-fidelity-h200.json RESULTS.json
 
+The second set (`HELD_OUT`) in one command on the GPU, priced from the file that GPU's own calibration writes first:
+
+    python benchmarks/gpu_fidelity.py lease --out-dir $OUT
+
 The runtime is plain PyTorch, eager: bf16 weights and activations with fp32 master weights, gradients and Adam
 state; attention through `F.scaled_dot_product_attention` (PyTorch's FlashAttention-2 backend on Hopper, hence
 `--attention-kernel fa2`); the loss through `F.cross_entropy` (`--cross-entropy unfused`); no dropout.  The plan
@@ -130,6 +134,31 @@ def score(pred_file: Path, meas_file: Path) -> dict[str, Any]:
             "median_abs_error": statistics.median(errs) if errs else None}
 
 
+def lease(out_dir: Path, timeout_s: float) -> int:
+    """The whole check for a GPU lease, in the order that keeps it honest: `par3d calibrate --nproc 1` writes this
+    GPU's file; the second set's predictions are made from that file by the committed planner before any of those
+    runs starts; then the runs; then the score.  Everything lands in `out_dir` (hardware.json, predicted.json,
+    measured.json, score.json)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_fidelity.py lease: no CUDA device here; run it on the GPU machine", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hw = out_dir / "hardware.json"
+    r = subprocess.run([sys.executable, "-m", "par3d", "calibrate", "--nproc", "1", "--quick", "--sustained-s", "10",
+                        "--out", str(hw)], timeout=240)
+    if r.returncode != 0 or not hw.exists():
+        print(f"calibrate failed (rc {r.returncode})", file=sys.stderr)
+        return 1
+    predict(out_dir / "predicted.json", HELD_OUT, str(hw))
+    measure(out_dir / "measured.json", timeout_s, HELD_OUT)
+    s = score(out_dir / "predicted.json", out_dir / "measured.json")
+    (out_dir / "score.json").write_text(json.dumps(s, indent=1) + "\n")
+    print(f"{s['within_10']} of {s['n']} within ±10 %, median |error| {s['median_abs_error']:.1%}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="par3d plan's step time against par3d train's on one GPU.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -145,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("predicted", type=Path)
     c.add_argument("measured", type=Path)
     c.add_argument("--json", action="store_true", help="print JSON")
+    d = sub.add_parser("lease", help="on a GPU: calibrate, predict the second set from that file, measure, score")
+    d.add_argument("--out-dir", type=Path, required=True, help="folder for hardware/predicted/measured/score JSON")
+    d.add_argument("--timeout-s", type=float, default=120.0, help="limit for each training run")
     args = ap.parse_args(argv)
+    if args.cmd == "lease":
+        return lease(args.out_dir, args.timeout_s)
     if args.cmd == "predict":
         predict(args.out, SETS[args.set], args.hardware)
     elif args.cmd == "measure":

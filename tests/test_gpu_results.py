@@ -64,3 +64,20 @@ def test_probe_figures_in_the_docs_are_the_probe_files():
     host = json.loads((RES / "gpu-host-h200.json").read_text())
     for r in host["rows"]:
         assert f"| {r['wall_s'] * 1e3:.1f} ms | {r['issue_s'] * 1e3:.1f} ms | {r['gpu_busy_s'] * 1e3:.1f} ms |" in DOC
+
+
+def test_the_second_set_is_new_and_prices_from_a_gpu_file():
+    """The second lease's held-out runs share no shape with the first set, and `predict --hardware` prices them from
+    a GPU file `par3d calibrate` wrote (the lease-2 file here, written before calibrate measured attention and the
+    eager kernels' rate: its host costs overlap the GPU's work)."""
+    fid = _module("gpu_fidelity")
+    shapes = {r[1:] for r in fid.RUNS}
+    assert len(fid.HELD_OUT) == 8 and not any(r[1:] in shapes for r in fid.HELD_OUT)
+    flags = fid.plan_flags(fid.HELD_OUT[0], str(RES / "hardware-h200-lease2.json"))
+    assert "--hardware" in flags and "--gpu" not in flags and "--attention-kernel" not in flags
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "par3d", "plan", *flags], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plans"][0]["step_time_s"] > 0

@@ -901,10 +901,11 @@ def calibrated_gemm_share(points: list[tuple[float, float]], peak_tflops: float,
 
 
 def calibrated_attention(gpu: str | None) -> dict[str, float]:
-    """The attention fields `par3d calibrate` on a GPU writes: it times no attention kernel, so a catalogue GPU
-    keeps the catalogue's benchmarked share (at 8,192 tokens, `attn_eff`) and its in-step discount
-    (`attn_sustain`) -- without them the file would price unfused attention; an unknown GPU gets none.  Never
-    run on a GPU here."""
+    """The attention fields `par3d calibrate` on a GPU falls back to where its own attention probe gives no share
+    (an unknown GPU's peak; `probes.measure_attention_curve` times the runtime's call otherwise): a catalogue GPU
+    keeps the catalogue's benchmarked share (at 8,192 tokens, `attn_eff`) and its in-step discount (`attn_sustain`)
+    -- without them the file would price unfused attention; an unknown GPU gets none.  Ran on one H200 (the second
+    lease, before the probe existed)."""
     if gpu is None or gpu not in DEVICES or not DEVICES[gpu].flash:
         return {}
     dev = DEVICES[gpu]
