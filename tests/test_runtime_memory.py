@@ -42,3 +42,19 @@ def test_activations_within_15_percent_without_the_scores(reports, dtype):
     prediction is about 3x the measurement at this length."""
     m, p = reports[dtype]["measured"]["activations"], reports[dtype]["predicted"]["activations"]
     assert abs(p - m) <= 0.15 * m, (m, p)
+
+
+def test_the_planners_model_of_a_run_carries_its_architecture():
+    """`predict.model_spec` (the end-of-run report, the pre-spawn memory check) describes a Llama-style run as one:
+    grouped-query K/V, the gated MLP's three matrices, RMSNorm, rotary positions, no biases -- it priced every run as
+    a GPT before; a GPT run is described as before."""
+    from par3d.config import ModelConfig, RunConfig
+    from par3d.predict import model_spec
+
+    gpt = model_spec(RunConfig(model=ModelConfig(layers=2, hidden=64, heads=4)))
+    assert (gpt.gated, gpt.learned_pos, gpt.bias, gpt.norm, gpt.kv_heads) == (False, True, True, "layer", None)
+    llama = model_spec(RunConfig(model=ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, arch="llama")))
+    assert (llama.gated, llama.learned_pos, llama.bias, llama.norm, llama.kv_heads) == (True, False, False, "rms", 2)
+    assert llama.layer_params_per_rank(1, 1) > gpt.layer_params_per_rank(1, 1) - 64 * 64  # three MLP matrices
+    mixed = model_spec(RunConfig(model=ModelConfig(layers=2, hidden=64, heads=4, arch="llama", bias=True)))
+    assert mixed.bias and mixed.gated  # a switch the config sets wins over its arch's default

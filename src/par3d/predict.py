@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from par3d.config import RunConfig
+from par3d.config import ARCH_DEFAULTS, RunConfig
 from par3d.plan import cost
 from par3d.plan.hardware import Cluster, HardwareFile, load_hardware_file
 from par3d.plan.models import ModelSpec
@@ -20,11 +20,21 @@ from par3d.plan.profile import cluster_from_file
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
-    """The par3d GPT as the planner sees it (GeLU MLP, learned positions, biases)."""
+    """The run's model as the planner sees it: its shapes and its architecture's switches (a switch the config
+    leaves unset takes its `arch`'s default, as `ModelConfig.fill_arch` does) -- GPT's LayerNorm, GeLU, learned
+    positions and biases, or Llama's RMSNorm, gated MLP, rotary positions and grouped-query attention."""
     mc = cfg.model
+    arch = ARCH_DEFAULTS.get(mc.arch, ARCH_DEFAULTS["gpt"])
+
+    def switch(name: str) -> Any:
+        value = getattr(mc, name)
+        return arch.get(name) if value is None else value
     vocab = -(-mc.vocab // cfg.parallel.tp) * cfg.parallel.tp  # vocab padded to a multiple of tp
-    return ModelSpec("par3d-gpt", mc.layers, mc.hidden, mc.heads, mc.seq_len, vocab, mc.ffn,
-                     tied=mc.tied_embeddings, pipeline_split=tuple(cfg.parallel.pipeline_layout or ()))
+    return ModelSpec(f"par3d-{mc.arch}", mc.layers, mc.hidden, mc.heads, mc.seq_len, vocab, mc.ffn,
+                     kv_heads=mc.kv_heads, gated=bool(switch("gated_mlp")), tied=mc.tied_embeddings,
+                     learned_pos=switch("position") == "learned", bias=bool(switch("bias")),
+                     norm="rms" if switch("norm") == "rmsnorm" else "layer",
+                     pipeline_split=tuple(cfg.parallel.pipeline_layout or ()))
 
 
 def _csv_schedule(cfg: RunConfig) -> list | None:
