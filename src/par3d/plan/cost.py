@@ -274,7 +274,8 @@ def layout(model: ModelSpec, chunks: int) -> Layout:
     if model.pipeline_split and len(model.pipeline_split) != chunks:
         raise ValueError(f"pipeline layout {','.join(map(str, model.pipeline_split))} has "
                          f"{len(model.pipeline_split)} chunks, the schedule {chunks} (pp × virtual stages)")
-    # the layout given (Megatron-Core's pipeline_model_parallel_layout), else the balanced partition
+    # the layout given (Megatron-Core's pipeline_model_parallel_layout), else Megatron-Core's default split for a
+    # model that says it ran on Megatron (ModelSpec.partition), else the balanced partition
     split = model.pipeline_split or (megatron_split(model.layers, chunks) if model.partition == "megatron" else None)
     bounds = gpt_partition(model.layers, chunks, model.hidden, model.seq_len, model.vocab, model.ffn_hidden,
                            model.mtp_layers, split=split).bounds
