@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from par3d.config import ARCH_DEFAULTS, RunConfig
+from par3d.config import RunConfig
 from par3d.plan import cost
 from par3d.plan.hardware import Cluster, HardwareFile, load_hardware_file
 from par3d.plan.models import ModelSpec
@@ -23,17 +23,12 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
     """The run's model as the planner sees it: its shapes and its architecture's switches (a switch the config
     leaves unset takes its `arch`'s default, as `ModelConfig.fill_arch` does) -- GPT's LayerNorm, GeLU, learned
     positions and biases, or Llama's RMSNorm, gated MLP, rotary positions and grouped-query attention."""
-    mc = cfg.model
-    arch = ARCH_DEFAULTS.get(mc.arch, ARCH_DEFAULTS["gpt"])
-
-    def switch(name: str) -> Any:
-        value = getattr(mc, name)
-        return arch.get(name) if value is None else value
+    mc = replace(cfg.model).fill_arch()  # a copy: the config itself is left as given
     vocab = -(-mc.vocab // cfg.parallel.tp) * cfg.parallel.tp  # vocab padded to a multiple of tp
     return ModelSpec(f"par3d-{mc.arch}", mc.layers, mc.hidden, mc.heads, mc.seq_len, vocab, mc.ffn,
-                     kv_heads=mc.kv_heads, gated=bool(switch("gated_mlp")), tied=mc.tied_embeddings,
-                     learned_pos=switch("position") == "learned", bias=bool(switch("bias")),
-                     norm="rms" if switch("norm") == "rmsnorm" else "layer",
+                     kv_heads=mc.kv_heads, gated=bool(mc.gated_mlp), tied=mc.tied_embeddings,
+                     learned_pos=mc.position == "learned", bias=bool(mc.bias),
+                     norm="rms" if mc.norm == "rmsnorm" else "layer",
                      pipeline_split=tuple(cfg.parallel.pipeline_layout or ()))
 
 

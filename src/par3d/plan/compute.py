@@ -304,9 +304,15 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
                 # transform, two scale levels, E2M1 casts) at Transformer Engine's measured cost over MXFP8's casts
                 by += cast * (4 + 2 / 32) * (NVFP4_CAST_OVER_MXFP8 - 1)
     if not flash:
-        scores = b * (model.heads / t) * s * s
-        by += scores * (2 * d + drop * (2 * d + 1))
+        by += scores_bytes(model, b, tp, d)
     return by
+
+
+def scores_bytes(model: ModelSpec, b: int, tp: int, d: float) -> float:
+    """Without FlashAttention: the softmax (read + write) and, for models with biases (GPT-style, trained with
+    dropout), the attention dropout (read + write + a 1-byte mask) over this TP rank's b·(a/t)·s² scores."""
+    scores = b * (model.heads / tp) * model.seq_len * model.seq_len
+    return scores * (2 * d + (1.0 if model.bias else 0.0) * (2 * d + 1))
 
 
 # Megatron-Core's selective recomputation modules (TransformerConfig.recompute_modules, with recompute_granularity
@@ -452,8 +458,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         fwd_b, bwd_b = block_bytes(model, b, tp, sp, DTYPE_BYTES.get(ATTN_DTYPE.get(dtype, dtype), 2))
         nbytes = (fwd_b + bwd_b) / 3
         if not flash:
-            nbytes += (elementwise_bytes(model, b, tp, sp, False, dtype) - elementwise_bytes(model, b, tp, sp, True,
-                                                                                             dtype))
+            nbytes += scores_bytes(model, b, tp, 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2))
     else:
         nbytes = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
     elem = nbytes / (dev.mem_bw * dev.mem_eff)

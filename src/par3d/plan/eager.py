@@ -49,6 +49,8 @@ def parts(d: int = 2) -> dict[str, tuple[float, float]]:
     """The pieces `block_bytes` adds up, as (forward, backward) bytes per element of the width each acts on (the
     hidden size for norms and residuals, Q's or K's for the rotary embedding, the MLP's for the activation):
     what `par3d calibrate` times on a GPU to measure how fast eager kernels move their bytes."""
+    # GeLU: read + write forward, read two and write one backward; the gated unit: act(gate) (2 d) and its product
+    # with up (3 d) forward, the product rule (2 x 3 d), SiLU's backward (3 d) and the cat of [d_gate | d_up] (4 d)
     return {"layernorm": (2 * d, 3 * d), "rmsnorm": (_rmsnorm_fwd(d), _rmsnorm_bwd(d)),
             "rotary": (_rotary_fwd(d), _rotary_bwd(d)), "gelu": (2 * d, 3 * d), "swiglu": (5 * d, 13 * d),
             "residual": (3 * d, 3 * d)}
@@ -69,29 +71,30 @@ def block_bytes(model: ModelSpec, b: int, tp: int = 1, sp: bool = False, d: int 
     # multi-head attention: one fused Q|K|V projection; fewer K/V heads: Q and K|V apart, each K/V head expanded
     # to its query heads (repeat_interleave) before the attention
     grouped = model.kv_heads not in (None, model.heads)
-    norm_f = 2 * d if model.norm == "layer" else _rmsnorm_fwd(d)  # LayerNorm: one native kernel each way
-    norm_b = 3 * d if model.norm == "layer" else _rmsnorm_bwd(d)
+    part = parts(d)
+    norm_f, norm_b = part["layernorm" if model.norm == "layer" else "rmsnorm"]  # LayerNorm: one native kernel each way
+    rot_f, rot_b = part["rotary"]
+    act_f, act_b = part["swiglu" if model.gated else "gelu"]
+    res_f, res_b = part["residual"]
 
-    fwd = 2 * norm_f * x + 2 * 3 * d * x  # two norms, two residual adds
+    fwd = 2 * norm_f * x + 2 * res_f * x  # two norms, two residual adds
     if model.bias:  # the row-parallel layers' biases, added after their reduction (W_o, fc2)
         fwd += 2 * 2 * d * x
     if not model.learned_pos:
-        fwd += _rotary_fwd(d) * (q + k)
+        fwd += rot_f * (q + k)
     if grouped:  # K and V copied out to every query head
         fwd += 2 * d * (k + q)
-    fwd += (3 * d + 2 * d if model.gated else 2 * d) * f  # act(gate) * up, or act(y)
+    fwd += act_f * f  # act(gate) * up, or act(y)
 
-    bwd = 2 * norm_b * x + 2 * 3 * d * x  # two norms, the residual gradients' sums
+    bwd = 2 * norm_b * x + 2 * res_b * x  # two norms, the residual gradients' sums
     if model.bias:  # every bias's gradient: a sum over the tokens of its output's gradient
         bwd += d * (2 * x + f_out + q + 2 * k)
     if not model.learned_pos:
-        bwd += _rotary_bwd(d) * (q + k)
+        bwd += rot_b * (q + k)
     if grouped:  # dK and dV summed over the heads that shared them and made contiguous, the K|V split's gradient
         # (one cat), and x's two gradients (Q's projection and K|V's) added
         bwd += 2 * d * (q + k) + 2 * 2 * d * k + 2 * d * 2 * k + 3 * d * x
     else:  # the Q|K|V split's gradient: one cat
         bwd += 2 * d * (q + 2 * k)
-    # the activation's gradient: GeLU's backward (3 d), or the gate's product rule (2 x 3 d), SiLU's backward
-    # (3 d) and the cat of [d_gate | d_up] (2 x 2 d)
-    bwd += (6 * d + 3 * d + 4 * d if model.gated else 3 * d) * f
+    bwd += act_b * f  # the activation's gradient (`parts`)
     return fwd * tokens, bwd * tokens
