@@ -123,3 +123,48 @@ def test_bisected_programme_matches_the_full_scan():
         k = rng.randint(1, n)
         costs = [float(rng.choice([0, 1, 2, 5])) if rng.random() < 0.4 else rng.uniform(0, 10) for _ in range(n)]
         assert partition(costs, k).bounds == full_scan(costs, k), (costs, k)
+
+
+def test_even_optimal_keeps_the_optimum_and_evens_the_front():
+    from par3d.pipeline.partition import _even_optimal
+
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randint(2, 14)
+        k = rng.randint(1, n)
+        costs = [rng.choice([1.0, 1.0, 1.0, rng.uniform(0.1, 6.0)]) for _ in range(n)]
+        bounds = _even_optimal(costs, k)
+        part = partition(costs, k)
+        assert len(bounds) == k and bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(b > a for a, b in bounds)
+        assert all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
+        assert max(sum(costs[a:b]) for a, b in bounds) <= part.max_cost * (1 + 1e-12)
+    # uniform units: partition's walk-back leaves the front chunks light, the even one does not
+    assert [b - a for a, b in partition([1.0] * 10, 4).bounds] == [1, 3, 3, 3]
+    assert [b - a for a, b in _even_optimal([1.0] * 10, 4)] == [2, 3, 2, 3]
+
+
+def test_round_partition_weighs_rounds_of_chunks():
+    from par3d.pipeline.partition import _round_key, gpt_round_split, round_partition
+
+    # 24 uniform units, 2 ranks x 4 rounds: 3 a chunk, every round's heaviest 3
+    part = round_partition([1.0] * 24, 8, 2)
+    assert part is not None and [b - a for a, b in part.bounds] == [3] * 8
+    # a heavy last unit (the head): the chunk-optimal cut leaves the first chunks one unit each; the round-wise
+    # cut spreads the units over the rounds (only the head's chunk is short)
+    costs = [1.0] * 47 + [6.0]
+    base, rounds = partition(costs, 24), round_partition(costs, 24, 2)
+    assert rounds is not None and len(rounds.bounds) == 24
+    assert [b - a for a, b in base.bounds][:4] == [1, 1, 1, 1]
+    assert min(b - a for a, b in rounds.bounds[:-1]) >= 2
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    assert _round_key(rounds.bounds, prefix, 2)[0] > 0
+    assert rounds.max_cost >= base.max_cost
+    # not applicable: one chunk a rank, chunks not a multiple of the ranks, fewer units than chunks
+    assert round_partition([1.0] * 8, 4, 4) is None and round_partition([1.0] * 8, 6, 4) is None
+    assert round_partition([1.0] * 7, 8, 2) is None
+    split = gpt_round_split(48, 24, 2, hidden=2048, seq_len=4096, vocab=151936)
+    assert split is not None and len(split) == 24 and sum(split) == 48 and min(split) >= 1
+    assert gpt_round_split(126, 128, 16, hidden=16384, seq_len=8192, vocab=128256) is None  # more chunks than blocks

@@ -551,12 +551,14 @@ def _schedule_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def _chunk_layers(model, c) -> list[int]:
+def _chunk_layers(model, plan) -> list[int]:
     """The layers of each pipeline chunk the plan is priced with, in model order (what --pipeline-layout takes, and
-    Megatron-Core's per-stage layer counts)."""
+    Megatron-Core's per-stage layer counts): the round-wise cut where the planner chose it (`Plan.pipeline_layout`),
+    else the model's own."""
     from par3d.plan.cost import layout
 
-    return list(layout(model, c.pp * c.virtual_stages).layers)
+    c = plan.choice
+    return list(plan.pipeline_layout or layout(model, c.pp * c.virtual_stages).layers)
 
 
 def _with_layout(model, args: argparse.Namespace):
@@ -790,7 +792,7 @@ def _run(args: argparse.Namespace) -> int:
                           "usable_gib": opts.capacity(cluster) / 2**30},
                # each plan with the regimes of the validation set it falls in, and the model's errors there
                # (where the GPU's evidence applies: `regime_evidence_of`)
-               "plans": [{**p.to_dict(), "chunk_layers": _chunk_layers(model, p.choice), "regimes": regimes(p.choice)}
+               "plans": [{**p.to_dict(), "chunk_layers": _chunk_layers(model, p), "regimes": regimes(p.choice)}
                          for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,
@@ -853,8 +855,9 @@ def _emit(args, model, plan) -> None:
     if any(f.name == "cp" for f in dataclasses.fields(ParallelConfig)):
         par["cp"] = c.cp  # the search keeps cp = 1 while the runtime lacks it (runtime_support)
     smoke = bool(getattr(args, "emit_smoke", False))
-    if model.pipeline_split and not smoke:  # the layout priced is the layout run (a smoke test has one layer a chunk)
-        par["pipeline_layout"] = list(model.pipeline_split)
+    split = model.pipeline_split or plan.pipeline_layout  # given, or the planner's round-wise cut (cost.evaluate)
+    if split and not smoke:  # the layout priced is the layout run (a smoke test has one layer a chunk)
+        par["pipeline_layout"] = list(split)
     dtype = args.dtype if args.dtype in DTYPES else "bf16"
     mc = model_config_from_spec(model)  # the planner's model, architecture and all
     if smoke:
@@ -936,8 +939,10 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out.append(f"best: {best.choice.label()}: {best.step_time:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s, "
                f"MFU {best.mfu:.1%}, {best.days_to_train:.1f} days for {args.train_tokens:.3g} tokens")
     if best.choice.pp > 1:  # the cut the plan is priced with, in the form --pipeline-layout takes
-        how = "as --pipeline-layout gives" if model.pipeline_split else "the planner's partition; --pipeline-layout sets one"
-        out.append(f"layout:   layers per pipeline chunk {','.join(map(str, _chunk_layers(model, best.choice)))} ({how})")
+        how = ("as --pipeline-layout gives" if model.pipeline_split else
+               "the round-wise cut, faster here than the partition's own: pass it to par3d train as --pipeline-layout"
+               if best.pipeline_layout else "the planner's partition; --pipeline-layout sets one")
+        out.append(f"layout:   layers per pipeline chunk {','.join(map(str, _chunk_layers(model, best)))} ({how})")
     out.append(_evidence_line(cluster, model.moe))
     if model.local_attention:  # (ModelSpec.attention_spans) no run of the validation set attends locally
         out.append("note:     local attention (chunks or a sliding window past the sequence) is priced as the work it "

@@ -8,6 +8,7 @@ least one unit.  Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass
@@ -85,6 +86,113 @@ def partition(costs: list[float], n_chunks: int) -> Partition:
         end = start
     bounds.reverse()
     return _make(bounds, list(map(float, costs)))
+
+
+def _round_key(bounds: list[tuple[int, int]], prefix: list[float], p: int) -> tuple[float, float]:
+    """(the sum over the rounds of each round's heaviest chunk, the sum of squared chunks) of a cut into rounds of
+    p chunks (round k: chunks k·p .. k·p + p - 1, one on each rank, round-robin or V alike).  In an interleaved
+    pipeline's steady state the p ranks run round k's chunks of a micro-batch one after another, each waiting for the
+    slowest, so a micro-batch costs a rank about the sum of the rounds' slowest chunks; then the more even chunks.
+    The first term is rounded to 1e-4 of the whole: below that is the embedding's gather, which decides nothing."""
+    costs = [prefix[b] - prefix[a] for a, b in bounds]
+    rounds = sum(max(costs[k:k + p]) for k in range(0, len(costs), p))
+    return round(rounds / prefix[-1], 4) if prefix[-1] > 0 else 0.0, sum(c * c for c in costs)
+
+
+def _even_optimal(costs: list[float], k: int) -> list[tuple[int, int]]:
+    """A split of `costs` into k chunks with `partition`'s optimal heaviest chunk, each chunk cut, from the front,
+    as near the remaining cost over the remaining chunks as the optimum allows (`partition`'s own walk-back makes the
+    front chunks as light as it can instead)."""
+    n = len(costs)
+    target = partition(costs, k).max_cost * (1 + 1e-12)  # (its chunk costs are sums, these prefix differences)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+
+    def fits(a: int, chunks: int) -> bool:  # can units [a, n) be split into `chunks` chunks, each <= target?
+        if n - a < chunks:
+            return False
+        used, start = 0, a
+        while start < n:
+            end = start + 1
+            while end < n and prefix[end + 1] - prefix[start] <= target:
+                end += 1
+            used, start = used + 1, end
+        return used <= chunks
+
+    bounds, start = [], 0
+    for i in range(k - 1):
+        left = k - i
+        goal = (prefix[n] - prefix[start]) / left
+        ends = [e for e in range(start + 1, n - left + 2)
+                if prefix[e] - prefix[start] <= target and fits(e, left - 1)]
+        end = min(ends, key=lambda e: (abs(prefix[e] - prefix[start] - goal), e))
+        bounds.append((start, end))
+        start = end
+    bounds.append((start, n))
+    return bounds
+
+
+def round_partition(costs: list[float], n_chunks: int, p: int) -> Partition | None:
+    """A contiguous split of `costs` into the `n_chunks` chunks of an interleaved or V pipeline of `p` ranks
+    (v = n_chunks / p rounds of p chunks) that weighs rounds rather than single chunks (`_round_key`): v rounds of
+    equal unit counts (the spare units to the middle rounds; the first and the last carry the embedding and the
+    head), each cut into its p chunks at the optimal heaviest chunk, as evenly as that allows (`_even_optimal`), then
+    a round's boundary moved by one unit
+    while `_round_key` falls.  `partition`'s own cut minimises the heaviest chunk, and its walk-back can leave the
+    first chunks one unit each -- (1, 1, 1, 1, 3, 5, ...) -- which under interleaving costs every round.  None where
+    a round cannot hold p units.  Neither cut is always faster (a light first chunk shortens the fill and the
+    first rank's gradient tail when micro-batches are few); the planner prices both (cost.evaluate)."""
+    v, n = n_chunks // p, len(costs)
+    if p < 1 or n_chunks % p or v < 2 or n < v * p:
+        return None
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+
+    def cut(edges: list[int]) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for a, b in zip(edges, edges[1:]):
+            out += [(a + x, a + y) for x, y in _even_optimal(costs[a:b], p)]
+        return out
+
+    q, r = divmod(n, v)
+    extra = set(range(1, r + 1)) if r <= v - 2 else set(range(r))
+    edges = [0]
+    for k in range(v):
+        edges.append(edges[-1] + q + (k in extra))
+    bounds = cut(edges)
+    key = _round_key(bounds, prefix, p)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(1, v):
+            for step in (-1, 1):
+                trial = edges[:k] + [edges[k] + step] + edges[k + 1:]
+                if min(trial[k] - trial[k - 1], trial[k + 1] - trial[k]) < p:
+                    continue
+                t = cut(trial)
+                if (tk := _round_key(t, prefix, p)) < key:
+                    edges, bounds, key, improved = trial, t, tk, True
+                    break
+    return _make(bounds, list(map(float, costs)))
+
+
+@lru_cache(maxsize=256)
+def gpt_round_split(layers: int, n_chunks: int, p: int, hidden: int, seq_len: int, vocab: int,
+                    ffn_hidden: int | None = None, mtp_layers: int = 0) -> tuple[int, ...] | None:
+    """The blocks of each chunk of `round_partition` over the GPT unit list (the embedding folded into the first
+    block, the head into the last, as `gpt_partition` folds them), in the form `gpt_partition`'s `split` and
+    --pipeline-layout take; None where it does not apply (v = 1, more chunks than blocks, or a round of fewer
+    than p blocks)."""
+    if n_chunks > layers:
+        return None
+    units = gpt_unit_costs(layers, hidden, seq_len, vocab, ffn_hidden, mtp_layers)
+    blocks = units[1:-1]
+    blocks[0] += units[0]
+    blocks[-1] += units[-1]
+    part = round_partition(blocks, n_chunks, p)
+    return None if part is None else tuple(b - a for a, b in part.bounds)
 
 
 def gpt_unit_costs(layers: int, hidden: int, seq_len: int, vocab: int,

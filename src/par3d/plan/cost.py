@@ -79,7 +79,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from statistics import NormalDist
 
-from par3d.pipeline.partition import gpt_partition
+from par3d.pipeline.partition import gpt_partition, gpt_round_split
 from par3d.pipeline.schedules import V_SCHEDULES, build, check, schedule_placement
 
 try:  # the checker's counting step alone (cheap); check() also proves the order deadlock-free
@@ -2001,6 +2001,9 @@ class Plan:
     days_to_train: float
     simulated: bool = True
     extra: dict[str, float] = field(default_factory=dict)
+    # the layers of each pipeline chunk where the plan is priced at the round-wise cut rather than the model's own
+    # (`round_split`; what --pipeline-layout takes); () where it is priced at the model's own cut (`layout`)
+    pipeline_layout: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         c = self.choice
@@ -2061,12 +2064,42 @@ def straggler_factor(cv: float, gpus: int) -> float:
     return 1.0 + cv * expected_max_normal(gpus) if cv > 0 else 1.0
 
 
+def round_split(model: ModelSpec, c: Choice) -> tuple[int, ...] | None:
+    """The round-wise cut (partition.gpt_round_split) of a choice with several chunks a rank (v > 1) of a model cut by
+    par3d's own partition, where it differs from that one; None otherwise (v = 1, a layout given, Megatron-Core's
+    split, more chunks than layers)."""
+    if c.virtual_stages <= 1 or model.pipeline_split or model.partition != "balanced":
+        return None
+    split = gpt_round_split(model.layers, c.pp * c.virtual_stages, c.pp, model.hidden, model.seq_len, model.vocab,
+                            model.ffn_hidden, model.mtp_layers)
+    return None if split is None or split == layout(model, c.pp * c.virtual_stages).layers else split
+
+
 def evaluate(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
              st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None,
              opts: Options | None = None, validate: bool = True) -> Plan:
     """Memory and simulated step time of one configuration; it fits when the heaviest rank leaves
     `opts.memory_headroom` of the GPU free.  `validate` runs the schedule checker (the search runs
-    it on the plans it reports only)."""
+    it on the plans it reports only).
+
+    With several chunks a rank (v > 1) and par3d's own partition, the choice is priced at both cuts -- the
+    chunk-optimal one (`layout`) and the round-wise one (`round_split`) -- and the faster that fits (or the faster,
+    where neither fits) is returned, its cut in `Plan.pipeline_layout`: neither is always faster, and the stage model
+    is what tells them apart.  `st` and `mem`, where given, are the model's own cut's."""
+    plan = _evaluate_at(model, cluster, c, train_tokens, st, mem, opts, validate)
+    split = round_split(model, c)
+    if split is None:
+        return plan
+    other = _evaluate_at(replace(model, pipeline_split=split), cluster, c, train_tokens, None, None, opts, False)
+    if other.step_time < plan.step_time and (other.fits or not plan.fits):
+        return replace(other, pipeline_layout=split)
+    return plan
+
+
+def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: float = 300e9,
+                 st: StageTimes | None = None, mem: tuple[MemoryBreakdown, int] | None = None,
+                 opts: Options | None = None, validate: bool = True) -> Plan:
+    """`evaluate` at the model's own cut (`layout`)."""
     opts = opts or DEFAULT_OPTIONS
     st = st or stage_times(model, cluster, c)
     mem_b, mem_r = mem or memory(model, cluster, c, opts)
