@@ -706,3 +706,43 @@ def test_expert_tensor_parallelism(qwen, capsys):
                "--tp", "1", "--ep", "8", "--etp", "4", "--micro-batch", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["plans"][0]["etp"] == 4 and out["plans"][0]["ep"] == 8
+
+
+def test_moe_host_floor_is_the_longer_of_gpu_work_and_host_issue():
+    """cost.moe_host_floor: a MoE layer waits for its host only where the host's issue time (hardware.MOE_HOST_S:
+    fixed + per routed expert on the rank, a third forward, two thirds backward) exceeds its GPU work."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import Choice, moe_host_floor
+    from par3d.plan.hardware import MOE_HOST_S, make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    q = CATALOGUE["qwen3-30b-a3b"]
+    cl = replace(make_cluster("gb200", 8), moe_host_s=(4e-3, 0.5e-3))
+    c = Choice(1, 1, 8, 1, 8, ep=8)  # 16 routed experts a rank: host 4 + 8 = 12 ms, 4 forward, 8 backward
+    assert moe_host_floor(q, cl, c, 1e-3, 2e-3) == pytest.approx((3e-3, 6e-3))
+    assert moe_host_floor(q, cl, c, 5e-3, 9e-3) == (0.0, 0.0)  # the GPU is the slower: nothing waits
+    assert moe_host_floor(q, cl, replace(c, ep=4, dp=8), 1e-3, 2e-3)[0] == pytest.approx((4e-3 + 16e-3) / 3 - 1e-3)
+    assert moe_host_floor(q, replace(cl, moe_host_s=(0.0, 0.0)), c, 1e-3, 2e-3) == (0.0, 0.0)  # whole-iteration graphs
+    assert moe_host_floor(CATALOGUE["llama3-8b"], cl, Choice(1, 1, 8, 1, 8), 1e-3, 2e-3) == (0.0, 0.0)  # dense
+    assert MOE_HOST_S[0] > 0 and MOE_HOST_S[1] > 0
+
+
+def test_moe_host_floor_shows_in_the_step_and_its_breakdown():
+    from dataclasses import replace
+
+    from par3d.plan.cost import Choice, evaluate
+    from par3d.plan.hardware import MOE_HOST_S, make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    q = CATALOGUE["qwen3-30b-a3b"]
+    c = Choice(1, 1, 8, 4, 16, ep=8, zero_stage=1)
+    base = make_cluster("gb200", 8, dtype="fp8")
+    free, floored = evaluate(q, base, c), evaluate(q, replace(base, moe_host_s=MOE_HOST_S), c)
+    assert "host" not in free.breakdown and floored.breakdown["host"] > 0
+    assert floored.step_time > free.step_time
+    assert floored.step_time - free.step_time == pytest.approx(floored.breakdown["host"], rel=0.05)
+    # a dense model never waits for it
+    d = CATALOGUE["llama3-8b"]
+    cd = Choice(1, 1, 8, 1, 16, zero_stage=1)
+    assert evaluate(d, replace(base, moe_host_s=MOE_HOST_S), cd).step_time == evaluate(d, base, cd).step_time

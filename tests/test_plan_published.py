@@ -443,6 +443,25 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     assert priced > base + 32 * 16 * hardware.FSDP_UNIT_S * 0.9  # 32 layers x 16 micro-batches, each unit priced
 
 
+def test_moe_host_floor_is_the_declared_fit():
+    """hardware.MOE_HOST_S is what `validation.fit_moe_host` gives on Megatron-Bridge's 26.04 MoE rows (stored to
+    0.01 ms and 0.001 ms a routed expert); those 14 rows are in sample, every other MoE row held out; the floor
+    applies to Megatron-family rows without whole-iteration CUDA graphs only."""
+    from par3d.plan import hardware
+
+    cal = validation.moe_host_rows()
+    assert len(cal) == 14 and all(validation.in_sample(r) and validation.host_floored(r) for r in cal)
+    moe_held = [r for r in ROWS if validation.model_of(r).moe and r not in cal]
+    assert not any(validation.in_sample(r) for r in moe_held)
+    a, b = validation.fit_moe_host()
+    assert abs(a - hardware.MOE_HOST_S[0]) < 1e-5 and abs(b - hardware.MOE_HOST_S[1]) < 1e-6
+    graphed = [r for r in ROWS if r.get("cuda_graphs") == "full_iteration"]
+    assert len(graphed) == 20 and not any(validation.host_floored(r) for r in graphed)
+    assert all(validation.cluster_of(r).moe_host_s == (0.0, 0.0) for r in graphed)
+    assert not any(validation.host_floored(r) for r in ROWS if r["name"].startswith(("automodel", "deepseek-v3-paper")))
+    assert validation.cluster_of(cal[0]).moe_host_s == hardware.MOE_HOST_S
+
+
 def test_step_share_is_the_declared_fit():
     """gemm_table.STEP_SHARE is what `validation.fit_step_share` gives on the ten Table 1 rows with the
     straggler spread (gemm_table.STEP_SPREAD, cited, not fitted) in place: stored to three digits."""

@@ -238,6 +238,13 @@ def register(sub) -> None:
                    help="a mixture of experts: overlap each layer's token all-to-alls (dispatch, combine) with "
                         "another micro-batch's computation (Megatron-Core overlap_moe_expert_parallel_comm, "
                         "DualPipe-style), at the overlap slowdown; default: off, every all-to-all exposed")
+    g.add_argument("--cuda-graphs", choices=("full_iteration", "partial", "none"), default="full_iteration",
+                   help="a mixture of experts run on Megatron-Core: what CUDA graphs capture.  Its dropless MoE layers "
+                        "wait for the host once a layer (the tokens per expert), so without whole-iteration graphs "
+                        "(partial: Transformer Engine's per-layer scopes; none) each MoE layer takes at least the "
+                        "host's issue time of its kernels, a fitted 4.9 ms + 0.46 ms per routed expert on the rank "
+                        "(forward + backward; docs/planner.md §6); full_iteration: no such floor (default: "
+                        "%(default)s, the GPU's work alone)")
     g.add_argument("--ep-dispatch", choices=("alltoall", "dedup"), default="alltoall",
                    help="a mixture of experts' tokens across nodes: alltoall (Megatron-Core's alltoall dispatcher, every "
                         "copy bound for another node crosses the NICs) or dedup (DeepEP / HybridEP, the flex dispatcher: "
@@ -505,10 +512,13 @@ def _cluster(args: argparse.Namespace):
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
     from dataclasses import replace as _replace
 
+    from par3d.plan.hardware import MOE_HOST_S
+
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
+                  moe_host_s=MOE_HOST_S if args.cuda_graphs != "full_iteration" else (0.0, 0.0),
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,

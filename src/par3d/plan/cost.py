@@ -493,6 +493,7 @@ class StageTimes:
     waits: dict[str, list[float]] = field(default_factory=dict)
     offload: list[float] = field(default_factory=list)  # exposed activation offload copies, F + B (offload_exposed)
     ep_comm: list[float] = field(default_factory=list)  # a mixture of experts' token all-to-alls, F + B (ep_exchange)
+    host: list[float] = field(default_factory=list)  # a mixture of experts' host floor beyond its GPU work, F + B
 
 
 @dataclass
@@ -881,6 +882,20 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
 
 
+def moe_host_floor(model: ModelSpec, cluster: Cluster, c: Choice, gpu_f: float, gpu_b: float) -> tuple[float, float]:
+    """What one MoE layer's forward and backward wait for their host beyond their GPU work (`gpu_f`, `gpu_b`: the
+    layer's compute and exposed collectives): Megatron-Core's dropless layer syncs the host once a layer for the
+    tokens per expert, so each layer takes the longer of its GPU work and the host's issue time of its kernels,
+    `Cluster.moe_host_s` = (fixed, per routed expert on the rank) seconds forward + backward (hardware.MOE_HOST_S),
+    a third forward and two thirds backward (a data and a weight gradient per GEMM).  Zero for a dense model and where
+    whole iterations are CUDA graphs (moe_host_s (0, 0))."""
+    a, per_expert = cluster.moe_host_s
+    if not model.moe or (a <= 0 and per_expert <= 0):
+        return 0.0, 0.0
+    host = a + per_expert * model.experts / c.expert_shards
+    return max(0.0, host / 3 - gpu_f), max(0.0, 2 * host / 3 - gpu_b)
+
+
 def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     """The remote nodes one token's top_k copies reach under balanced routing, when the EP group spans N nodes: of
     the m nodes a token may use, the expected number holding at least one of its k experts is m·(1 - (1 - 1/m)^k)
@@ -1211,7 +1226,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         row = seen.get(key)
         if row is not None:
             for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
-                                 out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm), row):
+                                 out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), row):
                 lst.append(val)
             continue
         nm = n - nd
@@ -1269,12 +1284,16 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             z3f, z3b = z3f + unit / 3, z3b + 2 * unit / 3
         # activation offloading (no pipeline: the one stage holds every layer)
         off_f, off_b = offload_exposed(model, cluster, c, lt.fwd + tp_layer, 2 * lt.fwd + tp_layer_b)
-        f = fc + f_tp + f_cp + z3f + off_f + f_ep
-        b = bc + br + b_tp + b_cp + z3b + off_b + b_ep
+        # a MoE layer waits for its host where the host issues its kernels slower than the GPU runs them
+        hf, hb = moe_host_floor(model, cluster, c, lt.fwd + tp_layer + cpf + epf,
+                                2 * lt.fwd + (nr - rd) / max(1, nm) * (rec + rec_comm + rec_ep) + tp_layer_b + cpb + epb)
+        hf, hb = nm * hf, nm * hb
+        f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
+        b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
         out.f.append(f)
         out.b.append(b)
         # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b + b_ep)
+        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb)
         out.bw.append(fc)
         out.f_compute.append(fc)
         out.b_compute.append(bc)
@@ -1284,8 +1303,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.zero3.append(z3f + z3b)
         out.offload.append(off_f + off_b)
         out.ep_comm.append(f_ep + b_ep)
-        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp,
-                     z3f + z3b, off_f + off_b, f_ep + b_ep)
+        out.host.append(hf + hb)
+        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp,
+                     z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     if c.pp <= 1:
         out.transfer = 0.0
@@ -2018,7 +2038,7 @@ class Plan:
             "step_time_s": self.step_time,
             "breakdown_s": {k: self.breakdown[k] for k in
                             ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
-                             "optimizer", "stragglers", "overhead", "offload") if k in self.breakdown},
+                             "optimizer", "stragglers", "overhead", "offload", "host") if k in self.breakdown},
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
@@ -2151,6 +2171,8 @@ def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: fl
         breakdown["stragglers"] = stragglers
     if ep_comm:  # a mixture of experts' token all-to-alls (ep_exchange)
         breakdown["ep_comm"] = ep_comm
+    if st.host and any(st.host):  # a mixture of experts' layers waiting for their host (moe_host_floor)
+        breakdown["host"] = m * sum(st.host[s] for s in stages)
     if st.offload and any(st.offload):  # waits on activation offloading (offload_exposed)
         breakdown["offload"] = m * sum(st.offload[s] for s in stages)
     if prof is not None:

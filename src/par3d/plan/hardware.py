@@ -145,6 +145,17 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # 7.1 ms until its thirty-third, whose Megatron-Core pipeline split refitted those ratios again.
 FSDP_UNIT_S = 7.0e-3
 
+# A mixture of experts' host floor (cost.moe_host_floor): Megatron-Core's dropless MoE layer waits once a layer for the
+# tokens per expert on the host (a device-to-host sync), so the host's issue time of each layer's kernels is not
+# hidden behind the previous layer's GPU work, and a layer takes the longer of the two unless whole iterations are
+# captured in CUDA graphs, which need no sync (Megatron-LM's "Optimizing DeepSeek-V3 Training Performance on NVIDIA
+# GB200 NVL72", §2 "CPU overhead", §2.3, §3.1: whole-iteration graphs worth "at least 10 %" more there).  The host
+# time of one MoE layer, forward and backward: MOE_HOST_S[0] + MOE_HOST_S[1] x the routed experts a rank holds (its
+# grouped GEMM "multi-stream + cuBLAS": launches and quantizations per expert, ibid. §1).  **Fitted** (issue 12's
+# thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
+# it; one pair for every GPU and host CPU (x86 and Grace alike).
+MOE_HOST_S = (4.91e-3, 0.459e-3)
+
 
 def log2_interp(curve: tuple[tuple[int, float], ...], seq: int) -> float:
     """A measured curve's value at `seq` tokens: linear in log2(seq) between its points, flat beyond its ends."""
@@ -655,6 +666,10 @@ class Cluster:
     # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
     # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
     ep_comm_overlap: bool = False
+    # a mixture of experts' host floor, seconds per MoE layer forward + backward (fixed, per routed expert on the rank):
+    # MOE_HOST_S where Megatron-Core runs without whole-iteration CUDA graphs (`--cuda-graphs partial|none`); (0, 0)
+    # -- none, the default -- where whole iterations are captured (cost.moe_host_floor)
+    moe_host_s: tuple[float, float] = (0.0, 0.0)
     # how a mixture of experts' tokens cross nodes (cost.ep_exchange): "alltoall" (Megatron-Core's alltoall dispatcher:
     # every copy bound for another node crosses the NICs) or "dedup" (DeepEP, HybridEP -- the flex dispatcher: once
     # per remote node, forwarded inside it over NVLink); and whether the forward dispatch moves FP8 tokens
@@ -780,6 +795,7 @@ class Cluster:
             "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
+            "moe_host_ms": [x * 1e3 for x in self.moe_host_s],
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,
             "cp_comm": self.cp_comm,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
