@@ -126,19 +126,16 @@ def test_bisected_programme_matches_the_full_scan():
 
 
 def test_even_optimal_keeps_the_optimum_and_evens_the_front():
-    from par3d.pipeline.partition import _even_optimal
+    from par3d.pipeline.partition import _even_optimal, _make
 
     rng = random.Random(1)
     for _ in range(200):
         n = rng.randint(2, 14)
         k = rng.randint(1, n)
         costs = [rng.choice([1.0, 1.0, 1.0, rng.uniform(0.1, 6.0)]) for _ in range(n)]
-        bounds = _even_optimal(costs, k)
-        part = partition(costs, k)
-        assert len(bounds) == k and bounds[0][0] == 0 and bounds[-1][1] == n
-        assert all(b > a for a, b in bounds)
-        assert all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
-        assert max(sum(costs[a:b]) for a, b in bounds) <= part.max_cost * (1 + 1e-12)
+        even = _make(_even_optimal(costs, k), costs)
+        _assert_valid(even, n, k)
+        assert even.max_cost <= partition(costs, k).max_cost * (1 + 1e-12)
     # uniform units: partition's walk-back leaves the front chunks light, the even one does not
     assert [b - a for a, b in partition([1.0] * 10, 4).bounds] == [1, 3, 3, 3]
     assert [b - a for a, b in _even_optimal([1.0] * 10, 4)] == [2, 3, 2, 3]

@@ -138,8 +138,8 @@ def round_partition(costs: list[float], n_chunks: int, p: int) -> Partition | No
     (v = n_chunks / p rounds of p chunks) that weighs rounds rather than single chunks (`_round_key`): v rounds of
     equal unit counts (the spare units to the middle rounds; the first and the last carry the embedding and the
     head), each cut into its p chunks at the optimal heaviest chunk, as evenly as that allows (`_even_optimal`), then
-    a round's boundary moved by one unit
-    while `_round_key` falls.  `partition`'s own cut minimises the heaviest chunk, and its walk-back can leave the
+    a round's boundary moved by one unit while `_round_key` falls.  `partition`'s own cut minimises the heaviest
+    chunk, and its walk-back can leave the
     first chunks one unit each -- (1, 1, 1, 1, 3, 5, ...) -- which under interleaving costs every round.  None where
     a round cannot hold p units.  Neither cut is always faster (a light first chunk shortens the fill and the
     first rank's gradient tail when micro-batches are few); the planner prices both (cost.evaluate)."""
