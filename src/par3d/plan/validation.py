@@ -307,12 +307,12 @@ def moe_host_error(host_s: tuple[float, float], cal: list[dict[str, Any]] | None
     return sum(abs(_predict_on(r, replace(cluster_of(r), moe_host_s=host_s)).error) for r in cal) / len(cal)
 
 
-def fit_moe_host() -> tuple[float, float]:
+def fit_moe_host(cal: list[dict[str, Any]] | None = None) -> tuple[float, float]:
     """The MoE host floor (hardware.MOE_HOST_S: seconds per MoE layer forward + backward, fixed and per routed expert
-    on a rank) that minimises the mean |error| of Megatron-Bridge's 26.04 MoE rows (`moe_host_rows`): a grid of
-    0-20 ms x 0-1.5 ms, then halving steps around the best.  A floor only slows a run, so the fit cannot trade a slow
-    row for a fast one; the GEMM constants (fitted first, on other rows) are held fixed."""
-    cal = [r for r in moe_host_rows() if host_floored(r)]
+    on a rank) that minimises the mean |error| of Megatron-Bridge's 26.04 MoE rows (`moe_host_rows`; `cal` instead
+    where given): a grid of 0-20 ms x 0-1.5 ms, then halving steps around the best.  A floor only slows a run, so the
+    fit cannot trade a slow row for a fast one; the GEMM constants (fitted first, on other rows) are held fixed."""
+    cal = [r for r in (moe_host_rows() if cal is None else cal) if host_floored(r)]
     best = min(((a * 1e-3, b * 1e-4) for a in range(0, 21, 2) for b in range(0, 16, 2)),
                key=lambda h: moe_host_error(h, cal))
     da, db = 1e-3, 1e-4
@@ -323,6 +323,31 @@ def fit_moe_host() -> tuple[float, float]:
             da, db = da / 2, db / 2
         best = nxt
     return best
+
+
+def moe_host_by_release() -> list[tuple[str, int, tuple[float, float], int, int, int]]:
+    """How much the MoE host floor depends on the release it is fitted to: for each Megatron-Bridge release with
+    floored MoE rows, the pair fitted on that release's rows alone, and of the MoE rows of every other source and
+    release, how many are within ±10 % without a floor and with that pair (release, rows fitted, pair, other rows,
+    within without, within with)."""
+    every = rows()
+    moe = [r for r in every if model_of(r).moe]
+
+    def release(r: dict[str, Any]) -> str | None:
+        name = str(r["name"])
+        return name.split("-")[2] if name.startswith("mbridge-moe-") else None
+
+    def within(host: tuple[float, float], others: list[dict[str, Any]]) -> int:
+        return sum(abs(_predict_on(r, replace(cluster_of(r), moe_host_s=host if host_floored(r) else (0.0, 0.0)))
+                       .error) <= DEFAULT_BOUND for r in others)
+
+    out = []
+    for rel in sorted({release(r) for r in moe if host_floored(r)} - {None}):  # type: ignore[type-var]
+        pair = fit_moe_host([r for r in moe if release(r) == rel])
+        others = [r for r in moe if release(r) != rel]
+        out.append((str(rel), sum(1 for r in moe if release(r) == rel and host_floored(r)), pair, len(others),
+                    within((0.0, 0.0), others), within(pair, others)))
+    return out
 
 
 def in_sample(row: dict[str, Any]) -> bool:
@@ -635,6 +660,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MoE host floor: fitted ({a * 1e3:.2f} ms, {b * 1e3:.3f} ms a routed expert) (stored "
               f"({MOE_HOST_S[0] * 1e3:.2f} ms, {MOE_HOST_S[1] * 1e3:.3f} ms)) on "
               + ", ".join(str(r["name"]) for r in moe_host_rows()))
+        if argv[1:] == ["--by-release"]:  # the same fit on each release's rows alone, scored on the other MoE rows
+            for rel, n, (pa, pb), others, before, after in moe_host_by_release():
+                print(f"fitted on {rel}'s {n} rows: ({pa * 1e3:.2f} ms, {pb * 1e3:.3f} ms); the other {others} MoE "
+                      f"rows within ±10 %: {before} without a floor, {after} with it")
         return 0
     preds = [predict(r) for r in rows()]
     if argv and argv[0] == "--evidence":  # rewrite evidence.json (what `par3d plan` quotes)
