@@ -746,3 +746,19 @@ def test_moe_host_floor_shows_in_the_step_and_its_breakdown():
     d = CATALOGUE["llama3-8b"]
     cd = Choice(1, 1, 8, 1, 16, zero_stage=1)
     assert evaluate(d, replace(base, moe_host_s=MOE_HOST_S), cd).step_time == evaluate(d, base, cd).step_time
+
+
+def test_plan_report_shows_the_host_floor(capsys):
+    """`par3d plan --cuda-graphs partial --explain` lists the floor in the breakdown that sums to the step."""
+    from test_plan_cli import run
+
+    argv = ["--model", "qwen3-30b-a3b", "--gpu", "gb200", "--gpus", "8", "--global-batch", "512", "--tp", "1",
+            "--pp", "1", "--ep", "8", "--micro-batch", "4", "--zero-stage", "1", "--dtype", "fp8", "--recompute", "full"]
+    rc, text, _ = run(capsys, *argv, "--cuda-graphs", "partial", "--explain")
+    assert rc == 0
+    rows = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+            if ln.startswith("  ") and len(ln.split()) == 4 and ln.split()[2] == "s" and ln.split()[3].endswith("%")}
+    step = float(next(ln for ln in text.splitlines() if ln.startswith("best:")).split(": ")[2].split(" s/step")[0])
+    assert rows["host"] > 0 and sum(rows.values()) == pytest.approx(step, rel=2e-3)
+    rc, out, _ = run(capsys, *argv, "--json")
+    assert rc == 0 and "host" not in json.loads(out)["plans"][0]["breakdown_s"]  # default: whole iterations

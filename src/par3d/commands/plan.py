@@ -969,9 +969,12 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     b = best.breakdown
     out += ["", "step time breakdown (busiest pipeline rank; sums to the step time):"]
     for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
-              "stragglers", "overhead", "offload"):
+              "stragglers", "overhead", "offload", "host"):
         if k in b:
             out.append(f"  {k:<10} {b[k]:>9.3f} s  {b[k] / best.step_time:>6.1%}")
+    if "host" in b:
+        out.append("  (host: the MoE layers waiting for the host to issue their kernels, Megatron-Core without "
+                   "whole-iteration CUDA graphs: --cuda-graphs; docs/planner.md §6)")
     if "stragglers" in b:
         out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
                    f"{cluster.step_spread:.1%}: --straggler-cv)")
@@ -1184,7 +1187,7 @@ def _cp_line(model, cluster, c) -> str:
 
 def _diff(best, other) -> str:
     keys = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer",
-            "stragglers", "offload")
+            "stragglers", "offload", "host")
     d = sorted(((other.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0), k) for k in keys), key=lambda t: -abs(t[0]))
     parts = [f"{k} {x:+.3f} s" for x, k in d[:3] if abs(x) > 1e-3 * max(best.step_time, 1e-9)]
     return (" (" + ", ".join(parts) + ")") if parts else ""
