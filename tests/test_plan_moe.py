@@ -760,5 +760,8 @@ def test_plan_report_shows_the_host_floor(capsys):
             if ln.startswith("  ") and len(ln.split()) == 4 and ln.split()[2] == "s" and ln.split()[3].endswith("%")}
     step = float(next(ln for ln in text.splitlines() if ln.startswith("best:")).split(": ")[2].split(" s/step")[0])
     assert rows["host"] > 0 and sum(rows.values()) == pytest.approx(step, rel=2e-3)
+    assert "no MoE host floor" not in text
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0 and "no MoE host floor" in out and "--cuda-graphs partial|none" in out
     rc, out, _ = run(capsys, *argv, "--json")
     assert rc == 0 and "host" not in json.loads(out)["plans"][0]["breakdown_s"]  # default: whole iterations

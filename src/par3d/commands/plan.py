@@ -954,6 +954,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                if best.pipeline_layout else "the planner's partition; --pipeline-layout sets one")
         out.append(f"layout:   layers per pipeline chunk {','.join(map(str, _chunk_layers(model, best)))} ({how})")
     out.append(_evidence_line(cluster, model.moe))
+    if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
+        out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "
+                   "without them waits for its host each MoE layer: --cuda-graphs partial|none (docs/planner.md §6)")
     if model.local_attention:  # (ModelSpec.attention_spans) no run of the validation set attends locally
         out.append("note:     local attention (chunks or a sliding window past the sequence) is priced as the work it "
                    "does; no published run of it is in the validation set (docs/planner.md §2)")
