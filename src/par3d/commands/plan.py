@@ -12,7 +12,7 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
-from par3d.plan.hardware import FSDP_UNIT_S
+from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S
 from par3d.plan.memory import OPTIMIZER_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -238,7 +238,7 @@ def register(sub) -> None:
                    help="a mixture of experts: overlap each layer's token all-to-alls (dispatch, combine) with "
                         "another micro-batch's computation (Megatron-Core overlap_moe_expert_parallel_comm, "
                         "DualPipe-style), at the overlap slowdown; default: off, every all-to-all exposed")
-    g.add_argument("--cuda-graphs", choices=("full_iteration", "partial", "none"), default="full_iteration",
+    g.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="full_iteration",
                    help="a mixture of experts run on Megatron-Core: what CUDA graphs capture.  Its dropless MoE layers "
                         "wait for the host once a layer (the tokens per expert), so without whole-iteration graphs "
                         "(partial: Transformer Engine's per-layer scopes; none) each MoE layer takes at least the "
@@ -512,13 +512,13 @@ def _cluster(args: argparse.Namespace):
         raise UsageError(msg if msg.startswith("--") else f"{flag} {args.hardware or args.gpu}: {msg}") from None
     from dataclasses import replace as _replace
 
-    from par3d.plan.hardware import MOE_HOST_S
+    from par3d.plan.hardware import moe_host_of
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
-                  moe_host_s=MOE_HOST_S if args.cuda_graphs != "full_iteration" else (0.0, 0.0),
+                  moe_host_s=moe_host_of(args.cuda_graphs),
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,

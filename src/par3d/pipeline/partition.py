@@ -27,6 +27,14 @@ def _make(bounds: list[tuple[int, int]], costs: list[float]) -> Partition:
                      imbalance=top / mean - 1.0 if mean > 0 else 0.0)
 
 
+def _prefix(costs: list[float]) -> list[float]:
+    """Running sums of `costs` from 0: a chunk [a, b) costs prefix[b] - prefix[a] (one expression for every cut)."""
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    return prefix
+
+
 def partition(costs: list[float], n_chunks: int) -> Partition:
     """Contiguous split of ``costs`` into ``n_chunks`` chunks minimising the largest chunk cost.
 
@@ -42,9 +50,7 @@ def partition(costs: list[float], n_chunks: int) -> Partition:
                          f"unit; use at most {n} chunks")
     if any(c < 0 for c in costs):
         raise ValueError("unit costs must be >= 0")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
+    prefix = _prefix(costs)
 
     def seg(a: int, b: int) -> float:
         # The one expression for a chunk's cost, so comparisons against the optimum are exact.
@@ -105,9 +111,7 @@ def _even_optimal(costs: list[float], k: int) -> list[tuple[int, int]]:
     front chunks as light as it can instead)."""
     n = len(costs)
     target = partition(costs, k).max_cost * (1 + 1e-12)  # (its chunk costs are sums, these prefix differences)
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
+    prefix = _prefix(costs)
 
     def fits(a: int, chunks: int) -> bool:  # can units [a, n) be split into `chunks` chunks, each <= target?
         if n - a < chunks:
@@ -146,9 +150,7 @@ def round_partition(costs: list[float], n_chunks: int, p: int) -> Partition | No
     v, n = n_chunks // p, len(costs)
     if p < 1 or n_chunks % p or v < 2 or n < v * p:
         return None
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
+    prefix = _prefix(costs)
 
     def cut(edges: list[int]) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []

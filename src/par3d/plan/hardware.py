@@ -155,6 +155,15 @@ FSDP_UNIT_S = 7.0e-3
 # thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
 # it; one pair for every GPU and host CPU (x86 and Grace alike).
 MOE_HOST_S = (4.91e-3, 0.459e-3)
+CUDA_GRAPHS = ("full_iteration", "partial", "none")  # what a run captures in CUDA graphs (`--cuda-graphs`)
+
+
+def moe_host_of(cuda_graphs: str) -> tuple[float, float]:
+    """`Cluster.moe_host_s` for a Megatron-Core run capturing `cuda_graphs` (CUDA_GRAPHS): the floor unless whole
+    iterations are graphs (partial graphs priced as none)."""
+    if cuda_graphs not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graphs {cuda_graphs!r}: choose one of {', '.join(CUDA_GRAPHS)}")
+    return (0.0, 0.0) if cuda_graphs == "full_iteration" else MOE_HOST_S
 
 
 def log2_interp(curve: tuple[tuple[int, float], ...], seq: int) -> float:
