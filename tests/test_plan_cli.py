@@ -641,6 +641,9 @@ def test_nvfp4_precision(capsys):
     assert rc == 0 and "nvfp4 peak" in out and "gb200 nvfp4" in out
     rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--dtype", "nvfp4")
     assert rc != 0 and "--dtype nvfp4" in err and "Blackwell" in err and "h100-sxm" in err
+    # a GPU without fp8 tensor cores at all: the error names the value typed, not the fp8 it is priced as
+    rc, _, err = run(capsys, *[a if a != "gb200" else "a100-80gb" for a in base], "--dtype", "nvfp4")
+    assert rc != 0 and "--dtype nvfp4: a100-80gb has no nvfp4 tensor cores" in err and "--gpu b200" in err
     rc, _, err = run(capsys, *base, "--dtype", "nvfp4", "--fp8-scaling", "current")
     assert rc != 0 and "--dtype nvfp4 with --fp8-scaling current" in err
     row = next(r for r in validation.rows() if str(r["name"]).startswith(validation.MBRIDGE_NVFP4_PREFIX))

@@ -451,6 +451,7 @@ def _cluster(args: argparse.Namespace):
         with_attention_kernel,
     )
 
+    asked = args.dtype  # what the user typed, for the errors below (nvfp4 is priced as fp8 with 4-bit GEMMs)
     if args.dtype == "nvfp4":  # NVFP4 is Transformer Engine's fourth recipe: FP8 training with 4-bit layer GEMMs
         if args.fp8_scaling not in ("delayed", "nvfp4"):
             raise UsageError(f"--dtype nvfp4 with --fp8-scaling {args.fp8_scaling}: NVFP4 is a recipe of its own "
@@ -498,9 +499,9 @@ def _cluster(args: argparse.Namespace):
             rack = args.gpus_per_node is None and dev.name in DEFAULT_GPUS_PER_NODE
             if args.dtype not in dev.peak_flops:
                 have = ", ".join(d for d in ("bf16", "fp16", "fp8", "fp32") if d in dev.peak_flops)
-                raise UsageError(f"--dtype {args.dtype}: {dev.name} has no {args.dtype} tensor cores; use "
+                raise UsageError(f"--dtype {asked}: {dev.name} has no {asked} tensor cores; use "
                                  f"--dtype {have.split(', ')[0]} (it has {have}) or a GPU that has it "
-                                 f"(--gpu h100)")
+                                 f"(--gpu {'b200' if asked == 'nvfp4' else 'h100'})")
             cl = make_cluster(args.gpu, args.gpus, min(gpn, args.gpus), args.intra_node_bw, args.inter_node_bw,
                               args.dtype, args.efficiency, nics_per_node=args.nics_per_node,
                               nic_bw_gbps=args.nic_bw, flash_attention=args.flash_attention,
