@@ -898,3 +898,22 @@ def test_progress_goes_to_stderr_and_leaves_stdout_json(capsys):
     code, out, err = run(capsys, "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16",
                          "--global-batch", "64", "--json")
     assert code == 0 and "layouts" not in err
+
+
+def test_qk_norm_flag(capsys):
+    """--qk-norm / --no-qk-norm (issue 12's thirty-fifth round): a catalogue Qwen3 entry prices its Q/K norms, the flag
+    turns them off (a faster step, the layout unchanged) or onto another model; --help says what the flag does."""
+    base = ["--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "8", "--global-batch", "64", "--tp", "1",
+            "--pp", "1", "--ep", "8", "--micro-batch", "1", "--json"]
+    steps = {}
+    for flag in ("--qk-norm", "--no-qk-norm"):
+        rc, out, err = run(capsys, *base, flag)
+        assert rc == 0, err
+        plan = json.loads(out)["plans"][0]
+        steps[flag] = plan["step_time_s"]
+    rc, out, _ = run(capsys, *base)
+    assert rc == 0 and json.loads(out)["plans"][0]["step_time_s"] == steps["--qk-norm"]  # the catalogue's default
+    assert steps["--qk-norm"] > steps["--no-qk-norm"]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "--qk-norm" in capsys.readouterr().out

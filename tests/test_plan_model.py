@@ -1566,3 +1566,39 @@ def test_local_attention_from_flags():
         resolve_model("llama3-8b", window=1024, attn_chunk=4096)
     with pytest.raises(ModelError, match="--attention-chunk C too"):
         resolve_model("llama3-8b", global_every=4)
+
+
+def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):
+    """Qwen3's norms on every query and key head (Megatron-Core's qk_layernorm, which Megatron-Bridge's Qwen3 bridges
+    set; issue 12's thirty-fifth round): one fused kernel each reads and writes Q and K, 2 x T x (q + k)/tp x 2 B more
+    per layer forward -- the same shape as the rotary term -- and nothing else moves; a config.json of a family that
+    has them says so, a flag turns them on or off, MLA refuses them (its latent norms are priced apart), the runtime
+    refuses to build them, and every Qwen3 validation row carries them."""
+    from par3d.config import ConfigError, model_config_from_spec
+    from par3d.plan import validation
+    from par3d.plan.compute import elementwise_bytes
+    from par3d.plan.models import ModelError
+
+    q3 = CATALOGUE["qwen3-30b-a3b"]
+    assert q3.qk_norm and CATALOGUE["qwen3-235b-a22b"].qk_norm and not CATALOGUE["llama3-8b"].qk_norm
+    off = replace(q3, qk_norm=False)
+    for tp, dtype in ((1, "bf16"), (2, "fp8")):
+        extra = elementwise_bytes(q3, 2, tp, True, True, dtype) - elementwise_bytes(off, 2, tp, True, True, dtype)
+        assert extra == pytest.approx(2 * 2 * q3.seq_len * (q3.q_dim + q3.kv_dim) / tp * 2)
+    assert layer_activation_bytes(q3, 2, 1, False, "none") == layer_activation_bytes(off, 2, 1, False, "none")
+    assert resolve_model("qwen3-30b-a3b", qk_norm=False) == off
+    assert resolve_model("llama3-8b", qk_norm=True).qk_norm
+    with pytest.raises(ModelError, match="--qk-norm with --kv-lora-rank"):
+        resolve_model(None, layers=2, hidden=512, heads=4, kv_lora=64, qk_norm=True)
+    cfg = {"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000,
+           "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert resolve_model(str(p)).qk_norm
+    with pytest.raises(ConfigError, match="qk-norm"):
+        model_config_from_spec(resolve_model(str(p)))
+    p.write_text(json.dumps({**cfg, "model_type": "llama"}))
+    assert not resolve_model(str(p)).qk_norm and model_config_from_spec(resolve_model(str(p))).layers == 2
+    qwen = [r for r in validation.rows() if "qwen3" in str(r["name"]).lower()]
+    assert len(qwen) >= 60 and all(validation.model_of(r).qk_norm for r in qwen)

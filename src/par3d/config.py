@@ -492,14 +492,15 @@ _ROPE_THETA = {"llama2": 10000.0, "llama3": 500000.0, "llama3.1": 500000.0}
 
 def model_config_from_spec(spec: Any) -> ModelConfig:
     """The runtime's ModelConfig of a planner ModelSpec (plan/models.py): the same model, or a ConfigError naming what
-    the runtime lacks to build it (routed experts, latent attention, another head width, local attention, ALiBi, squared
-    ReLU)."""
+    the runtime lacks to build it (routed experts, latent attention, another head width, local attention, a Q/K norm,
+    ALiBi, squared ReLU)."""
     from par3d.plan.models import RUNTIME_LACKS
 
     lacks = ("routed experts (a mixture of experts)" if spec.moe else "multi-head latent attention" if spec.mla
              else f"heads of {spec.head_dim} channels (hidden / heads = {spec.hidden // spec.heads})"
              if spec.head_dim * spec.heads != spec.hidden
              else "local attention (chunks or a sliding window)" if spec.local_attention
+             else "norm on Q and K (qk-norm)" if spec.qk_norm
              else RUNTIME_LACKS.get(spec.name.lower()))
     if lacks:
         raise ConfigError([f"model {spec.name!r}: par3d train has no {lacks}, so it cannot build this model; plan it "

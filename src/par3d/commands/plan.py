@@ -117,6 +117,10 @@ def register(sub) -> None:
                         "(--no-gated-mlp)")
     g.add_argument("--norm", choices=("layer", "rms"), default=None,
                    help="LayerNorm (weight + bias) or RMSNorm (weight only)")
+    g.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=None,
+                   help="a norm on every query and key head after the QKV projection (Qwen3, Gemma 3, OLMo 2; "
+                        "Megatron-Core's qk_layernorm): its kernels' traffic and saved input are priced (default: "
+                        "what --model says; a catalogue qwen3 entry or a config.json of those families turns it on)")
     g.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="input embedding and output head share weights (--tied-embeddings) or not")
     g.add_argument("--position", choices=("learned", "rotary"), default=None,
@@ -730,7 +734,7 @@ def _run(args: argparse.Namespace) -> int:
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
                               args.router_groups, args.router_group_topk, args.moe_step, args.sliding_window,
-                              args.attention_chunk, args.global_every)
+                              args.attention_chunk, args.global_every, args.qk_norm)
     except ModelError as e:
         raise UsageError(str(e)) from None
     if args.pipeline_layout:

@@ -284,6 +284,9 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
         by += 2 * tok * (model.q_lora + model.kv_lora) * d * rep  # (on the sequence shard under SP)
     elif not model.learned_pos:
         by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
+    if model.qk_norm and not model.mla:  # Q's and K's norms (Qwen3's q_norm / k_norm, Megatron-Core's qk_layernorm):
+        # one fused kernel each, read + write of every Q and K element (models.ModelSpec.qk_norm)
+        by += 2 * tok * (model.q_dim + model.kv_dim) / t * d
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast

@@ -177,6 +177,9 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     # sequence shard under SP), 2 units each, in `latents`)
     sharded = 2.0 * sbq + 2.0 * s * b * model.o_dim + 4.0 * s * b * model.kv_dim_per_rank(t) * t + mlp
     latents = 2.0 * s * b * (model.q_lora + model.kv_lora + model.rope_dim) / (t if sp else 1)  # SP: each rank's shard
+    # Q's and K's norms (models.ModelSpec.qk_norm) keep their inputs, views of the QKV projection's output, which V's view
+    # of the same buffer holds for the attention anyway; counted as new memory they would put 22 of Megatron-Bridge's
+    # Qwen3 runs, which ran, over their GPUs (issue 12's thirty-fifth round): not counted
     q = SAVED_CAST_BYTES.get(dtype, 2.0)  # bytes of a saved GEMM input (2: bf16, as the formulas count it)
     if dtype in SAVED_CAST_BYTES:  # TE saves the GEMMs' inputs as their fp8 (or NVFP4) casts (module docstring,
         # "fp8 activations"); `dtype` "nvfp4": `Cluster.precision`

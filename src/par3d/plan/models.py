@@ -112,6 +112,11 @@ class ModelSpec:
     # sliding-window attention on every layer (Mistral 7B v0.1's sliding_window, Phi-3's): each token attends to itself
     # and the window - 1 tokens before it (`attention_spans`); 0: none
     window: int = 0
+    # a norm of head_dim channels on every query head and every key head after the QKV projection (Qwen3's q_norm /
+    # k_norm; Megatron-Core's qk_layernorm): its fused kernels' traffic (compute.elementwise_bytes; its saved input is
+    # not counted as new memory: memory.layer_activation_bytes says why).  MLA models' latent norms are priced apart
+    # (`kv_lora`); not applied to them
+    qk_norm: bool = False
 
     def __hash__(self) -> int:
         # the planner's caches key on the model thousands of times a search: hash the fields once
@@ -435,9 +440,9 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     # Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen's config.json; 4,096 tokens, the Qwen3 report's first pre-training
     # stage; q/k norms not priced)
     ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4096, 151936, 6144, 4, gated=True, tied=False, learned_pos=False,
-              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=768),
+              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=768, qk_norm=True),
     ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4096, 151936, 12288, 4, gated=True, tied=False, learned_pos=False,
-              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=1536),
+              bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=1536, qk_norm=True),
     # DeepSeek-V3 (arXiv 2412.19437 and its config.json: MLA, 3 leading dense layers, 256 routed experts of 2,048 in 8
     # groups (4 per token) + one shared, one multi-token-prediction module, pre-trained at 4K tokens) and Kimi K2
     # (Moonshot AI's config.json: its architecture with 64 heads, 384 experts, one leading dense layer, no MTP)
@@ -467,6 +472,11 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
 # it refuses mixtures of experts and multi-head latent attention): what the runtime lacks
 RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU MLP",
                  "nemotron4-340b": "squared-ReLU MLP"}
+
+
+# Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
+# k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes)
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmoe")
 
 
 def model_names() -> list[str]:
@@ -519,6 +529,7 @@ def from_hf_config(path: str) -> ModelSpec:
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
                      global_every=int(cfg.get("_global_every", 0)) if chunk else 0, window=_window_of(cfg, path, layers),
+                     qk_norm=cfg.get("model_type") in QK_NORM_TYPES and "kv_lora" not in moe,
                      **{"head_size": _head_size(cfg), **moe})
 
 
@@ -703,7 +714,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   q_lora: int | None = None, rope_dim: int | None = None, v_head: int | None = None,
                   mtp_layers: int | None = None, route_groups: int | None = None,
                   route_group_topk: int | None = None, moe_step: int | None = None, window: int | None = None,
-                  attn_chunk: int | None = None, global_every: int | None = None) -> ModelSpec:
+                  attn_chunk: int | None = None, global_every: int | None = None,
+                  qk_norm: bool | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -713,6 +725,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     `--head-dim` gives the heads a width of their own (q = heads × head_dim need not be hidden).
     `--experts/--top-k/--moe-ffn-hidden/--shared-expert-ffn` make every layer's MLP a mixture of experts.
     `--sliding-window W` and `--attention-chunk C [--global-every K]` give the layers local attention (0: none).
+    `--qk-norm` normalises Q and K after their projections (Qwen3; a catalogue qwen3 entry already says so).
     """
     if norm is not None and norm not in NORMS:
         raise ModelError(f"--norm {norm!r}: choose one of {', '.join(NORMS)}")
@@ -737,8 +750,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers,
                                       route_groups=route_groups, route_group_topk=route_group_topk,
                                       moe_step=moe_step, window=window, attn_chunk=attn_chunk,
-                                      global_every=0 if attn_chunk == 0 and global_every is None else global_every
-                                      ).items()
+                                      global_every=0 if attn_chunk == 0 and global_every is None else global_every,
+                                      qk_norm=qk_norm).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -759,7 +772,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
                          route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
                          moe_step=moe_step or 1, window=window or 0, attn_chunk=attn_chunk or 0,
-                         global_every=global_every or 0)
+                         global_every=global_every or 0, qk_norm=bool(qk_norm))
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
@@ -775,6 +788,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     if not spec.mla and (spec.q_lora or spec.rope_dim or spec.v_head is not None):
         raise ModelError("--q-lora-rank/--qk-rope-dim/--v-head-dim describe multi-head latent attention: give "
                          "--kv-lora-rank R (R >= 1, DeepSeek-V3's 512) too")
+    if spec.mla and spec.qk_norm:
+        raise ModelError("--qk-norm with --kv-lora-rank: multi-head latent attention's norms sit on its latents, "
+                         "which the planner prices already; drop --qk-norm")
     if spec.mla and spec.kv_heads not in (None, spec.heads):
         raise ModelError(f"--kv-heads {spec.kv_heads} with --kv-lora-rank: multi-head latent attention has one K/V "
                          f"per query head; drop --kv-heads")
