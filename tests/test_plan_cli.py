@@ -917,3 +917,18 @@ def test_qk_norm_flag(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "--qk-norm" in capsys.readouterr().out
+
+
+def test_emit_config_refuses_what_the_runtime_cannot_build(capsys, tmp_path):
+    """--emit-config for a model par3d train cannot build (a Q/K norm, local attention, ALiBi) is a usage error naming
+    what is missing, before any search and with no file written -- not a traceback from the config writer."""
+    out = tmp_path / "run.toml"
+    dense = ["--layers", "4", "--hidden", "512", "--heads", "8", "--norm", "rms", "--gated-mlp", "--gpu", "h100",
+             "--gpus", "8", "--global-batch", "16", "--emit-config", str(out)]
+    for extra, what in ((["--qk-norm"], "norm on Q and K"), (["--sliding-window", "128"], "local attention")):
+        rc, _, err = run(capsys, *dense, *extra)
+        assert rc == 2 and f"--emit-config: model 'custom': par3d train has no {what}" in err and not out.exists()
+    rc, _, err = run(capsys, "--model", "bloom-176b", "--gpu", "a100", "--gpus", "384", "--emit-config", str(out))
+    assert rc == 2 and "ALiBi" in err and "drop --emit-config" in err and not out.exists()
+    rc, _, _ = run(capsys, *dense)
+    assert rc == 0 and out.exists()  # a model the runtime builds: written as before

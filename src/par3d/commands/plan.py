@@ -119,7 +119,7 @@ def register(sub) -> None:
                    help="LayerNorm (weight + bias) or RMSNorm (weight only)")
     g.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="a norm on every query and key head after the QKV projection (Qwen3, Gemma 3, OLMo 2; "
-                        "Megatron-Core's qk_layernorm): its kernels' traffic and saved input are priced (default: "
+                        "Megatron-Core's qk_layernorm): its kernels' traffic is priced (default: "
                         "what --model says; a catalogue qwen3 entry or a config.json of those families turns it on)")
     g.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="input embedding and output head share weights (--tied-embeddings) or not")
@@ -744,6 +744,14 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--emit-config with a mixture of experts ({model.experts} experts): par3d train has no "
                          "routed experts, so no config of it can run this model; drop --emit-config (the plan "
                          "itself is priced) or describe a dense model")
+    if args.emit_config and model.head_size is None:  # what the runtime cannot build, refused before the search
+        from par3d.config import ConfigError, model_config_from_spec
+
+        try:
+            model_config_from_spec(model)
+        except ConfigError as e:
+            why = str(e).split("\n  - ", 1)[-1]
+            raise UsageError(f"--emit-config: {why}; drop --emit-config (the plan itself is priced)") from None
     if model.head_size is not None:  # heads of their own width: priced by the GPU descriptions only
         if args.emit_config:
             raise UsageError(f"--emit-config with head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not "

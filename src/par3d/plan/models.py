@@ -438,7 +438,7 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("mixtral-8x22b", 56, 6144, 48, 65536, 32768, 16384, 8, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", experts=8, top_k=2),
     # Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen's config.json; 4,096 tokens, the Qwen3 report's first pre-training
-    # stage; q/k norms not priced)
+    # stage; their per-head Q/K norms: qk_norm)
     ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4096, 151936, 6144, 4, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", head_size=128, experts=128, top_k=8, moe_ffn_hidden=768, qk_norm=True),
     ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4096, 151936, 12288, 4, gated=True, tied=False, learned_pos=False,
