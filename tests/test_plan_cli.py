@@ -932,3 +932,14 @@ def test_emit_config_refuses_what_the_runtime_cannot_build(capsys, tmp_path):
     assert rc == 2 and "ALiBi" in err and "drop --emit-config" in err and not out.exists()
     rc, _, _ = run(capsys, *dense)
     assert rc == 0 and out.exists()  # a model the runtime builds: written as before
+
+
+def test_recompute_layers_beyond_the_model(capsys):
+    """--recompute-layers N beyond the model's layers (more than any chunk holds) is refused before the search, naming
+    the model's layer count; N up to it is priced as before."""
+    base = ["--model", "llama3-8b", "--gpu", "h100", "--gpus", "16", "--global-batch", "64", "--recompute", "full",
+            "--top", "1", "--json"]
+    rc, _, err = run(capsys, *base, "--recompute-layers", "100")
+    assert rc == 2 and "--recompute-layers 100: more than the 32 layers of llama3-8b" in err
+    rc, out, _ = run(capsys, *base, "--recompute-layers", "32")
+    assert rc == 0 and json.loads(out)["plans"]

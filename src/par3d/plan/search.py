@@ -324,7 +324,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     opts = opts or DEFAULT_OPTIONS
     res = Result([], limits=limits)
     _check_replicate(cluster, fixed, limits)
-    _check_recompute_layers(cluster, fixed)
+    _check_recompute_layers(model, cluster, fixed)
     _check_recompute_op(cluster, fixed)
     _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
@@ -546,7 +546,7 @@ def _check_recompute_modules(model: ModelSpec, cluster: Cluster, fixed: Fixed) -
                         "or none", flag)
 
 
-def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
+def _check_recompute_layers(model: ModelSpec, cluster: Cluster, fixed: Fixed) -> None:
     """--recompute-layers' rules, before anything is priced."""
     n = fixed.recompute_layers
     if n is None:
@@ -555,6 +555,9 @@ def _check_recompute_layers(cluster: Cluster, fixed: Fixed) -> None:
     if n < 1:
         raise PlanError(f"{flag} {n}: the layers of each chunk to recompute must be >= 1; omit it to recompute "
                         "every layer", flag)
+    if n > model.layers:
+        raise PlanError(f"{flag} {n}: more than the {model.layers} layers of {model.name}, so more than any chunk "
+                        f"holds; give at most {model.layers}, or omit it to recompute every layer", flag)
     if fixed.recompute not in (None, "full"):
         raise PlanError(f"{flag} {n} with --recompute {fixed.recompute}: the block method recomputes whole "
                         "layers; use --recompute full or drop --recompute-layers", flag)
