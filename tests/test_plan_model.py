@@ -1600,5 +1600,8 @@ def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):
         model_config_from_spec(resolve_model(str(p)))
     p.write_text(json.dumps({**cfg, "model_type": "llama"}))
     assert not resolve_model(str(p)).qk_norm and model_config_from_spec(resolve_model(str(p))).layers == 2
+    p.write_text(json.dumps({**cfg, "model_type": "llama", "use_qk_norm": True}))  # Llama 4's key (Scout's L2 norm)
+    assert resolve_model(str(p)).qk_norm
+    assert CATALOGUE["llama4-scout"].qk_norm and not CATALOGUE["llama4-maverick"].qk_norm
     qwen = [r for r in validation.rows() if "qwen3" in str(r["name"]).lower()]
     assert len(qwen) >= 60 and all(validation.model_of(r).qk_norm for r in qwen)

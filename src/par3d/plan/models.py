@@ -456,10 +456,12 @@ CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     # Llama 4 Scout and Maverick (Meta's config.json text_config: 16 / 128 experts of 8,192, top-1, one shared expert
     # of 8,192; Maverick one layer in two MoE, the others dense of 16,384; 8,192-token attention chunks on three layers
     # in four, the fourth global (HF's no_rope_layers / nope_layer_interval 4); 8,192 tokens by default, --seq-len
-    # for longer; q/k norms not priced): 109B / 400B parameters, 17B active (model cards)
+    # for longer; Scout's L2 norm on Q and K, priced on every layer as Megatron-Core's qk_l2_norm runs it (NeMo's
+    # Llama4Experts16Config; HF's use_qk_norm, which its RoPE layers alone apply), Maverick has none (its config's
+    # use_qk_norm false, NeMo's Llama4Experts128Config qk_l2_norm False)): 109B / 400B parameters, 17B active (model cards)
     ModelSpec("llama4-scout", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", experts=16, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, attn_chunk=8192,
-              global_every=4),
+              global_every=4, qk_norm=True),
     ModelSpec("llama4-maverick", 48, 5120, 40, 8192, 202048, 16384, 8, gated=True, tied=False, learned_pos=False,
               bias=False, norm="rms", experts=128, top_k=1, moe_ffn_hidden=8192, shared_ffn=8192, moe_step=2,
               attn_chunk=8192, global_every=4),
@@ -475,7 +477,8 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
 
 
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
-# k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes)
+# k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
+# Llama 4's config says so itself (`use_qk_norm`: Scout's L2 norm)
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmoe")
 
 
@@ -529,7 +532,8 @@ def from_hf_config(path: str) -> ModelSpec:
                      learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
                      global_every=int(cfg.get("_global_every", 0)) if chunk else 0, window=_window_of(cfg, path, layers),
-                     qk_norm=cfg.get("model_type") in QK_NORM_TYPES and "kv_lora" not in moe,
+                     qk_norm=(cfg.get("model_type") in QK_NORM_TYPES or cfg.get("use_qk_norm") is True)
+                     and "kv_lora" not in moe,
                      **{"head_size": _head_size(cfg), **moe})
 
 
