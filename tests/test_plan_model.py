@@ -1605,3 +1605,33 @@ def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):
     assert CATALOGUE["llama4-scout"].qk_norm and not CATALOGUE["llama4-maverick"].qk_norm
     qwen = [r for r in validation.rows() if "qwen3" in str(r["name"]).lower()]
     assert len(qwen) >= 60 and all(validation.model_of(r).qk_norm for r in qwen)
+
+
+def test_hf_configs_of_other_families(tmp_path):
+    """config.json files beyond the Llama family read as the models are built: Gemma's GeGLU is gated (its activation
+    is a GeLU) with tied embeddings and no biases (Gemma report Table 1: 7B = 786,825,216 embedding + 7,751,248,896
+    other parameters); Falcon's K/V heads (`num_kv_heads` in its new decoder architecture, one under `multi_query`)
+    and its `bias`; MPT's key names (n_layers, n_heads, d_model, expansion_ratio, max_seq_len, no_bias); GPT-BigCode's
+    multi-query attention and learned positions."""
+    def read(cfg):
+        p = tmp_path / "config.json"
+        p.write_text(json.dumps(cfg))
+        return resolve_model(str(p))
+
+    gemma = read({"model_type": "gemma", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 16,
+                  "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_act": "gelu", "rms_norm_eps": 1e-6})
+    assert gemma.gated and gemma.tied and not gemma.bias and gemma.norm == "rms"
+    assert gemma.params() == pytest.approx(786_825_216 + 7_751_248_896, rel=1e-4)
+    f40 = read({"model_type": "falcon", "num_hidden_layers": 60, "hidden_size": 8192, "num_attention_heads": 128,
+                "num_kv_heads": 8, "new_decoder_architecture": True, "vocab_size": 65024, "bias": False})
+    assert f40.kv_heads == 8 and not f40.bias and not f40.gated and f40.ffn == 4 * 8192
+    f7 = read({"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71,
+               "multi_query": True, "num_kv_heads": 71, "vocab_size": 65024, "bias": False})
+    assert f7.kv_heads == 1  # the old architecture: multi_query decides, num_kv_heads is not read
+    mpt = read({"model_type": "mpt", "n_layers": 32, "d_model": 4096, "n_heads": 32, "expansion_ratio": 4,
+                "max_seq_len": 2048, "vocab_size": 50432, "no_bias": True})
+    assert (mpt.layers, mpt.heads, mpt.ffn, mpt.seq_len, mpt.bias, mpt.kv_heads) == (32, 32, 16384, 2048, False, None)
+    sc = read({"model_type": "gpt_bigcode", "n_layer": 40, "n_embd": 6144, "n_head": 48, "n_inner": 24576,
+               "n_positions": 8192, "vocab_size": 49152, "multi_query": True})
+    assert sc.kv_heads == 1 and sc.learned_pos and sc.bias

@@ -476,6 +476,10 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
                  "nemotron4-340b": "squared-ReLU MLP"}
 
 
+# Hugging Face model types with a gated MLP whatever their activation's name (Gemma's GeGLU: gelu_pytorch_tanh) or
+# that leave it implicit, and those that tie the output head to the embedding when config.json omits the key
+GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3")
+TIED_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
 # k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
 # Llama 4's config says so itself (`use_qk_norm`: Scout's L2 norm)
@@ -487,7 +491,8 @@ def model_names() -> list[str]:
 
 
 def from_hf_config(path: str) -> ModelSpec:
-    """Read a Hugging Face `config.json` (GPT-2/GPT-NeoX/OPT/Llama/Mistral/Qwen2 key names)."""
+    """Read a Hugging Face `config.json` (GPT-2/GPT-NeoX/OPT/BLOOM/Llama/Mistral/Qwen/Gemma/Falcon/MPT/GPT-BigCode key
+    names)."""
     try:
         with open(path) as fh:
             cfg = json.load(fh)
@@ -504,11 +509,11 @@ def from_hf_config(path: str) -> ModelSpec:
                 return cfg[k]
         return default
 
-    layers = pick("num_hidden_layers", "n_layer", "num_layers")
+    layers = pick("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # n_layers, n_heads, max_seq_len: MPT's
     hidden = pick("hidden_size", "n_embd", "d_model")
-    heads = pick("num_attention_heads", "n_head")
+    heads = pick("num_attention_heads", "n_head", "n_heads")
     vocab = pick("vocab_size")
-    seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=2048)
+    seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len", default=2048)
     chunk = cfg.get("_attention_chunk")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else 0
     if chunk and seq and seq > chunk:  # Llama 4's 10M-token positions: its chunk as the default length (--seq-len
@@ -521,15 +526,21 @@ def from_hf_config(path: str) -> ModelSpec:
     _refuse_windows(cfg, path)
     _refuse_state_space(cfg, path)
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
+    kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    gated = act in ("silu", "swiglu", "swish") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
-    rms = "rms_norm_eps" in cfg or cfg.get("model_type") in ("llama", "mistral", "qwen2")
-    ffn = pick("intermediate_size", "n_inner", "ffn_dim")
-    name = str(cfg.get("_name_or_path") or cfg.get("model_type") or os.path.basename(os.path.dirname(path)) or path)
+    gated = act in ("silu", "swiglu", "swish") or kind in GATED_TYPES
+    rms = "rms_norm_eps" in cfg or kind in ("llama", "mistral", "qwen2")
+    ffn = pick("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+    if ffn is None and isinstance(cfg.get("expansion_ratio"), (int, float)):  # MPT: the MLP's width over d_model
+        ffn = int(cfg["expansion_ratio"] * hidden)
+    # biases: Falcon's `bias`, MPT's `no_bias`; otherwise GPT-style models have them and gated (Llama-style) ones not
+    bias = (cfg["bias"] if isinstance(cfg.get("bias"), bool)
+            else not cfg["no_bias"] if isinstance(cfg.get("no_bias"), bool) else not gated)
+    name = str(cfg.get("_name_or_path") or kind or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
-                     None if "kv_lora" in moe else pick("num_key_value_heads"), gated=gated,
-                     tied=bool(cfg.get("tie_word_embeddings", not gated)),
-                     learned_pos=cfg.get("model_type") in ("gpt2", "opt", "gpt_neo"), bias=not gated,
+                     None if "kv_lora" in moe else _kv_heads_of(cfg, heads), gated=gated,
+                     tied=bool(cfg.get("tie_word_embeddings", not gated or kind in TIED_TYPES)),
+                     learned_pos=kind in ("gpt2", "opt", "gpt_neo", "gpt_bigcode"), bias=bias,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
                      global_every=int(cfg.get("_global_every", 0)) if chunk else 0, window=_window_of(cfg, path, layers),
                      qk_norm=(cfg.get("model_type") in QK_NORM_TYPES or cfg.get("use_qk_norm") is True)
@@ -571,6 +582,18 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
                              "prices beside the chunked ones")
         out["_global_every"] = every
     return out
+
+
+def _kv_heads_of(cfg: dict, heads: int | None) -> int | None:
+    """K/V heads from a config.json: `num_key_value_heads` (Llama, Mistral, Qwen, Gemma), Falcon's `num_kv_heads` (its
+    new decoder architecture) or multi-query attention, one K/V head (Falcon-7B's `multi_query`, FalconConfig's
+    default; GPT-BigCode's, StarCoder's); None: one per query head."""
+    for k in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+        if isinstance(cfg.get(k), int) and (cfg.get("model_type") != "falcon" or cfg.get("new_decoder_architecture")):
+            return cfg[k]
+    if cfg.get("model_type") == "falcon" and not cfg.get("new_decoder_architecture"):
+        return 1 if cfg.get("multi_query", True) else heads
+    return 1 if cfg.get("multi_query") is True else None
 
 
 def _head_size(cfg: dict) -> int | None:
