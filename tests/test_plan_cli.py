@@ -913,6 +913,9 @@ def test_qk_norm_flag(capsys):
         steps[flag] = plan["step_time_s"]
     rc, out, _ = run(capsys, *base)
     assert rc == 0 and json.loads(out)["plans"][0]["step_time_s"] == steps["--qk-norm"]  # the catalogue's default
+    assert json.loads(out)["model"]["qk_norm"] is True
+    rc, out, _ = run(capsys, *[a for a in base if a != "--json"])
+    assert rc == 0 and "Q/K norms" in out.splitlines()[0]
     assert steps["--qk-norm"] > steps["--no-qk-norm"]
     with pytest.raises(SystemExit):
         main(["plan", "--help"])

@@ -363,6 +363,8 @@ class ModelSpec:
                 f" (one layer in {self.global_every} global)" if self.global_every else "")
         if self.window:
             extra += f", sliding window {self.window}"
+        if self.qk_norm:
+            extra += ", Q/K norms"
         return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{extra}, {mlp}{' (gated)' if self.gated else ''}, "
                 f"{'RMSNorm' if self.norm == 'rms' else 'LayerNorm'}, "
@@ -383,7 +385,8 @@ class ModelSpec:
                     "v_head_dim": self.v_head_dim} if self.mla else {}),
                 **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {}),
                 **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {}),
-                **({"sliding_window": self.window} if self.window else {})}
+                **({"sliding_window": self.window} if self.window else {}),
+                **({"qk_norm": True} if self.qk_norm else {})}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
