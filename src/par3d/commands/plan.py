@@ -750,8 +750,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             model_config_from_spec(model)
         except ConfigError as e:
-            why = str(e).split("\n  - ", 1)[-1]
-            raise UsageError(f"--emit-config: {why}; drop --emit-config (the plan itself is priced)") from None
+            raise UsageError(f"--emit-config: {'; '.join(e.problems)}; drop --emit-config (the plan itself is "
+                             "priced)") from None
     if model.head_size is not None:  # heads of their own width: priced by the GPU descriptions only
         if args.emit_config:
             raise UsageError(f"--emit-config with head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not "
