@@ -346,7 +346,9 @@ def register(sub) -> None:
                    help="expert-tensor-parallel size (a mixture of experts; Megatron-Core's "
                         "--expert-tensor-parallel-size): each routed expert's fc1 split by columns and fc2 by rows over "
                         "etp ranks, which all-gather the copies they receive and reduce-scatter the outputs (fp32); "
-                        "ep x etp must divide tp x cp x dp, etp the expert width. Default 1, not searched")
+                        "ep x etp must divide tp x cp x dp, etp the expert width. Default 1 (Megatron-Bridge's "
+                        "recipes set 1), not searched; Megatron-Core left unset uses --tp, so pass --etp TP to plan "
+                        "such a run")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
