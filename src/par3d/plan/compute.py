@@ -96,6 +96,12 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "mxfp8": 1, "nvfp4": 0
 ATTN_DTYPE = {"fp8": "bf16"}
 
 
+def act_bytes(dtype: str) -> float:
+    """Bytes of an activation between kernels: fp8 training (Transformer Engine) keeps them 16-bit, only GEMM inputs
+    are cast; other dtypes their own width."""
+    return 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
+
+
 @dataclass(frozen=True)
 class Gemm:
     name: str
@@ -261,8 +267,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     rows at the expert width, and a shared expert's activation as a dense MLP's; `ep_resort` (Megatron-Core's
     alltoall dispatcher) its second permutation (`module_elementwise_bytes`).
     """
-    # fp8 (Transformer Engine) keeps bf16 activations between kernels: only GEMM inputs are fp8
-    d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
+    d = act_bytes(dtype)
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
     rep = 1.0 / t if sp else 1.0
@@ -282,11 +287,10 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     if model.mla:  # rotary on Q's and the shared K's rotary channels; the latents' norms (whole on every TP rank)
         by += 2 * tok * (model.heads * model.rope_dim / t + model.rope_dim) * d
         by += 2 * tok * (model.q_lora + model.kv_lora) * d * rep  # (on the sequence shard under SP)
-    elif not model.learned_pos:
-        by += 2 * tok * (model.q_dim + model.kv_dim) / t * d  # rotary on Q and K
-    if model.qk_norm and not model.mla:  # Q's and K's norms (Qwen3's q_norm / k_norm, Megatron-Core's qk_layernorm):
-        # one fused kernel each, read + write of every Q and K element (models.ModelSpec.qk_norm)
-        by += 2 * tok * (model.q_dim + model.kv_dim) / t * d
+    else:  # a read and a write of every Q and K element: rotary on them, and their norms (Qwen3's q_norm / k_norm,
+        # Megatron-Core's qk_layernorm: one fused kernel each; models.ModelSpec.qk_norm)
+        qk_pass = 2 * tok * (model.q_dim + model.kv_dim) / t * d
+        by += qk_pass * ((not model.learned_pos) + model.qk_norm)
     if dtype == "fp8":  # each GEMM input cast bf16 -> fp8 by Transformer Engine's cast-transpose (read
         # 2 B, write the fp8 copy and its transpose, 1 + 1 B: Hopper's fp8 GEMMs take only the TN layout, so
         # the backward's weight-gradient GEMM needs the transposed copy): QKV and MLP-in inputs (T·h, cast
@@ -458,10 +462,10 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         # the eager block's forward and backward bytes, a third of them on the forward (the backward is priced as
         # twice the forward: the step's total is then exact; eager.py); the attention's scores are the fused
         # kernel's or, without it, counted below as before
-        fwd_b, bwd_b = block_bytes(model, b, tp, sp, DTYPE_BYTES.get(ATTN_DTYPE.get(dtype, dtype), 2))
+        fwd_b, bwd_b = block_bytes(model, b, tp, sp, act_bytes(dtype))
         nbytes = (fwd_b + bwd_b) / 3
         if not flash:
-            nbytes += scores_bytes(model, b, tp, 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2))
+            nbytes += scores_bytes(model, b, tp, act_bytes(dtype))
     else:
         nbytes = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
     elem = nbytes / (dev.mem_bw * dev.mem_eff)
@@ -501,7 +505,7 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     them each, 4·k·T·h more.  The flex dispatcher (DeepEP, HybridEP) permutes the received tokens once, by expert,
     and has no such pass.  With expert tensor parallelism (`etp`) it sorts the copies gathered from the etp group,
     etp times as many."""
-    d = 2 if dtype == "fp8" else DTYPE_BYTES.get(dtype, 2)
+    d = act_bytes(dtype)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0
     act = 3 if model.gated else 2

@@ -67,10 +67,15 @@ MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc
                    "megascale", "apertus", "oellm")
 
 
+def megatron_row(row: dict[str, Any]) -> bool:
+    """Whether a row ran on Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (`MEGATRON_FAMILY`, by its name)."""
+    return str(row["name"]).split("-")[0] in MEGATRON_FAMILY
+
+
 def model_of(row: dict[str, Any]) -> ModelSpec:
     m = row["model"]
     spec = CATALOGUE[m] if isinstance(m, str) else ModelSpec(row["name"], **m)
-    if row["name"].split("-")[0] in MEGATRON_FAMILY:
+    if megatron_row(row):
         spec = replace(spec, partition="megatron")
     if "seq_len" in row:
         spec = replace(spec, seq_len=int(row["seq_len"]))
@@ -292,7 +297,7 @@ MOE_HOST_CAL_PREFIX = "mbridge-moe-26.04-"
 def host_floored(row: dict[str, Any]) -> bool:
     """Whether a row's MoE layers wait for their host (cost.moe_host_floor): Megatron-Core's dropless layers (a
     Megatron-family row) without whole-iteration CUDA graphs (its `cuda_graphs`, "none" unless stated)."""
-    return row["name"].split("-")[0] in MEGATRON_FAMILY and row.get("cuda_graphs", "none") != "full_iteration"
+    return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"
 
 
 def moe_host_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
