@@ -708,6 +708,32 @@ def test_expert_tensor_parallelism(qwen, capsys):
     assert rc == 0 and out["plans"][0]["etp"] == 4 and out["plans"][0]["ep"] == 8
 
 
+
+def test_expert_tensor_parallelism_is_searched(capsys):
+    """Without --etp the search tries etp 1 (Megatron-Bridge's recipes) and the layout's tp (Megatron-Core's default,
+    search.etp_choices), each priced as the fixed flag prices it; --etp N keeps N alone.  Mixtral 8x22B at TP 8 with
+    no expert parallelism (PP 4) fits only with its experts split over the TP ranks: 8 whole experts of 16,384 (~34 B
+    parameters on a stage) on every rank do not."""
+    from par3d.plan.search import etp_choices
+    mixtral = resolve_model("mixtral-8x22b")
+    assert etp_choices(mixtral, 8, Fixed()) == [1, 8] and etp_choices(mixtral, 1, Fixed()) == [1]
+    assert etp_choices(mixtral, 8, Fixed(etp=2)) == [2] and etp_choices(resolve_model("llama3-8b"), 8, Fixed()) == [1]
+    cl = make_cluster("h100-sxm", 64, dtype="bf16")
+    fixed = Fixed(tp=8, pp=4, ep=1, cp=1, micro_batch=1, recompute="full", zero_stage=1)
+    res = search(mixtral, cl, 64, fixed, top=3)
+    assert res.plans and all(p.choice.etp == 8 and p.fits for p in res.plans)
+    best = res.plans[0]
+    assert evaluate(mixtral, cl, best.choice).step_time == pytest.approx(best.step_time)
+    assert not search(mixtral, cl, 64, replace(fixed, etp=1), top=3).plans  # whole experts: nothing fits
+    # unconstrained at TP 4: both sizes among the candidates, the table and --json name the winner's
+    both = search(mixtral, cl, 64, Fixed(tp=4, pp=1, cp=1, micro_batch=1, recompute="full"), top=40)
+    assert {p.choice.etp for p in both.plans} == {1, 4}
+    assert main(["plan", "--model", "mixtral-8x22b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "64",
+                 "--tp", "8", "--pp", "4", "--ep", "1", "--cp", "1", "--micro-batch", "1", "--recompute", "full",
+                 "--zero-stage", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "  ep etp" in text and "etp=8" in text
+
 def test_moe_host_floor_is_the_longer_of_gpu_work_and_host_issue():
     """cost.moe_host_floor: a MoE layer waits for its host only where the host's issue time (hardware.MOE_HOST_S:
     fixed + per routed expert on the rank, a third forward, two thirds backward) exceeds its GPU work."""

@@ -341,14 +341,14 @@ def register(sub) -> None:
     g.add_argument("--ep", type=_int_at_least(1),
                    help="expert-parallel size (a mixture of experts): the routed experts split over ep of the tp x cp "
                         "x dp ranks of a stage, experts/ep whole experts each (Megatron-Core's parallel folding, "
-                        "expert-tensor-parallel size 1 unless --etp); must divide --experts. Searched when omitted")
+                        "each expert whole on a rank unless --etp); must divide --experts. Searched when omitted")
     g.add_argument("--etp", type=_int_at_least(1),
                    help="expert-tensor-parallel size (a mixture of experts; Megatron-Core's "
                         "--expert-tensor-parallel-size): each routed expert's fc1 split by columns and fc2 by rows over "
                         "etp ranks, which all-gather the copies they receive and reduce-scatter the outputs (fp32); "
-                        "ep x etp must divide tp x cp x dp, etp the expert width. Default 1 (Megatron-Bridge's "
-                        "recipes set 1), not searched; Megatron-Core left unset uses --tp, so pass --etp TP to plan "
-                        "such a run")
+                        "ep x etp must divide tp x cp x dp, etp the expert width. Searched when omitted over 1 "
+                        "(Megatron-Bridge's recipes) and the layout's tp (Megatron-Core's default when the size is "
+                        "left unset); --etp 1 plans a recipe's run")
     g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
     g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
@@ -945,13 +945,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",
-           f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4}{'  ep' if model.moe else ''} {'mb':>3} {'m':>5} "
+           f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4}{'  ep etp' if model.moe else ''} {'mb':>3} {'m':>5} "
            f"{'schedule':>11} {'v':>2} {'recomp':>10} "
            f"{'zero':>4} {'sp':>3} {'GiB':>6} {'step s':>8} {'tok/s':>9} {'TF/s':>6} {'MFU':>6} {'bubble':>6}"]
     for i, p in enumerate(res.plans, 1):
         c = p.choice
         dp = c.dp_split if c.dp_replicate > 1 else str(c.dp)
-        ep = f" {c.ep:>3}" if model.moe else ""  # a mixture of experts: the expert-parallel size
+        ep = f" {c.ep:>3} {c.etp:>3}" if model.moe else ""  # a mixture of experts: expert-(tensor-)parallel sizes
         out.append(f"{i:>2} {c.tp:>3} {c.cp:>3} {c.pp:>3} {dp:>4}{ep} {c.micro_batch:>3} {c.microbatches:>5} {c.schedule:>11} "
                    f"{c.virtual_stages:>2} {c.recompute_label:>10} {c.zero_stage:>4} {'on' if c.sequence_parallel else 'off':>3} "
                    f"{p.memory.total / GiB:>5.1f}{' ' if p.fits else '!'} {p.step_time:>8.3f} {p.tokens_per_s:>9.0f} "

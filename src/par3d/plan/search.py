@@ -81,7 +81,7 @@ class Fixed:
     dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
     recompute_layers: int | None = None  # block-method full recomputation (cost.Choice.recompute_layers)
     ep: int | None = None  # expert parallelism (a mixture of experts: cost.Choice.ep)
-    etp: int | None = None  # expert tensor parallelism (cost.Choice.etp); None: 1, not searched
+    etp: int | None = None  # expert tensor parallelism (cost.Choice.etp); None: searched over 1 and tp (etp_choices)
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -151,12 +151,26 @@ def tp_choices(model: ModelSpec, cluster: Cluster, fixed: Fixed, limits: Limits)
     return ok
 
 
-def ep_choices(model: ModelSpec, tp: int, cp: int, dp: int, fixed: Fixed, rejected: Counter) -> list[int]:
-    """Expert-parallel degrees for a layout: 1 for a dense model; for a mixture of experts each ep dividing both
-    the expert count (E/ep whole experts per rank) and the stage's tp × cp × dp ranks it folds over."""
+def etp_choices(model: ModelSpec, tp: int, fixed: Fixed) -> list[int]:
+    """Expert-tensor-parallel sizes for a layout: 1 for a dense model or a fixed --etp; otherwise 1 (experts whole on
+    a rank: Megatron-Bridge's recipes) and, with tp > 1, tp itself (Megatron-Core's default when
+    --expert-tensor-parallel-size is left unset) where it divides the expert width.  Other sizes are legal in
+    Megatron-Core but no recipe we know uses them; --etp N prices any."""
     if not model.moe:
         return [1]
-    ranks, etp = tp * cp * dp, fixed.etp or 1
+    if fixed.etp is not None:
+        return [fixed.etp]
+    return [1] + ([tp] if tp > 1 and model.expert_ffn % tp == 0 else [])
+
+
+def ep_choices(model: ModelSpec, tp: int, cp: int, dp: int, fixed: Fixed, rejected: Counter,
+               etp: int = 1) -> list[int]:
+    """Expert-parallel degrees for a layout and expert-tensor-parallel size `etp`: 1 for a dense model; for a
+    mixture of experts each ep dividing the expert count (E/ep whole experts per rank) with ep x etp dividing the
+    stage's tp × cp × dp ranks it folds over."""
+    if not model.moe:
+        return [1]
+    ranks = tp * cp * dp
     if fixed.ep is not None:
         if ranks % (fixed.ep * etp):
             rejected["--ep x --etp does not divide tp·cp·dp" if etp > 1 else "--ep does not divide tp·cp·dp"] += 1
@@ -328,7 +342,6 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     _check_recompute_op(cluster, fixed)
     _check_recompute_modules(model, cluster, fixed)
     check_moe(model, cluster, fixed)
-    etp = fixed.etp or 1
     _check_ulysses(model, cluster, fixed)
     _check_local_attention(model, fixed)
     cap = math.inf if opts.ignore_memory else opts.capacity(cluster)
@@ -379,7 +392,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
         if model.moe and tp > 1 and sps != [True]:  # MoE with TP runs sequence parallelism (Megatron-Core's rule)
             res.rejected["a mixture of experts with tp > 1 needs sequence parallelism (seq/cp divisible by tp)"] += 1
             continue
-        for sp, ep in [(sp, ep) for sp in sps for ep in ep_choices(model, tp, cp, dp, fixed, res.rejected)]:
+        expert_grids = [(sp, e, et) for sp in sps for et in etp_choices(model, tp, fixed)
+                        for e in ep_choices(model, tp, cp, dp, fixed, res.rejected, et)]
+        for sp, ep, etp in expert_grids:
             bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
             bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
             full_fit: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory recomputing every layer, if it fits

@@ -148,7 +148,9 @@ def predict(row: dict[str, Any]) -> Prediction:
 
 def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
     model = model_of(row)
-    fixed = Fixed(**{"dp_replicate": 1, **row["fixed"]})  # a row ran HSDP only where it says so
+    # a row ran HSDP only where it says so, and expert tensor parallelism only where it gives a size (every recipe
+    # that states none sets 1: Megatron-Bridge's and NeMo's)
+    fixed = Fixed(**{"dp_replicate": 1, "etp": 1, **row["fixed"]})
     opts = options_of(row)
     # a row that leaves the schedule to the search names the ones its framework had (`schedules`)
     limits = Limits(schedules=tuple(row["schedules"]) if "schedules" in row else None)
@@ -165,7 +167,7 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
         m = int(row["global_batch"]) // (dp * f["micro_batch"])
         c = Choice(f["tp"], f["pp"], dp, f["micro_batch"], m, f.get("schedule", "1f1b"), f.get("virtual_stages", 1),
                    f["recompute"], f["zero_stage"], f["sequence_parallel"], f.get("cp", 1), f.get("dp_replicate", 1),
-                   f.get("recompute_layers", 0), f.get("ep", 1))
+                   f.get("recompute_layers", 0), f.get("ep", 1), f.get("etp", 1))
         plan, fits = evaluate(model, cluster, c, opts=opts), False
     else:
         raise ValueError(f"{row['name']}: no plan fits ({dict(res.rejected)})")
