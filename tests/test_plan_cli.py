@@ -519,6 +519,25 @@ def test_optimizer_dtype_flag(capsys):
     assert c["plans"][0]["memory_gib"]["optimizer"] == pytest.approx(oa * 8 / 12, rel=1e-2)
 
 
+def test_optimizer_muon_flag(capsys):
+    """--optimizer muon: the JSON's hardware says so, the optimizer state drops from Adam's 12 B to 8 B per matrix
+    parameter and the optimizer step grows by its Newton-Schulz work; a state dtype of Adam's and --emit-config
+    (par3d train steps Adam) are refused by name."""
+    base = ["--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"]
+    rc, out, _ = run(capsys, *base)
+    rc2, out2, _ = run(capsys, *base, "--optimizer", "muon")
+    assert rc == rc2 == 0
+    a, b = json.loads(out), json.loads(out2)
+    assert a["hardware"]["optimizer"] == "adam" and b["hardware"]["optimizer"] == "muon"
+    oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
+    assert oa * 8 / 12 < ob < oa  # the tied embedding's share stays at 12 B
+    assert b["plans"][0]["breakdown_s"]["optimizer"] > a["plans"][0]["breakdown_s"]["optimizer"]
+    rc3, _, err = run(capsys, *base, "--optimizer", "muon", "--optimizer-dtype", "bf16")
+    assert rc3 == 2 and "--optimizer-dtype bf16 with --optimizer muon" in err
+    rc4, _, err = run(capsys, *base[:-1], "--optimizer", "muon", "--emit-config", "x.toml")
+    assert rc4 == 2 and "--emit-config with --optimizer muon" in err
+
+
 def test_fp8_current_scaling_flag(capsys):
     """--fp8-scaling current (Transformer Engine's Float8CurrentScaling): the JSON says so; the layers'
     elementwise traffic grows by one read of each cast input except the MLP activation, and with SP each

@@ -116,6 +116,49 @@ def test_deepseek_v3_rows_use_their_recipes_optimizer_state():
         assert r["optimizer_dtype"] == want, r["name"]
 
 
+def test_muon_state_and_newton_schulz():
+    """Muon (issue 12's thirty-sixth round; Megatron-Core's Muon as Megatron-Bridge's Kimi K2 recipe runs it): an fp32
+    momentum beside the fp32 master, 8 B per matrix parameter, the embedding and output layer on Adam's 12 B; the
+    optimizer step adds 5 Newton-Schulz steps over every weight matrix -- 4m²n + 2m³ FLOPs a step for an m × n
+    matrix, m <= n -- at the bf16 GEMM rate, shared over the data-parallel group with ZeRO >= 1 and done whole on
+    every TP rank in the duplicated mode (after an fp32 gather over TP)."""
+    from par3d.plan import compute
+    from par3d.plan.cost import newton_schulz_seconds, optimizer_time, rank_shapes
+
+    assert state_bytes_per_param("bf16", 0, 8, optimizer="muon") == (2, 2, 8)
+    assert state_bytes_per_param("bf16", 1, 4, optimizer="muon") == (2, 2, 2)
+    assert state_bytes_per_param("fp32", 0, 8, optimizer="muon") == (4, 4, 4)
+    with pytest.raises(ValueError, match="Muon keeps an fp32 momentum"):
+        state_bytes_per_param("bf16", 1, 4, optimizer_dtype="bf16", optimizer="muon")
+    assert compute.newton_schulz_flops(4096, 1024, 5) == 5 * (4 * 1024 ** 2 * 4096 + 2 * 1024 ** 3)
+    assert compute.newton_schulz_flops(1024, 4096, 1) == compute.newton_schulz_flops(4096, 1024, 1)
+    model = CATALOGUE["llama3-8b"]  # h 4096, 32 heads, 8 K/V heads of 128, ffn 14336 gated
+    mats = compute.muon_matrices(model, tp=2)
+    assert (2048, 4096, 1, False) in mats and (512, 4096, 2, False) in mats  # Q apart from K and V, TP shards
+    assert (14336, 4096, 1, False) in mats and (4096, 7168, 1, False) in mats  # fc1 (gate and up), fc2
+    cl = make_cluster("h100-sxm", 64)
+    c = Choice(2, 2, 16, 1, 16, "1f1b", 1, "none", 1, True)
+    adam, muon = cl, replace(cl, optimizer="muon")
+    a, m = evaluate(model, adam, c), evaluate(model, muon, c)
+    shapes = rank_shapes(model, 2, 2, 1, "1f1b")
+    worst = max(range(2), key=lambda r: shapes[r].params)
+    # the heavier rank: its matrices 12 -> 8 B over the 16 ZeRO shards, its vocabulary share still 12
+    assert 0 < shapes[worst].vocab_params < shapes[worst].params
+    want = (shapes[worst].params * 8 + shapes[worst].vocab_params * 4) / 16
+    assert m.memory.optimizer == pytest.approx(want) and m.memory.optimizer < a.memory.optimizer
+    assert m.memory.weights == a.memory.weights
+    layers = max(sum(s.layers) for s in shapes)  # the busier rank's (the partition balances the head's cost)
+    flops = layers * sum(n * compute.newton_schulz_flops(r, k, 5) for r, k, n, _ in mats) / 16
+    rate = cl.device.peak("bf16") * cl.device.gemm_fraction("bf16")
+    assert newton_schulz_seconds(model, muon, c) == pytest.approx(flops / rate)
+    assert optimizer_time(model, muon, c) == pytest.approx(optimizer_time(model, adam, c) + flops / rate)
+    assert m.breakdown["optimizer"] > a.breakdown["optimizer"] and m.step_time > a.step_time
+    assert newton_schulz_seconds(model, muon, replace(c, zero_stage=0)) == pytest.approx(16 * flops / rate)
+    dup = newton_schulz_seconds(model, replace(muon, muon_tp_mode="duplicated"), c)
+    whole = layers * sum(n * compute.newton_schulz_flops(r, k, 5) for r, k, n, _ in compute.muon_matrices(model)) / 16
+    assert dup > whole / rate > flops / rate  # the whole matrices, plus the gather over TP
+
+
 @pytest.mark.parametrize("sched,p,m,v", [("1f1b", 4, 16, 1), ("1f1b", 4, 3, 1), ("zb-h1", 4, 12, 1),
                                          ("interleaved", 4, 16, 2), ("interleaved", 2, 8, 3), ("gpipe", 4, 11, 1),
                                          ("zb-v", 4, 20, 2), ("zb-v", 1, 3, 2), ("dualpipe-v", 4, 20, 2)])

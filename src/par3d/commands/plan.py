@@ -12,7 +12,7 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
-from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S
+from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S, MUON_TP_MODES, OPTIMIZERS
 from par3d.plan.memory import OPTIMIZER_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -401,6 +401,17 @@ def register(sub) -> None:
                         "bf16-moments = fp32 master + bf16 m, v, 8 B (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); "
                         "remainders = 16-bit master remainders + fp32 m, v, 10 B (TE's store_param_remainders, "
                         "BF16 training); remainders-bf16-moments = 6 B (default: %(default)s)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                   help="the weight matrices' optimizer: adam = mixed-precision Adam / AdamW (fp32 master, m, v); "
+                        "muon = Megatron-Core's Muon (Megatron-Bridge's dist_muon, its Kimi K2 recipes' default): "
+                        "an fp32 momentum beside the fp32 master (8 B, not 12), each matrix's update orthogonalized "
+                        "by 5 Newton-Schulz steps priced at the bf16 GEMM rate and shared over the data-parallel "
+                        "group with ZeRO >= 1 (its layer-wise distributed optimizer); the embedding and output "
+                        "layer stay on Adam (default: %(default)s)")
+    g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, default="blockwise",
+                   help="--optimizer muon with TP: blockwise = each rank orthogonalizes its own shard "
+                        "(Megatron-Bridge's recipes); duplicated = each whole matrix gathered over TP in fp32 and "
+                        "orthogonalized on every TP rank (Megatron-Core's default) (default: %(default)s)")
     g.add_argument("--memory-headroom", type=_headroom, default=0.05,
                    help="share of each GPU's memory a fitting plan leaves free (default: %(default)s)")
     g.add_argument("--ignore-memory", action="store_true",
@@ -531,6 +542,7 @@ def _cluster(args: argparse.Namespace):
                   fp8_param_gather=args.fp8_param_gather, cross_entropy=args.cross_entropy,
                   elementwise=args.elementwise or cl.elementwise,
                   offload_layers=args.offload_layers, dp_bucket_params=args.dp_bucket_params,
+                  optimizer=args.optimizer, muon_tp_mode=args.muon_tp_mode,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     from par3d.plan.hardware import fp8_scaling_error
 
@@ -742,6 +754,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.pipeline_layout:
         model = _with_layout(model, args)
     cluster = _cluster(args)
+    if args.optimizer == "muon" and args.optimizer_dtype != "fp32":
+        raise UsageError(f"--optimizer-dtype {args.optimizer_dtype} with --optimizer muon: the state dtypes set Adam's "
+                         "master copy and moments, and Muon keeps an fp32 momentum; drop --optimizer-dtype")
+    if args.optimizer == "muon" and args.emit_config:
+        raise UsageError("--emit-config with --optimizer muon: par3d train steps Adam only, so its config cannot run "
+                         "this plan; drop --emit-config (the plan itself is priced) or --optimizer muon")
     if model.moe and args.emit_config:
         raise UsageError(f"--emit-config with a mixture of experts ({model.experts} experts): par3d train has no "
                          "routed experts, so no config of it can run this model; drop --emit-config (the plan "
@@ -942,6 +960,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out = [f"model:    {model.summary()}",
            f"cluster:  {describe(cluster)}",
            f"batch:    {args.global_batch} sequences x {model.seq_len} tokens per step" + _seq_note(args),
+           *([f"optimizer: Muon ({cluster.muon_tp_mode} over TP; 5 Newton-Schulz steps per matrix in the optimizer "
+              "step; the embedding and output layer on Adam)"] if cluster.optimizer == "muon" else []),
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",

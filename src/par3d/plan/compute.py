@@ -231,6 +231,47 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
     return out
 
 
+def muon_matrices(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> list[tuple[int, int, int, bool]]:
+    """One decoder layer's weight matrices as Muon orthogonalizes them on a rank, (rows, cols, how many, whether
+    they are routed experts'): the
+    weights of `layer_gemms` at TP `tp` and expert TP `etp` (its shards: Megatron-Bridge's blockwise mode; 1, 1
+    for the whole matrices of Megatron-Core's duplicated mode), the E/ep routed experts each its own matrix, Q, K
+    and V apart (Megatron-Core's `muon_split_qkv`), multi-head latent attention's two down projections apart; the
+    attention core has no weight."""
+    out: list[tuple[int, int, int, bool]] = []
+    for g in layer_gemms(model, 1, tp, ep, etp=etp):
+        if g.name in ("attn_scores", "attn_values"):
+            continue
+        if g.name == "qkv" and not model.mla:  # Q, K and V apart
+            out += [(model.q_dim // tp, g.k, 1, False), (round(model.kv_dim_per_rank(tp)), g.k, 2, False)]
+        elif g.name == "qkv_down":  # Q's down projection and K/V's (with the shared rotary key) apart
+            out += ([(model.q_lora, g.k, 1, False)] if model.q_lora else []) + [
+                (model.kv_lora + model.rope_dim, g.k, 1, False)]
+        else:
+            out.append((g.n, g.k, g.batch, g.name.startswith("expert_")))
+    return out
+
+
+@lru_cache(maxsize=1024)
+def newton_schulz_layer_flops(model: ModelSpec, tp: int, ep: int, etp: int, steps: int) -> tuple[float, float]:
+    """One layer's Newton-Schulz FLOPs on a rank (`muon_matrices`), (the rest, the routed experts)."""
+    dense = experts = 0.0
+    for rows, cols, n, expert in muon_matrices(model, tp, ep, etp):
+        f = n * newton_schulz_flops(rows, cols, steps)
+        if expert:
+            experts += f
+        else:
+            dense += f
+    return dense, experts
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int) -> float:
+    """FLOPs of Muon's Newton-Schulz orthogonalization of one rows × cols matrix: with m <= n its sides, each
+    quintic step is A = X·Xᵀ (2m²n), B = b·A + c·A² (2m³), X = a·X + B·X (2m²n) -- Jordan et al. 2024, "Muon"."""
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4.0 * m * m * n + 2.0 * m ** 3)
+
+
 def head_gemm(model: ModelSpec, b: int, tp: int) -> Gemm:
     return Gemm("head", b * model.seq_len, -(-model.vocab // tp), model.hidden)
 

@@ -98,6 +98,7 @@ from .compute import (
     layer_gemms,
     layer_times,
     model_flops_per_sequence,
+    newton_schulz_layer_flops,
     recompute_flops_per_sequence,
     recompute_modules,
     recomputes_core,
@@ -346,17 +347,20 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
     per_expert_layer = model.expert_layer_params() / ep
     per_dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_count else 0.0
     for stages in rank_stage_lists(schedule or default_schedule(v), pp, v):
-        params = 0.0
+        params = vocab = 0.0
         for s in stages:
             params += (lay.layers[s] - lay.dense_of(s)) * per_layer + lay.dense_of(s) * per_dense
             if lay.embed[s]:
                 params += model.embedding_params() / tp
+                vocab += model.embedding_params() / tp
             if lay.head[s]:  # a separate copy when tied but on another stage (Megatron)
-                params += (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
-                params += mtp_params_per_rank(model, tp, ep)  # multi-token prediction rides with the loss
+                head = (model.head_params() if (not model.tied or pp > 1) else model.norm_params) / tp
+                params += head + mtp_params_per_rank(model, tp, ep)  # multi-token prediction rides with the loss
+                vocab += head
         mtp_experts = model.mtp_layers * per_expert_layer if any(lay.head[s] for s in stages) else 0.0
         out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages),
-                             sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer + mtp_experts))
+                             sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer + mtp_experts,
+                             vocab))
     return tuple(out)
 
 
@@ -1603,7 +1607,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
     # alone sharded
     zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
-    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype)
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
@@ -1617,7 +1621,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                            zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
                            per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
                            cross_entropy=cluster.cross_entropy,
-                           expert_dp=c.expert_dp, etp=c.etp)
+                           expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
 
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
@@ -1994,13 +1998,56 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
 
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    """The optimizer step on the busiest rank: its HBM traffic over the parameters it updates (ZeRO shards them:
+    Megatron-Core's distributed optimizer, and Muon's layer-wise one) and, under Muon, the Newton-Schulz work
+    (`newton_schulz_seconds`).  Muon's elementwise traffic is taken as Adam's: per parameter it reads the gradient
+    and a momentum and writes the momentum where Adam reads and writes two moments, and the update's read of the
+    orthogonalized matrix takes the place of Adam's second moment."""
     shapes = rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     zs, ze = (c.zero_shards, c.expert_dp) if c.zero_stage >= 1 else (1, 1)
     params = max((s.params - s.expert_params) / zs + s.expert_params / ze for s in shapes)
     dev = cluster.device
+    ns = newton_schulz_seconds(model, cluster, c) if cluster.optimizer == "muon" else 0.0
     if dev.kernel_model == "table":
-        return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff)
-    return ADAM_BYTES_PER_PARAM * params / dev.mem_bw
+        return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff) + ns
+    return ADAM_BYTES_PER_PARAM * params / dev.mem_bw + ns
+
+
+def newton_schulz_seconds(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
+    """Muon's orthogonalization on the busiest pipeline rank (Megatron-Core's Muon, `Cluster.optimizer` "muon"):
+    `MUON_NS_STEPS` Newton-Schulz steps over every weight matrix of the rank's layers (compute.muon_matrices; the
+    embedding and output layer are Adam's), at the bf16 GEMM rate (its `muon_fp32_matmul_prec` "medium" lets the
+    fp32 products run in bf16).  With ZeRO >= 1 the layer-wise distributed optimizer hands each matrix to one rank
+    of the data-parallel group (balanced by its Newton-Schulz cost), so a rank does 1/(dp·cp) of the rest and
+    1/expert_dp of the routed experts; with ZeRO 0 every rank does all of its own.  `Cluster.muon_tp_mode`
+    "blockwise" orthogonalizes each TP shard where it lies; "duplicated" gathers each whole matrix over TP (fp32)
+    and every TP rank orthogonalizes all of it."""
+    from .hardware import MUON_NS_STEPS
+
+    dup = cluster.muon_tp_mode == "duplicated"
+    t, et = (1, 1) if dup else (c.tp, c.etp)
+    zs, ze = (c.zero_shards, c.expert_dp) if c.zero_stage >= 1 else (1, 1)
+    kind = newton_schulz_layer_flops(model, t, c.ep, et, MUON_NS_STEPS)
+    dense_kind = (newton_schulz_layer_flops(model.dense_variant(), t, 1, 1, MUON_NS_STEPS)
+                  if model.dense_count else kind)
+    lay = layout(model, c.pp * c.virtual_stages)
+    worst, worst_layers = 0.0, 0
+    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
+        n = sum(lay.layers[s] for s in stages) + (model.mtp_layers if any(lay.head[s] for s in stages) else 0)
+        nd = sum(lay.dense_of(s) for s in stages)
+        flops = (n - nd) * (kind[0] / zs + kind[1] / ze) + nd * dense_kind[0] / zs
+        if flops > worst:
+            worst, worst_layers = flops, n
+    dev = cluster.device
+    gd = "bf16" if "bf16" in dev.peak_flops else cluster.dtype
+    rate = dev.peak(gd) * (dev.gemm_fraction(gd) if dev.kernel_model == "table" else dev.efficiency)
+    seconds = worst / rate
+    if dup and c.tp > 1:  # the fp32 shards of the matrices the rank owns gathered whole over TP (the TP-split part
+        # of a layer: its parameters but the routed experts', which TP does not split)
+        per_layer = model.dense_layer_params_per_rank(c.tp) if model.moe else model.layer_params_per_rank(c.tp)
+        nbytes = 4.0 * per_layer * c.tp * worst_layers / zs
+        seconds += comm.collective("all_gather", nbytes, c.tp, 1, cluster).total
+    return seconds
 
 
 # ---- the full evaluation -------------------------------------------------------------------------

@@ -155,7 +155,13 @@ FSDP_UNIT_S = 7.0e-3
 # thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
 # it; one pair for every GPU and host CPU (x86 and Grace alike).
 MOE_HOST_S = (4.91e-3, 0.459e-3)
-CUDA_GRAPHS = ("full_iteration", "partial", "none")  # what a run captures in CUDA graphs (`--cuda-graphs`)
+CUDA_GRAPHS = ("full_iteration", "partial", "none")
+# Muon (`Cluster.optimizer`): the optimizers the planner prices, how a TP-split matrix is orthogonalized, and the
+# Newton-Schulz steps per update -- 5 quintic steps, Megatron-Core's `muon_num_ns_steps` default and Megatron-Bridge's
+# recipes' (Jordan et al. 2024, "Muon"; Liu et al. 2025, "Muon is Scalable for LLM Training")
+OPTIMIZERS = ("adam", "muon")
+MUON_TP_MODES = ("blockwise", "duplicated")
+MUON_NS_STEPS = 5  # what a run captures in CUDA graphs (`--cuda-graphs`)
 
 
 def moe_host_of(cuda_graphs: str) -> tuple[float, float]:
@@ -712,6 +718,14 @@ class Cluster:
     # "a2a" all-to-alls Q, K, V from sequence shards to head shards and the output back, exposed
     # (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's cp_comm_type "a2a": cost.cp_all_to_all)
     cp_comm: str = "ring"
+    # the optimizer of the weight matrices (memory.state_bytes_per_param, cost.optimizer_time): "adam" (mixed-precision
+    # Adam / AdamW: fp32 master, m and v) or "muon" (Megatron-Core's Muon, `--optimizer muon` / Megatron-Bridge's
+    # `dist_muon`: an fp32 momentum beside the fp32 master, each matrix's update orthogonalized by Newton-Schulz,
+    # cost.newton_schulz_seconds; the embedding and output layer on Adam, its `muon_scalar_optimizer` default).
+    # `muon_tp_mode` how a TP-split matrix is orthogonalized: "blockwise" (each rank its shard: Megatron-Bridge's
+    # recipes) or "duplicated" (every TP rank the whole matrix, gathered over TP: Megatron-Core's default)
+    optimizer: str = "adam"
+    muon_tp_mode: str = "blockwise"
     # the attention kernel in FP8 (`with_fp8_attention`: the device's attention shares carry it; this says so)
     fp8_attention: bool = False
     # how the loss's cross-entropy over the logits runs (compute.LOSS_BYTES: HBM bytes per logit): "unfused"
@@ -806,7 +820,7 @@ class Cluster:
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
             "moe_host_ms": [x * 1e3 for x in self.moe_host_s],
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,
-            "cp_comm": self.cp_comm,
+            "cp_comm": self.cp_comm, "optimizer": self.optimizer, "muon_tp_mode": self.muon_tp_mode,
             "tp_overlap_pipeline": {g: {"num_sm": n, "num_splits": k} for g, n, k in self.tp_overlap_pipeline},
             "fp8_scaling": self.fp8_scaling, "precision": self.precision, "fp8_param_gather": self.fp8_param_gather,
             "fp8_attention": self.fp8_attention,

@@ -85,6 +85,10 @@ FRAGMENTATION = 0.10
 ACCOUNTINGS = ("seed", "megatron")
 # bytes of Adam's state per parameter (master copy, m, v) by the optimizer's state dtype (see above)
 OPTIMIZER_BYTES = {"fp32": 12.0, "bf16": 6.0, "bf16-moments": 8.0, "remainders": 10.0, "remainders-bf16-moments": 6.0}
+# Muon (`Cluster.optimizer` "muon"; Megatron-Core's Muon with fp32 main parameters): per weight-matrix parameter an fp32
+# master copy and one fp32 momentum, 4 + 4 B -- against Adam's master, m and v; fp32 training keeps the momentum alone.
+# The embedding and output layer stay on Adam (Muon's scalar optimizer: `RankShape.vocab_params`).
+MUON_BYTES = 8.0
 # bytes of an activation element between kernels: fp8 training keeps bf16 activations (Transformer
 # Engine casts GEMM inputs to fp8 inside the GEMM's wrapper; what it saves for the backward in fp8 is
 # counted in layer_activation_bytes)
@@ -117,16 +121,23 @@ class MemoryBreakdown:
 
 
 def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "seed",
-                          optimizer_dtype: str = "fp32") -> tuple[float, float, float]:
+                          optimizer_dtype: str = "fp32", optimizer: str = "adam") -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per parameter held by this rank's model shard; `dp` is the
     size of the group ZeRO shards over (dp × cp); `optimizer_dtype` the dtype of Adam's state
-    (16-bit training only)."""
+    (16-bit training only); `optimizer` "muon" a weight matrix's Muon state (MUON_BYTES), which the
+    layer-wise distributed optimizer shards over dp × cp as ZeRO-1 does."""
     if optimizer_dtype not in OPTIMIZER_BYTES:
         raise ValueError(f"optimizer_dtype {optimizer_dtype!r}: choose one of {sorted(OPTIMIZER_BYTES)}")
+    if optimizer not in ("adam", "muon"):
+        raise ValueError(f"optimizer {optimizer!r}: choose adam or muon")
+    if optimizer == "muon" and optimizer_dtype != "fp32":
+        raise ValueError(f"optimizer_dtype {optimizer_dtype!r} with Muon: the state dtypes set Adam's moments; Muon "
+                         "keeps an fp32 momentum (drop the optimizer dtype)")
     if dtype == "fp32":
-        w, g, o = 4.0, 4.0, 8.0
+        w, g, o = 4.0, 4.0, (4.0 if optimizer == "muon" else 8.0)
     else:
-        w, g, o = 2.0, (4.0 if accounting == "megatron" else 2.0), OPTIMIZER_BYTES[optimizer_dtype]
+        w, g = 2.0, (4.0 if accounting == "megatron" else 2.0)
+        o = MUON_BYTES if optimizer == "muon" else OPTIMIZER_BYTES[optimizer_dtype]
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -238,6 +249,7 @@ class RankShape:
     head: bool  # holds the output head (last stage)
     expert_params: float = 0.0  # of `params`, the routed experts' (MoE): ZeRO shards their states over the
     # expert-data-parallel group (the ranks holding the same experts), not over dp × cp
+    vocab_params: float = 0.0  # of `params`, the embedding's and the output layer's (Muon leaves them to Adam)
 
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
@@ -245,13 +257,14 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                 accounting: str = "seed", zero3_live: float | None = None,
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
                 per_layer: float | None = None, cross_entropy: str = "unfused",
-                expert_dp: int | None = None, etp: int = 1) -> MemoryBreakdown:
+                expert_dp: int | None = None, etp: int = 1, optimizer: str = "adam") -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
     cost.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
-    (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep)."""
-    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)
+    (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
+    (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
+    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype, optimizer)
     if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
         per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
     if inflight_layers is None:
@@ -273,6 +286,8 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
         other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
     dense, experts = shape.params - shape.expert_params, shape.expert_params
     we, ge, oe = (wb, gb, ob) if not experts else state_bytes_per_param(
-        dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype)
-    return MemoryBreakdown(wb * dense + we * experts, gb * dense + ge * experts, ob * dense + oe * experts, act,
-                           other)
+        dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype, optimizer)
+    opt = ob * dense + oe * experts
+    if optimizer == "muon" and shape.vocab_params:  # the embedding / output layer on Adam
+        opt += (state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)[2] - ob) * shape.vocab_params
+    return MemoryBreakdown(wb * dense + we * experts, gb * dense + ge * experts, opt, act, other)

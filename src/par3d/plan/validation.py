@@ -130,6 +130,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                                              for g, v in sorted(row.get("tp_overlap_pipeline", {}).items())),
                    fp8_scaling=scaling,
                    fp8_param_gather=bool(row.get("fp8_param_gather", False)),
+                   optimizer=str(row.get("optimizer", "adam")),
+                   muon_tp_mode=str(row.get("muon_tp_mode", "blockwise")),
                    offload_layers=int(row.get("offload_layers", 0)),
                    dp_bucket_params=(None if row.get("dp_bucket_params") is None
                                      else float(row["dp_bucket_params"])),
