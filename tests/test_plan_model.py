@@ -1138,6 +1138,11 @@ def cost_logits(model) -> float:
     ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
     ({"model_type": "mamba2"}, "model_type 'mamba2'"),
     ({"layer_types": ["mamba", "attention"] * 16}, "layer_types"),
+    # layers of their own kind (issue 12's thirty-sixth round): DSA's sparse attention, DeepSeek-V4's compressed
+    # attention and hyper-connections
+    ({"model_type": "deepseek_v32", "index_topk": 2048, "index_n_heads": 64}, "index_topk = 2048 describes sparse"),
+    ({"model_type": "deepseek_v4", "compress_ratios": [0, 4, 128] * 8}, "compressed sparse attention"),
+    ({"hc_mult": 4}, "hyper-connections"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among

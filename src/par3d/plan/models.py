@@ -528,6 +528,7 @@ def from_hf_config(path: str) -> ModelSpec:
                          f"{' '.join('--' + m for m in missing)}")
     _refuse_windows(cfg, path)
     _refuse_state_space(cfg, path)
+    _refuse_unpriced(cfg, path)
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
@@ -651,6 +652,27 @@ def _refuse_state_space(cfg: dict, path: str) -> None:
         raise ModelError(f"--model {path}: config.json describes state-space (Mamba) layers ({why}); the planner "
                          "prices transformer layers only, and its one pricing of a hybrid Mamba model missed every "
                          "published run it was checked against (docs/planner.md section 9): no plan is offered for it")
+
+
+# config.json keys of layers the planner does not price, and what each is: the first found is named in the refusal
+UNPRICED_KEYS = {
+    "index_topk": "sparse attention over indexer-selected tokens (DeepSeek-V3.2's and V4's DSA)",
+    "compress_ratios": "compressed sparse attention (DeepSeek-V4)",
+    "compress_rates": "compressed sparse attention (DeepSeek-V4)",
+    "hc_mult": "hyper-connections: several residual streams mixed per layer (DeepSeek-V4's mHC)",
+    "num_hash_layers": "hash-routed MoE layers (DeepSeek-V4)",
+}
+
+
+def _refuse_unpriced(cfg: dict, path: str) -> None:
+    """Refuse a config.json whose layers do something the planner's transformer layer does not (`UNPRICED_KEYS`): read
+    by its other keys it would be priced as a DeepSeek-V3-style model of dense MLA attention, which such a layer is
+    not.  Describe the nearest model with flags to bound it."""
+    key = next((k for k in UNPRICED_KEYS if cfg.get(k) not in (None, 0, 1, [], False)), None)
+    if key:
+        raise ModelError(f"--model {path}: config.json's {key} = {cfg[key]!r} describes {UNPRICED_KEYS[key]}, which "
+                         "the planner does not price (its layers are dense or MLA attention and a routed or dense "
+                         "MLP): no plan is offered for it; describe the nearest model with flags to bound it")
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
