@@ -538,6 +538,50 @@ def test_optimizer_muon_flag(capsys):
     assert rc4 == 2 and "--emit-config with --optimizer muon" in err
 
 
+def test_offload_optimizer(capsys):
+    """--offload-optimizer F (issue 12's thirty-sixth round; Megatron-Core's --optimizer-cpu-offload with
+    --optimizer-offload-fraction, DeepSpeed's offload_optimizer): F of each rank's optimizer states leave GPU memory;
+    the step copies F of the fp32 gradients down and the weights up over the host link and runs Adam on the host's
+    DRAM (hardware.HOST_MEM, line rate, shared by the GPUs behind it), pipelined: the slowest of the three.  With
+    nothing fitting, the fix names it where it makes a plan fit; GPUs without a host figure and Muon are refused."""
+    from par3d.plan.cost import (
+        HOST_ADAM_BYTES,
+        OFFLOAD_COPY_BYTES,
+        Choice,
+        evaluate,
+        offloaded_step_seconds,
+        optimizer_time,
+    )
+    from par3d.plan.hardware import HOST_MEM, NVLINK4_EFF, make_cluster
+    from par3d.plan.models import resolve_model
+
+    model = resolve_model("llama3-70b")
+    cl = make_cluster("h100-sxm", 16)
+    c = Choice(8, 1, 2, 1, 64, zero_stage=1, sequence_parallel=True, recompute="full")
+    base, half, whole = (evaluate(model, replace(cl, offload_optimizer=f), c) for f in (0.0, 0.5, 1.0))
+    assert half.memory.optimizer == pytest.approx(base.memory.optimizer / 2) and whole.memory.optimizer == 0
+    assert whole.memory.weights == base.memory.weights and whole.memory.activations == base.memory.activations
+    p = 70e9  # the busiest rank's updated parameters, about 70.6B / (TP 8 x ZeRO 2)
+    bw, sharing = HOST_MEM["h100-sxm"]
+    assert (bw, sharing) == (614.4, 8)  # DGX H100: 2 x 8 channels of DDR5-4800
+    t = offloaded_step_seconds(cl, p)
+    assert t == pytest.approx(max(cl.host.alpha + OFFLOAD_COPY_BYTES * p / (cl.host.beta * NVLINK4_EFF),
+                                  HOST_ADAM_BYTES * p / (bw * 1e9 / sharing)))
+    assert optimizer_time(model, replace(cl, offload_optimizer=1.0), c) > 10 * optimizer_time(model, cl, c)
+    assert whole.step_time > half.step_time > base.step_time
+    args = ["--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64"]
+    rc, out, err = run(capsys, *args)
+    assert rc == 1 and "fix: --offload-optimizer 1: with the optimizer states in host memory" in out + err
+    rc, out, _ = run(capsys, *args, "--offload-optimizer", "1", "--json", "--top", "1")
+    plan = json.loads(out)
+    assert rc == 0 and plan["hardware"]["offload_optimizer"] == 1.0
+    assert plan["plans"][0]["memory_gib"]["optimizer"] == 0
+    rc, _, err = run(capsys, *args, "--gpu", "mi300x", "--offload-optimizer", "1")
+    assert rc == 2 and "no figure for its host's memory bandwidth" in err
+    rc, _, err = run(capsys, *args, "--offload-optimizer", "1", "--optimizer", "muon")
+    assert rc == 2 and "steps Adam" in err
+
+
 def test_fp8_current_scaling_flag(capsys):
     """--fp8-scaling current (Transformer Engine's Float8CurrentScaling): the JSON says so; the layers'
     elementwise traffic grows by one read of each cast input except the MLP activation, and with SP each

@@ -268,6 +268,13 @@ def register(sub) -> None:
                         "offloaded layer waits for its copy where the copy is slower than its compute; Megatron-Core "
                         "runs it without pipeline parallelism or recomputation, so the search keeps to those "
                         "(default: %(default)s)")
+    g.add_argument("--offload-optimizer", type=_fraction, default=None, metavar="FRACTION",
+                   help="keep this share of each rank's optimizer states (fp32 master, m, v) in host memory and step "
+                        "it there (Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction; DeepSpeed's "
+                        "offload_optimizer is 1): the states leave GPU memory, and the step copies the fp32 "
+                        "gradients down and the weights up over PCIe / NVLink-C2C while the CPU runs Adam at its "
+                        "DRAM's line rate, pipelined as --overlap-cpu-optimizer-d2h-h2d runs them (a lower bound of "
+                        "that time; never checked against a measured run). Adam only. Default: none offloaded")
     g.add_argument("--fp8-scaling", choices=("delayed", "current", "mxfp8", "nvfp4"), default="delayed",
                    help="with --dtype fp8, how Transformer Engine scales each FP8 tensor: delayed (the amax of "
                         "earlier steps, fused into the cast), current (Float8CurrentScaling: an amax pass "
@@ -543,6 +550,7 @@ def _cluster(args: argparse.Namespace):
                   elementwise=args.elementwise or cl.elementwise,
                   offload_layers=args.offload_layers, dp_bucket_params=args.dp_bucket_params,
                   optimizer=args.optimizer, muon_tp_mode=args.muon_tp_mode,
+                  offload_optimizer=args.offload_optimizer or 0.0,
                   straggler_cv=args.straggler_cv if args.straggler_cv is not None else cl.straggler_cv)
     from par3d.plan.hardware import fp8_scaling_error
 
@@ -550,6 +558,19 @@ def _cluster(args: argparse.Namespace):
     if bad_fp8:
         flag = "--dtype nvfp4" if cl.fp8_scaling == "nvfp4" else f"--fp8-scaling {args.fp8_scaling}"
         raise UsageError(f"{flag}: {bad_fp8}")
+    if args.offload_optimizer:
+        from par3d.plan.hardware import HOST_MEM
+
+        if cl.device.name not in HOST_MEM:
+            raise UsageError(f"--offload-optimizer with {cl.device.name}: the planner has no figure for its host's "
+                             f"memory bandwidth (it has {', '.join(sorted(HOST_MEM))}); drop --offload-optimizer or "
+                             "plan one of those GPUs")
+        if args.optimizer != "adam":
+            raise UsageError(f"--offload-optimizer with --optimizer {args.optimizer}: Megatron-Core's CPU offload "
+                             "steps Adam; drop one of the two")
+        if args.emit_config:
+            raise UsageError("--offload-optimizer with --emit-config: par3d train keeps its optimizer on the GPU; "
+                             "drop one of the two")
     if args.offload_layers and ((args.pp or 1) > 1 or args.recompute not in (None, "none")):
         raise UsageError(f"--offload-layers {args.offload_layers}: Megatron-Core offloads activations only without "
                          "pipeline parallelism and without recomputation; drop --pp/--recompute or --offload-layers")
@@ -962,6 +983,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            f"batch:    {args.global_batch} sequences x {model.seq_len} tokens per step" + _seq_note(args),
            *([f"optimizer: Muon ({cluster.muon_tp_mode} over TP; 5 Newton-Schulz steps per matrix in the optimizer "
               "step; the embedding and output layer on Adam)"] if cluster.optimizer == "muon" else []),
+           *([f"optimizer: {cluster.offload_optimizer:.0%} of the optimizer states in host memory, stepped there "
+              "(a lower bound of that step's time; never checked against a measured run)"]
+             if cluster.offload_optimizer else []),
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
            + (", ".join(f"{k} ({v})" for k, v in res.rejected.most_common()) or "none"),
            "",

@@ -1608,13 +1608,14 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # alone sharded
     zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
     w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
+    o *= 1.0 - cluster.offload_optimizer
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
     act_scale = 1.0 + FRAGMENTATION
     zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
 
     def of_rank(r: int) -> MemoryBreakdown:
-        return rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
+        mb = rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
                            inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
                            sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
                            v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
@@ -1622,6 +1623,8 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
                            per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
                            cross_entropy=cluster.cross_entropy,
                            expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
+        # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
+        return replace(mb, optimizer=mb.optimizer * (1.0 - cluster.offload_optimizer)) if cluster.offload_optimizer else mb
 
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
@@ -2008,9 +2011,33 @@ def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     params = max((s.params - s.expert_params) / zs + s.expert_params / ze for s in shapes)
     dev = cluster.device
     ns = newton_schulz_seconds(model, cluster, c) if cluster.optimizer == "muon" else 0.0
+    f = cluster.offload_optimizer
+    host = offloaded_step_seconds(cluster, f * params) if f else 0.0
     if dev.kernel_model == "table":
-        return OPTIMIZER_STEP_BYTES * params / (dev.mem_bw * dev.mem_eff) + ns
-    return ADAM_BYTES_PER_PARAM * params / dev.mem_bw + ns
+        return OPTIMIZER_STEP_BYTES * (1.0 - f) * params / (dev.mem_bw * dev.mem_eff) + ns + host
+    return ADAM_BYTES_PER_PARAM * (1.0 - f) * params / dev.mem_bw + ns + host
+
+
+# An offloaded optimizer step per parameter (Megatron-Core's HybridDeviceOptimizer): its fp32 gradient copied to the
+# host (4 B), Adam over fp32 master, m and v there (read 16 B, write 12 B: ADAM_BYTES_PER_PARAM's fp32 part), the fp32
+# weight copied back (4 B)
+OFFLOAD_COPY_BYTES = 4.0
+HOST_ADAM_BYTES = 28.0
+
+
+def offloaded_step_seconds(cluster: Cluster, params: float) -> float:
+    """The optimizer step of `params` offloaded parameters (`Cluster.offload_optimizer`): the gradients down and the
+    weights up over the GPU's host link (full duplex: the two directions at once), at NVLink rings' measured share
+    of line rate as activation offloading prices it (NVLINK4_EFF, borrowed), and Adam on the host's DRAM at its line
+    rate shared by the GPUs behind it (hardware.HOST_MEM; every rank steps at once), the three pipelined as
+    Megatron-Core's --overlap-cpu-optimizer-d2h-h2d runs them (its README recommends it): the slowest sets the time.
+    The DRAM at line rate makes the host's part a lower bound."""
+    from .hardware import HOST_MEM
+
+    bw, sharing = HOST_MEM[cluster.device.name]
+    link = cluster.host
+    copy = link.alpha + OFFLOAD_COPY_BYTES * params / (link.beta * NVLINK4_EFF)
+    return max(copy, HOST_ADAM_BYTES * params / (bw * 1e9 / sharing))
 
 
 def newton_schulz_seconds(model: ModelSpec, cluster: Cluster, c: Choice) -> float:

@@ -574,6 +574,16 @@ LINKS: dict[str, Link] = {
 # the Grace superchips' NVLink-C2C; PCIe Gen4 (A100) / Gen5 x16 on the x86 DGX/HGX nodes
 HOST_LINKS: dict[str, str] = {"gb200": "nvlink-c2c", "gb300": "nvlink-c2c", "a100-40gb": "pcie4", "a100-80gb": "pcie4",
                               "gh200": "nvlink-c2c-gh200", "gh200-144gb": "nvlink-c2c-gh200"}
+# the host's DRAM behind a GPU, what an offloaded optimizer step (`Cluster.offload_optimizer`, cost.optimizer_time)
+# streams its states through: (GB/s at the memory's line rate -- channels x transfer rate x 8 B --, GPUs sharing it).
+# DGX A100: 2 x AMD EPYC 7742, 8 channels of DDR4-3200 each (AMD's 204.8 GB/s a socket); DGX H100 / H200: 2 x Xeon
+# Platinum 8480C, 8 of DDR5-4800 (307.2 GB/s a socket); DGX B200: 2 x Xeon Platinum 8570, 8 of DDR5-5600 (358.4 GB/s);
+# Grace: 512 GB/s of LPDDR5X (the GB200 NVL72's 18.4 TB/s over its 36 Graces), one per two GPUs in GB200 / GB300
+# (GB300's taken as GB200's), one per GPU in GH200 (taken as the same Grace).  Line rate, not a measured share: the
+# CPU step priced on it is a lower bound of its time (docs/planner.md §3).
+HOST_MEM: dict[str, tuple[float, int]] = {"a100-40gb": (409.6, 8), "a100-80gb": (409.6, 8), "h100-sxm": (614.4, 8),
+                                          "h200": (614.4, 8), "b200": (716.8, 8), "gb200": (512.0, 2),
+                                          "gb300": (512.0, 2), "gh200": (512.0, 1), "gh200-144gb": (512.0, 1)}
 DEFAULT_LINKS = {  # (intra-node, inter-node NIC) for a DGX/HGX-style node: one NIC per GPU
     "a100-40gb": ("nvlink3", "ib-hdr"),
     "a100-80gb": ("nvlink3", "ib-hdr"),
@@ -672,6 +682,10 @@ class Cluster:
     # layers go to host memory in the forward and come back in the backward, over `host` (cost.offload_exposed);
     # Megatron-Core runs it without pipeline parallelism and without recomputation (the search keeps to those)
     offload_layers: int = 0
+    # optimizer offloading (Megatron-Core's --optimizer-cpu-offload with --optimizer-offload-fraction; DeepSpeed's
+    # offload_optimizer, the whole of it): this share of each rank's optimizer states lives in host memory and is
+    # stepped there (`HOST_MEM`), its fp32 gradients copied down and its fp32 weights back up (cost.optimizer_time)
+    offload_optimizer: float = 0.0
     # Megatron-Core's TP communication overlap (`tp_comm_overlap`, Transformer Engine's userbuffers; needs
     # sequence parallelism): each TP all-gather runs in chunks under the GEMM that consumes it and each
     # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
@@ -826,7 +840,7 @@ class Cluster:
             "fp8_attention": self.fp8_attention,
             "cross_entropy": self.cross_entropy,
             "elementwise": self.elementwise,
-            "offload_layers": self.offload_layers,
+            "offload_layers": self.offload_layers, "offload_optimizer": self.offload_optimizer,
             "straggler_cv": self.step_spread,
             "intra": {"name": self.intra.name, "alpha_us": self.intra.alpha / US, "bw_gbps": self.intra.beta / GB},
             "inter": {"name": self.inter.name, "alpha_us": self.inter.alpha / US, "bw_gbps": self.inter.beta / GB},

@@ -950,6 +950,17 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                 fixes.append(f"--memory-headroom {room:.2f}: the nearest "
                              f"plan fits the GPU's {cluster.device.mem_bytes / GiB:.0f} GiB but not the "
                              f"{opts.memory_headroom:.0%} headroom")
+            from .hardware import HOST_MEM
+
+            if (cluster.offload_optimizer < 1 and cluster.optimizer == "adam" and cluster.device.name in HOST_MEM
+                    and not opts.ignore_memory):  # the optimizer states to host memory (tried: offloading also
+                # slows the step, so the search may settle elsewhere)
+                r3 = search(model, replace(cluster, offload_optimizer=1.0), global_batch, fixed, limits, top=1,
+                            opts=opts)
+                if r3.plans:
+                    fixes.append(f"--offload-optimizer 1: with the optimizer states in host memory "
+                                 f"{r3.plans[0].choice.label()} fits ({r3.plans[0].memory.total / GiB:.1f} GiB; "
+                                 f"its step {r3.plans[0].step_time:.3g} s, the host's part a lower bound)")
             bigger = sorted((d for d in DEVICES.values() if d.mem_bytes * (1 - opts.memory_headroom) >= need),
                             key=lambda d: d.mem_bytes)
             if bigger:
