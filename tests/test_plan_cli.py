@@ -582,6 +582,27 @@ def test_offload_optimizer(capsys):
     assert rc == 2 and "steps Adam" in err
 
 
+def test_explain_accounting_counts_the_models_own_layer(capsys):
+    """--explain's per-layer accounting (seed §4.2, §4.4) counts the layer the plan prices: for the seed's GPT its
+    24·T·h²/tp, for GQA, a gated MLP or routed experts their own GEMM FLOPs (compute.layer_flops) beside the seed's
+    count, and the roofline of the GEMM that runs first in the MLP -- gate and up for SwiGLU, one routed expert's
+    for a mixture of experts."""
+    from par3d.plan import compute
+    from par3d.plan.models import resolve_model
+
+    rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256",
+                     "--tp", "8", "--pp", "2", "--cp", "1", "--micro-batch", "1", "--explain")
+    flops = compute.layer_flops(resolve_model("llama3-70b"), 1, 8)[0]
+    assert rc == 0 and f"GEMM FLOPs of its projections and MLP = {flops / 1e9:.0f} GFLOP/GPU" in out
+    assert "the seed's 24·T·h²/tp, for MHA and a 4h MLP" in out
+    assert "roofline of the MLP's first GEMM (gate and up) M=8192 K=8192 N=7168" in out
+    rc, out, _ = run(capsys, "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64",
+                     "--seq-len", "4096", "--tp", "1", "--pp", "2", "--ep", "8", "--micro-batch", "1", "--explain")
+    assert rc == 0 and "GEMM FLOPs of its projections and routed experts" in out
+    # 4096 tokens x top-2 x ep 8 over 8 experts: 8192 rows for each of this rank's one expert, fc1 2 x 14336 wide
+    assert "roofline of one routed expert's first GEMM (1 expert on this rank, one grouped GEMM) M=8192" in out
+
+
 def test_fp8_current_scaling_flag(capsys):
     """--fp8-scaling current (Transformer Engine's Float8CurrentScaling): the JSON says so; the layers'
     elementwise traffic grows by one read of each cast input except the MLP activation, and with SP each

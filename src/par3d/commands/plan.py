@@ -1068,17 +1068,22 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"{best.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {best.mfu:.1%}, simulated bubble "
                f"{best.bubble_fraction:.1%} of wall time")
     # -- the seed's accounting at this plan's micro-batch and tp --
-    from par3d.plan.compute import Gemm, layer_times, loss_time, roofline
+    from par3d.plan.compute import layer_times, loss_time, roofline
     from par3d.plan.cost import layer_accounting, local_model
 
     c = best.choice
     la = layer_accounting(local_model(model, c.cp), cluster, c.micro_batch, c.tp)
     dev = cluster.device
     eff = dev.peak(cluster.dtype) * dev.efficiency
+    seed_like = abs(la.gemm_flops - la.seed_flops) <= 0.005 * la.seed_flops  # the seed's GPT layer (§4.2)
     out += ["", f"per-layer accounting, forward, one micro-batch of T = {la.tokens} tokens"
                 + (f" (this rank's seq_len/cp = {model.seq_len}/{c.cp} per sequence)" if c.cp > 1 else "")
                 + f", tp = {c.tp} (seed §4.2):",
-            f"  GEMM FLOPs 24·T·h²/tp = {la.gemm_flops / 1e9:.0f} GFLOP/GPU -> {_ms(la.flat_time)} at "
+            (f"  GEMM FLOPs 24·T·h²/tp = {la.gemm_flops / 1e9:.0f} GFLOP/GPU" if seed_like else
+             f"  GEMM FLOPs of its projections and {'routed experts' if model.moe else 'MLP'} = "
+             f"{la.gemm_flops / 1e9:.0f} GFLOP/GPU (the seed's 24·T·h²/tp, for MHA and a 4h MLP: "
+             f"{la.seed_flops / 1e9:.0f})")
+            + f" -> {_ms(la.flat_time)} at "
             f"{eff / TFLOPS:.0f} TFLOP/s; with the attention core, roofline and waves: {_ms(la.model_time)}",
             f"  TP: 2 all-reduces of T·h·2 B = {la.message_bytes / 1e6:.1f} MB; ring traffic "
             f"{la.ring_bytes / 1e6:.0f} MB/GPU -> {_ms(la.tp_beta)} + α {_ms(la.tp_alpha)} = {_ms(la.tp_time)}"
@@ -1108,9 +1113,14 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    f"backward, at {dev.mem_eff:.0%} of HBM (docs/planner.md §4)")
     if c.cp > 1:
         out.append(_cp_line(model, cluster, c))
-    g = Gemm("mlp_in", la.tokens, model.ffn // c.tp, model.hidden)
-    r = roofline(g, dev, cluster.gemm_dtype)  # MXFP8's / NVFP4's GEMMs at their own rate and peak
-    out.append(f"  roofline of the MLP's first GEMM M={g.m} K={g.k} N={g.n} (seed §4.4, {cluster.gemm_dtype}): intensity "
+    from par3d.plan.compute import layer_gemms
+
+    first = "expert_in" if model.moe else "mlp_in"  # the MLP's first GEMM (a mixture of experts': one routed expert's)
+    g = next(x for x in layer_gemms(local, c.micro_batch, c.tp, c.ep, c.sequence_parallel, c.etp) if x.name == first)
+    r = roofline(replace(g, batch=1), dev, cluster.gemm_dtype)  # MXFP8's / NVFP4's GEMMs at their own rate and peak
+    what = (f"one routed expert's first GEMM ({g.batch} expert{'s' if g.batch > 1 else ''} on this rank, one grouped GEMM)" if model.moe else
+            "the MLP's first GEMM" + (" (gate and up)" if model.gated else ""))
+    out.append(f"  roofline of {what} M={g.m} K={g.k} N={g.n} (seed §4.4, {cluster.gemm_dtype}): intensity "
                f"{r.intensity:.0f} FLOP/B vs balance {r.balance:.0f} -> {r.bound}-bound, attainable "
                f"{r.attainable / TFLOPS:.0f} TFLOP/s ({r.fraction_of_peak:.0%} of peak), wave efficiency "
                f"{r.wave_eff:.0%}")

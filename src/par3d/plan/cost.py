@@ -2271,7 +2271,7 @@ def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: fl
 @dataclass
 class LayerAccounting:
     tokens: int  # T = micro-batch × seq_len
-    gemm_flops: float  # 24·T·h²/t (seed §4.2), per GPU, forward
+    gemm_flops: float  # the layer's projections and MLP, per GPU, forward: 24·T·h²/t for the seed's GPT (§4.2)
     flat_time: float  # gemm_flops / (peak · efficiency): the seed's "2.75 ms"
     model_time: float  # roofline + waves + attention core: what the planner uses
     message_bytes: float  # one all-reduce's tensor, T·h·2 B
@@ -2280,6 +2280,7 @@ class LayerAccounting:
     tp_alpha: float  # latency term, 2 · 2(E-1) steps
     tp_slow: float  # the same two all-reduces over the inter-node link
     layers: int
+    seed_flops: float = 0.0  # 24·T·h²/t, the seed's count (MHA, a 4h MLP), to compare where the model differs
 
     @property
     def tp_time(self) -> float:
@@ -2295,10 +2296,13 @@ class LayerAccounting:
 
 
 def layer_accounting(model: ModelSpec, cluster: Cluster, micro_batch: int, tp: int) -> LayerAccounting:
-    from .compute import seed_gemm_flops
+    """The seed's per-layer accounting (§4.2, §4.5) of `model`'s layer: its GEMM FLOPs as compute.layer_flops counts
+    them (24·T·h²/tp for the seed's GPT; GQA, a gated or wider MLP, latent attention or routed experts count their
+    own) at the device's flat efficiency, and the two TP all-reduces of its output."""
+    from .compute import layer_flops, seed_gemm_flops
 
     tokens = micro_batch * model.seq_len
-    fl = seed_gemm_flops(model, tokens, tp)
+    fl = layer_flops(model, micro_batch, tp)[0]
     dev = cluster.device
     n = tokens * model.hidden * DTYPE_BYTES[cluster.dtype]
     link = cluster.link_for_span(tp)
@@ -2309,4 +2313,4 @@ def layer_accounting(model: ModelSpec, cluster: Cluster, micro_batch: int, tp: i
     lt = layer_times(model, dev, cluster.dtype, micro_batch, tp, cross_entropy=cluster.cross_entropy)
     return LayerAccounting(tokens, fl, fl / (dev.peak(cluster.dtype) * dev.efficiency), lt.fwd, n,
                            2 * 2 * (tp - 1) / tp * n if tp > 1 else 0.0, ar.beta, ar.alpha, slow.total,
-                           model.layers)
+                           model.layers, seed_gemm_flops(model, tokens, tp))
