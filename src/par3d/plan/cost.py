@@ -1616,13 +1616,13 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
 
     def of_rank(r: int) -> MemoryBreakdown:
         mb = rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
-                           inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
-                           sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
-                           v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                           zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                           per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
-                           cross_entropy=cluster.cross_entropy,
-                           expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
+                         inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
+                         sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
+                         v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
+                         zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
+                         per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
+                         cross_entropy=cluster.cross_entropy,
+                         expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
         # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
         return replace(mb, optimizer=mb.optimizer * (1.0 - cluster.offload_optimizer)) if cluster.offload_optimizer else mb
 
