@@ -504,34 +504,34 @@ def test_tp_overlap_backward_bulk():
     assert 5.4 < tp_overlap_exposed(model, cl, c, 1.0, forward=False) < 6.6
 
 
+OPTIMIZER_BASE = ["--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"]
+
+
+def plan_json(capsys, *flags: str) -> tuple[dict, float]:
+    """`par3d plan` of OPTIMIZER_BASE with `flags`: its JSON and the best plan's optimizer-state GiB."""
+    rc, out, _ = run(capsys, *OPTIMIZER_BASE, *flags)
+    assert rc == 0
+    d = json.loads(out)
+    return d, d["plans"][0]["memory_gib"]["optimizer"]
+
+
 def test_optimizer_dtype_flag(capsys):
-    base = ["--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"]
-    rc, out, _ = run(capsys, *base)
-    rc2, out2, _ = run(capsys, *base, "--optimizer-dtype", "bf16")
-    assert rc == rc2 == 0
-    a, b = json.loads(out), json.loads(out2)
+    (a, oa), (b, ob) = plan_json(capsys), plan_json(capsys, "--optimizer-dtype", "bf16")
     assert a["memory"]["optimizer_dtype"] == "fp32" and b["memory"]["optimizer_dtype"] == "bf16"
-    oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
     assert ob == pytest.approx(oa / 2, rel=1e-2)
-    rc3, out3, _ = run(capsys, *base, "--optimizer-dtype", "bf16-moments")  # Megatron's precision-aware optimizer
-    c = json.loads(out3)
-    assert rc3 == 0 and c["memory"]["optimizer_dtype"] == "bf16-moments"
-    assert c["plans"][0]["memory_gib"]["optimizer"] == pytest.approx(oa * 8 / 12, rel=1e-2)
+    c, oc = plan_json(capsys, "--optimizer-dtype", "bf16-moments")  # Megatron's precision-aware optimizer
+    assert c["memory"]["optimizer_dtype"] == "bf16-moments" and oc == pytest.approx(oa * 8 / 12, rel=1e-2)
 
 
 def test_optimizer_muon_flag(capsys):
     """--optimizer muon: the JSON's hardware says so, the optimizer state drops from Adam's 12 B to 8 B per matrix
     parameter and the optimizer step grows by its Newton-Schulz work; a state dtype of Adam's and --emit-config
     (par3d train steps Adam) are refused by name."""
-    base = ["--model", "gpt3-1.3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"]
-    rc, out, _ = run(capsys, *base)
-    rc2, out2, _ = run(capsys, *base, "--optimizer", "muon")
-    assert rc == rc2 == 0
-    a, b = json.loads(out), json.loads(out2)
+    (a, oa), (b, ob) = plan_json(capsys), plan_json(capsys, "--optimizer", "muon")
     assert a["hardware"]["optimizer"] == "adam" and b["hardware"]["optimizer"] == "muon"
-    oa, ob = a["plans"][0]["memory_gib"]["optimizer"], b["plans"][0]["memory_gib"]["optimizer"]
     assert oa * 8 / 12 < ob < oa  # the tied embedding's share stays at 12 B
     assert b["plans"][0]["breakdown_s"]["optimizer"] > a["plans"][0]["breakdown_s"]["optimizer"]
+    base = OPTIMIZER_BASE
     rc3, _, err = run(capsys, *base, "--optimizer", "muon", "--optimizer-dtype", "bf16")
     assert rc3 == 2 and "--optimizer-dtype bf16 with --optimizer muon" in err
     rc4, _, err = run(capsys, *base[:-1], "--optimizer", "muon", "--emit-config", "x.toml")
