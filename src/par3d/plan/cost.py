@@ -360,7 +360,7 @@ def rank_shapes(model: ModelSpec, tp: int, pp: int, v: int, schedule: str | None
         mtp_experts = model.mtp_layers * per_expert_layer if any(lay.head[s] for s in stages) else 0.0
         out.append(RankShape(params, tuple(lay.layers[s] for s in stages), any(lay.head[s] for s in stages),
                              sum(lay.layers[s] - lay.dense_of(s) for s in stages) * per_expert_layer + mtp_experts,
-                             vocab))
+                             vocab, sum(lay.dense_of(s) for s in stages)))
     return tuple(out)
 
 
@@ -1575,10 +1575,8 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
     if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean (its dense
         # and MoE layers counted over its chunks, `Layout.dense`); the larger of the two for the one-number estimate
         dense = of_layer(model.dense_variant())
-        lay = layout(model, pp * v)
-        for stages in rank_stage_lists(schedule, pp, v):
-            n = sum(lay.layers[s] for s in stages)
-            nd = sum(lay.dense_of(s) for s in stages)
+        for shape in shapes:
+            n, nd = sum(shape.layers), shape.dense_layers
             per_rank += (((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense),)
         per_layer = max(per_layer, dense)
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank
@@ -2057,11 +2055,9 @@ def newton_schulz_seconds(model: ModelSpec, cluster: Cluster, c: Choice) -> floa
     kind = newton_schulz_layer_flops(model, t, c.ep, et, MUON_NS_STEPS)
     dense_kind = (newton_schulz_layer_flops(model.dense_variant(), t, 1, 1, MUON_NS_STEPS)
                   if model.dense_count else kind)
-    lay = layout(model, c.pp * c.virtual_stages)
     worst, worst_layers = 0.0, 0
-    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
-        n = sum(lay.layers[s] for s in stages) + (model.mtp_layers if any(lay.head[s] for s in stages) else 0)
-        nd = sum(lay.dense_of(s) for s in stages)
+    for shape in rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards):
+        n, nd = sum(shape.layers) + (model.mtp_layers if shape.head else 0), shape.dense_layers
         flops = (n - nd) * (kind[0] / zs + kind[1] / ze) + nd * dense_kind[0] / zs
         if flops > worst:
             worst, worst_layers = flops, n

@@ -155,13 +155,13 @@ FSDP_UNIT_S = 7.0e-3
 # thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
 # it; one pair for every GPU and host CPU (x86 and Grace alike).
 MOE_HOST_S = (4.91e-3, 0.459e-3)
-CUDA_GRAPHS = ("full_iteration", "partial", "none")
+CUDA_GRAPHS = ("full_iteration", "partial", "none")  # what a run captures in CUDA graphs (`--cuda-graphs`)
 # Muon (`Cluster.optimizer`): the optimizers the planner prices, how a TP-split matrix is orthogonalized, and the
 # Newton-Schulz steps per update -- 5 quintic steps, Megatron-Core's `muon_num_ns_steps` default and Megatron-Bridge's
 # recipes' (Jordan et al. 2024, "Muon"; Liu et al. 2025, "Muon is Scalable for LLM Training")
 OPTIMIZERS = ("adam", "muon")
 MUON_TP_MODES = ("blockwise", "duplicated")
-MUON_NS_STEPS = 5  # what a run captures in CUDA graphs (`--cuda-graphs`)
+MUON_NS_STEPS = 5
 
 
 def moe_host_of(cuda_graphs: str) -> tuple[float, float]:

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .compute import recompute_modules
-from .hardware import GiB
+from .hardware import OPTIMIZERS, GiB
 from .models import ModelSpec
 
 OTHER_FIXED = 1.0 * GiB
@@ -128,8 +128,8 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "see
     layer-wise distributed optimizer shards over dp × cp as ZeRO-1 does."""
     if optimizer_dtype not in OPTIMIZER_BYTES:
         raise ValueError(f"optimizer_dtype {optimizer_dtype!r}: choose one of {sorted(OPTIMIZER_BYTES)}")
-    if optimizer not in ("adam", "muon"):
-        raise ValueError(f"optimizer {optimizer!r}: choose adam or muon")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
     if optimizer == "muon" and optimizer_dtype != "fp32":
         raise ValueError(f"optimizer_dtype {optimizer_dtype!r} with Muon: the state dtypes set Adam's moments; Muon "
                          "keeps an fp32 momentum (drop the optimizer dtype)")
@@ -250,6 +250,7 @@ class RankShape:
     expert_params: float = 0.0  # of `params`, the routed experts' (MoE): ZeRO shards their states over the
     # expert-data-parallel group (the ranks holding the same experts), not over dp × cp
     vocab_params: float = 0.0  # of `params`, the embedding's and the output layer's (Muon leaves them to Adam)
+    dense_layers: int = 0  # of `layers`, a mixture of experts' dense ones (models.ModelSpec.dense_layers)
 
 
 def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, dp: int, b: int, sp: bool,
