@@ -433,6 +433,11 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel",
                                                      "llama1", "tinyllama"}
     assert not any(validation.in_sample(r) for r in held)
+    # FSDP2 (fully_shard, priced with its copy-out) exactly where the source ran it: torchtitan's and NeMo AutoModel's
+    # rows; the calibration rows and the other held-out ones ran FlatParameter FSDP or FairScale's (the row default)
+    fsdp2 = {r["name"] for r in ROWS if r.get("fsdp") and r.get("fsdp_version", 1) == 2}
+    assert fsdp2 == {r["name"] for r in held if r["name"].split("-")[0] in ("torchtitan", "automodel")}
+    assert all(validation.cluster_of(r).fsdp_version == 1 for r in cal)
     assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
     assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(
         hardware.FSDP_UNIT_S + 1e-4)

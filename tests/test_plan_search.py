@@ -199,7 +199,8 @@ def test_fsdp_prices_its_units_under_zero_2_and_3_only():
     from par3d.plan.search import Fixed, Limits, search
 
     model = CATALOGUE["llama3-8b"]
-    plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True)
+    # FSDP1 (FlatParameter): the unit cost alone; FSDP2's copy-out is test_fsdp2_copies_each_gathered_layer_out's
+    plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True, fsdp_version=1)
     for z, charged in ((0, False), (2, True)):
         c = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", z, False)
         a, b = stage_times(model, plain, c), stage_times(model, fsdp, c)
@@ -223,6 +224,32 @@ def test_fsdp_prices_its_units_under_zero_2_and_3_only():
     assert stage_times(model, fsdp, one).f == stage_times(model, plain, one).f
     res = search(model, fsdp, 256, Fixed(tp=1, pp=1, cp=1), Limits(), top=50)
     assert res.plans and {p.choice.zero_stage for p in res.plans} <= {0, 2, 3}
+
+
+def test_fsdp2_copies_each_gathered_layer_out():
+    """FSDP2 (`fsdp_version = 2`, fully_shard) copies every gathered layer out of its flat buffer on the compute stream
+    (foreach_all_gather_copy_out): under ZeRO-3 a stage's forward and backward each take n layers x the layer's 16-bit
+    weights read and written at HBM rate more than FSDP1's; once a step, on the forward, under pipeline parallelism;
+    nothing under ZeRO-2, FSDP1, one data-parallel rank or without --fsdp (issue 12's thirty-seventh round)."""
+    from par3d.plan.cost import Choice, fsdp2_copy_out, layout, stage_times
+
+    model = CATALOGUE["llama3-8b"]
+    base = make_cluster("h100-sxm", 64, 8)
+    v1, v2 = replace(base, fsdp=True, fsdp_version=1), replace(base, fsdp=True, fsdp_version=2)
+    dev = base.device
+    flat = Choice(1, 1, 64, 1, 8, "1f1b", 1, "none", 3, False)
+    copy = fsdp2_copy_out(model, v2, flat, model.layers, 0)
+    assert copy == pytest.approx(4.0 * model.layer_params_per_rank(1) / (dev.mem_bw * dev.mem_eff)) and copy > 0
+    a, b = stage_times(model, v1, flat), stage_times(model, v2, flat)
+    n = model.layers
+    assert b.f[0] == pytest.approx(a.f[0] + n * copy) and b.b[0] == pytest.approx(a.b[0] + n * copy)
+    pp2 = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", 3, False)
+    n2 = layout(model, 2).layers[0]
+    a, b = stage_times(model, v1, pp2), stage_times(model, v2, pp2)
+    assert b.f[0] == pytest.approx(a.f[0] + n2 * copy / pp2.microbatches) and b.b[0] == pytest.approx(a.b[0])
+    for cl, c in ((v1, flat), (base, flat), (v2, replace(flat, zero_stage=2)),
+                  (v2, Choice(8, 8, 1, 1, 8, "1f1b", 1, "none", 3, False))):
+        assert fsdp2_copy_out(model, cl, c, model.layers, 0) == 0.0
 
 
 def test_block_recomputation_is_the_fewest_layers_that_fit():
@@ -262,12 +289,22 @@ def test_fsdp_flag_prices_and_explains_its_unit_cost(capsys):
             "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "3", "--recompute", "full"]
     assert main([*base, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
-    assert main([*base, "--fsdp", "--json"]) == 0
+    assert main([*base, "--fsdp", "--fsdp-version", "1", "--json"]) == 0
     fsdp = json.loads(capsys.readouterr().out)["plans"][0]["step_time_s"]
     assert fsdp - plain == pytest.approx(32 * FSDP_UNIT_S, rel=0.05)  # 32 layers, one micro-batch (+ stragglers)
+    assert main([*base, "--fsdp", "--json"]) == 0  # FSDP2 by default: its copy-out on top, twice a layer
+    out = json.loads(capsys.readouterr().out)
+    assert out["hardware"]["fsdp_version"] == 2
+    from par3d.plan.hardware import make_cluster as _mk
+    dev = _mk("h100-sxm", 64, 8).device
+    copy = 4.0 * CATALOGUE["llama3-8b"].layer_params_per_rank(1) / (dev.mem_bw * dev.mem_eff)
+    assert out["plans"][0]["step_time_s"] - fsdp == pytest.approx(2 * 32 * copy, rel=0.05)
     assert main([*base, "--fsdp", "--explain"]) == 0
     text = capsys.readouterr().out
     assert f"32 layers x 1 micro-batches x {FSDP_UNIT_S * 1e3:g} ms" in text and "add --fsdp" not in text
+    assert "FSDP2's copy-out" in text
+    assert main([*base, "--fsdp-version", "2"]) == 2
+    assert "--fsdp-version 2 without --fsdp" in capsys.readouterr().err
     assert main(base) == 0  # a ZeRO-3 plan priced without FSDP's unit cost says how to add it
     assert "add --fsdp" in capsys.readouterr().out
     for extra in (["--zero3-unit", "submodule"], ["--efficiency", "0.5"]):

@@ -316,6 +316,12 @@ def register(sub) -> None:
                         f"fms-fsdp and torchtitan run it: every unit costs a fitted {FSDP_UNIT_S * 1e3:g} ms per "
                         "micro-batch beyond its collectives (docs/planner.md §9, fifteenth round); default: "
                         "Megatron-Core's distributed optimizer / Megatron-FSDP")
+    g.add_argument("--fsdp-version", type=int, choices=(1, 2), default=None,
+                   help="which PyTorch FSDP, with --fsdp: 2 = fully_shard (torchtitan, NeMo AutoModel), whose "
+                        "ZeRO-3 gathers land in a flat buffer that is then copied out to the parameters on the "
+                        "compute stream (priced: the layer's weights read and written once more at HBM rate after "
+                        "each gather); 1 = the FlatParameter FullyShardedDataParallel (llm-foundry, fms-fsdp) or "
+                        "FairScale, whose parameters are views of the gathered tensor (default: 2)")
     g.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "nvfp4", "fp32"), default="bf16",
                    help="training precision: bf16 or fp16 mixed precision, fp8 GEMMs (Transformer Engine "
                         "style, on GPUs with fp8 tensor cores: H100 and later), nvfp4 (Transformer Engine's "
@@ -541,7 +547,7 @@ def _cluster(args: argparse.Namespace):
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
-                  zero3_unit=args.zero3_unit, fsdp=args.fsdp,
+                  zero3_unit=args.zero3_unit, fsdp=args.fsdp, fsdp_version=args.fsdp_version or 2,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
                   moe_host_s=moe_host_of(args.cuda_graphs),
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
@@ -574,6 +580,9 @@ def _cluster(args: argparse.Namespace):
     if args.offload_layers and ((args.pp or 1) > 1 or args.recompute not in (None, "none")):
         raise UsageError(f"--offload-layers {args.offload_layers}: Megatron-Core offloads activations only without "
                          "pipeline parallelism and without recomputation; drop --pp/--recompute or --offload-layers")
+    if args.fsdp_version is not None and not args.fsdp:
+        raise UsageError(f"--fsdp-version {args.fsdp_version} without --fsdp: it says which PyTorch FSDP runs the data "
+                         "parallelism; add --fsdp or drop --fsdp-version")
     if args.fsdp and args.zero3_unit == "submodule":
         raise UsageError("--fsdp with --zero3-unit submodule: PyTorch FSDP wraps whole layers, DeepSpeed's ZeRO-3 "
                          "gathers by sub-module; drop one of them")
@@ -1056,6 +1065,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         units = max(sum(s.layers) for s in rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule))
         out.append(f"  (dp_comm holds PyTorch FSDP's unit cost: {units} layers x {c.microbatches} micro-batches x "
                    f"{cluster.fsdp_unit_s * 1e3:g} ms = {units * c.microbatches * cluster.fsdp_unit_s:.3f} s: --fsdp)")
+        from par3d.plan.cost import fsdp2_copy_out
+
+        copy = fsdp2_copy_out(model, cluster, c, units, 0)
+        if copy > 0:  # after each gather: forward and backward per micro-batch, once a step under PP
+            times = 1 if c.pp > 1 else 2 * c.microbatches
+            out.append(f"  (and FSDP2's copy-out of each gathered layer: {units} layers x {times} gathers x "
+                       f"{copy * 1e3:.2f} ms = {units * times * copy:.3f} s at HBM rate: --fsdp-version)")
     if best.choice.pp > 1:
         out += ["", _placement_line(best.choice)]
     mem = best.memory.gib()

@@ -917,6 +917,32 @@ def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     return distinct * (nodes - 1) / nodes
 
 
+def zero3_layer_weights(model: ModelSpec, c: Choice, nm: int, nd: int) -> float:
+    """Parameters ZeRO-3 gathers for one layer on one rank (its TP shard; a mixture of experts' dense part and its
+    E/ep routed experts), averaged over a stage of `nm` layers of the model's kind and `nd` dense ones."""
+    def one(m: ModelSpec) -> float:
+        if not m.moe:
+            return float(m.layer_params_per_rank(c.tp))
+        return m.dense_layer_params_per_rank(c.tp) + m.expert_layer_params() / c.expert_shards
+
+    if not model.moe or nd == 0:
+        return one(model)
+    return (nm * one(model) + nd * one(model.dense_variant())) / max(nm + nd, 1)
+
+
+def fsdp2_copy_out(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int) -> float:
+    """Seconds of PyTorch FSDP2's copy-out after one layer's all-gather (`--fsdp-version 2`, ZeRO-3 by layer): fully_shard
+    gathers into one flat buffer and then copies each parameter out of it (torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py, foreach_all_gather_copy_out: split_with_sizes_copy, issued on the compute stream from
+    FSDPParamGroup.wait_for_unshard after it waits for the gather), so the gathered 16-bit weights are read and
+    written once more at HBM rate, not hidden behind the gather.  FSDP1's FlatParameter (and FairScale's) gathers
+    into the flat tensor its parameters are views of: no copy (0 s)."""
+    if not (cluster.fsdp and cluster.fsdp_version == 2 and cluster.hier and c.zero_stage >= 3 and c.dp * c.cp > 1):
+        return 0.0
+    dev = cluster.device
+    return 2 * 2.0 * zero3_layer_weights(model, c, nm, nd) / (dev.mem_bw * dev.mem_eff)
+
+
 def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int) -> tuple[float, float]:
     """ZeRO-3's all-gather of one layer's 16-bit weights and reduce-scatter of its gradients (hierarchical clusters),
     averaged over a stage of `nm` layers of the model's kind and `nd` dense ones (a mixture of experts'): the dense
@@ -1276,6 +1302,13 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             else:  # a layer's recompute averaged over the chunk (block method: its first nr layers)
                 b_layer = 2 * lt.fwd + nr / n * (rec + rec_comm) + 2 * ar
             z3f, z3b = _zero3_exposed(n, lt.fwd + 2 * ar, b_layer, ag, rs, dev.sigma)
+            # FSDP2 copies each gathered layer out of its flat buffer on the compute stream: after the forward's gather
+            # and the backward's re-gather, or (pipeline stages, weights kept gathered) once a step
+            copy = n * fsdp2_copy_out(model, cluster, c, nm, nd)
+            if cluster.fsdp and c.pp > 1:
+                z3f += copy / c.microbatches
+            else:
+                z3f, z3b = z3f + copy, z3b + copy
         elif c.zero_stage >= 3 and g > 1 and eager:
             z3f, z3b = zero3_eager(model, c, prof, lk.grad, dtype, n, lay.embed[s], lay.head[s])  # type: ignore[arg-type]
         elif c.zero_stage >= 3 and g > 1:  # the seed's model: gathers hide behind the chunk's compute

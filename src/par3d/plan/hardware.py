@@ -678,6 +678,10 @@ class Cluster:
     # False: Megatron-Core's distributed optimizer or Megatron-FSDP, DeepSpeed
     fsdp: bool = False
     fsdp_unit_s: float = FSDP_UNIT_S  # what each unit costs under `fsdp` (validation.fit_fsdp_unit varies it)
+    # which PyTorch FSDP: 2 = fully_shard (torchtitan, NeMo AutoModel; PyTorch's current one), whose gathers land in a
+    # flat buffer copied out to the parameters on the compute stream (cost.fsdp2_copy_out); 1 = FullyShardedDataParallel's
+    # FlatParameter (llm-foundry / Composer, fms-fsdp) or FairScale's, whose parameters are views of the gathered tensor
+    fsdp_version: int = 2
     # activation offloading (Megatron-Core's cpu_offloading_num_layers): the activations of this many transformer
     # layers go to host memory in the forward and come back in the backward, over `host` (cost.offload_exposed);
     # Megatron-Core runs it without pipeline parallelism and without recomputation (the search keeps to those)
@@ -831,6 +835,7 @@ class Cluster:
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
             "grad_reduce_fp32": self.grad_reduce_fp32,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
+            "fsdp_version": self.fsdp_version,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
             "moe_host_ms": [x * 1e3 for x in self.moe_host_s],
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,

@@ -120,6 +120,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
                    fsdp=bool(row.get("fsdp", False)),
+                   # a row names FSDP2 where its software ran fully_shard; the older rows ran FlatParameter FSDP
+                   fsdp_version=int(row.get("fsdp_version", 1)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
                    ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
                    moe_host_s=host,
