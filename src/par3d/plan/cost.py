@@ -111,7 +111,8 @@ from .memory import (
     RankShape,
     layer_activation_bytes,
     logits_bytes,
-    rank_memory,
+    rank_parts,
+    rank_terms,
     state_bytes_per_param,
 )
 from .models import ModelSpec
@@ -917,12 +918,14 @@ def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     return distinct * (nodes - 1) / nodes
 
 
-def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int) -> tuple[float, float]:
+def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int,
+                            memo: dict[bool, tuple[float, float]] | None = None) -> tuple[float, float]:
     """ZeRO-3's all-gather of one layer's 16-bit weights and reduce-scatter of its gradients (hierarchical clusters),
     averaged over a stage of `nm` layers of the model's kind and `nd` dense ones (a mixture of experts'): the dense
     part over the dp x cp shard group (under HSDP the replicas' all-reduce too), a mixture of experts' E/ep routed
     experts over the expert-data-parallel group (`expert_grad_collective`: no collective where ep spans every rank
-    holding them)."""
+    holding them).  `memo` (one per choice: stage_times prices each stage's) keeps the layer of each kind's pair,
+    which no stage changes."""
     def one(m: ModelSpec) -> tuple[float, float]:
         dense = m.dense_layer_params_per_rank(c.tp) if m.moe else m.layer_params_per_rank(c.tp)
         ag = grad_collective(cluster, c, "all_gather", 2.0 * dense, group="shard")
@@ -933,10 +936,18 @@ def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: i
             rs += expert_grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * experts)
         return ag, rs
 
+    def of(dense: bool) -> tuple[float, float]:  # the layer of the model's kind, or its dense variant's
+        hit = memo.get(dense) if memo is not None else None
+        if hit is None:
+            hit = one(model.dense_variant() if dense else model)
+            if memo is not None:
+                memo[dense] = hit
+        return hit
+
     n = nm + nd
     if not model.moe or nd == 0:
-        return one(model)
-    (agm, rsm), (agd, rsd) = one(model), one(model.dense_variant())
+        return of(False)
+    (agm, rsm), (agd, rsd) = of(False), of(True)
     return (nm * agm + nd * agd) / max(n, 1), (nm * rsm + nd * rsd) / max(n, 1)
 
 
@@ -1222,6 +1233,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     g = c.dp * c.cp  # ranks holding the same weights
     seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
     z3_units: tuple[tuple[float, ...], ...] | None = None
+    z3_pairs: dict[bool, tuple[float, float]] = {}  # ZeRO-3's per-layer gather and reduce, the same in every stage
+    # the head's forward with multi-token prediction's: the same for every stage, priced once
+    head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
@@ -1235,7 +1249,6 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             continue
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
-        head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
         fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
         bc = 2 * fc
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
@@ -1264,7 +1277,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5); a mixture
             # of experts' layer gathers its dense part over the dp x cp ranks and its E/ep routed experts over the
             # ranks holding the same experts (none where ep spans them all), per layer of each kind
-            ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd)
+            ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd, z3_pairs)
             if cluster.fsdp and c.pp > 1:
                 # PyTorch's pipeline stages run FSDP2 without resharding or reducing between micro-batches
                 # (torch.distributed.pipelining's backward_maybe_with_nosync: set_reshard_after_backward(False),
@@ -1612,29 +1625,37 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     act_scale = 1.0 + FRAGMENTATION
     zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
 
-    def of_rank(r: int) -> MemoryBreakdown:
-        mb = rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
-                         inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
-                         sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
-                         v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                         zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                         per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
-                         cross_entropy=cluster.cross_entropy,
-                         expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
+    # what every rank shares, once (memory.rank_terms: rank_memory's own numbers, so the same sums)
+    terms = rank_terms(model, tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch, sp=c.sequence_parallel,
+                       recompute=c.recompute, zero=zero, dtype=cluster.precision, cp=c.cp, flash=flash, accounting=acc,
+                       zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype, cross_entropy=cluster.cross_entropy,
+                       expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
+    mtp, offload, off = model.mtp_layers, cluster.offload_layers, cluster.offload_optimizer
+    shared_layer = per_layer if c.recompute_layers else None
+
+    def parts(r: int) -> tuple[float, float, float, float, float]:
+        w, g, o, a, other = rank_parts(terms, mtp, shapes[r], peaks[r], offloaded_live(live[r], offload, c),
+                                       per_rank[r] if per_rank else shared_layer)
         # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
-        return replace(mb, optimizer=mb.optimizer * (1.0 - cluster.offload_optimizer)) if cluster.offload_optimizer else mb
+        return (w, g, o * (1.0 - off), a, other) if off else (w, g, o, a, other)
 
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
-        # are priced in full
-        return max(((of_rank(r), r) for r, *_ in heavy), key=lambda x: x[0].total)  # the first of equal totals
+        # are priced in full; the first of equal totals (MemoryBreakdown.total's sum, in its order)
+        best, arg, most = None, 0, 0.0
+        for r, *_ in heavy:
+            p = parts(r)
+            total = p[0] + p[1] + p[2] + p[3] + p[4]
+            if best is None or total > most:
+                best, arg, most = p, r, total
+        return MemoryBreakdown(*best), arg  # type: ignore[misc]
     arg, top = 0, -1.0
     for r, params, units, head, _ in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    return of_rank(arg), arg
+    return MemoryBreakdown(*parts(arg)), arg
 
 
 def offloaded_live(live: float, n: int, c: Choice) -> float:
@@ -1835,6 +1856,25 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
     return merged
 
 
+# `_smallest_bucket`'s answers: the search bounds ~10⁴ candidates whose ranks hold the same stages and buckets
+_SMALLEST: dict[tuple, float] = {}
+
+
+def _smallest_bucket(model: ModelSpec, c: Choice, lay: Layout, stages: tuple[int, ...], bucket: float,
+                     chunked: bool) -> float:
+    """The fewest parameters of any gradient bucket of a rank holding `stages` (`stage_buckets`' counts, which read
+    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min."""
+    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked)
+    hit = _SMALLEST.get(key)
+    if hit is None:
+        if len(_SMALLEST) >= 65536:  # bounded, as the module's lru_caches are
+            _SMALLEST.clear()
+        hit = _SMALLEST[key] = min(n for s in stages
+                                   for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
+                                                              chunked and s != stages[0]))
+    return hit
+
+
 def dp_bucket(cluster: Cluster, c: Choice) -> tuple[float, bool]:
     """(parameters per gradient bucket, whether a rank's later model chunks are one bucket each) for
     `stage_buckets`.  By default Megatron-Core's DDP: buckets of max(4·10⁷, 10⁶ · the DP×CP group's size)
@@ -1924,9 +1964,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                smallest = min(n for s in lists[r]
-                               for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
-                                                                chunked and s != lists[r][0]))
+                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked)
                 last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red

@@ -265,30 +265,64 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     cost.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
     (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
+    terms = rank_terms(model, tp=tp, dp=dp, b=b, sp=sp, recompute=recompute, zero=zero, dtype=dtype, cp=cp,
+                       flash=flash, accounting=accounting, zero3_live=zero3_live, optimizer_dtype=optimizer_dtype,
+                       cross_entropy=cross_entropy, expert_dp=expert_dp, etp=etp, optimizer=optimizer)
+    return MemoryBreakdown(*rank_parts(terms, model.mtp_layers, shape, inflight, inflight_layers, per_layer))
+
+
+def rank_terms(model: ModelSpec, *, tp: int, dp: int, b: int, sp: bool, recompute: str, zero: int, dtype: str,
+               cp: int = 1, flash: bool = False, accounting: str = "seed", zero3_live: float | None = None,
+               optimizer_dtype: str = "fp32", cross_entropy: str = "unfused", expert_dp: int | None = None,
+               etp: int = 1, optimizer: str = "adam") -> tuple:
+    """What `rank_memory` reads that is the same on every pipeline rank of one configuration (bytes per parameter,
+    one layer's activations, the logits, the ZeRO-3 and recomputation allowances), for `rank_parts`: cost.memory
+    prices several candidate ranks of each configuration and computes these once (the same numbers, so the same
+    sums)."""
     wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype, optimizer)
+    layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+    working = None  # what the layer being back-propagated adds, live once
+    if recompute == "full":  # the working set of the layer being recomputed and back-propagated
+        working = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
+    elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
+        # back-propagated recomputes
+        working = max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp) - layer)
+    logits = logits_bytes(model, b, tp, cp, cross_entropy)
+    gathered = None  # ZeRO-3's gathered 16-bit weights: `zero3_live` parameters, else two whole layers
+    if zero >= 3:
+        gathered = 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
+    # a mixture of experts' routed experts shard over the expert-data-parallel group (only ranks holding some read it)
+    expert = state_bytes_per_param(dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype, optimizer) \
+        if model.moe else (wb, gb, ob)
+    # Muon leaves the embedding and output layer on Adam: its optimizer bytes less Muon's
+    adam = (state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)[2] - ob) \
+        if optimizer == "muon" else 0.0
+    return wb, gb, ob, expert, layer, working, logits, gathered, optimizer == "muon", adam
+
+
+def rank_parts(terms: tuple, mtp_layers: int, shape: RankShape, inflight: int, inflight_layers: float | None = None,
+               per_layer: float | None = None) -> tuple[float, float, float, float, float]:
+    """One rank's (weights, grads, optimizer, activations, other) from `rank_terms` (`rank_memory`'s fields; the
+    sums in its order)."""
+    wb, gb, ob, expert, layer, working, logits, gathered, muon, adam = terms
     if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
-        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+        per_layer = layer
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight_layers * per_layer
-    if recompute == "full":  # the working set of the layer being recomputed and back-propagated
-        act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
-    elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
-        # back-propagated recomputes, live once
-        act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
-                   - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp))
+    if working is not None:
+        act += working
     if shape.head:
-        act += logits_bytes(model, b, tp, cp, cross_entropy)
+        act += logits
         # multi-token prediction (models.ModelSpec.mtp_layers): each module's layer for every in-flight micro-batch
         # of the last stage, and its own logits
-        act += model.mtp_layers * (inflight * per_layer + logits_bytes(model, b, tp, cp, cross_entropy))
+        act += mtp_layers * (inflight * per_layer + logits)
     other = OTHER_FIXED + FRAGMENTATION * act
-    if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
-        other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
+    if gathered is not None:
+        other += gathered
     dense, experts = shape.params - shape.expert_params, shape.expert_params
-    we, ge, oe = (wb, gb, ob) if not experts else state_bytes_per_param(
-        dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype, optimizer)
+    we, ge, oe = (wb, gb, ob) if not experts else expert
     opt = ob * dense + oe * experts
-    if optimizer == "muon" and shape.vocab_params:  # the embedding / output layer on Adam
-        opt += (state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)[2] - ob) * shape.vocab_params
-    return MemoryBreakdown(wb * dense + we * experts, gb * dense + ge * experts, opt, act, other)
+    if muon and shape.vocab_params:  # the embedding / output layer on Adam
+        opt += adam * shape.vocab_params
+    return wb * dense + we * experts, gb * dense + ge * experts, opt, act, other
