@@ -109,11 +109,13 @@ from .memory import (
     FRAGMENTATION,
     MemoryBreakdown,
     RankShape,
+    activation_terms,
     layer_activation_bytes,
     logits_bytes,
-    rank_parts,
-    rank_terms,
+    rank_activations,
+    rank_states,
     state_bytes_per_param,
+    state_terms,
 )
 from .models import ModelSpec
 from .profile import Profile, contention
@@ -309,8 +311,13 @@ def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: 
     projection over this rank's b·s/cp tokens and a second pass of the output head and loss (`lt.head_fwd`)."""
     if not model.mtp_layers:
         return 0.0
-    proj = gemm_time(Gemm("mtp_proj", b * (model.seq_len // cp), model.hidden // tp, 2 * model.hidden), dev, dtype)  # type: ignore[arg-type]
+    proj = _mtp_proj_time(b * (model.seq_len // cp), model.hidden, tp, dev, dtype)
     return model.mtp_layers * (lt.fwd + lt.head_fwd + proj)
+
+
+@lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few shapes: the Gemm is built and hashed once per shape
+def _mtp_proj_time(tokens: int, hidden: int, tp: int, dev: object, dtype: str) -> float:
+    return gemm_time(Gemm("mtp_proj", tokens, hidden // tp, 2 * hidden), dev, dtype)  # type: ignore[arg-type]
 
 
 def default_schedule(v: int) -> str:
@@ -1232,6 +1239,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
     seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
+    rows: list[tuple[float, ...]] = []  # each stage's, in order
     z3_units: tuple[tuple[float, ...], ...] | None = None
     z3_pairs: dict[bool, tuple[float, float]] = {}  # ZeRO-3's per-layer gather and reduce, the same in every stage
     # the head's forward with multi-token prediction's: the same for every stage, priced once
@@ -1243,9 +1251,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         key = (n, nd, lay.embed[s], lay.head[s], chunk_params)
         row = seen.get(key)
         if row is not None:
-            for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
-                                 out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), row):
-                lst.append(val)
+            rows.append(row)
             continue
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
@@ -1307,22 +1313,16 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         hf, hb = nm * hf, nm * hb
         f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
         b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
-        out.f.append(f)
-        out.b.append(b)
-        # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb)
-        out.bw.append(fc)
-        out.f_compute.append(fc)
-        out.b_compute.append(bc)
-        out.b_recompute.append(br)
-        out.tp_comm.append(f_tp + b_tp)
-        out.cp_comm.append(f_cp + b_cp)
-        out.zero3.append(z3f + z3b)
-        out.offload.append(off_f + off_b)
-        out.ep_comm.append(f_ep + b_ep)
-        out.host.append(hf + hb)
-        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp,
-                     z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
+        # (f, b, bi, bw, f_compute, b_compute, b_recompute, tp_comm, cp_comm, zero3, offload, ep_comm, host): split
+        # backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW =
+        # weight-gradient GEMMs
+        row = seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp,
+                           f_cp + b_cp, z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
+        rows.append(row)
+    # the rows into StageTimes' per-stage lists, column by column
+    for lst, col in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute, out.tp_comm,
+                         out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), zip(*rows)):
+        lst.extend(col)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     if c.pp <= 1:
         out.transfer = 0.0
@@ -1611,51 +1611,79 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
-    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
-        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
     # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
     # alone sharded
     zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
-    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
-    o *= 1.0 - cluster.offload_optimizer
-    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
-    # this picks the rank rank_memory would find heaviest
-    act_scale = 1.0 + FRAGMENTATION
-    zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
-
-    # what every rank shares, once (memory.rank_terms: rank_memory's own numbers, so the same sums)
-    terms = rank_terms(model, tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch, sp=c.sequence_parallel,
-                       recompute=c.recompute, zero=zero, dtype=cluster.precision, cp=c.cp, flash=flash, accounting=acc,
-                       zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype, cross_entropy=cluster.cross_entropy,
-                       expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
-    mtp, offload, off = model.mtp_layers, cluster.offload_layers, cluster.offload_optimizer
-    shared_layer = per_layer if c.recompute_layers else None
-
-    def parts(r: int) -> tuple[float, float, float, float, float]:
-        w, g, o, a, other = rank_parts(terms, mtp, shapes[r], peaks[r], offloaded_live(live[r], offload, c),
-                                       per_rank[r] if per_rank else shared_layer)
-        # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
-        return (w, g, o * (1.0 - off), a, other) if off else (w, g, o, a, other)
-
+    off = cluster.offload_optimizer
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
-        # are priced in full; the first of equal totals (MemoryBreakdown.total's sum, in its order)
+        # are priced in full (their activations kept for every ZeRO stage: `_heavy_activations`); the first of equal
+        # totals (MemoryBreakdown.total's sum, in its order)
+        ranks = _heavy_activations(
+            model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+            c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp,
+            cluster.offload_layers)
+        states = _state_terms(model, cluster, c, opts, zero, acc)
         best, arg, most = None, 0, 0.0
-        for r, *_ in heavy:
-            p = parts(r)
-            total = p[0] + p[1] + p[2] + p[3] + p[4]
+        for r, shape, act, other in ranks:
+            w, g, o, a, oth = rank_states(states, shape, act, other)
+            if off:  # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
+                o = o * (1.0 - off)
+            total = w + g + o + a + oth
             if best is None or total > most:
-                best, arg, most = p, r, total
+                best, arg, most = (w, g, o, a, oth), r, total
         return MemoryBreakdown(*best), arg  # type: ignore[misc]
+    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
+        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
+    o *= 1.0 - off
+    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
+    # this picks the rank rank_memory would find heaviest
+    act_scale = 1.0 + FRAGMENTATION
     arg, top = 0, -1.0
     for r, params, units, head, _ in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    return MemoryBreakdown(*parts(arg)), arg
+    states = _state_terms(model, cluster, c, opts, zero, acc)
+    acts = activation_terms(model, tp=c.tp, b=c.micro_batch, sp=c.sequence_parallel, recompute=c.recompute,
+                            dtype=cluster.precision, cp=c.cp, flash=flash, cross_entropy=cluster.cross_entropy, etp=c.etp)
+    act, other = rank_activations(acts, model.mtp_layers, shapes[arg], peaks[arg],
+                                  offloaded_live(live[arg], cluster.offload_layers, c),
+                                  per_rank[arg] if per_rank else per_layer if c.recompute_layers else None)
+    w, g, o, a, oth = rank_states(states, shapes[arg], act, other)
+    if off:  # (as above)
+        o = o * (1.0 - off)
+    return MemoryBreakdown(w, g, o, a, oth), arg
+
+
+def _state_terms(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options, zero: int, acc: str) -> tuple:
+    """memory.state_terms of choice `c` (its heaviest rank's states, as memory.rank_memory counts them)."""
+    zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
+    return state_terms(model, tp=c.tp, dp=c.dp // c.dp_replicate, zero=zero, dtype=cluster.precision, cp=c.cp,
+                       accounting=acc, zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
+                       expert_dp=c.expert_dp, optimizer=cluster.optimizer)
+
+
+@lru_cache(maxsize=8192)
+def _heavy_activations(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
+                       b: int, sp: bool, recompute: str, cp: int, rec_layers: int, cross_entropy: str, ep: int,
+                       etp: int, offload_layers: int) -> tuple[tuple[int, RankShape, float, float], ...]:
+    """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank that can be the heaviest
+    (`_heavy_ranks`): memory.rank_activations of `_memory_scan`'s figures, which no ZeRO stage changes -- the search
+    asks for every stage of one layout."""
+    shapes, peaks, per_layer, _, live, heavy, per_rank = _memory_scan(
+        model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, cross_entropy, ep, etp)
+    acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                            cross_entropy=cross_entropy, etp=etp)
+    shared = per_layer if rec_layers else None
+    return tuple((r, shapes[r], *rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
+                                                  _offloaded_live(live[r], offload_layers, pp),
+                                                  per_rank[r] if per_rank else shared))
+                 for r, *_ in heavy)
 
 
 def offloaded_live(live: float, n: int, c: Choice) -> float:
@@ -1663,7 +1691,11 @@ def offloaded_live(live: float, n: int, c: Choice) -> float:
     (Megatron-Core's cpu_offloading_num_layers; one micro-batch in flight, no pipeline): the others, and two of
     the offloaded -- the double buffer its offload handler copies through (the layer being copied out or in and
     the next).  Unchanged without offloading or with a pipeline (which Megatron-Core's offloading does not run)."""
-    if n <= 0 or c.pp > 1:
+    return _offloaded_live(live, n, c.pp)
+
+
+def _offloaded_live(live: float, n: int, pp: int) -> float:
+    if n <= 0 or pp > 1:
         return live
     return max(0.0, live - n) + min(n, 2)
 
