@@ -1662,10 +1662,18 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
 
 def _state_terms(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options, zero: int, acc: str) -> tuple:
     """memory.state_terms of choice `c` (its heaviest rank's states, as memory.rank_memory counts them)."""
-    zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
-    return state_terms(model, tp=c.tp, dp=c.dp // c.dp_replicate, zero=zero, dtype=cluster.precision, cp=c.cp,
-                       accounting=acc, zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                       expert_dp=c.expert_dp, optimizer=cluster.optimizer)
+    return _states(model, cluster.precision, cluster.optimizer, cluster.zero3_unit, opts.optimizer_dtype, acc, zero,
+                   c.zero_stage, c.tp, c.dp // c.dp_replicate, c.cp, c.expert_dp, c.expert_shards)
+
+
+@lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few hundred (ZeRO stage, tp, dp, cp, ep) groups
+def _states(model: ModelSpec, dtype: str, optimizer: str, unit: str, optimizer_dtype: str, acc: str, zero: int,
+            zero_stage: int, tp: int, dp: int, cp: int, expert_dp: int, expert_shards: int) -> tuple:
+    """`_state_terms` from the fields it reads (the cluster's own -- its dtype, optimizer and ZeRO-3 unit -- so that
+    a cluster whose profile does not hash is keyed as well)."""
+    zero3_live = _zero3_live(model, unit, zero_stage, tp, expert_shards) if zero >= 3 else None
+    return state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=acc, zero3_live=zero3_live,
+                       optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
 
 
 @lru_cache(maxsize=8192)
@@ -1723,14 +1731,19 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
     the sub-module computing and the one prefetched (the largest consecutive pair: the MLP's two
     matrices) plus the full gradient of one sub-module before its reduce-scatter.  None: two layers
     (memory.py's default for `layer` units; a mixture of experts' two layers hold E/ep experts each)."""
-    if c.zero_stage < 3:
+    return _zero3_live(model, cluster.zero3_unit, c.zero_stage, c.tp, c.expert_shards)
+
+
+def _zero3_live(model: ModelSpec, unit: str, zero_stage: int, tp: int, expert_shards: int) -> float | None:
+    """`zero3_live_params` from what it reads of the cluster (`unit`, its ZeRO-3 unit) and of the choice."""
+    if zero_stage < 3:
         return None
-    if cluster.zero3_unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
+    if unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
         if not model.moe:
             return None
-        dense = model.dense_variant().layer_params_per_rank(c.tp) if model.dense_count else 0.0
-        return 2 * max(model.layer_params_per_rank(c.tp, c.expert_shards), dense)
-    gs = {g.name: g for g in layer_gemms(model, 1, c.tp)}
+        dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_count else 0.0
+        return 2 * max(model.layer_params_per_rank(tp, expert_shards), dense)
+    gs = {g.name: g for g in layer_gemms(model, 1, tp)}
     w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
     pair = max(w[i] + w[(i + 1) % 4] for i in range(4))
     return pair + max(w)
