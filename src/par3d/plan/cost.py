@@ -109,10 +109,13 @@ from .memory import (
     FRAGMENTATION,
     MemoryBreakdown,
     RankShape,
+    activation_terms,
     layer_activation_bytes,
     logits_bytes,
-    rank_memory,
+    rank_activations,
+    rank_states,
     state_bytes_per_param,
+    state_terms,
 )
 from .models import ModelSpec
 from .profile import Profile, contention
@@ -308,8 +311,13 @@ def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: 
     projection over this rank's b·s/cp tokens and a second pass of the output head and loss (`lt.head_fwd`)."""
     if not model.mtp_layers:
         return 0.0
-    proj = gemm_time(Gemm("mtp_proj", b * (model.seq_len // cp), model.hidden // tp, 2 * model.hidden), dev, dtype)  # type: ignore[arg-type]
+    proj = _mtp_proj_time(b * (model.seq_len // cp), model.hidden, tp, dev, dtype)
     return model.mtp_layers * (lt.fwd + lt.head_fwd + proj)
+
+
+@lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few shapes: the Gemm is built and hashed once per shape
+def _mtp_proj_time(tokens: int, hidden: int, tp: int, dev: object, dtype: str) -> float:
+    return gemm_time(Gemm("mtp_proj", tokens, hidden // tp, 2 * hidden), dev, dtype)  # type: ignore[arg-type]
 
 
 def default_schedule(v: int) -> str:
@@ -943,12 +951,14 @@ def fsdp2_copy_out(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: i
     return 2 * 2.0 * zero3_layer_weights(model, c, nm, nd) / (dev.mem_bw * dev.mem_eff)
 
 
-def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int) -> tuple[float, float]:
+def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: int, nd: int,
+                            memo: dict[bool, tuple[float, float]] | None = None) -> tuple[float, float]:
     """ZeRO-3's all-gather of one layer's 16-bit weights and reduce-scatter of its gradients (hierarchical clusters),
     averaged over a stage of `nm` layers of the model's kind and `nd` dense ones (a mixture of experts'): the dense
     part over the dp x cp shard group (under HSDP the replicas' all-reduce too), a mixture of experts' E/ep routed
     experts over the expert-data-parallel group (`expert_grad_collective`: no collective where ep spans every rank
-    holding them)."""
+    holding them).  `memo` (one per choice: stage_times prices each stage's) keeps the layer of each kind's pair,
+    which no stage changes."""
     def one(m: ModelSpec) -> tuple[float, float]:
         dense = m.dense_layer_params_per_rank(c.tp) if m.moe else m.layer_params_per_rank(c.tp)
         ag = grad_collective(cluster, c, "all_gather", 2.0 * dense, group="shard")
@@ -959,10 +969,18 @@ def zero3_layer_collectives(model: ModelSpec, cluster: Cluster, c: Choice, nm: i
             rs += expert_grad_collective(cluster, c, "reduce_scatter", grad_bytes(cluster) * experts)
         return ag, rs
 
+    def of(dense: bool) -> tuple[float, float]:  # the layer of the model's kind, or its dense variant's
+        hit = memo.get(dense) if memo is not None else None
+        if hit is None:
+            hit = one(model.dense_variant() if dense else model)
+            if memo is not None:
+                memo[dense] = hit
+        return hit
+
     n = nm + nd
     if not model.moe or nd == 0:
-        return one(model)
-    (agm, rsm), (agd, rsd) = one(model), one(model.dense_variant())
+        return of(False)
+    (agm, rsm), (agd, rsd) = of(False), of(True)
     return (nm * agm + nd * agd) / max(n, 1), (nm * rsm + nd * rsd) / max(n, 1)
 
 
@@ -1247,7 +1265,11 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     out = StageTimes([], [], [], [], [], [], [], [], [], 0.0)
     g = c.dp * c.cp  # ranks holding the same weights
     seen: dict[tuple, tuple[float, ...]] = {}  # stages alike (layers, embedding, head, chunk) cost alike
+    rows: list[tuple[float, ...]] = []  # each stage's, in order
     z3_units: tuple[tuple[float, ...], ...] | None = None
+    z3_pairs: dict[bool, tuple[float, float]] = {}  # ZeRO-3's per-layer gather and reduce, the same in every stage
+    # the head's forward with multi-token prediction's: the same for every stage, priced once
+    head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
@@ -1255,13 +1277,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         key = (n, nd, lay.embed[s], lay.head[s], chunk_params)
         row = seen.get(key)
         if row is not None:
-            for lst, val in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute,
-                                 out.tp_comm, out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), row):
-                lst.append(val)
+            rows.append(row)
             continue
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
-        head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
         fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
         bc = 2 * fc
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
@@ -1290,7 +1309,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
             # FSDP-style units ride the node's NICs like any collective (llm-foundry's FSDP runs, docs §5); a mixture
             # of experts' layer gathers its dense part over the dp x cp ranks and its E/ep routed experts over the
             # ranks holding the same experts (none where ep spans them all), per layer of each kind
-            ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd)
+            ag, rs = zero3_layer_collectives(model, cluster, c, nm, nd, z3_pairs)
             if cluster.fsdp and c.pp > 1:
                 # PyTorch's pipeline stages run FSDP2 without resharding or reducing between micro-batches
                 # (torch.distributed.pipelining's backward_maybe_with_nosync: set_reshard_after_backward(False),
@@ -1327,22 +1346,16 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         hf, hb = nm * hf, nm * hb
         f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
         b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
-        out.f.append(f)
-        out.b.append(b)
-        # split backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW = weight-gradient GEMMs
-        out.bi.append(fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb)
-        out.bw.append(fc)
-        out.f_compute.append(fc)
-        out.b_compute.append(bc)
-        out.b_recompute.append(br)
-        out.tp_comm.append(f_tp + b_tp)
-        out.cp_comm.append(f_cp + b_cp)
-        out.zero3.append(z3f + z3b)
-        out.offload.append(off_f + off_b)
-        out.ep_comm.append(f_ep + b_ep)
-        out.host.append(hf + hb)
-        seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp, f_cp + b_cp,
-                     z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
+        # (f, b, bi, bw, f_compute, b_compute, b_recompute, tp_comm, cp_comm, zero3, offload, ep_comm, host): split
+        # backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW =
+        # weight-gradient GEMMs
+        row = seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp,
+                           f_cp + b_cp, z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
+        rows.append(row)
+    # the rows into StageTimes' per-stage lists, column by column
+    for lst, col in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute, out.tp_comm,
+                         out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), zip(*rows)):
+        lst.extend(col)
     boundary = act / (c.tp if c.sequence_parallel else 1)
     if c.pp <= 1:
         out.transfer = 0.0
@@ -1631,43 +1644,87 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
-    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
-        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
     # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
     # alone sharded
     zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
-    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
-    o *= 1.0 - cluster.offload_optimizer
-    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
-    # this picks the rank rank_memory would find heaviest
-    act_scale = 1.0 + FRAGMENTATION
-    zero3_live = zero3_live_params(model, cluster, c) if zero >= 3 else None
-
-    def of_rank(r: int) -> MemoryBreakdown:
-        mb = rank_memory(model, shapes[r], peaks[r], tp=c.tp, dp=c.dp // c.dp_replicate, b=c.micro_batch,
-                         inflight_layers=offloaded_live(live[r], cluster.offload_layers, c),
-                         sp=c.sequence_parallel, recompute=c.recompute, zero=zero, dtype=cluster.precision,
-                         v=c.virtual_stages, cp=c.cp, flash=flash, accounting=acc,
-                         zero3_live=zero3_live, optimizer_dtype=opts.optimizer_dtype,
-                         per_layer=per_rank[r] if per_rank else per_layer if c.recompute_layers else None,
-                         cross_entropy=cluster.cross_entropy,
-                         expert_dp=c.expert_dp, etp=c.etp, optimizer=cluster.optimizer)
-        # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
-        return replace(mb, optimizer=mb.optimizer * (1.0 - cluster.offload_optimizer)) if cluster.offload_optimizer else mb
-
+    off = cluster.offload_optimizer
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
-        # are priced in full
-        return max(((of_rank(r), r) for r, *_ in heavy), key=lambda x: x[0].total)  # the first of equal totals
+        # are priced in full (their activations kept for every ZeRO stage: `_heavy_activations`); the first of equal
+        # totals (MemoryBreakdown.total's sum, in its order)
+        ranks = _heavy_activations(
+            model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+            c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp,
+            cluster.offload_layers)
+        states = _state_terms(model, cluster, c, opts, zero, acc)
+        best, arg, most = None, 0, 0.0
+        for r, shape, act, other in ranks:
+            w, g, o, a, oth = rank_states(states, shape, act, other)
+            if off:  # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
+                o = o * (1.0 - off)
+            total = w + g + o + a + oth
+            if best is None or total > most:
+                best, arg, most = (w, g, o, a, oth), r, total
+        return MemoryBreakdown(*best), arg  # type: ignore[misc]
+    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
+        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
+    o *= 1.0 - off
+    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
+    # this picks the rank rank_memory would find heaviest
+    act_scale = 1.0 + FRAGMENTATION
     arg, top = 0, -1.0
     for r, params, units, head, _ in heavy:
         est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
         if est > top:
             arg, top = r, est
-    return of_rank(arg), arg
+    states = _state_terms(model, cluster, c, opts, zero, acc)
+    acts = activation_terms(model, tp=c.tp, b=c.micro_batch, sp=c.sequence_parallel, recompute=c.recompute,
+                            dtype=cluster.precision, cp=c.cp, flash=flash, cross_entropy=cluster.cross_entropy, etp=c.etp)
+    act, other = rank_activations(acts, model.mtp_layers, shapes[arg], peaks[arg],
+                                  offloaded_live(live[arg], cluster.offload_layers, c),
+                                  per_rank[arg] if per_rank else per_layer if c.recompute_layers else None)
+    w, g, o, a, oth = rank_states(states, shapes[arg], act, other)
+    if off:  # (as above)
+        o = o * (1.0 - off)
+    return MemoryBreakdown(w, g, o, a, oth), arg
+
+
+def _state_terms(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options, zero: int, acc: str) -> tuple:
+    """memory.state_terms of choice `c` (its heaviest rank's states, as memory.rank_memory counts them)."""
+    return _states(model, cluster.precision, cluster.optimizer, cluster.zero3_unit, opts.optimizer_dtype, acc, zero,
+                   c.zero_stage, c.tp, c.dp // c.dp_replicate, c.cp, c.expert_dp, c.expert_shards)
+
+
+@lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few hundred (ZeRO stage, tp, dp, cp, ep) groups
+def _states(model: ModelSpec, dtype: str, optimizer: str, unit: str, optimizer_dtype: str, acc: str, zero: int,
+            zero_stage: int, tp: int, dp: int, cp: int, expert_dp: int, expert_shards: int) -> tuple:
+    """`_state_terms` from the fields it reads (the cluster's own -- its dtype, optimizer and ZeRO-3 unit -- so that
+    a cluster whose profile does not hash is keyed as well)."""
+    zero3_live = _zero3_live(model, unit, zero_stage, tp, expert_shards) if zero >= 3 else None
+    return state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=acc, zero3_live=zero3_live,
+                       optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
+
+
+@lru_cache(maxsize=8192)
+def _heavy_activations(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
+                       b: int, sp: bool, recompute: str, cp: int, rec_layers: int, cross_entropy: str, ep: int,
+                       etp: int, offload_layers: int) -> tuple[tuple[int, RankShape, float, float], ...]:
+    """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank that can be the heaviest
+    (`_heavy_ranks`): memory.rank_activations of `_memory_scan`'s figures, which no ZeRO stage changes -- the search
+    asks for every stage of one layout."""
+    shapes, peaks, per_layer, _, live, heavy, per_rank = _memory_scan(
+        model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, cross_entropy, ep, etp)
+    acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                            cross_entropy=cross_entropy, etp=etp)
+    shared = per_layer if rec_layers else None
+    return tuple((r, shapes[r], *rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
+                                                  _offloaded_live(live[r], offload_layers, pp),
+                                                  per_rank[r] if per_rank else shared))
+                 for r, *_ in heavy)
 
 
 def offloaded_live(live: float, n: int, c: Choice) -> float:
@@ -1675,7 +1732,11 @@ def offloaded_live(live: float, n: int, c: Choice) -> float:
     (Megatron-Core's cpu_offloading_num_layers; one micro-batch in flight, no pipeline): the others, and two of
     the offloaded -- the double buffer its offload handler copies through (the layer being copied out or in and
     the next).  Unchanged without offloading or with a pipeline (which Megatron-Core's offloading does not run)."""
-    if n <= 0 or c.pp > 1:
+    return _offloaded_live(live, n, c.pp)
+
+
+def _offloaded_live(live: float, n: int, pp: int) -> float:
+    if n <= 0 or pp > 1:
         return live
     return max(0.0, live - n) + min(n, 2)
 
@@ -1703,14 +1764,19 @@ def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | 
     the sub-module computing and the one prefetched (the largest consecutive pair: the MLP's two
     matrices) plus the full gradient of one sub-module before its reduce-scatter.  None: two layers
     (memory.py's default for `layer` units; a mixture of experts' two layers hold E/ep experts each)."""
-    if c.zero_stage < 3:
+    return _zero3_live(model, cluster.zero3_unit, c.zero_stage, c.tp, c.expert_shards)
+
+
+def _zero3_live(model: ModelSpec, unit: str, zero_stage: int, tp: int, expert_shards: int) -> float | None:
+    """`zero3_live_params` from what it reads of the cluster (`unit`, its ZeRO-3 unit) and of the choice."""
+    if zero_stage < 3:
         return None
-    if cluster.zero3_unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
+    if unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
         if not model.moe:
             return None
-        dense = model.dense_variant().layer_params_per_rank(c.tp) if model.dense_count else 0.0
-        return 2 * max(model.layer_params_per_rank(c.tp, c.expert_shards), dense)
-    gs = {g.name: g for g in layer_gemms(model, 1, c.tp)}
+        dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_count else 0.0
+        return 2 * max(model.layer_params_per_rank(tp, expert_shards), dense)
+    gs = {g.name: g for g in layer_gemms(model, 1, tp)}
     w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
     pair = max(w[i] + w[(i + 1) % 4] for i in range(4))
     return pair + max(w)
@@ -1868,6 +1934,25 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
     return merged
 
 
+# `_smallest_bucket`'s answers: the search bounds ~10⁴ candidates whose ranks hold the same stages and buckets
+_SMALLEST: dict[tuple, float] = {}
+
+
+def _smallest_bucket(model: ModelSpec, c: Choice, lay: Layout, stages: tuple[int, ...], bucket: float,
+                     chunked: bool) -> float:
+    """The fewest parameters of any gradient bucket of a rank holding `stages` (`stage_buckets`' counts, which read
+    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min."""
+    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked)
+    hit = _SMALLEST.get(key)
+    if hit is None:
+        if len(_SMALLEST) >= 65536:  # bounded, as the module's lru_caches are
+            _SMALLEST.clear()
+        hit = _SMALLEST[key] = min(n for s in stages
+                                   for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
+                                                              chunked and s != stages[0]))
+    return hit
+
+
 def dp_bucket(cluster: Cluster, c: Choice) -> tuple[float, bool]:
     """(parameters per gradient bucket, whether a rank's later model chunks are one bucket each) for
     `stage_buckets`.  By default Megatron-Core's DDP: buckets of max(4·10⁷, 10⁶ · the DP×CP group's size)
@@ -1957,9 +2042,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                smallest = min(n for s in lists[r]
-                               for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
-                                                                chunked and s != lists[r][0]))
+                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked)
                 last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red

@@ -78,7 +78,7 @@ import json
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -763,6 +763,19 @@ class Cluster:
     # (max(4·10⁷, 10⁶ · dp·cp), a rank's later model chunks one bucket each; FSDP: one per layer); a number, buckets
     # of that size (DeepSpeed's reduce_bucket_size, PyTorch DDP's bucket_cap_mb / 2 B); 0, one bucket per layer
     dp_bucket_params: float | None = None
+
+    def __hash__(self) -> int:
+        # the planner's caches (comm.collective's, the lru_caches) key on the cluster ~10⁶ times a search: its fields'
+        # hash once, the value the generated __hash__ gives (the hash of the fields' tuple)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        # a hash is this process's: a pickled cluster computes its own again
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def step_spread(self) -> float:

@@ -265,30 +265,75 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     cost.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
     (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
-    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype, optimizer)
+    states = state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=accounting,
+                         zero3_live=zero3_live, optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
+    acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                            cross_entropy=cross_entropy, etp=etp)
+    act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer)
+    return MemoryBreakdown(*rank_states(states, shape, act, other))
+
+
+# `rank_memory` in two halves, each with what every pipeline rank of one configuration shares computed once: the
+# activations (which no ZeRO stage changes) and the states.  cost.memory prices several candidate ranks of each
+# configuration, and every ZeRO stage of one layout, from them; the same numbers in the same sums as rank_memory's.
+
+def activation_terms(model: ModelSpec, *, tp: int, b: int, sp: bool, recompute: str, dtype: str, cp: int = 1,
+                     flash: bool = False, cross_entropy: str = "unfused", etp: int = 1) -> tuple:
+    """(one layer's stored activations, what the layer being back-propagated adds live once or None, the logits)."""
+    layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+    working = None
+    if recompute == "full":  # the working set of the layer being recomputed and back-propagated
+        working = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
+    elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
+        # back-propagated recomputes, live once
+        working = max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp) - layer)
+    return layer, working, logits_bytes(model, b, tp, cp, cross_entropy)
+
+
+def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: int,
+                     inflight_layers: float | None = None, per_layer: float | None = None) -> tuple[float, float]:
+    """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`."""
+    layer, working, logits = terms
     if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
-        per_layer = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+        per_layer = layer
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight_layers * per_layer
-    if recompute == "full":  # the working set of the layer being recomputed and back-propagated
-        act += layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
-    elif recompute in ("selective", "op") or recompute.startswith("selective:"):  # what the layer being
-        # back-propagated recomputes, live once
-        act += max(0.0, layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
-                   - layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp))
+    if working is not None:
+        act += working
     if shape.head:
-        act += logits_bytes(model, b, tp, cp, cross_entropy)
+        act += logits
         # multi-token prediction (models.ModelSpec.mtp_layers): each module's layer for every in-flight micro-batch
         # of the last stage, and its own logits
-        act += model.mtp_layers * (inflight * per_layer + logits_bytes(model, b, tp, cp, cross_entropy))
-    other = OTHER_FIXED + FRAGMENTATION * act
-    if zero >= 3:  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
-        other += 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
+        act += mtp_layers * (inflight * per_layer + logits)
+    return act, OTHER_FIXED + FRAGMENTATION * act
+
+
+def state_terms(model: ModelSpec, *, tp: int, dp: int, zero: int, dtype: str, cp: int = 1, accounting: str = "seed",
+                zero3_live: float | None = None, optimizer_dtype: str = "fp32", expert_dp: int | None = None,
+                optimizer: str = "adam") -> tuple:
+    """Bytes per parameter of the dense and the routed-expert states, ZeRO-3's gathered weights (or None) and
+    Muon's Adam-kept embedding's extra optimizer bytes per parameter, for `rank_states`."""
+    wb, gb, ob = state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype, optimizer)
+    gathered = None  # gathered 16-bit weights: `zero3_live` parameters, else two whole layers
+    if zero >= 3:
+        gathered = 2.0 * (zero3_live if zero3_live is not None else 2 * model.layer_params_per_rank(tp))
+    # a mixture of experts' routed experts shard over the expert-data-parallel group (read by ranks holding some)
+    expert = state_bytes_per_param(dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype, optimizer) \
+        if model.moe else (wb, gb, ob)
+    muon = optimizer == "muon"  # the embedding / output layer on Adam: its optimizer bytes less Muon's
+    adam = (state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)[2] - ob) if muon else 0.0
+    return wb, gb, ob, expert, gathered, muon, adam
+
+
+def rank_states(terms: tuple, shape: RankShape, act: float, other: float) -> tuple[float, float, float, float, float]:
+    """One rank's (weights, grads, optimizer, activations, other) from `state_terms` and `rank_activations`."""
+    wb, gb, ob, expert, gathered, muon, adam = terms
+    if gathered is not None:
+        other += gathered
     dense, experts = shape.params - shape.expert_params, shape.expert_params
-    we, ge, oe = (wb, gb, ob) if not experts else state_bytes_per_param(
-        dtype, zero, expert_dp or dp * cp, accounting, optimizer_dtype, optimizer)
+    we, ge, oe = (wb, gb, ob) if not experts else expert
     opt = ob * dense + oe * experts
-    if optimizer == "muon" and shape.vocab_params:  # the embedding / output layer on Adam
-        opt += (state_bytes_per_param(dtype, zero, dp * cp, accounting, optimizer_dtype)[2] - ob) * shape.vocab_params
-    return MemoryBreakdown(wb * dense + we * experts, gb * dense + ge * experts, opt, act, other)
+    if muon and shape.vocab_params:
+        opt += adam * shape.vocab_params
+    return wb * dense + we * experts, gb * dense + ge * experts, opt, act, other

@@ -721,11 +721,12 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_count else lt
     recd = ltd.recomputed(c.recompute)
     lay = layout(model, c.pp * c.virtual_stages)
+    # the head's forward (and multi-token prediction's) is the same on every stage: once, out of the loop
+    head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
     work = []
     for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
         rd = min(nd, nr)
-        head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
         mtp_rec = model.mtp_layers * rec if h and c.recompute_layers == 0 else 0.0  # (cost.stage_times)
         work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
                     + mtp_rec)
