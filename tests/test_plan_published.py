@@ -331,7 +331,7 @@ def test_rows_say_how_their_loss_ran():
     implementation is refused with the row's name."""
     # NeMo's performance scripts set Transformer Engine's cross entropy from v2.3 (NeMo 25.04; thirtieth round)
     kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-", "nemo-25.04-", "dgxc-25.05-", "megatron-disc-")
-    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-")
+    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama")
     for r in ROWS:
         name = str(r["name"])
         want = "kernel" if name.startswith(kernel) else "fused" if name.startswith(fused) else "unfused"

@@ -486,6 +486,7 @@ MLPERF41_PREFIX = "mlperf-4.1-"  # MLPerf Training v4.1's GPT-3 175B submissions
 MLPERF5_PREFIX = "mlperf-5.0-"  # MLPerf Training v5.0's Llama 3.1 405B submissions (issue 12's twelfth round)
 MLPERF51_PREFIX = "mlperf-5.1-"  # MLPerf Training v5.1's FP8 Llama 3.1 8B and 405B submissions (thirteenth round)
 MLPERF51_NVFP4_PREFIX = "mlperf-5.1-nvfp4-"  # and its NVFP4 submissions (twenty-seventh round): held out
+MLPERF60_PREFIX = "mlperf-6.0-"  # MLPerf Training v6.0's Llama 3.1 8B / 405B and DeepSeek-V3 (thirty-seventh round)
 LLMFOUNDRY23_PREFIX = "llmfoundry23-"  # llm-foundry's older small-scale BF16 tables at 2K tokens (fifteenth round)
 FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FSDP_UNIT_S's fit
 AUTOMODEL_PREFIX = "automodel-"  # NeMo AutoModel (FSDP2 + EP; H100): its dense row (seventeenth round), MoE (28th)
@@ -513,6 +514,7 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MLPERF5_PREFIX, "MLPerf Training v5.0 (Llama 3.1 405B)"),
              (MLPERF51_NVFP4_PREFIX, "MLPerf Training v5.1's NVFP4 runs (Llama 3.1 8B, 405B; B200, GB200, B300, GB300)"),
              (MLPERF51_PREFIX, "MLPerf Training v5.1 (Llama 3.1 8B, 405B; FP8)"),
+             (MLPERF60_PREFIX, "MLPerf Training v6.0 (Llama 3.1 8B, 405B, DeepSeek-V3; read after the model was frozen)"),
              (LLMFOUNDRY23_PREFIX, "llm-foundry's 2023 tables (FSDP, 8-128 A100 / H100)"),
              (FMS_PREFIX, "fms-fsdp (FSDP, A100)"), (TORCHTITAN_PREFIX, "torchtitan (FSDP2; A100, H200)"),
              (AUTOMODEL_PREFIX, "NeMo AutoModel (FSDP2, EP; H100, BF16)"),
