@@ -78,13 +78,14 @@ import json
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .profile import Profile
 
 from . import gemm_table as _gt
+from .models import fields_hash
 
 GB = 1e9
 GiB = 2**30
@@ -765,13 +766,8 @@ class Cluster:
     dp_bucket_params: float | None = None
 
     def __hash__(self) -> int:
-        # the planner's caches (comm.collective's, the lru_caches) key on the cluster ~10⁶ times a search: its fields'
-        # hash once, the value the generated __hash__ gives (the hash of the fields' tuple)
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
+        # the planner's caches (comm.collective's, the lru_caches) key on the cluster ~10⁶ times a search
+        return fields_hash(self)
 
     def __getstate__(self) -> dict:
         # a hash is this process's: a pickled cluster computes its own again

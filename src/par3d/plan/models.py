@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 class ModelError(ValueError):
@@ -54,6 +55,16 @@ def split_error(layers: int, split: tuple[int, ...]) -> str | None:
     if len(split) == 1 and split[0] == 0:
         return "one chunk must hold the layers"
     return None
+
+
+def fields_hash(obj: Any) -> int:
+    """The hash the generated __hash__ of a frozen dataclass gives (its fields' tuple), computed once and kept on the
+    instance: the planner's caches key on models and clusters up to ~10⁶ times a search."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(obj, f.name) for f in fields(obj)))
+        object.__setattr__(obj, "_hash", h)
+    return h
 
 
 @dataclass(frozen=True)
@@ -119,12 +130,8 @@ class ModelSpec:
     qk_norm: bool = False
 
     def __hash__(self) -> int:
-        # the planner's caches key on the model thousands of times a search: hash the fields once
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
+        # the planner's caches key on the model thousands of times a search
+        return fields_hash(self)
 
     @property
     def ffn(self) -> int:
