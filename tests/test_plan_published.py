@@ -364,6 +364,8 @@ def test_readme_quotes_the_validation_summary(predictions):
     held = sorted(abs(p.error) for p in predictions.values() if not validation.in_sample(p.row))
     held_median = f"{held[len(held) // 2]:.1%}".replace("%", " %")
     assert f"held out: {sum(e <= validation.DEFAULT_BOUND for e in held)} within ±10 %, median |error| {held_median}" in text
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    assert f"`src/par3d/plan/validation.toml`: {len(errs)} published runs" in " ".join(doc.split())  # §9's opening
 
 
 def test_gh200_sustained_ratios_are_the_declared_fit():
