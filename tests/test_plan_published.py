@@ -341,11 +341,17 @@ def test_rows_say_how_their_loss_ran():
         validation.cluster_of(dict(ROWS[0], cross_entropy="liger"))
 
 
+def _repo_text(path: str) -> str:
+    """A text file of the repository (README, docs), read once per call and closed."""
+    with open(os.path.join(os.path.dirname(__file__), "..", path), encoding="utf-8") as f:
+        return f.read()
+
+
 def test_docs_table_is_the_scripts_output(predictions):
     """docs/planner.md section 9 quotes `python -m par3d.plan.validation` verbatim (table and summary)."""
 
     preds = [predictions[r["name"]] for r in ROWS]
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    doc = _repo_text("docs/planner.md")
     assert validation.table(preds) + "\n\n" + validation.summary(preds) in doc
     assert validation.by_gpu(preds) in doc  # the by-GPU reading below it
 
@@ -356,7 +362,7 @@ def test_readme_quotes_the_validation_summary(predictions):
 
     errs = sorted(abs(p.error) for p in predictions.values())
     within = sum(e <= validation.DEFAULT_BOUND for e in errs)
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    readme = _repo_text("README.md")
     text = " ".join(readme.split())
     assert f"the {len(errs)} rows of `src/par3d/plan/validation.toml`" in text
     median = f"{errs[len(errs) // 2]:.1%}".replace("%", " %")
@@ -364,7 +370,7 @@ def test_readme_quotes_the_validation_summary(predictions):
     held = sorted(abs(p.error) for p in predictions.values() if not validation.in_sample(p.row))
     held_median = f"{held[len(held) // 2]:.1%}".replace("%", " %")
     assert f"held out: {sum(e <= validation.DEFAULT_BOUND for e in held)} within ±10 %, median |error| {held_median}" in text
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    doc = _repo_text("docs/planner.md")
     assert f"`src/par3d/plan/validation.toml`: {len(errs)} published runs" in " ".join(doc.split())  # §9's opening
 
 
@@ -550,7 +556,7 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
     assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
     # the README and docs quote the regime's figures as evidence.json holds them
     for doc in ("README.md", "docs/planner.md"):
-        text = " ".join(open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8").read().split())
+        text = " ".join(_repo_text(doc).split())
         assert f"{reg['rows']} such published runs" in text or f"{reg['rows']} rows from nine sources" in text, doc
         assert f"{reg['median_error_pct']} %" in text, doc
 
