@@ -373,6 +373,17 @@ def test_readme_quotes_the_validation_summary(predictions):
     doc = _repo_text("docs/planner.md")
     assert f"`src/par3d/plan/validation.toml`: {len(errs)} published runs" in " ".join(doc.split())  # §9's opening
 
+    def part(preds: list) -> tuple[int, int, str]:
+        e = sorted(abs(p.error) for p in preds)
+        return len(e), sum(x <= validation.DEFAULT_BOUND for x in e), f"{e[len(e) // 2]:.1%}".replace("%", " %")
+
+    # the dense and mixture-of-experts rows apart, as the bullet splits them
+    dense = part([p for p in predictions.values() if not validation.model_of(p.row).moe])
+    moe = [p for p in predictions.values() if validation.model_of(p.row).moe]
+    moe_all, moe_held = part(moe), part([p for p in moe if not validation.in_sample(p.row)])
+    assert (f"(the {dense[0]} dense rows: {dense[1]} within, {dense[2]}; the {moe_all[0]} mixture-of-experts rows: "
+            f"{moe_all[1]} within, {moe_all[2]}, the {moe_held[0]} held out of them {moe_held[1]}, {moe_held[2]})") in text
+
 
 def test_gh200_sustained_ratios_are_the_declared_fit():
     """The GH200's fitted ratios (issue 12's twenty-second round) come from OpenEuroLLM's 32-128-GPU runs alone,
@@ -512,6 +523,9 @@ def test_plan_reports_its_evidence(capsys):
     out = capsys.readouterr().out
     h100 = validation.evidence_for("h100-sxm", "bf16")
     assert h100 is not None and f"on {h100['rows']} published runs of h100-sxm bf16" in out
+    # README's example of that line quotes the stored figures
+    readme = " ".join(_repo_text("README.md").split())
+    assert f"on {h100['rows']} published runs of h100-sxm bf16 … median {h100['median_error_pct']:+.1f} %" in readme
     assert main([*base, "--gpu", "h100", "--dtype", "fp8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"] == validation.evidence_for("h100-sxm", "fp8")
     assert main([*base, "--gpu", "h100", "--attention-kernel", "fa2", "--json"]) == 0  # rows set the kernel too
