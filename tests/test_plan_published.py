@@ -377,6 +377,8 @@ def test_readme_quotes_the_validation_summary(predictions):
         e = sorted(abs(p.error) for p in preds)
         return len(e), sum(x <= validation.DEFAULT_BOUND for x in e), f"{e[len(e) // 2]:.1%}".replace("%", " %")
 
+    # the misses list counts every row outside ±10 %
+    assert f"*Where it misses* ({len(errs) - within} rows;" in text
     # the dense and mixture-of-experts rows apart, as the bullet splits them
     dense = part([p for p in predictions.values() if not validation.model_of(p.row).moe])
     moe = [p for p in predictions.values() if validation.model_of(p.row).moe]
