@@ -595,3 +595,39 @@ def test_rows_say_how_their_source_counted_flops():
     assert p.value == pytest.approx(p.plan.model_tflops_per_gpu * (1 - 0.5 * core / full), rel=1e-12)
     with pytest.raises(ValueError, match="flop_count 'half'"):
         validation.metric_value(p.plan, "model", 32, m, "half")
+
+
+def test_validation_report_json_and_flags(predictions, capsys):
+    """`python -m par3d.plan.validation --json` gives each row's prediction and the summary lines' figures as the
+    text report computes them; `--rows` narrows either; `--help` explains each flag; flags that do not go together
+    are refused by name."""
+    prefix = "mlperf-6.0-"
+    assert validation.main(["--json", "--rows", prefix]) == 0
+    out = json.loads(capsys.readouterr().out)
+    chosen = [predictions[r["name"]] for r in ROWS if r["name"].startswith(prefix)]
+    assert [r["name"] for r in out["rows"]] == [p.row["name"] for p in chosen] and len(chosen) > 40
+    for got, p in zip(out["rows"], chosen, strict=True):
+        assert got["error_pct"] == round(100 * p.error, 2) and got["published"] == float(p.row["published"])
+        assert got["layout"] == validation.layout_of(p.plan.choice) and got["in_sample"] is validation.in_sample(p.row)
+        assert got["within_10pct"] is (abs(p.error) <= validation.DEFAULT_BOUND)
+    first = out["summary"][0]
+    assert first["group"] == "all" and first["rows"] == len(chosen)
+    assert f"{first['rows']} rows, {first['within_10pct']} within ±10%; median |error| {first['median_abs_error_pct']}%" \
+        in validation.summary(chosen)
+    assert out["by_gpu"] == validation.evidence(chosen)
+    assert validation.main(["--rows", "narayanan2021-t1-"]) == 0  # the text report, narrowed
+    text = capsys.readouterr().out
+    assert text.count("| narayanan2021-t1-") == 10 and "10 rows, " in text
+    with pytest.raises(SystemExit) as ex:
+        validation.main(["--help"])
+    assert ex.value.code == 0
+    helptext = " ".join(capsys.readouterr().out.split())
+    for flag in ("--json", "--evidence", "--fit", "--fit-moe-host", "--by-release", "--rows PREFIX"):
+        assert flag in helptext
+    for bad, says in ((["--by-release"], "--by-release: only with --fit-moe-host"),
+                      (["--json", "--fit"], "not allowed with argument"),
+                      (["--evidence", "--rows", prefix], "--rows: only with the table or --json"),
+                      (["--rows", "no-such-row-"], "no row's name starts with it")):
+        with pytest.raises(SystemExit) as ex:
+            validation.main(bad)
+        assert ex.value.code == 2 and says in capsys.readouterr().err

@@ -3,11 +3,12 @@
 `rows()` reads the file; `predict(row)` runs the planner's search with the row's fixed choices on the
 row's cluster (the catalogue GPU, plus the row's NICs where its network is not a DGX's) and returns the
 planner's number in the row's metric.  `python -m par3d.plan.validation` prints the table that
-docs/planner.md quotes.
+docs/planner.md quotes (`--json`: the same figures as JSON; `--rows PREFIX`: one source's rows; `--help`: every flag).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -206,16 +207,20 @@ def metric_value(plan: Plan, metric: str, gpus: int, model: ModelSpec | None = N
     raise ValueError(f"metric {metric!r}: choose hardware, model or tokens")
 
 
+def layout_of(c: Choice) -> str:
+    """A priced layout in one line, as the table's "layout" column shows it."""
+    cp = f" × cp {c.cp}" if c.cp > 1 else ""
+    rep = f" ({c.dp_replicate} replicas)" if c.dp_replicate > 1 else ""
+    return f"tp {c.tp}{cp} × pp {c.pp} × dp {c.dp}{rep}, mb {c.micro_batch}, {c.schedule}" + (
+        f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", rec {c.recompute}" + (
+        f" ({c.recompute_layers} layers per chunk)" if c.recompute_layers else "") + f", zero {c.zero_stage}"
+
+
 def table(preds: list[Prediction]) -> str:
     out = ["| run | layout | published | predicted | error | assumed where the source is silent |",
            "|---|---|---:|---:|---:|---|"]
     for p in preds:
-        c = p.plan.choice
-        cp = f" × cp {c.cp}" if c.cp > 1 else ""
-        rep = f" ({c.dp_replicate} replicas)" if c.dp_replicate > 1 else ""
-        lay = f"tp {c.tp}{cp} × pp {c.pp} × dp {c.dp}{rep}, mb {c.micro_batch}, {c.schedule}" + (
-            f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", rec {c.recompute}" + (
-            f" ({c.recompute_layers} layers per chunk)" if c.recompute_layers else "") + f", zero {c.zero_stage}"
+        lay = layout_of(p.plan.choice)
         miss = "" if abs(p.error) <= DEFAULT_BOUND else " (miss)"
         mem = "" if p.in_headroom else (" (in memory, not in the 5 % headroom)" if p.fits else " (over memory)")
         out.append(f"| {p.row['name']} | {lay}{mem} | {p.row['published']:g} | "
@@ -530,27 +535,66 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"))
 
 
-def summary(preds: list[Prediction]) -> str:
-    """The lines under the table: rows, how many within ±10 %, median and largest |error| — all rows,
-    then the in-sample rows (those that set a fitted constant: `in_sample`) and the held-out rest apart, the held-out
-    rows once more split into the sources of `OWN_LINES` and the other sources."""
+def _stats(preds: list[Prediction]) -> dict[str, float | int]:
+    errs = sorted(abs(p.error) for p in preds)
+    return {"rows": len(errs), "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
+            "median_abs_error_pct": round(100 * errs[len(errs) // 2], 1), "max_abs_error_pct": round(100 * errs[-1], 1)}
+
+
+def summary_groups(preds: list[Prediction]) -> list[tuple[str, list[Prediction]]]:
+    """The rows of each summary line, labelled: all rows ("all"), then the in-sample rows (those that set a fitted
+    constant: `in_sample`) and the held-out rest apart, the held-out rows once more split into the sources of
+    `OWN_LINES` and the other sources."""
     ins = [p for p in preds if in_sample(p.row)]
     held = [p for p in preds if not in_sample(p.row)]
-    lines = [_counts(preds)]
+    out = [("all", preds)]
     if ins and held:
-        lines += [f"in sample (set the step share, the H100's, GH200's or GB300's sustained ratios or FSDP's per-unit cost, "
-                  f"or chose NVFP4's GEMM rule): "
-                  f"{_counts(ins)}",
-                  f"held out: {_counts(held)}"]
+        out += [("in sample", ins), ("held out", held)]
         rest = held
         for prefix, label in OWN_LINES:
             own = [p for p in rest if str(p.row["name"]).startswith(prefix)]
             if own and len(own) < len(rest):
-                lines.append(f"held out, {label}: {_counts(own)}")
+                out.append((f"held out, {label}", own))
                 rest = [p for p in rest if not str(p.row["name"]).startswith(prefix)]
         if len(rest) < len(held):
-            lines.append(f"held out, the other sources: {_counts(rest)}")
+            out.append(("held out, the other sources", rest))
+    return out
+
+
+def summary(preds: list[Prediction]) -> str:
+    """The lines under the table: rows, how many within ±10 %, median and largest |error| for each of
+    `summary_groups`."""
+    lines = []
+    for label, group in summary_groups(preds):
+        if label == "all":
+            lines.append(_counts(group))
+        elif label == "in sample":
+            lines.append("in sample (set the step share, the H100's, GH200's or GB300's sustained ratios or FSDP's "
+                         f"per-unit cost, or chose NVFP4's GEMM rule): {_counts(group)}")
+        else:
+            lines.append(f"{label}: {_counts(group)}")
     return "\n".join(lines)
+
+
+def report_json(preds: list[Prediction]) -> str:
+    """What `--json` prints: every row's prediction at its published layout (name, GPU, dtype, whether a mixture of
+    experts, whether in sample, the metric, published and predicted values, the signed error and the row's bound, the
+    layout priced, memory), the summary lines' figures and the by-GPU evidence (`evidence`)."""
+    out_rows = []
+    for p in preds:
+        c = p.plan.choice
+        out_rows.append({
+            "name": p.row["name"], "gpu": p.row["gpu"], "dtype": p.row.get("dtype", "bf16"), "moe": model_of(p.row).moe,
+            "in_sample": in_sample(p.row), "metric": p.row["metric"], "published": float(p.row["published"]),
+            "predicted": round(p.value, 3), "error_pct": round(100 * p.error, 2), "bound_pct": round(100 * p.bound, 1),
+            "within_10pct": abs(p.error) <= DEFAULT_BOUND, "layout": layout_of(c),
+            "choice": {"tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch,
+                       "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
+                       "zero_stage": c.zero_stage},
+            "fits": p.fits, "in_headroom": p.in_headroom, "assumed": p.row.get("assumed", "")})
+    return json.dumps({"rows": out_rows,
+                       "summary": [{"group": label, **_stats(group)} for label, group in summary_groups(preds)],
+                       "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
 def by_gpu(preds: list[Prediction]) -> str:
@@ -654,8 +698,42 @@ def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | i
     return stored_evidence().get(_evidence_key(gpu, dtype, moe))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m par3d.plan.validation",
+        description="Score the planner on the published runs of src/par3d/plan/validation.toml: each row predicted "
+                    "once at its published layout on its GPU and cluster.  Without flags: the table docs/planner.md "
+                    "section 9 quotes, its summary (all rows, in sample, held out, by source) and the by-GPU reading.")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--json", action="store_true",
+                      help="print every row's prediction, the summary figures and the by-GPU evidence as one JSON "
+                           "object instead of the tables")
+    what.add_argument("--evidence", action="store_true",
+                      help="rewrite src/par3d/plan/evidence.json, the per-GPU/dtype errors `par3d plan` quotes")
+    what.add_argument("--fit", action="store_true",
+                      help="re-derive the fitted step share and sustained GEMM ratios on their declared calibration "
+                           "rows and print them beside the stored constants (nothing is written)")
+    what.add_argument("--fit-moe-host", action="store_true",
+                      help="re-derive the MoE host floor on Megatron-Bridge 26.04's MoE rows and print it beside the "
+                           "stored one (nothing is written)")
+    parser.add_argument("--by-release", action="store_true",
+                        help="with --fit-moe-host: also fit the floor on each release's rows alone and score it on "
+                             "the other mixture-of-experts rows")
+    parser.add_argument("--rows", metavar="PREFIX", default=None,
+                        help="only the rows whose name starts with PREFIX (the table, its summary or --json; e.g. "
+                             "mlperf-6.0-)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv and argv[0] == "--fit":  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.by_release and not args.fit_moe_host:
+        parser.error("--by-release: only with --fit-moe-host (it re-fits the MoE host floor per release)")
+    if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host):
+        parser.error("--rows: only with the table or --json (--evidence, --fit and --fit-moe-host use their own "
+                     "declared rows)")
+    if args.fit:  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
 
         print(f"step share: fitted {fit_step_share():.4f} (stored {gemm_table.STEP_SHARE:.4f}) on the ten "
@@ -667,23 +745,29 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(str(r["name"]) for r in calibration_rows_of(family)
                               if shared or r.get("dtype", "bf16") == dtype))
         return 0
-    if argv and argv[0] == "--fit-moe-host":  # re-derive hardware.MOE_HOST_S (seconds: a 2-D grid)
+    if args.fit_moe_host:  # re-derive hardware.MOE_HOST_S (seconds: a 2-D grid)
         from .hardware import MOE_HOST_S
 
         a, b = fit_moe_host()
         print(f"MoE host floor: fitted ({a * 1e3:.2f} ms, {b * 1e3:.3f} ms a routed expert) (stored "
               f"({MOE_HOST_S[0] * 1e3:.2f} ms, {MOE_HOST_S[1] * 1e3:.3f} ms)) on "
               + ", ".join(str(r["name"]) for r in moe_host_rows()))
-        if argv[1:] == ["--by-release"]:  # the same fit on each release's rows alone, scored on the other MoE rows
+        if args.by_release:  # the same fit on each release's rows alone, scored on the other MoE rows
             for rel, n, (pa, pb), others, before, after in moe_host_by_release():
                 print(f"fitted on {rel}'s {n} rows: ({pa * 1e3:.2f} ms, {pb * 1e3:.3f} ms); the other {others} MoE "
                       f"rows within ±10 %: {before} without a floor, {after} with it")
         return 0
-    preds = [predict(r) for r in rows()]
-    if argv and argv[0] == "--evidence":  # rewrite evidence.json (what `par3d plan` quotes)
+    chosen = [r for r in rows() if args.rows is None or str(r["name"]).startswith(args.rows)]
+    if not chosen:
+        parser.error(f"--rows {args.rows}: no row's name starts with it (names as in src/par3d/plan/validation.toml)")
+    preds = [predict(r) for r in chosen]
+    if args.evidence:  # rewrite evidence.json (what `par3d plan` quotes)
         with open(EVIDENCE_PATH, "w", encoding="utf-8") as fh:
             fh.write(evidence_json(preds))
         print(f"wrote {EVIDENCE_PATH}")
+        return 0
+    if args.json:
+        print(report_json(preds))
         return 0
     print(table(preds))
     print("\n" + summary(preds))
