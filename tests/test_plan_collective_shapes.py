@@ -32,3 +32,16 @@ def test_the_model_is_faster_than_measured_above_1_mib_as_documented():
     assert got == {"all_reduce": 0.80, "all_gather": 0.85, "reduce_scatter": 0.84}
     doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
     assert "0.80 (all-reduce), 0.85 (all-gather) and 0.84 (reduce-scatter)" in " ".join(doc.split())
+
+
+def test_report_json(capsys):
+    """`python -m par3d.plan.collective_shapes --json` carries the summary the text prints and every size's ratio."""
+    import json
+
+    assert collective_shapes.main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == set(collective_shapes.XLA_H100_8)
+    for kind, v in out.items():
+        assert [(e["bytes"], e["model_over_measured"]) for e in v["by_size"]] == collective_shapes.ratios(kind)
+        assert v["median_ge_1mib"] == collective_shapes.summary()[kind]["median_ge_1mib"]
+    assert collective_shapes.main([]) == 0 and "all_reduce: model / measured time" in capsys.readouterr().out

@@ -116,3 +116,23 @@ def test_a_faster_dtype_has_a_deeper_depth_constant():
     for gpu, pts in (("b200", gemm_shapes.later("b200", "fp8")), ("h200", gemm_shapes.here_later("fp8"))):
         new = gemm_shapes.best_level(gpu, compute.depth_k0(get_device(gpu), "fp8"), GEMM_FIXED_S, pts, 1)[0]
         assert new < gemm_shapes.best_level(gpu, GEMM_K0, GEMM_FIXED_S, pts, 1)[0] - 0.03
+
+
+def test_report_json(capsys):
+    """`python -m par3d.plan.gemm_shapes --json` gives the scores the text prints, this model's and the old one's per
+    GEMM set; --json with --fit is refused by name."""
+    import json
+
+    import pytest
+
+    assert gemm_shapes.main(["--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert gemm_shapes.main([]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert len(scores) == len(text) and all(s["model"] in ("this model", "K0 0, 3 us (before)") for s in scores)
+    for s, line in zip(scores, text, strict=True):
+        assert line.startswith(f"{s['gpu']} ({s['role']}, {s['gemms']} GEMMs), {s['model']}: mean |error| "
+                               f"{s['mean_abs_error']:.1%}")
+    with pytest.raises(SystemExit) as ex:
+        gemm_shapes.main(["--json", "--fit"])
+    assert ex.value.code == 2 and "--json: not with --fit" in capsys.readouterr().err

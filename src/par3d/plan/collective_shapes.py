@@ -76,7 +76,25 @@ def summary() -> dict[str, dict[str, float]]:
     return {kind: _stats(ratios(kind)) for kind in XLA_H100_8}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m par3d.plan.collective_shapes",
+                                 description="The collective model's time over OpenXLA's measured NCCL collectives "
+                                             "by size on one 8-GPU H100 node (held out; < 1 means the model is "
+                                             "faster than measured).")
+    ap.add_argument("--json", action="store_true",
+                    help="print, per collective, the summary ratios and every size's ratio as JSON instead of text")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.json:
+        out = {}
+        for kind in XLA_H100_8:
+            r = ratios(kind)
+            out[kind] = {**_stats(r), "by_size": [{"bytes": n, "model_over_measured": x} for n, x in r]}
+        print(json.dumps(out, indent=1))
+        return 0
     for kind in XLA_H100_8:
         r = ratios(kind)  # priced once, for the summary line and the per-size line
         s = _stats(r)

@@ -35,6 +35,7 @@ H200 measured here 19.8 -> 15.3 %.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 
@@ -277,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Score (or re-fit, --fit) the table kernel model's GEMM depth curve "
                                              "against OpenXLA's measured GEMM tables.")
     ap.add_argument("--fit", action="store_true", help="search K0 and the fixed cost on the H100 set (a few s)")
+    ap.add_argument("--json", action="store_true",
+                    help="print each GEMM set's score (GPU, role, GEMMs, model, mean |error|, level, K0) as JSON "
+                         "instead of text (not with --fit)")
     args = ap.parse_args(argv)
+    if args.fit and args.json:
+        ap.error("--json: not with --fit (the fit prints one line; run --json alone for the scores)")
     if args.fit:
         k0, f, level, err = fit()
         print(f"fitted K0 {k0}, fixed {f * 1e6:.1f} us (level {level:.0f} TFLOP/s), mean |error| {err:.1%}; "
@@ -291,13 +297,21 @@ def main(argv: list[str] | None = None) -> int:
                2 if dt == "bf16" else 1) for dt in ("bf16", "fp8")]
     cases += [("h200", f"held out, the second lease, graphed, {grp}, {dt}", here_graphed(dt, grp == "newest group"),
                2 if dt == "bf16" else 1) for grp in ("the H100 set's shapes", "newest group") for dt in ("bf16", "fp8")]
+    scores = []
     for gpu, role, pts, nbytes in cases:
         # an FP8 GEMM's depth constant is BF16's times its rate over BF16's (compute.depth_k0)
         k0_here = depth_k0(get_device(gpu), "fp8") if nbytes == 1 else GEMM_K0
         for name, k0, f in (("this model", k0_here, GEMM_FIXED_S), ("K0 0, 3 us (before)", 0, 3e-6)):
             err, level = best_level(gpu, k0, f, pts, nbytes)
-            print(f"{gpu} ({role}, {len(pts)} GEMMs), {name}: mean |error| {err:.1%} at level {level:.0f}"
-                  + (f" (K0 {k0:.0f})" if name == "this model" else ""))
+            scores.append({"gpu": gpu, "role": role, "gemms": len(pts), "model": name, "mean_abs_error": err,
+                           "level_tflops": level, "k0": k0})
+    if args.json:
+        print(json.dumps(scores, indent=1))
+        return 0
+    for sc in scores:
+        print(f"{sc['gpu']} ({sc['role']}, {sc['gemms']} GEMMs), {sc['model']}: mean |error| "
+              f"{sc['mean_abs_error']:.1%} at level {sc['level_tflops']:.0f}"
+              + (f" (K0 {sc['k0']:.0f})" if sc["model"] == "this model" else ""))
     return 0
 
 
