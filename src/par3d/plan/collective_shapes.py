@@ -22,7 +22,10 @@ round).
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 
 from . import comm
 from .hardware import make_cluster
@@ -77,10 +80,6 @@ def summary() -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m par3d.plan.collective_shapes",
                                  description="The collective model's time over OpenXLA's measured NCCL collectives "
                                              "by size on one 8-GPU H100 node (held out; < 1 means the model is "
@@ -88,15 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true",
                     help="print, per collective, the summary ratios and every size's ratio as JSON instead of text")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    per_kind = {kind: ratios(kind) for kind in XLA_H100_8}  # priced once, for the summary and the per-size figures
     if args.json:
-        out = {}
-        for kind in XLA_H100_8:
-            r = ratios(kind)
-            out[kind] = {**_stats(r), "by_size": [{"bytes": n, "model_over_measured": x} for n, x in r]}
-        print(json.dumps(out, indent=1))
+        print(json.dumps({kind: {**_stats(r), "by_size": [{"bytes": n, "model_over_measured": x} for n, x in r]}
+                          for kind, r in per_kind.items()}, indent=1))
         return 0
-    for kind in XLA_H100_8:
-        r = ratios(kind)  # priced once, for the summary line and the per-size line
+    for kind, r in per_kind.items():
         s = _stats(r)
         print(f"{kind}: model / measured time, median over >= 1 MiB {s['median_ge_1mib']:.2f}, below "
               f"{s['median_lt_1mib']:.2f}, at 2 GiB {s['largest']:.2f}")

@@ -467,11 +467,15 @@ def fit_fsdp_unit(lo: float = 0.0, hi: float = 0.03, tol: float = 5e-5) -> float
     return _bisect(lambda u: -fsdp_mean_error(u, cal), lo, hi, tol)
 
 
-def _counts(preds: list[Prediction]) -> str:
+def _error_counts(preds: list[Prediction]) -> tuple[int, int, float, float]:
+    """Rows, rows within ±10 %, and the median and largest |error| (fractions) of `preds`."""
     errs = sorted(abs(p.error) for p in preds)
-    within = sum(e <= DEFAULT_BOUND for e in errs)
-    return (f"{len(preds)} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {errs[len(errs) // 2]:.1%}, "
-            f"max {errs[-1]:.1%}")
+    return len(errs), sum(e <= DEFAULT_BOUND for e in errs), errs[len(errs) // 2], errs[-1]
+
+
+def _counts(preds: list[Prediction]) -> str:
+    n, within, med, top = _error_counts(preds)
+    return f"{n} rows, {within} within ±{DEFAULT_BOUND:.0%}; median |error| {med:.1%}, max {top:.1%}"
 
 
 # held-out sources large enough to be reported on their own lines, so that they do not hide the others:
@@ -536,9 +540,10 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
-    errs = sorted(abs(p.error) for p in preds)
-    return {"rows": len(errs), "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
-            "median_abs_error_pct": round(100 * errs[len(errs) // 2], 1), "max_abs_error_pct": round(100 * errs[-1], 1)}
+    """`_error_counts` as the JSON report gives it (percentages to a tenth)."""
+    n, within, med, top = _error_counts(preds)
+    return {"rows": n, "within_10pct": within, "median_abs_error_pct": round(100 * med, 1),
+            "max_abs_error_pct": round(100 * top, 1)}
 
 
 def summary_groups(preds: list[Prediction]) -> list[tuple[str, list[Prediction]]]:
