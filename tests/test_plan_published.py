@@ -639,3 +639,31 @@ def test_validation_report_json_and_flags(predictions, capsys):
         with pytest.raises(SystemExit) as ex:
             validation.main(bad)
         assert ex.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_layout_pairs_are_two_layouts_of_one_run(predictions):
+    """A layout pair is two rows of one source document that differ only in layout and were measured more than
+    ±10 % apart; `ordering` counts those the planner orders as measured, and the summary line quotes it."""
+    base = {"source": "Doc A, Table 1 (x)", "model": "llama3-8b", "gpu": "h100-sxm", "gpus": 8, "global_batch": 64,
+            "metric": "tokens", "fixed": {"tp": 1, "pp": 1}}
+    any_plan = next(iter(predictions.values())).plan
+
+    def pred(value: float, published: float, **change: object) -> validation.Prediction:
+        return validation.Prediction(row={**base, "name": f"r{value}-{published}", "published": published, **change},
+                                     plan=any_plan, value=value, fits=True)
+
+    fast, slow = pred(120, 130, fixed={"tp": 2, "pp": 1}), pred(100, 100)
+    assert [(a.row["name"], b.row["name"]) for a, b in validation.layout_pairs([slow, fast])] == \
+        [(fast.row["name"], slow.row["name"])]
+    assert validation.ordering([slow, fast]) == (1, 1)
+    assert validation.ordering([pred(90, 130, fixed={"tp": 2, "pp": 1}), slow]) == (1, 0)  # predicted the wrong way
+    for other in (pred(120, 105, fixed={"tp": 2, "pp": 1}),  # measured within 10 %: no pair
+                  pred(120, 130),  # the same layout: no pair
+                  pred(120, 130, fixed={"tp": 2, "pp": 1}, gpus=16),  # another GPU count
+                  pred(120, 130, fixed={"tp": 2, "pp": 1}, dtype="fp8"),  # another dtype
+                  pred(120, 130, fixed={"tp": 2, "pp": 1}, source="Doc B, Table 1")):  # another document
+        assert validation.layout_pairs([slow, other]) == []
+    preds = list(predictions.values())
+    n, right = validation.ordering(preds)
+    assert n >= 2 and 0 <= right <= n
+    assert f"measured more than 10% apart): {n}, ordered as measured: {right}" in validation.summary(preds)

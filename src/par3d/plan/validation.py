@@ -566,6 +566,45 @@ def summary_groups(preds: list[Prediction]) -> list[tuple[str, list[Prediction]]
     return out
 
 
+# Two rows are a *layout pair* when they measured two layouts of one run: the same source document (its `source` up
+# to the first "(" or ","), every field but the layout (`fixed`) and the row's own words (name, source, published
+# number, assumptions, note, bound) equal -- same model, GPU, GPU count, batch, dtype and software settings -- and
+# their published numbers more than ORDER_MARGIN apart (closer than the set's ±10 %, run-to-run spread and the
+# model's own error could flip the order either way).  A planner that is to *choose* layouts must order such pairs as
+# measured; the rows' errors alone do not say whether it does (two rows each 8 % off in opposite directions can
+# swap).  Chosen before the rows that form most pairs (BLOOM's layout trials, issue 12's fortieth round) were priced.
+ORDER_MARGIN = DEFAULT_BOUND
+_OWN_WORDS = frozenset({"name", "source", "published", "assumed", "note", "bound", "fixed"})
+
+
+def _document(source: str) -> str:
+    cut = [i for i in (source.find("("), source.find(",")) if i >= 0]
+    return source[:min(cut)].strip() if cut else source.strip()
+
+
+def layout_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
+    """The layout pairs among `preds` (see ORDER_MARGIN), each as (measured faster, measured slower)."""
+    groups: dict[str, list[Prediction]] = {}
+    for p in preds:
+        rest = {k: v for k, v in p.row.items() if k not in _OWN_WORDS}
+        key = json.dumps([_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(p)
+    out = []
+    for group in groups.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                fa, fb = float(a.row["published"]), float(b.row["published"])
+                if a.row["fixed"] != b.row["fixed"] and abs(fa - fb) > ORDER_MARGIN * min(fa, fb):
+                    out.append((a, b) if fa > fb else (b, a))
+    return out
+
+
+def ordering(preds: list[Prediction]) -> tuple[int, int]:
+    """(layout pairs, pairs the planner orders as measured: the faster run predicted faster)."""
+    pairs = layout_pairs(preds)
+    return len(pairs), sum(fast.value > slow.value for fast, slow in pairs)
+
+
 def summary(preds: list[Prediction]) -> str:
     """The lines under the table: rows, how many within ±10 %, median and largest |error| for each of
     `summary_groups`."""
@@ -578,6 +617,10 @@ def summary(preds: list[Prediction]) -> str:
                          f"per-unit cost, or chose NVFP4's GEMM rule): {_counts(group)}")
         else:
             lines.append(f"{label}: {_counts(group)}")
+    n, right = ordering(preds)
+    if n:
+        lines.append(f"layout pairs (two layouts of one run, measured more than {ORDER_MARGIN:.0%} apart): {n}, "
+                     f"ordered as measured: {right}")
     return "\n".join(lines)
 
 
@@ -599,6 +642,9 @@ def report_json(preds: list[Prediction]) -> str:
             "fits": p.fits, "in_headroom": p.in_headroom, "assumed": p.row.get("assumed", "")})
     return json.dumps({"rows": out_rows,
                        "summary": [{"group": label, **_stats(group)} for label, group in summary_groups(preds)],
+                       "layout_pairs": [{"faster": fast.row["name"], "slower": slow.row["name"],
+                                         "ordered_as_measured": fast.value > slow.value}
+                                        for fast, slow in layout_pairs(preds)],
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
