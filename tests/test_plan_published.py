@@ -339,7 +339,8 @@ def test_rows_say_how_their_loss_ran():
     implementation is refused with the row's name."""
     # NeMo's performance scripts set Transformer Engine's cross entropy from v2.3 (NeMo 25.04; thirtieth round)
     kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-", "nemo-25.04-", "dgxc-25.05-", "megatron-disc-",
-              "mlperf-6.0-deepseek-")
+              "mlperf-6.0-deepseek-",
+              "olmo-core-olmo-1b-")  # OLMo-core's 1B script compiled F.cross_entropy on bf16 logits (fortieth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama")
     for r in ROWS:
         name = str(r["name"])
@@ -461,12 +462,13 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     assert len(cal) == 18 and all(r.get("fsdp") and validation.in_sample(r) for r in cal)
     held = [r for r in ROWS if r.get("fsdp") and r not in cal]
     assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel",
-                                                     "llama1", "tinyllama"}
+                                                     "llama1", "tinyllama", "olmo"}
     assert not any(validation.in_sample(r) for r in held)
     # FSDP2 (fully_shard, priced with its copy-out) exactly where the source ran it: torchtitan's and NeMo AutoModel's
-    # rows; the calibration rows and the other held-out ones ran FlatParameter FSDP or FairScale's (the row default)
+    # rows and OLMo-core's (fortieth round); the calibration rows and the other held-out ones ran FlatParameter FSDP or
+    # FairScale's (the row default)
     fsdp2 = {r["name"] for r in ROWS if r.get("fsdp") and r.get("fsdp_version", 1) == 2}
-    assert fsdp2 == {r["name"] for r in held if r["name"].split("-")[0] in ("torchtitan", "automodel")}
+    assert fsdp2 == {r["name"] for r in held if r["name"].split("-")[0] in ("torchtitan", "automodel", "olmo")}
     assert all(validation.cluster_of(r).fsdp_version == 1 for r in cal)
     assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
     assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(

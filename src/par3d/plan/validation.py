@@ -515,6 +515,7 @@ MBRIDGE_NVFP4_PREFIX = "mbridge-nvfp4-"
 # TinyLlama (12 rows; `str.startswith` takes the tuple)
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
 APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round): held out from the GH200 fit
+OLMOCORE_PREFIX = "olmo-core-"  # OLMo-core's README throughput table (FSDP2, torch.compile, H100; fortieth round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -536,7 +537,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (PAPERS22_PREFIX, "five papers (MegaScale's Megatron-LM baseline, GLM-130B, GPT-NeoX-20B, LLaMA 65B, "
                                "TinyLlama)"),
              (APERTUS_PREFIX, "Apertus (GH200, CSCS Alps)"),
-             (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"))
+             (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"),
+             (OLMOCORE_PREFIX, "OLMo-core's README table (FSDP2, torch.compile, 8 H100 assumed)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
