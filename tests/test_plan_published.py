@@ -518,7 +518,8 @@ def test_evidence_file_is_the_scripts_output(predictions):
     ev = validation.evidence(preds)
     assert sum(int(v["rows"]) for k, v in ev.items() if not k.startswith("regime/")) == len(ROWS)
     for name, (_, rule) in validation.REGIMES.items():  # a regime counts the rows whose priced plan it matches
-        assert ev[f"regime/{name}"]["rows"] == sum(rule(p.plan.choice) for p in preds)
+        assert ev[f"regime/{name}"]["rows"] == sum(rule(p.plan.choice, validation.cluster_of(p.row).fsdp)
+                                                   for p in preds)
     for key, e in ev.items():  # signed errors, ordered; fp16 rows counted with bf16
         assert e["min_error_pct"] <= e["median_error_pct"] <= e["max_error_pct"], key
         assert 0 <= e["within_10pct"] <= e["rows"] and not key.endswith("/fp16")
@@ -585,6 +586,33 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
         text = " ".join(_repo_text(doc).split())
         assert f"{reg['rows']} such published runs" in text or f"{reg['rows']} rows from nine sources" in text, doc
         assert f"{reg['median_error_pct']} %" in text, doc
+
+
+def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
+    """A PyTorch FSDP plan at >= 16 micro-batches per step (the regime of the fortieth round's OLMo-core misses)
+    carries that regime's errors as a caveat that reads the plan as likely pessimistic (the regime's median is on the
+    slow side); the same plan without --fsdp, or at fewer micro-batches, does not."""
+    from par3d.cli import main
+
+    reg = validation.stored_evidence()["regime/fsdp-many-microbatches"]
+    assert float(reg["median_error_pct"]) < 0 and int(reg["rows"]) >= 16
+    base = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--gpu", "h100", "--gpus", "8", "--tp", "1", "--pp",
+            "1", "--cp", "1", "--zero-stage", "3", "--recompute", "none", "--micro-batch", "2"]
+    assert main([*base, "--fsdp", "--global-batch", "512", "--json"]) == 0  # 32 micro-batches of 2 on 8 ranks
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all([r["regime"] for r in p["regimes"]] == ["fsdp-many-microbatches"] for p in plans)
+    assert main([*base, "--fsdp", "--global-batch", "512"]) == 0
+    out = capsys.readouterr().out
+    assert f"caveat: on {reg['rows']} published runs with PyTorch FSDP (--fsdp) at >= 16 micro-batches" in out
+    assert "read this plan's speed as likely pessimistic" in out
+    for other in ([*base, "--global-batch", "512", "--json"],  # not FSDP
+                  [*base, "--fsdp", "--global-batch", "64", "--json"]):  # 4 micro-batches
+        assert main(other) == 0
+        assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
+    for doc in ("README.md", "docs/planner.md"):  # both quote the regime's figures as evidence.json holds them
+        text = " ".join(_repo_text(doc).split())
+        assert f"{reg['rows']} FSDP runs at 16 or more micro-batches a step" in text, doc
+        assert f"median {reg['median_error_pct']:+.1f} %" in text.replace("−", "-"), doc
 
 
 def test_rows_say_how_their_source_counted_flops():

@@ -857,7 +857,8 @@ def _run(args: argparse.Namespace) -> int:
         from par3d.plan.validation import regime_evidence
 
         evidence = evidence_of(cluster, model.moe)
-        regimes = regime_evidence if evidence_of(cluster) is not None else (lambda _c: [])
+        def regimes(c) -> list[dict]:
+            return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
                # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
@@ -1203,13 +1204,14 @@ def regime_evidence_of(cluster, c) -> list[dict]:
     the GPU's evidence applies (`evidence_of`: the catalogue description the set was priced with)."""
     from par3d.plan.validation import regime_evidence
 
-    return regime_evidence(c) if evidence_of(cluster) is not None else []
+    return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
 
 
 def _regime_lines(cluster, c) -> list[str]:
     return [f"caveat: on {ev['rows']} published runs with {ev['rule']} this model's error was "
             f"{ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
-            f"{ev['within_10pct']} within ±10 %): read this plan's speed as likely optimistic — docs/planner.md §9"
+            f"{ev['within_10pct']} within ±10 %): read this plan's speed as likely "
+            f"{'optimistic' if float(ev['median_error_pct']) > 0 else 'pessimistic'} — docs/planner.md §9"
             for ev in regime_evidence_of(cluster, c)]
 
 

@@ -680,16 +680,22 @@ EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
 # Beside the GPU, a regime: a kind of plan whose published runs the model misses one way, across sources, by
 # more than its GPU's spread says (docs/planner.md §9, fourteenth round).  Read off the misses, so it is a
 # description of the set, not a prediction; `par3d plan` quotes it as a caveat on the plans it matches.
-REGIMES: dict[str, tuple[str, Callable[[Choice], bool]]] = {
+# Each rule reads the plan's choice and whether the cluster runs PyTorch FSDP (`Cluster.fsdp`).  The second regime
+# was read off the fortieth round's misses (OLMo-core's eight FSDP2 rows at 16-256 micro-batches, all slow) and the
+# rows already in the set that share it; like the first, it describes the set.
+REGIMES: dict[str, tuple[str, Callable[[Choice, bool], bool]]] = {
     "one-microbatch-wide-dp-no-recompute": (
         "one micro-batch per step, ZeRO/data parallelism over >= 32 ranks (dp x cp), no recomputation",
-        lambda c: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
+        lambda c, fsdp: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
+    "fsdp-many-microbatches": (
+        "PyTorch FSDP (--fsdp) at >= 16 micro-batches per step",
+        lambda c, fsdp: fsdp and c.microbatches >= 16),
 }
 
 
-def regimes_of(c: Choice) -> list[str]:
-    """The names of the REGIMES a configuration falls in."""
-    return [name for name, (_, rule) in REGIMES.items() if rule(c)]
+def regimes_of(c: Choice, fsdp: bool = False) -> list[str]:
+    """The names of the REGIMES a configuration falls in (`fsdp`: the cluster runs PyTorch FSDP)."""
+    return [name for name, (_, rule) in REGIMES.items() if rule(c, fsdp)]
 
 
 def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
@@ -701,7 +707,7 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
     for p in preds:
         key = _evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
         groups.setdefault(key, []).append(p.error)
-        for name in regimes_of(p.plan.choice):
+        for name in regimes_of(p.plan.choice, cluster_of(p.row).fsdp):
             groups.setdefault(f"regime/{name}", []).append(p.error)
     out: dict[str, dict[str, float | int]] = {}
     for key, errs in sorted(groups.items()):
@@ -735,10 +741,10 @@ def stored_evidence() -> dict[str, dict[str, float | int]]:
         return {}
 
 
-def regime_evidence(c: Choice) -> list[dict[str, object]]:
+def regime_evidence(c: Choice, fsdp: bool = False) -> list[dict[str, object]]:
     """The stored evidence of each regime a configuration falls in, with the regime's name and rule."""
     out: list[dict[str, object]] = []
-    for name in regimes_of(c):
+    for name in regimes_of(c, fsdp):
         ev = stored_evidence().get(f"regime/{name}")
         if ev is not None:
             out.append({"regime": name, "rule": REGIMES[name][0], **ev})
