@@ -516,6 +516,7 @@ MBRIDGE_NVFP4_PREFIX = "mbridge-nvfp4-"
 PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "llama1-", "tinyllama-")
 APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round): held out from the GH200 fit
 OLMOCORE_PREFIX = "olmo-core-"  # OLMo-core's README throughput table (FSDP2, torch.compile, H100; fortieth round)
+BLOOM_PREFIX = "bloom-prequel-"  # BLOOM's pre-training layout trials (Jean Zay A100, DeepSpeed pipeline; fortieth round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -538,7 +539,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
                                "TinyLlama)"),
              (APERTUS_PREFIX, "Apertus (GH200, CSCS Alps)"),
              (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"),
-             (OLMOCORE_PREFIX, "OLMo-core's README table (FSDP2, torch.compile, 8 H100 assumed)"))
+             (OLMOCORE_PREFIX, "OLMo-core's README table (FSDP2, torch.compile, 8 H100 assumed)"),
+             (BLOOM_PREFIX, "BLOOM's layout trials (Megatron-DeepSpeed, 8-384 A100, Jean Zay)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
@@ -584,20 +586,40 @@ def _document(source: str) -> str:
     return source[:min(cut)].strip() if cut else source.strip()
 
 
-def layout_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
-    """The layout pairs among `preds` (see ORDER_MARGIN), each as (measured faster, measured slower)."""
+def _layout_groups(preds: list[Prediction]) -> list[list[Prediction]]:
+    """`preds` grouped by run: one source document, every field but the layout and the row's own words equal."""
     groups: dict[str, list[Prediction]] = {}
     for p in preds:
         rest = {k: v for k, v in p.row.items() if k not in _OWN_WORDS}
         key = json.dumps([_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
         groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+def layout_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
+    """The layout pairs among `preds` (see ORDER_MARGIN), each as (measured faster, measured slower)."""
     out = []
-    for group in groups.values():
+    for group in _layout_groups(preds):
         for i, a in enumerate(group):
             for b in group[i + 1:]:
                 fa, fb = float(a.row["published"]), float(b.row["published"])
                 if a.row["fixed"] != b.row["fixed"] and abs(fa - fb) > ORDER_MARGIN * min(fa, fb):
                     out.append((a, b) if fa > fb else (b, a))
+    return out
+
+
+def layout_picks(preds: list[Prediction]) -> list[tuple[Prediction, Prediction, float]]:
+    """For each run measured at three or more layouts: (the planner's pick -- the layout it predicts fastest --, the
+    measured fastest, the regret: how much slower the pick measured than the fastest, as a fraction).  What the
+    planner is for, choosing among layouts, scored on the layouts a team actually tried (added in issue 12's fortieth
+    round after BLOOM's trials were priced; it mirrors `par3d bench fidelity`'s pick, with no threshold to choose)."""
+    out = []
+    for group in _layout_groups(preds):
+        if len({json.dumps(p.row["fixed"], sort_keys=True) for p in group}) < 3:
+            continue
+        pick = max(group, key=lambda p: p.value)
+        best = max(group, key=lambda p: float(p.row["published"]))
+        out.append((pick, best, 1.0 - float(pick.row["published"]) / float(best.row["published"])))
     return out
 
 
@@ -623,6 +645,12 @@ def summary(preds: list[Prediction]) -> str:
     if n:
         lines.append(f"layout pairs (two layouts of one run, measured more than {ORDER_MARGIN:.0%} apart): {n}, "
                      f"ordered as measured: {right}")
+    picks = layout_picks(preds)
+    if picks:
+        regrets = sorted(r for _, _, r in picks)
+        lines.append(f"runs measured at three or more layouts: {len(picks)}; the planner's pick the measured fastest in "
+                     f"{sum(regret == 0 for _, _, regret in picks)}, its regret median {median(regrets):.1%}, "
+                     f"max {regrets[-1]:.1%}")
     return "\n".join(lines)
 
 
@@ -647,6 +675,9 @@ def report_json(preds: list[Prediction]) -> str:
                        "layout_pairs": [{"faster": fast.row["name"], "slower": slow.row["name"],
                                          "ordered_as_measured": fast.value > slow.value}
                                         for fast, slow in layout_pairs(preds)],
+                       "layout_picks": [{"pick": pick.row["name"], "fastest": best.row["name"],
+                                         "regret_pct": round(100 * regret, 1)}
+                                        for pick, best, regret in layout_picks(preds)],
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
