@@ -854,7 +854,7 @@ def _run(args: argparse.Namespace) -> int:
         print(_no_plan_message(model, cluster, res, opts, fixes), file=sys.stderr)
         return 1
     if args.json:
-        from par3d.plan.validation import regime_evidence
+        from par3d.plan.validation import ranking_evidence, regime_evidence
 
         evidence = evidence_of(cluster, model.moe)
         def regimes(c) -> list[dict]:
@@ -870,6 +870,9 @@ def _run(args: argparse.Namespace) -> int:
                          for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,
+               # how well this model chose among the layouts of published runs (validation.layout_picks; None where
+               # the GPU's evidence does not apply)
+               "ranking": ranking_evidence() if evidence is not None else None,
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))
@@ -1030,6 +1033,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append("note:     local attention (chunks or a sliding window past the sequence) is priced as the work it "
                    "does; no published run of it is in the validation set (docs/planner.md §2)")
     out += _regime_lines(cluster, best.choice)
+    out += _ranking_lines(cluster, res.plans)
     c = best.choice
     if c.zero_stage == 3 and cluster.zero3_unit == "layer" and not cluster.fsdp \
             and fsdp_unit_priced(replace(cluster, fsdp=True), c):  # a ZeRO-3 plan --fsdp would price otherwise
@@ -1213,6 +1217,23 @@ def _regime_lines(cluster, c) -> list[str]:
             f"{ev['within_10pct']} within ±10 %): read this plan's speed as likely "
             f"{'optimistic' if float(ev['median_error_pct']) > 0 else 'pessimistic'} — docs/planner.md §9"
             for ev in regime_evidence_of(cluster, c)]
+
+
+def _ranking_lines(cluster, plans) -> list[str]:
+    """Where the runner-up is nearer the best plan than the model's measured regret when choosing among published
+    layouts (validation.layout_picks), a line saying the two are a tie at this model's resolution -- only where the
+    GPU's evidence applies (`evidence_of`)."""
+    from par3d.plan.validation import ranking_evidence
+
+    ev = ranking_evidence() if evidence_of(cluster) is not None else None
+    if ev is None or len(plans) < 2:
+        return []
+    gap = plans[1].step_time / plans[0].step_time - 1
+    if 100 * gap >= float(ev["median_regret_pct"]):
+        return []
+    return [f"ranking:  #2 is {gap:.1%} slower here; on {ev['runs']} published runs measured at three or more layouts "
+            f"this model's pick measured a median {ev['median_regret_pct']} % slower than the fastest ({ev['pick_fastest']} "
+            f"of {ev['runs']} the fastest): plans this close are a tie to it — time both (docs/planner.md §9)"]
 
 
 def _placement_line(c) -> str:

@@ -693,7 +693,7 @@ def by_gpu(preds: list[Prediction]) -> str:
             ins[key] = ins.get(key, 0) + 1
     out = ["| GPU / dtype | rows | in sample | within ±10 % | median error | lowest … highest |",
            "|---|---:|---:|---:|---:|---|"]
-    for key, e in sorted((k, v) for k, v in ev.items() if not k.startswith("regime/")):
+    for key, e in sorted((k, v) for k, v in ev.items() if not k.startswith(("regime/", "ranking/"))):
         out.append(f"| {key} | {e['rows']} | {ins.get(key, 0)} | {e['within_10pct']} | {e['median_error_pct']:+.1f} % "
                    f"| {e['min_error_pct']:+.1f} … {e['max_error_pct']:+.1f} % |")
     return "\n".join(out)
@@ -746,7 +746,17 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
         out[key] = {"rows": len(errs), "within_10pct": sum(abs(e) <= DEFAULT_BOUND for e in errs),
                     "min_error_pct": round(100 * errs[0], 1), "median_error_pct": round(100 * median(errs), 1),
                     "max_error_pct": round(100 * errs[-1], 1)}
+    picks = layout_picks(preds)
+    if picks:  # how well the model chose among the layouts a team measured (`layout_picks`, `ordering`)
+        regrets = sorted(r for _, _, r in picks)
+        pairs, ordered = ordering(preds)
+        out[RANKING_KEY] = {"runs": len(picks), "pick_fastest": sum(r == 0 for r in regrets),
+                            "median_regret_pct": round(100 * median(regrets), 1),
+                            "max_regret_pct": round(100 * regrets[-1], 1), "pairs": pairs, "pairs_ordered": ordered}
     return out
+
+
+RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
 
 
 def _evidence_key(gpu: str, dtype: str, moe: bool) -> str:
@@ -780,6 +790,12 @@ def regime_evidence(c: Choice, fsdp: bool = False) -> list[dict[str, object]]:
         if ev is not None:
             out.append({"regime": name, "rule": REGIMES[name][0], **ev})
     return out
+
+
+def ranking_evidence() -> dict[str, float | int] | None:
+    """The stored layout-pick figures (`layout_picks`, `ordering`): how often the model's pick among a run's measured
+    layouts was the fastest and how much slower it measured; None if the set has no run with three layouts."""
+    return stored_evidence().get(RANKING_KEY)
 
 
 def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:
