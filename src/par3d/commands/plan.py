@@ -854,11 +854,9 @@ def _run(args: argparse.Namespace) -> int:
         print(_no_plan_message(model, cluster, res, opts, fixes), file=sys.stderr)
         return 1
     if args.json:
-        from par3d.plan.validation import ranking_evidence, regime_evidence
+        from par3d.plan.validation import ranking_evidence
 
         evidence = evidence_of(cluster, model.moe)
-        def regimes(c) -> list[dict]:
-            return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
                # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
@@ -866,7 +864,7 @@ def _run(args: argparse.Namespace) -> int:
                           "usable_gib": opts.capacity(cluster) / 2**30},
                # each plan with the regimes of the validation set it falls in, and the model's errors there
                # (where the GPU's evidence applies: `regime_evidence_of`)
-               "plans": [{**p.to_dict(), "chunk_layers": _chunk_layers(model, p), "regimes": regimes(p.choice)}
+               "plans": [{**p.to_dict(), "chunk_layers": _chunk_layers(model, p), "regimes": regime_evidence_of(cluster, p.choice)}
                          for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,

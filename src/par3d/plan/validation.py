@@ -629,6 +629,15 @@ def ordering(preds: list[Prediction]) -> tuple[int, int]:
     return len(pairs), sum(fast.value > slow.value for fast, slow in pairs)
 
 
+def _pick_stats(preds: list[Prediction]) -> tuple[int, int, float, float] | None:
+    """`layout_picks` summed up: (runs, picks that were the measured fastest, median and largest regret as fractions);
+    None where no run was measured at three layouts.  What the summary line and evidence.json both quote."""
+    regrets = sorted(r for _, _, r in layout_picks(preds))
+    if not regrets:
+        return None
+    return len(regrets), sum(r == 0 for r in regrets), median(regrets), regrets[-1]
+
+
 def summary(preds: list[Prediction]) -> str:
     """The lines under the table: rows, how many within ±10 %, median and largest |error| for each of
     `summary_groups`."""
@@ -645,12 +654,11 @@ def summary(preds: list[Prediction]) -> str:
     if n:
         lines.append(f"layout pairs (two layouts of one run, measured more than {ORDER_MARGIN:.0%} apart): {n}, "
                      f"ordered as measured: {right}")
-    picks = layout_picks(preds)
-    if picks:
-        regrets = sorted(r for _, _, r in picks)
-        lines.append(f"runs measured at three or more layouts: {len(picks)}; the planner's pick the measured fastest in "
-                     f"{sum(regret == 0 for _, _, regret in picks)}, its regret median {median(regrets):.1%}, "
-                     f"max {regrets[-1]:.1%}")
+    stats = _pick_stats(preds)
+    if stats:
+        runs, fastest, med, top = stats
+        lines.append(f"runs measured at three or more layouts: {runs}; the planner's pick the measured fastest in "
+                     f"{fastest}, its regret median {med:.1%}, max {top:.1%}")
     return "\n".join(lines)
 
 
@@ -746,13 +754,12 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
         out[key] = {"rows": len(errs), "within_10pct": sum(abs(e) <= DEFAULT_BOUND for e in errs),
                     "min_error_pct": round(100 * errs[0], 1), "median_error_pct": round(100 * median(errs), 1),
                     "max_error_pct": round(100 * errs[-1], 1)}
-    picks = layout_picks(preds)
-    if picks:  # how well the model chose among the layouts a team measured (`layout_picks`, `ordering`)
-        regrets = sorted(r for _, _, r in picks)
+    stats = _pick_stats(preds)
+    if stats:  # how well the model chose among the layouts a team measured (`layout_picks`, `ordering`)
+        runs, fastest, med, top = stats
         pairs, ordered = ordering(preds)
-        out[RANKING_KEY] = {"runs": len(picks), "pick_fastest": sum(r == 0 for r in regrets),
-                            "median_regret_pct": round(100 * median(regrets), 1),
-                            "max_regret_pct": round(100 * regrets[-1], 1), "pairs": pairs, "pairs_ordered": ordered}
+        out[RANKING_KEY] = {"runs": runs, "pick_fastest": fastest, "median_regret_pct": round(100 * med, 1),
+                            "max_regret_pct": round(100 * top, 1), "pairs": pairs, "pairs_ordered": ordered}
     return out
 
 
