@@ -1,5 +1,5 @@
 """The collective model against measured NCCL collectives on one 8-GPU H100 node (plan/collective_shapes.py):
-a held-out check, nothing fitted; what it finds is stated in docs/planner.md §9 and pinned here."""
+a held-out check, nothing fitted; what it finds is stated in docs/planner_rounds.md (issue 12's twentieth round) and pinned here."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ def test_bus_bandwidth_at_2_gib_is_what_the_docs_quote():
 
 def test_the_model_is_faster_than_measured_above_1_mib_as_documented():
     """Median model/measured time over sizes >= 1 MiB: 0.80, 0.85, 0.84 (the model optimistic by 15-20 %), every
-    opcode below 1 there; docs/planner.md quotes the same three figures."""
+    opcode below 1 there; docs/planner_rounds.md quotes the same three figures."""
     s = collective_shapes.summary()
     got = {k: round(v["median_ge_1mib"], 2) for k, v in s.items()}
     assert got == {"all_reduce": 0.80, "all_gather": 0.85, "reduce_scatter": 0.84}
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner_rounds.md"), encoding="utf-8").read()
     assert "0.80 (all-reduce), 0.85 (all-gather) and 0.84 (reduce-scatter)" in " ".join(doc.split())
 
 

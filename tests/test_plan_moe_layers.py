@@ -9,7 +9,7 @@ import os
 
 from par3d.plan import moe_layers
 
-DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "planner_rounds.md")
 
 
 def test_docs_quote_the_layer_bench():

@@ -15,8 +15,8 @@ The planner prices the layer as a step would (`cost.choice_layer_times`' "moe" m
 GEMMs, a shared expert, the routing and activation traffic; plus `cost.ep_exchange`'s dispatch and combine): the
 forward that, the backward twice its computation plus its all-to-alls (the step model's convention).  Only the BF16
 cases are priced: the FP8 ones run DeepSeek's blockwise recipe (1×128 / 128×128 scales), which par3d does not model.
-Nothing here set any constant (docs/planner.md §9, thirtieth round).  `python -m par3d.plan.moe_layers` prints the
-table docs/planner.md quotes.
+Nothing here set any constant (docs/planner_rounds.md, issue 12's thirtieth round).  `python -m par3d.plan.moe_layers` prints the
+table docs/planner_rounds.md quotes.
 """
 
 from __future__ import annotations
