@@ -1217,21 +1217,36 @@ def _regime_lines(cluster, c) -> list[str]:
             for ev in regime_evidence_of(cluster, c)]
 
 
+def _layout_of(c) -> tuple:
+    """The fields a team changes to try another layout (what the published layout trials varied).  Not the ZeRO
+    stage or sequence parallelism: on one layout those trade memory for time the table already shows."""
+    return (c.tp, c.cp, c.pp, c.dp, c.dp_replicate, c.ep, c.etp, c.micro_batch, c.schedule, c.virtual_stages,
+            c.recompute, c.recompute_layers)
+
+
 def _ranking_lines(cluster, plans) -> list[str]:
-    """Where the runner-up is nearer the best plan than the model's measured regret when choosing among published
-    layouts (validation.layout_picks), a line saying the two are a tie at this model's resolution -- only where the
-    GPU's evidence applies (`evidence_of`)."""
+    """Where the nearest plan of another layout (`_layout_of`) is nearer the best plan than the model's measured
+    regret when choosing among published layouts (validation.layout_picks), a line saying the two are a tie at this
+    model's resolution -- only where the GPU's evidence applies (`evidence_of`)."""
     from par3d.plan.validation import ranking_evidence
 
     ev = ranking_evidence() if evidence_of(cluster) is not None else None
     if ev is None or len(plans) < 2:
         return []
-    gap = plans[1].step_time / plans[0].step_time - 1
+    best = _layout_of(plans[0].choice)
+    rank, other = next(((i, p) for i, p in enumerate(plans[1:], 2) if _layout_of(p.choice) != best), (0, None))
+    if other is None:
+        return []
+    gap = other.step_time / plans[0].step_time - 1
     if 100 * gap >= float(ev["median_regret_pct"]):
         return []
-    return [f"ranking:  #2 is {gap:.1%} slower here; on {ev['runs']} published runs measured at three or more layouts "
-            f"this model's pick measured a median {ev['median_regret_pct']} % slower than the fastest ({ev['pick_fastest']} "
-            f"of {ev['runs']} the fastest): plans this close are a tie to it — time both (docs/planner.md §9)"]
+    c = other.choice
+    what = (f"tp {c.tp} cp {c.cp} pp {c.pp} dp {c.dp}, mb {c.micro_batch}, {c.schedule}"
+            + (f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", recompute {c.recompute}")
+    return [f"ranking:  #{rank} ({what}) is {gap:.1%} slower here; on {ev['runs']} published runs measured at three "
+            f"or more layouts this model's pick measured a median {ev['median_regret_pct']} % slower than the fastest "
+            f"({ev['pick_fastest']} of {ev['runs']} the fastest): layouts this close are a tie to it — time both "
+            f"(docs/planner.md §9)"]
 
 
 def _placement_line(c) -> str:
