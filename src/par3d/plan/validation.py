@@ -517,6 +517,7 @@ PAPERS22_PREFIX: tuple[str, ...] = ("megascale-", "glm-130B-", "gpt-neox-", "lla
 APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round): held out from the GH200 fit
 OLMOCORE_PREFIX = "olmo-core-"  # OLMo-core's README throughput table (FSDP2, torch.compile, H100; fortieth round)
 BLOOM_PREFIX = "bloom-prequel-"  # BLOOM's pre-training layout trials (Jean Zay A100, DeepSpeed pipeline; fortieth round)
+JAXTOOLBOX_PREFIX = "jaxtoolbox-pax-"  # NVIDIA JAX-Toolbox's Paxml GPT tables (XLA, 256 A100 / H100; forty-first round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -540,7 +541,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (APERTUS_PREFIX, "Apertus (GH200, CSCS Alps)"),
              (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"),
              (OLMOCORE_PREFIX, "OLMo-core's README table (FSDP2, torch.compile, 8 H100 assumed)"),
-             (BLOOM_PREFIX, "BLOOM's layout trials (Megatron-DeepSpeed, 8-384 A100, Jean Zay)"))
+             (BLOOM_PREFIX, "BLOOM's layout trials (Megatron-DeepSpeed, 8-384 A100, Jean Zay)"),
+             (JAXTOOLBOX_PREFIX, "JAX-Toolbox's Paxml tables (XLA, FSDP 256, A100 / H100)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
