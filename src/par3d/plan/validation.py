@@ -157,8 +157,10 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
     # that states none sets 1: Megatron-Bridge's and NeMo's)
     fixed = Fixed(**{"dp_replicate": 1, "etp": 1, **row["fixed"]})
     opts = options_of(row)
-    # a row that leaves the schedule to the search names the ones its framework had (`schedules`)
-    limits = Limits(schedules=tuple(row["schedules"]) if "schedules" in row else None)
+    # a row that leaves the schedule to the search names the ones its framework had (`schedules`); a TP group wider
+    # than a node is the source's stated layout, priced across the nodes as `--allow-inter-node-tp` prices it
+    limits = Limits(schedules=tuple(row["schedules"]) if "schedules" in row else None,
+                    allow_inter_node_tp=int(row["fixed"].get("tp", 1)) > cluster.gpus_per_node)
     res = search(model, cluster, int(row["global_batch"]), fixed, limits, top=1, opts=opts)
     in_headroom = bool(res.plans)
     if not res.plans:  # the published run ran: its memory is checked against the GPU's capacity alone
@@ -518,6 +520,9 @@ APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round)
 OLMOCORE_PREFIX = "olmo-core-"  # OLMo-core's README throughput table (FSDP2, torch.compile, H100; fortieth round)
 BLOOM_PREFIX = "bloom-prequel-"  # BLOOM's pre-training layout trials (Jean Zay A100, DeepSpeed pipeline; fortieth round)
 JAXTOOLBOX_PREFIX = "jaxtoolbox-pax-"  # NVIDIA JAX-Toolbox's Paxml GPT tables (XLA, 256 A100 / H100; forty-first round)
+MDS_LONGSEQ_PREFIX = "mds4sci-longseq-"  # Megatron-DeepSpeed's DeepSpeed4Science long-sequence table (TP 32 over 4 nodes;
+# forty-first round)
+MAXTEXT_PREFIX = "maxtext-a3-"  # MaxText's Llama 2 7B on 1-16 A3 VMs (XLA, H100, TCPX; forty-first round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -542,7 +547,9 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (OELLM_PREFIX, "OpenEuroLLM's other GH200 runs (JUPITER)"),
              (OLMOCORE_PREFIX, "OLMo-core's README table (FSDP2, torch.compile, 8 H100 assumed)"),
              (BLOOM_PREFIX, "BLOOM's layout trials (Megatron-DeepSpeed, 8-384 A100, Jean Zay)"),
-             (JAXTOOLBOX_PREFIX, "JAX-Toolbox's Paxml tables (XLA, FSDP 256, A100 / H100)"))
+             (JAXTOOLBOX_PREFIX, "JAX-Toolbox's Paxml tables (XLA, FSDP 256, A100 / H100)"),
+             (MDS_LONGSEQ_PREFIX, "Megatron-DeepSpeed's long-sequence table (TP 32 over 4 A100 nodes, 2K-256K tokens)"),
+             (MAXTEXT_PREFIX, "MaxText's Llama 2 7B on A3 (XLA, 8-128 H100)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
