@@ -442,7 +442,9 @@ def register(sub) -> None:
                         "1f1b for DeepSpeed; default: all")
     g.add_argument("--max-virtual-stages", type=_int_at_least(2), default=8,
                    help="largest v searched for the interleaved schedule (default: %(default)s)")
-    g.add_argument("--top", type=_int_at_least(1), default=5, help="plans to show (default: %(default)s)")
+    g.add_argument("--top", type=_int_at_least(1), default=5,
+                   help="plans to show (default: %(default)s); the 'ranking:' line compares the best with the nearest "
+                        "plan of another layout among them, so --top 1 drops it")
     g.add_argument("--explain", action="store_true",
                    help="print the winner's breakdown, the seed-style per-layer accounting and why it wins")
     g.add_argument("--json", action="store_true",
