@@ -525,6 +525,7 @@ MDS_LONGSEQ_PREFIX = "mds4sci-longseq-"  # Megatron-DeepSpeed's DeepSpeed4Scienc
 MAXTEXT_PREFIX = "maxtext-a3-"  # MaxText's Llama 2 7B on 1-16 A3 VMs (XLA, H100, TCPX; forty-first round)
 FLAGPERF_PREFIX = "flagperf-"  # FlagPerf's Megatron-LM Llama 3 cases (H100, one A800 node at 7 layouts; forty-first round)
 INTERNLM_PREFIX = "internlm7b-"  # InternLM-7B on 8-1024 A100 (InternEvo's July-2023 tables; forty-first round)
+PADDLE_PREFIX = ("llama7b-paddle-", "llama13b-paddle-")  # FlagPerf's PaddlePaddle LLaMA layout ablations (forty-first round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -553,7 +554,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MDS_LONGSEQ_PREFIX, "Megatron-DeepSpeed's long-sequence table (TP 32 over 4 A100 nodes, 2K-256K tokens)"),
              (MAXTEXT_PREFIX, "MaxText's Llama 2 7B on A3 (XLA, 8-128 H100)"),
              (FLAGPERF_PREFIX, "FlagPerf's Megatron-LM Llama 3 (core_v0.6.0; 8-440 H100, one A800 node)"),
-             (INTERNLM_PREFIX, "InternEvo's InternLM-7B tables (July 2023; 8-1024 A100, RoCE)"))
+             (INTERNLM_PREFIX, "InternEvo's InternLM-7B tables (July 2023; 8-1024 A100, RoCE)"),
+             (PADDLE_PREFIX, "FlagPerf's PaddlePaddle LLaMA 7B / 13B at four layouts (one A100 node, fp16)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
