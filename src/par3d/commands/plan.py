@@ -856,8 +856,6 @@ def _run(args: argparse.Namespace) -> int:
         print(_no_plan_message(model, cluster, res, opts, fixes), file=sys.stderr)
         return 1
     if args.json:
-        from par3d.plan.validation import ranking_evidence
-
         evidence = evidence_of(cluster, model.moe)
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
                # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
@@ -871,8 +869,8 @@ def _run(args: argparse.Namespace) -> int:
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,
                # how well this model chose among the layouts of published runs (validation.layout_picks; None where
-               # the GPU's evidence does not apply)
-               "ranking": ranking_evidence() if evidence is not None else None,
+               # the GPU's evidence does not apply), as the ranking line reads it
+               "ranking": ranking_evidence_of(cluster),
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))
@@ -1211,6 +1209,14 @@ def regime_evidence_of(cluster, c) -> list[dict]:
     return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
 
 
+def ranking_evidence_of(cluster) -> dict | None:
+    """How well this model chose among published runs' layouts (validation.ranking_evidence): only where the GPU's
+    evidence applies, as `regime_evidence_of`."""
+    from par3d.plan.validation import ranking_evidence
+
+    return ranking_evidence() if evidence_of(cluster) is not None else None
+
+
 def _regime_lines(cluster, c) -> list[str]:
     return [f"caveat: on {ev['rows']} published runs with {ev['rule']} this model's error was "
             f"{ev['min_error_pct']:+.1f} … {ev['max_error_pct']:+.1f} % (median {ev['median_error_pct']:+.1f} %; "
@@ -1230,9 +1236,7 @@ def _ranking_lines(cluster, plans) -> list[str]:
     """Where the nearest plan of another layout (`_layout_of`) is nearer the best plan than the model's measured
     regret when choosing among published layouts (validation.layout_picks), a line saying the two are a tie at this
     model's resolution -- only where the GPU's evidence applies (`evidence_of`)."""
-    from par3d.plan.validation import ranking_evidence
-
-    ev = ranking_evidence() if evidence_of(cluster) is not None else None
+    ev = ranking_evidence_of(cluster)
     if ev is None or len(plans) < 2:
         return []
     best = _layout_of(plans[0].choice)

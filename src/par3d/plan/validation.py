@@ -160,7 +160,7 @@ def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
     # a row that leaves the schedule to the search names the ones its framework had (`schedules`); a TP group wider
     # than a node is the source's stated layout, priced across the nodes as `--allow-inter-node-tp` prices it
     limits = Limits(schedules=tuple(row["schedules"]) if "schedules" in row else None,
-                    allow_inter_node_tp=int(row["fixed"].get("tp", 1)) > cluster.gpus_per_node)
+                    allow_inter_node_tp=(fixed.tp or 1) > cluster.gpus_per_node)
     res = search(model, cluster, int(row["global_batch"]), fixed, limits, top=1, opts=opts)
     in_headroom = bool(res.plans)
     if not res.plans:  # the published run ran: its memory is checked against the GPU's capacity alone
@@ -520,8 +520,7 @@ APERTUS_PREFIX = "apertus-"  # Apertus on CSCS Alps (GH200; twenty-second round)
 OLMOCORE_PREFIX = "olmo-core-"  # OLMo-core's README throughput table (FSDP2, torch.compile, H100; fortieth round)
 BLOOM_PREFIX = "bloom-prequel-"  # BLOOM's pre-training layout trials (Jean Zay A100, DeepSpeed pipeline; fortieth round)
 JAXTOOLBOX_PREFIX = "jaxtoolbox-pax-"  # NVIDIA JAX-Toolbox's Paxml GPT tables (XLA, 256 A100 / H100; forty-first round)
-MDS_LONGSEQ_PREFIX = "mds4sci-longseq-"  # Megatron-DeepSpeed's DeepSpeed4Science long-sequence table (TP 32 over 4 nodes;
-# forty-first round)
+MDS_LONGSEQ_PREFIX = "mds4sci-longseq-"  # Megatron-DeepSpeed's long-sequence table (TP 32 over 4 nodes; forty-first round)
 MAXTEXT_PREFIX = "maxtext-a3-"  # MaxText's Llama 2 7B on 1-16 A3 VMs (XLA, H100, TCPX; forty-first round)
 FLAGPERF_PREFIX = "flagperf-"  # FlagPerf's Megatron-LM Llama 3 cases (H100, one A800 node at 7 layouts; forty-first round)
 INTERNLM_PREFIX = "internlm7b-"  # InternLM-7B on 8-1024 A100 (InternEvo's July-2023 tables; forty-first round)
@@ -752,6 +751,9 @@ def regimes_of(c: Choice, fsdp: bool = False) -> list[str]:
     return [name for name, (_, rule) in REGIMES.items() if rule(c, fsdp)]
 
 
+RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
+
+
 def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
     """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
     decimal) of the model on the published runs of that GPU and dtype (dense models; a mixture of experts' runs
@@ -778,9 +780,6 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
     return out
 
 
-RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
-
-
 def _evidence_key(gpu: str, dtype: str, moe: bool) -> str:
     return f"{gpu}/{_evidence_dtype(dtype)}" + ("/moe" if moe else "")
 
@@ -795,13 +794,20 @@ def evidence_json(preds: list[Prediction]) -> str:
 
 
 @cache
-def stored_evidence() -> dict[str, dict[str, float | int]]:
-    """evidence.json as committed (empty if absent)."""
+@cache
+def _evidence_file() -> dict[str, dict[str, float | int]]:
+    """evidence.json, read once a process (`par3d plan` asks for it per plan and per line); `main --evidence`, which
+    rewrites it, clears the cache."""
     try:
         with open(EVIDENCE_PATH, encoding="utf-8") as fh:
             return dict(json.load(fh))
     except FileNotFoundError:
         return {}
+
+
+def stored_evidence() -> dict[str, dict[str, float | int]]:
+    """evidence.json as committed (empty if absent)."""
+    return dict(_evidence_file())
 
 
 def regime_evidence(c: Choice, fsdp: bool = False) -> list[dict[str, object]]:
@@ -892,6 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.evidence:  # rewrite evidence.json (what `par3d plan` quotes)
         with open(EVIDENCE_PATH, "w", encoding="utf-8") as fh:
             fh.write(evidence_json(preds))
+        _evidence_file.cache_clear()
         print(f"wrote {EVIDENCE_PATH}")
         return 0
     if args.json:
