@@ -62,10 +62,12 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 
 # Rows run by Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (by their names' first word: the sources say so --
 # MLPerf's GPT-3 and Llama 3.1 reference code is NeMo; MegaScale is built on Megatron-LM and compared with it; Apertus
-# and OpenEuroLLM train with Megatron-LM).  Without a pipeline_layout their pipeline chunks are Megatron-Core's
-# default split (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
+# and OpenEuroLLM train with Megatron-LM; the Zero Bubble paper's runs are its authors' Megatron-LM fork, whose
+# --allow-padding-num-layers gives the first and the last chunk one layer fewer, as Megatron-Core's split does when
+# layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
+# (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
-                   "megascale", "apertus", "oellm")
+                   "megascale", "apertus", "oellm", "zb")
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
@@ -525,6 +527,7 @@ MAXTEXT_PREFIX = "maxtext-a3-"  # MaxText's Llama 2 7B on 1-16 A3 VMs (XLA, H100
 FLAGPERF_PREFIX = "flagperf-"  # FlagPerf's Megatron-LM Llama 3 cases (H100, one A800 node at 7 layouts; forty-first round)
 INTERNLM_PREFIX = "internlm7b-"  # InternLM-7B on 8-1024 A100 (InternEvo's July-2023 tables; forty-first round)
 PADDLE_PREFIX = ("llama7b-paddle-", "llama13b-paddle-")  # FlagPerf's PaddlePaddle LLaMA layout ablations (forty-first round)
+ZB_PREFIX = "zb-"  # the Zero Bubble paper's pure-pipeline runs (A100, 1F1B / interleaved / ZB-1p / ZB-V; forty-second round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
@@ -554,7 +557,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MAXTEXT_PREFIX, "MaxText's Llama 2 7B on A3 (XLA, 8-128 H100)"),
              (FLAGPERF_PREFIX, "FlagPerf's Megatron-LM Llama 3 (core_v0.6.0; 8-440 H100, one A800 node)"),
              (INTERNLM_PREFIX, "InternEvo's InternLM-7B tables (July 2023; 8-1024 A100, RoCE)"),
-             (PADDLE_PREFIX, "FlagPerf's PaddlePaddle LLaMA 7B / 13B at four layouts (one A100 node, fp16)"))
+             (PADDLE_PREFIX, "FlagPerf's PaddlePaddle LLaMA 7B / 13B at four layouts (one A100 node, fp16)"),
+             (ZB_PREFIX, "the Zero Bubble paper's pipeline schedules (Megatron-LM fork, PP 8-32 on A100, fp16)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
