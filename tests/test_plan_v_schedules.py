@@ -20,6 +20,7 @@ from par3d.pipeline.schedules import (
     check,
     default_v,
     dependencies,
+    from_csv,
     placement,
     schedule_placement,
     zero_bubble_v,
@@ -32,7 +33,9 @@ from par3d.plan.cost import (
     layout,
     memory,
     rank_shapes,
+    rank_stage_lists,
     stage_times,
+    zbv_times,
 )
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import rank_memory
@@ -145,12 +148,46 @@ def test_planner_pipeline_time_is_the_simulators(sched, pp, m, gpu):
     plan = evaluate(LLAMA, cluster, c)
     # at the cut the plan was priced at (the partition's own, or the round-wise one where faster: cost.evaluate)
     st = stage_times(replace(LLAMA, pipeline_split=plan.pipeline_layout) if plan.pipeline_layout else LLAMA, cluster, c)
-    tl = simulate(build(sched, pp, m, 2), pp, m, 2, durations=durations_of(st, sched), transfer=st.transfer)
+    # (zb-v's order built from the plan's own chunk times, as its authors' runtime builds it: cost.zbv_times)
+    tl = simulate(build(sched, pp, m, 2, zbv_times(st, c)), pp, m, 2, durations=durations_of(st, sched),
+                  transfer=st.transfer)
     assert st.transfer > 0
     assert plan.extra["makespan_s"] == pytest.approx(tl.makespan, rel=1e-12)
     assert plan.bubble_fraction == pytest.approx(tl.bubble_wall, rel=1e-9, abs=1e-12)
     # the split backward is priced: BI and BW durations are in the table the simulator ran
     assert {(s, k) for s in range(2 * pp) for k in ("BI", "BW")} <= set(durations_of(st, sched))
+
+
+def test_zbv_is_built_with_the_planned_chunk_times():
+    """ZB-V orders its actions by simulating them, so the order depends on the chunk times it is built with.  The
+    plan prices the order built from its own times as the Zero Bubble authors' runtime builds it from profiled
+    ones (issue 12's forty-second round): each rank's chunks averaged, the upper median over ranks, as ratios to F
+    (two significant digits).  With full recomputation BI carries the recompute, and the order built for equal
+    times idles the pipeline; the timed orders keep the 2p live-chunk cap the memory count (counted_peaks)
+    assumes."""
+    cluster = make_cluster("a100-80gb", 64)
+    c = Choice(1, 8, 8, 1, 64, "zb-v", 2, "full", 1, False)
+    plan = evaluate(LLAMA, cluster, c)
+    st = stage_times(replace(LLAMA, pipeline_split=plan.pipeline_layout) if plan.pipeline_layout else LLAMA, cluster, c)
+    lists = rank_stage_lists("zb-v", 8, 2)
+
+    def mid(xs: list[float]) -> float:
+        return sorted(sum(xs[s] for s in stages) / len(stages) for stages in lists)[len(lists) // 2]
+
+    times = zbv_times(st, c)
+    assert times == (1.0, float(f"{mid(st.bi) / mid(st.f):.2g}"), float(f"{mid(st.bw) / mid(st.f):.2g}"))
+    assert times[1] > 1.5 * times[2]  # the recompute is in BI
+    assert zbv_times(st, replace(c, schedule="zb-h1", virtual_stages=1)) is None
+    dur = durations_of(st, "zb-v")
+    timed = simulate(build("zb-v", 8, 64, 2, times), 8, 64, 2, durations=dur, transfer=st.transfer)
+    equal = simulate(build("zb-v", 8, 64, 2), 8, 64, 2, durations=dur, transfer=st.transfer)
+    assert plan.extra["makespan_s"] == pytest.approx(timed.makespan, rel=1e-12)
+    assert timed.makespan < 0.95 * equal.makespan
+    for p in (2, 4, 8, 16):
+        for m in (p, 4 * p):
+            for bi in (0.8, 1.3, 2.0, 2.6):
+                for bw in (0.5, 1.0, 1.3):
+                    assert max(check(build("zb-v", p, m, 2, (1.0, bi, bw)), p, m, 2).peak_inflight) <= 2 * p
 
 
 @pytest.mark.parametrize("sched,m", [("zb-v", 3), ("zb-v", 12), ("dualpipe-v", 8)])
@@ -227,6 +264,18 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
     rc = RunConfig.load_toml(str(cfg))  # what par3d train would run: the V, valid as emitted
     rc.validate()
     assert (rc.parallel.schedule, rc.parallel.virtual_stages, rc.parallel.pp) == ("zb-v", 2, 2)
+    # ... in the order the plan priced: zb-v built for the plan's chunk times, written beside the config, and the
+    # same order par3d simulate builds from the flags the report names
+    times = tuple(plans[0]["zbv_times"])
+    assert times[0] == 1.0 and f"--tf 1 --tb {times[1]:g} --tw {times[2]:g}" in text
+    m = plans[0]["microbatches"]
+    with open(rc.parallel.schedule_csv, newline="") as fh:
+        assert from_csv(fh.read()).schedule == build("zb-v", 2, m, 2, times)
+    sim = tmp_path / "sim.csv"
+    subprocess.run([sys.executable, "-m", "par3d", "simulate", "--schedule", "zb-v", "--stages", "2",
+                    "--microbatches", str(m), "--virtual-stages", "2", "--tf", "1", "--tb", f"{times[1]:g}", "--tw",
+                    f"{times[2]:g}", "--to-csv", str(sim)], capture_output=True, text=True, check=True)
+    assert sim.read_text() == open(rc.parallel.schedule_csv).read()
     bad = subprocess.run([*base[:-2], "--schedule", "zb-v", "--tied-embeddings"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--no-tied-embeddings" in bad.stderr
     bad = subprocess.run([*base, "--virtual-stages", "3"], capture_output=True, text=True)

@@ -398,7 +398,8 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     - GPipe: m;  1F1B: w = min(p-r-1, m) warm-up forwards, then F/B pairs: min(p - r, m);
     - interleaved: w = min(2(p-r-1) + (v-1)p, m·v) warm-up units, then F/B pairs: min(w + 1, m·v);
     - ZB-H1: w = min(p-r-1, m), then F/BI pairs with up to r BWs deferred: w + 1 + min(r, m-w-1);
-    - ZB-V (equal times, as the runtime builds it): min(2m, 2p) chunks on every rank;
+    - ZB-V: min(2m, 2p) chunks on every rank (its F rule's cap; the orders built for the planner's chunk times,
+      `zbv_times`, keep it too: tests/test_plan_v_schedules.py);
     - DualPipe-V (m >= 2p): 2p + 1 chunks on every rank.
     A test compares them with the checker on every (p, m, v) up to p = 12; `validate_schedule`
     compares them again on every plan it reports."""
@@ -1539,6 +1540,30 @@ def makespan_lower_bound(st: StageTimes, c: Choice) -> float:
 
 # ---- the simulation, cached ----------------------------------------------------------------------
 
+def zbv_times(st: StageTimes, c: Choice) -> tuple[float, float, float] | None:
+    """The (F, BI, BW) of one chunk a ZB-V schedule is built with (`schedules.zero_bubble_v`), or None for every
+    other schedule.  ZB-V orders its actions by simulating them, so its order depends on those times; the Zero
+    Bubble authors' runtime (sail-sg/zero-bubble-pipeline-parallelism, megatron/training.py, the V scheduler)
+    profiles each stage's F, B and W, averages each over the stage's chunks and builds the schedule with the middle
+    value across stages (the upper median).  The plan prices what that runtime runs: each rank's chunk times
+    averaged, the upper median over ranks, as ratios to F rounded to two significant digits (near-equal
+    candidates share one built order).  `par3d train` builds it with equal times unless given others
+    (docs/pipeline.md); with times far from equal the equal-time order idles every rank (issue 12's forty-second
+    round)."""
+    if c.schedule != "zb-v":
+        return None
+    lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
+
+    def mid(xs: list[float]) -> float:
+        per = sorted(sum(xs[s] for s in stages) / len(stages) for stages in lists)
+        return per[len(per) // 2]
+
+    f, bi, bw = mid(st.f), mid(st.bi), mid(st.bw)
+    if f <= 0 or bi <= 0 or bw <= 0:
+        return None
+    return (1.0, float(f"{bi / f:.2g}"), float(f"{bw / f:.2g}"))
+
+
 _SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...], Marks]] = {}
 
 
@@ -1551,14 +1576,15 @@ def _simulated(st: StageTimes, c: Choice) -> tuple[float, tuple[float, float, tu
     """
     dur = durations_of(st, c.schedule)
     scale = max(dur.values()) or 1.0
+    times = zbv_times(st, c)
     key = (c.schedule, c.pp, c.microbatches, c.virtual_stages,
            tuple(sorted((k, float(f"{val / scale:.6g}")) for k, val in dur.items())),
-           float(f"{st.transfer / scale:.6g}"))
+           float(f"{st.transfer / scale:.6g}"), times)
     hit = _SIM_CACHE.get(key)
     if hit is None:
         # the simulator's numbers, bit for bit, without building its events (plan/replay.py)
-        ms, bubble_wall, busy, marks = replay_marks(program(c.schedule, c.pp, c.microbatches, c.virtual_stages),
-                                                    dur, st.transfer)
+        ms, bubble_wall, busy, marks = replay_marks(program(c.schedule, c.pp, c.microbatches, c.virtual_stages,
+                                                            times), dur, st.transfer)
         hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy), marks.scaled(1.0 / scale))
         _SIM_CACHE[key] = hit
     return scale, hit
@@ -2228,6 +2254,8 @@ class Plan:
             "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "days_to_train": self.days_to_train,
+            # zb-v: the chunk times F : BI : BW its order was built with (zbv_times; par3d simulate --tf --tb --tw)
+            **({"zbv_times": list(self.extra["zbv_times"])} if "zbv_times" in self.extra else {}),
         }
 
 
@@ -2375,7 +2403,8 @@ def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: fl
     mtf = model_fl / step / n
     return Plan(c, mem_b, mem_r, mem_b.total <= opts.capacity(cluster), step, breakdown, bubble_wall,
                 tokens / step, mtf / TFLOPS, hw_fl / step / n / TFLOPS, mtf / peak,
-                train_tokens / (tokens / step) / 86400.0, extra={"makespan_s": makespan})
+                train_tokens / (tokens / step) / 86400.0,
+                extra={"makespan_s": makespan, **({"zbv_times": zt} if (zt := zbv_times(st, c)) else {})})
 
 
 # ---- the seed's per-layer accounting (§4.2, §4.4, §4.5), for `--explain` and the docs ------------

@@ -45,12 +45,12 @@ KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
 
 
 @lru_cache(maxsize=128)
-def program(schedule: str, p: int, m: int, v: int) -> Program:
-    """Compile `build(schedule, p, m, v)`: each rank runs its list in order; an action runs once all
+def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, float] | None = None) -> Program:
+    """Compile `build(schedule, p, m, v, times)`: each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
     int so the compile is list indexing rather than tuple hashing."""
-    sched = build(schedule, p, m, v)
+    sched = build(schedule, p, m, v, times)
     n_stages = p * v
     span = n_stages * m
     f0, b0, bi0, bw0 = (KIND_CODE[k] * span for k in ("F", "B", "BI", "BW"))
