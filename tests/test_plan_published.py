@@ -67,6 +67,30 @@ def test_the_set_holds_the_named_runs():
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
 
 
+def test_zero_bubble_runs_are_cut_as_their_fork_cuts_them():
+    """The Zero Bubble paper's runs (forty-second round) ran its authors' Megatron-LM fork, whose
+    --allow-padding-num-layers gives the first and the last pipeline chunk one layer fewer: as Megatron-family rows
+    their chunks are Megatron-Core's split, which is that cut for every schedule the paper ran (1F1B and ZB-1p: a
+    chunk a rank; interleaved: one layer a chunk, the first and last chunk the embedding and the head alone; ZB-V:
+    2p chunks on the V).  Every run the paper measured at several schedules holds each schedule once."""
+    from par3d.plan.cost import layout
+
+    zb = [r for r in ROWS if r["name"].startswith(validation.ZB_PREFIX)]
+    assert len(zb) == 103 and all(validation.megatron_row(r) and not validation.in_sample(r) for r in zb)
+    for r in zb:
+        f, model = r["fixed"], validation.model_of(r)
+        chunks = f["pp"] * f.get("virtual_stages", 1)
+        k = (model.layers + 2) // chunks
+        assert (model.layers + 2) % chunks == 0
+        assert layout(model, chunks).layers == (k - 1,) + (k,) * (chunks - 2) + (k - 1,), r["name"]
+    runs: dict = {}
+    for r in zb:
+        key = (r["model"]["layers"], r["gpus"], r["global_batch"], r["fixed"]["micro_batch"], r["name"].endswith(
+            ("-t6", "-t7")) or "zbv" in r["name"])
+        runs.setdefault(key, []).append(r["fixed"]["schedule"])
+    assert all(len(s) == len(set(s)) for s in runs.values())
+
+
 @pytest.mark.parametrize("name", [r["name"] for r in ROWS])
 def test_row_within_its_bound(predictions, name):
     p = predictions[name]
