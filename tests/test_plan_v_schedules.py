@@ -264,18 +264,31 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
     rc = RunConfig.load_toml(str(cfg))  # what par3d train would run: the V, valid as emitted
     rc.validate()
     assert (rc.parallel.schedule, rc.parallel.virtual_stages, rc.parallel.pp) == ("zb-v", 2, 2)
-    # ... in the order the plan priced: zb-v built for the plan's chunk times, written beside the config, and the
-    # same order par3d simulate builds from the flags the report names
+    # ... in the order the plan priced: zb-v built for the plan's chunk times (parallel.zbv_times), the order
+    # par3d train builds from them and par3d simulate from the flags the report names
+    from par3d.train import pipeline_schedule
+
     times = tuple(plans[0]["zbv_times"])
-    assert times[0] == 1.0 and f"--tf 1 --tb {times[1]:g} --tw {times[2]:g}" in text
+    assert times[0] == 1.0 and f"--zbv-times 1,{times[1]:g},{times[2]:g}" in text
+    assert f"--tf 1 --tb {times[1]:g} --tw {times[2]:g}" in text
+    assert tuple(rc.parallel.zbv_times) == times
     m = plans[0]["microbatches"]
-    with open(rc.parallel.schedule_csv, newline="") as fh:
-        assert from_csv(fh.read()).schedule == build("zb-v", 2, m, 2, times)
+    assert pipeline_schedule(rc) == build("zb-v", 2, m, 2, times) != build("zb-v", 2, m, 2)
     sim = tmp_path / "sim.csv"
     subprocess.run([sys.executable, "-m", "par3d", "simulate", "--schedule", "zb-v", "--stages", "2",
                     "--microbatches", str(m), "--virtual-stages", "2", "--tf", "1", "--tb", f"{times[1]:g}", "--tw",
                     f"{times[2]:g}", "--to-csv", str(sim)], capture_output=True, text=True, check=True)
-    assert sim.read_text() == open(rc.parallel.schedule_csv).read()
+    assert from_csv(sim.read_text()).schedule == pipeline_schedule(rc)
+    # the times belong to zb-v alone, three of them, each > 0: anything else is refused by name
+    from par3d.config import ConfigError
+
+    for bad_times, schedule in (([1.0, 2.0], "zb-v"), ([1.0, 0.0, 1.0], "zb-v"), ([1.0, 2.0, 1.0], "zb-h1")):
+        rc2 = RunConfig.load_toml(str(cfg))
+        rc2.parallel.zbv_times, rc2.parallel.schedule = bad_times, schedule
+        if schedule == "zb-h1":
+            rc2.parallel.virtual_stages = 1
+        with pytest.raises(ConfigError, match="parallel.zbv_times"):
+            rc2.validate()
     bad = subprocess.run([*base[:-2], "--schedule", "zb-v", "--tied-embeddings"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--no-tied-embeddings" in bad.stderr
     bad = subprocess.run([*base, "--virtual-stages", "3"], capture_output=True, text=True)

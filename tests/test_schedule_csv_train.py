@@ -48,6 +48,11 @@ def world(tmp_path_factory) -> tuple[list[dict], dict[str, dict]]:
         loaded = _train_config(str(d / "run"), "--schedule-csv", str(path))  # absolute: every rank reads it
         cfgs[name], cfgs[name + "_csv"] = built, loaded
         cases += [(name, built), (name + "_csv", loaded)]
+    # zb-v built for uneven chunk times (par3d plan's --zbv-times, forty-second round of issue 12): another order
+    # of the same actions, so the same training
+    timed = _train_config(str(d / "run"), "--schedule", "zb-v", "--microbatches", "4", "--zbv-times", "1,2,1")
+    cfgs["zb-v_timed"] = timed
+    cases.append(("zb-v_timed", timed))
     ref = _train_config(str(d / "run"), "--schedule", "1f1b", "--microbatches", "1")
     ref["parallel"]["pp"] = 1
     cases.append(("ref", ref))
@@ -79,6 +84,23 @@ def test_csv_schedule_trains_identically(world, name):
         assert abs(a - b) <= TOL, (name, got, losses(results, "ref"))
     diff, where = max_diff(merged(results, name + "_csv", "params"), merged(results, "ref", "params"))
     assert diff <= TOL, f"{name}: params of {where} differ by {diff} from the one-process run"
+
+
+def test_zbv_built_for_uneven_times_trains_as_the_reference(world):
+    """`--zbv-times` reorders zb-v's actions (the order `par3d plan` priced); the run still equals the one-process
+    run within TOL, and the order it ran is not the equal-time one."""
+    from par3d.config import RunConfig
+    from par3d.pipeline.schedules import build
+    from par3d.train import pipeline_schedule
+
+    results, cfgs = world
+    rc = RunConfig.from_dict(cfgs["zb-v_timed"])
+    assert rc.parallel.zbv_times == [1.0, 2.0, 1.0]
+    assert pipeline_schedule(rc) == build("zb-v", P, 4, 2, (1.0, 2.0, 1.0)) != build("zb-v", P, 4, 2)
+    got, want = losses(results, "zb-v_timed"), losses(results, "ref")
+    assert len(got) == 2 and all(abs(a - b) <= TOL for a, b in zip(got, want)), (got, want)
+    diff, where = max_diff(merged(results, "zb-v_timed", "params"), merged(results, "ref", "params"))
+    assert diff <= TOL, f"params of {where} differ by {diff} from the one-process run"
 
 
 def _per_rank(results: list[dict], name: str, key: str) -> dict:

@@ -130,6 +130,9 @@ class ParallelConfig:
     # the embedding, the last the head; those two may hold no layer), as Megatron-Core's
     # pipeline_model_parallel_layout cuts a model; None: the balanced partition (pipeline/partition.py)
     pipeline_layout: list[int] | None = None
+    # zb-v only: the chunk times (F, BI, BW) its list scheduler orders the actions for (`schedules.zero_bubble_v`);
+    # None: equal times.  par3d plan --emit-config writes the times its plan was priced with (cost.zbv_times)
+    zbv_times: list[float] | None = None
 
     @property
     def world_size(self) -> int:
@@ -298,6 +301,16 @@ class RunConfig:
                 errs.append(f"parallel.cp={p.cp} with model.dropout={m.dropout}: ring attention has no "
                             f"attention dropout; use --dropout 0 or --cp 1")
             n_chunks = p.pp * p.virtual_stages
+            if p.zbv_times is not None:
+                zt = p.zbv_times
+                if not (isinstance(zt, list) and len(zt) == 3
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in zt)):
+                    errs.append(f"parallel.zbv_times={zt!r} must be three times > 0, F, BI and BW of one chunk, e.g. "
+                                f"[1, 2, 1]")
+                elif p.schedule != "zb-v" or p.schedule_csv:
+                    errs.append(f"parallel.zbv_times={zt!r} orders zb-v's actions, but the schedule is "
+                                f"{'the file ' + repr(p.schedule_csv) if p.schedule_csv else repr(p.schedule)}; "
+                                f"drop --zbv-times or use --schedule zb-v")
             if p.pipeline_layout is not None:
                 errs += _layout_errors(p.pipeline_layout, n_chunks, m.layers, p.pp, p.virtual_stages)
             if m.layers + 2 < n_chunks:  # the embedding and the head may each fill a chunk (partition.py)

@@ -210,7 +210,8 @@ def pipeline_schedule(cfg: RunConfig) -> Any:
     if pc.schedule_csv:
         with open(pc.schedule_csv, newline="") as fh:
             return from_csv(fh.read()).schedule
-    return build(pc.schedule, pc.pp, pc.microbatches, pc.virtual_stages)
+    times = tuple(float(t) for t in pc.zbv_times) if pc.zbv_times else None  # zb-v's order, as planned
+    return build(pc.schedule, pc.pp, pc.microbatches, pc.virtual_stages, times)
 
 
 def _start_pipeline(r: _Rank) -> None:

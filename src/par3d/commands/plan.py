@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
@@ -941,18 +940,8 @@ def _emit(args, model, plan) -> None:
     mb = 1 if smoke else c.micro_batch
     if smoke and c.microbatches > 8:  # a few micro-batches still exercise the schedule
         par["microbatches"] = max(c.pp, 8 // c.pp * c.pp)
-    csv_path = None
     if "zbv_times" in plan.extra:  # the order priced is the order run: zb-v built for the plan's chunk times
-        from par3d.pipeline.schedules import build, to_csv
-
-        csv_path = os.path.splitext(args.emit_config)[0] + ".schedule.csv"
-        try:
-            with open(csv_path, "w", newline="") as fh:
-                fh.write(to_csv(build("zb-v", c.pp, par["microbatches"], 2, tuple(plan.extra["zbv_times"]))))
-        except OSError as e:
-            raise UsageError(f"--emit-config {args.emit_config}: cannot write {csv_path} ({e.strerror}); give a "
-                             "writable path") from None
-        par["schedule_csv"] = csv_path
+        par["zbv_times"] = list(plan.extra["zbv_times"])
     rc = RunConfig(
         model=mc,
         parallel=ParallelConfig(**par),
@@ -974,10 +963,6 @@ def _emit(args, model, plan) -> None:
             if smoke:
                 fh.write(f"# smoke test: {model.name}'s architecture and the plan's layout at CPU size "
                          f"(--emit-smoke)\n")
-            if csv_path:
-                _, bi, bw = plan.extra["zbv_times"]
-                fh.write(f"# zb-v's order as priced, built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}: {csv_path} "
-                         "(a path from where par3d plan ran)\n")
             fh.write(rc.to_toml())
     except OSError as e:
         raise UsageError(f"--emit-config {args.emit_config}: cannot write ({e.strerror}); give a writable path") \
@@ -1044,9 +1029,9 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         _, bi, bw = best.extra["zbv_times"]
         c = best.choice
         out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}, as the Zero Bubble authors' runtime "
-                   "builds it from profiled times; --emit-config writes this order for par3d train "
-                   f"(parallel.schedule_csv), as does par3d simulate --schedule zb-v --stages {c.pp} --microbatches "
-                   f"{c.microbatches} --virtual-stages 2 --tf 1 --tb {bi:g} --tw {bw:g} --to-csv FILE")
+                   f"builds it from profiled times; par3d train runs this order with --zbv-times 1,{bi:g},{bw:g} "
+                   "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
+                   f"{bi:g} --tw {bw:g}")
     out.append(_evidence_line(cluster, model.moe))
     if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
         out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "

@@ -10,6 +10,17 @@ import sys
 from typing import Any
 
 
+def chunk_times(text: str) -> list[float]:
+    """--zbv-times' value: F,BI,BW, three times > 0 (any unit: only their ratios order the schedule)."""
+    try:
+        times = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not three comma-separated times, e.g. 1,2,1") from None
+    if len(times) != 3 or any(not t > 0 for t in times):
+        raise argparse.ArgumentTypeError(f"{text!r}: give three times > 0, F,BI,BW of one chunk, e.g. 1,2,1")
+    return times
+
+
 def layer_counts(text: str) -> list[int]:
     """--pipeline-layout's value (par3d train and par3d plan): comma-separated layer counts >= 0."""
     try:
@@ -40,6 +51,9 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
     ("--virtual-stages", "parallel", "virtual_stages", int, "model chunks per pipeline rank (v) for the "
                                                            "interleaved schedule (default 1; 2 for zb-v and "
                                                            "dualpipe-v)"),
+    ("--zbv-times", "parallel", "zbv_times", chunk_times,
+     "zb-v only: F,BI,BW of one chunk, the times zb-v's list scheduler orders the actions for (only their ratios "
+     "count; default equal times); par3d plan names the ones its plan was priced with and --emit-config writes them"),
     ("--pipeline-layout", "parallel", "pipeline_layout", layer_counts,
      "layers of each pipeline chunk in model order, pp x virtual-stages comma-separated counts (the first chunk "
      "also holds the embedding, the last the head; those two may be 0), as Megatron-Core's "
