@@ -403,6 +403,53 @@ def test_tp_comm_overlap_flag(capsys):
     assert nosp_on["step_time_s"] == nosp_off["step_time_s"]
 
 
+def test_p2p_blocking_flag(capsys):
+    """--p2p-blocking (how the framework waits on the pipeline's sends): the JSON's hardware says so; "all" holds
+    each sending GPU its hop, so a 1F1B pipeline across nodes is slower and its PP share larger, compute untouched,
+    and the plan's makespan is the simulator's with `blocking`; "1f1b" (Megatron-Core with
+    overlap_p2p_comm) blocks the 1F1B schedule as "all" does and leaves the interleaved one as "none"."""
+    from par3d.pipeline.schedules import build
+    from par3d.pipeline.simulate import simulate
+    from par3d.plan.cost import Choice, durations_of, simulate_stages, stage_times, zbv_times
+    from par3d.plan.hardware import make_cluster
+    from par3d.plan.models import CATALOGUE
+
+    base = ["--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256", "--tp", "4",
+            "--pp", "8", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",
+            "--top", "1", "--json"]
+
+    def one(sched, *extra):
+        v = ["--virtual-stages", "5"] if sched == "interleaved" else []
+        rc, out, _ = run(capsys, *base, "--schedule", sched, *v, *extra)
+        assert rc == 0
+        d = json.loads(out)
+        return d["hardware"], d["plans"][0]
+
+    hw, none_1f1b = one("1f1b")
+    assert hw["p2p_blocking"] == "none"
+    hw, all_1f1b = one("1f1b", "--p2p-blocking", "all")
+    assert hw["p2p_blocking"] == "all"
+    assert all_1f1b["step_time_s"] > none_1f1b["step_time_s"]
+    assert all_1f1b["breakdown_s"]["pp_comm"] > none_1f1b["breakdown_s"]["pp_comm"]
+    assert all_1f1b["breakdown_s"]["compute"] == none_1f1b["breakdown_s"]["compute"]
+    assert one("1f1b", "--p2p-blocking", "1f1b")[1]["step_time_s"] == all_1f1b["step_time_s"]
+    _, none_il = one("interleaved")
+    _, all_il = one("interleaved", "--p2p-blocking", "all")
+    assert all_il["step_time_s"] > none_il["step_time_s"]
+    assert one("interleaved", "--p2p-blocking", "1f1b")[1]["step_time_s"] == none_il["step_time_s"]
+    # the plan's makespan is the simulator's, blocking
+    cl = replace(make_cluster("h100-sxm", 64), p2p_blocking="all")
+    c = Choice(4, 8, 2, 1, 128, "1f1b", 1, "none", 1, True)
+    st = stage_times(CATALOGUE["llama3-70b"], cl, c)
+    assert st.blocking and st.transfer > 0
+    tl = simulate(build("1f1b", 8, 128, 1, zbv_times(st, c)), 8, 128, 1, durations=durations_of(st, "1f1b"),
+                  transfer=st.transfer, blocking=True)
+    assert simulate_stages(st, c)[0] == pytest.approx(tl.makespan, rel=1e-12)
+    with pytest.raises(SystemExit) as bad:
+        run(capsys, *base, "--p2p-blocking", "sometimes")
+    assert bad.value.code == 2 and "--p2p-blocking" in capsys.readouterr().err
+
+
 # pure DP with ZeRO-1 on 64 H100: a plan whose DP tail is a visible part of the step
 ZERO1_DP64 = ["--model", "llama2-7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128", "--tp", "1",
               "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero-stage", "1", "--recompute", "none",

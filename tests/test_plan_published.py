@@ -259,7 +259,7 @@ def test_most_rows_within_ten_percent(predictions):
 # optimizer, recomputed every layer and reduced gradients after the backward; its ZeRO-3 comparison
 # ran DeepSpeed, which gathers by sub-module.
 PAPER_SOFTWARE = ["--no-flash-attention", "--recompute", "full", "--no-sequence-parallel",
-                  "--no-overlap-grad-reduce"]
+                  "--no-overlap-grad-reduce", "--p2p-blocking", "all"]
 GPT3 = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--global-batch", "1536"]
 
 

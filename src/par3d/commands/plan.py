@@ -232,6 +232,12 @@ def register(sub) -> None:
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
                         "turns it on for bf16), FSDP reduce_dtype=float32 (torchtitan's default), Llama 3 "
                         "(default: off, gradients reduced in the training dtype, as NVIDIA's perf recipes do)")
+    g.add_argument("--p2p-blocking", choices=("none", "1f1b", "all"), default="none",
+                   help="whether the pipeline's point-to-point sends hold the sending GPU until delivered: none "
+                        "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
+                        "Bridge: the non-interleaved 1F1B waits on each send, the interleaved schedule overlaps them "
+                        "with overlap_p2p_comm), all (DeepSpeed's pipeline engine; Megatron-LM before 2023 or with "
+                        "--no-overlap-p2p-communication); default: none")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
                         "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
@@ -551,6 +557,7 @@ def _cluster(args: argparse.Namespace):
                   grad_reduce_fp32=args.grad_reduce_in_fp32,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp, fsdp_version=args.fsdp_version or 2,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
+                  p2p_blocking=args.p2p_blocking,
                   moe_host_s=moe_host_of(args.cuda_graphs),
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,

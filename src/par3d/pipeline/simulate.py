@@ -10,7 +10,7 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from par3d.pipeline.schedules import Action, dependencies, execution_order, placement
@@ -128,18 +128,25 @@ def _duration_fn(durations: dict[tuple[int, str], float] | DurationFn | None, tf
 
 def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
              durations: dict[tuple[int, str], float] | DurationFn | None = None,
-             tf: float = 1.0, tb: float = 2.0, transfer: float = 0.0) -> Timeline:
+             tf: float = 1.0, tb: float = 2.0, transfer: float | Sequence[float] = 0.0,
+             blocking: bool = False) -> Timeline:
     """Predicted timeline of ``schedule``.
 
     ``durations`` maps (stage, kind) to seconds, or is a function of (stage, kind).  When None, every
     stage takes ``tf`` forward and ``tb`` backward, divided by v for interleaved schedules (see
     `_duration_fn`), and BI/BW take half of B each.  ``transfer`` is the delay between an action
-    ending on one rank and a dependent action starting on another.
+    ending on one rank and a dependent action starting on another: one for every hop, or one per stage
+    boundary (index s: between stages s and s + 1; a pipeline across nodes, whose hops inside a node are
+    faster than those between nodes).  ``blocking``: a send holds its rank until it is delivered (the
+    framework waits on each point-to-point call before its next compute, as Megatron's non-interleaved 1F1B
+    and DeepSpeed's pipeline engine do), so an action whose output goes to another rank keeps that rank
+    busy its hop longer; par3d's runtime posts its sends and waits at the end (the default, False).
 
     Raises ScheduleError if the schedule is incomplete, violates a dependency or deadlocks.
     """
-    if transfer < 0:
-        raise ValueError(f"transfer time must be >= 0, got {transfer}")
+    hops = [float(transfer)] * max(p * v - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
+    if len(hops) != max(p * v - 1, 0) or any(t < 0 for t in hops):
+        raise ValueError(f"transfer time must be >= 0, one or one per stage boundary ({p * v - 1}), got {transfer}")
     dur = _duration_fn(durations, tf, tb, v)
     n_stages = p * v
     order = execution_order(schedule, p, m, v)  # validates, and gives a dependency-respecting order
@@ -152,12 +159,15 @@ def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
         r = rank_of[a.stage]
         start = free[r]
         for d in dependencies(a, n_stages, present):
-            lag = 0.0 if rank_of[d[1]] == r else transfer
+            lag = 0.0 if rank_of[d[1]] == r else hops[min(d[1], a.stage)]
             start = max(start, end[d] + lag)
         t = float(dur(a.stage, a.kind))
         if t < 0:
             raise ValueError(f"negative duration {t} for {a}")
         end[(a.kind, a.stage, a.microbatch)] = start + t
         free[r] = start + t
+        nb = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "BI") else -1
+        if blocking and 0 <= nb < n_stages and rank_of[nb] != r:
+            free[r] = start + t + hops[min(nb, a.stage)]
         events.append(Event(r, a.kind, a.stage, a.microbatch, start, start + t))
     return timeline_from_events(events, p, m, v)

@@ -507,6 +507,9 @@ class StageTimes:
     offload: list[float] = field(default_factory=list)  # exposed activation offload copies, F + B (offload_exposed)
     ep_comm: list[float] = field(default_factory=list)  # a mixture of experts' token all-to-alls, F + B (ep_exchange)
     host: list[float] = field(default_factory=list)  # a mixture of experts' host floor beyond its GPU work, F + B
+    # the framework's point-to-point calls hold the sending rank until delivered (`p2p_blocks`): the simulator's
+    # `blocking`
+    blocking: bool = False
 
 
 @dataclass
@@ -1364,9 +1367,23 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.transfer = comm.send_recv(boundary, strides(c)[2], cluster, c.tp * c.cp * c.pp).total
     else:
         out.transfer = comm.p2p(boundary, lk.pp).total  # type: ignore[arg-type]
+    out.blocking = c.pp > 1 and p2p_blocks(cluster.p2p_blocking, c)
     if cluster.profile is not None:
         _add_runtime_costs(out, model, cluster.dtype, c, lay, boundary, cluster.profile)
     return out
+
+
+def p2p_blocks(mode: str, c: Choice) -> bool:
+    """Whether the pipeline's sends hold their rank under the framework's `Cluster.p2p_blocking` mode: "none"
+    (par3d's runtime posts its sends and waits at the step's end), "all" (every schedule: DeepSpeed's pipeline
+    engine's plain send/recv; Megatron-LM before `overlap_p2p_comm`, 2021-22, whose p2p waits and synchronises
+    after each batched call), "1f1b" (Megatron-Core: its non-interleaved 1F1B waits on every call at every
+    version, its interleaved schedule posts them beside the next chunk with `overlap_p2p_comm`, Megatron-LM's
+    default since core_v0.4.0 and what NeMo's and Megatron-Bridge's recipes set; every other par3d schedule is
+    not Megatron's and posts).  The facts and their sources: docs/planner.md §5."""
+    if mode == "all":
+        return True
+    return mode == "1f1b" and c.schedule == "1f1b"
 
 
 def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, lay: Layout, boundary: float,
@@ -1579,12 +1596,14 @@ def _simulated(st: StageTimes, c: Choice) -> tuple[float, tuple[float, float, tu
     times = zbv_times(st, c)
     key = (c.schedule, c.pp, c.microbatches, c.virtual_stages,
            tuple(sorted((k, float(f"{val / scale:.6g}")) for k, val in dur.items())),
-           float(f"{st.transfer / scale:.6g}"), times)
+           float(f"{st.transfer / scale:.6g}"), times,
+           st.blocking)
     hit = _SIM_CACHE.get(key)
     if hit is None:
         # the simulator's numbers, bit for bit, without building its events (plan/replay.py)
         ms, bubble_wall, busy, marks = replay_marks(program(c.schedule, c.pp, c.microbatches, c.virtual_stages,
-                                                            times), dur, st.transfer)
+                                                            times), dur, st.transfer,
+                                                    st.blocking)
         hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy), marks.scaled(1.0 / scale))
         _SIM_CACHE[key] = hit
     return scale, hit
@@ -2376,8 +2395,13 @@ def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: fl
     ep_comm = m * sum(st.ep_comm[s] for s in stages) if st.ep_comm else 0.0
     zero3 = m * sum(st.zero3[s] for s in stages)
     idle = max(0.0, makespan - busy[crit])
-    hops = sum(1 for s in range(len(rank_of) - 1) if rank_of[s] != rank_of[s + 1])  # the V's turn is local
-    pp_comm = min(idle, 2 * hops * st.transfer)
+    # each hop between ranks, there and back (the V's turn is local)
+    hops = 2 * sum(1 for s in range(len(rank_of) - 1) if rank_of[s] != rank_of[s + 1])
+    if st.blocking:  # and each of the rank's own sends, every micro-batch: an F's to the next rank, a B's back
+        n = len(rank_of)
+        hops += m * sum(1 for s in stages if s + 1 < n and rank_of[s + 1] != crit)
+        hops += m * sum(1 for s in stages if s > 0 and rank_of[s - 1] != crit)
+    pp_comm = min(idle, hops * st.transfer)
     breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
                  "pp_comm": pp_comm,
                  "dp_comm": tail + zero3, "bubble": idle - pp_comm, "optimizer": opt}

@@ -696,6 +696,11 @@ class Cluster:
     # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
     # Megatron-Core; NeMo / Megatron-Bridge's H100 recipes turn it on.
     tp_comm_overlap: bool = False
+    # whether the pipeline's point-to-point sends hold their rank until delivered (cost.p2p_blocks): "none" (par3d's
+    # runtime posts each send and waits at the step's end), "1f1b" (Megatron-Core: the non-interleaved 1F1B waits on
+    # each call, the interleaved schedule overlaps them, overlap_p2p_comm), "all" (DeepSpeed's pipeline engine,
+    # Megatron-LM before overlap_p2p_comm)
+    p2p_blocking: str = "none"
     # a mixture of experts' token all-to-alls overlapped with compute (Megatron-Core's
     # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
     # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
@@ -846,6 +851,7 @@ class Cluster:
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "fsdp_version": self.fsdp_version,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
+            "p2p_blocking": self.p2p_blocking,
             "moe_host_ms": [x * 1e3 for x in self.moe_host_s],
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,
             "cp_comm": self.cp_comm, "optimizer": self.optimizer, "muon_tp_mode": self.muon_tp_mode,

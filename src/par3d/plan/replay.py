@@ -16,6 +16,7 @@ checker's; `cost.validate_schedule` still runs the full check on every reported 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,6 +40,14 @@ class Program:
     # and when its gradients are final (cost.dp_tail's bucket timing)
     first_f: tuple[int, ...] = ()
     last_grad: tuple[int, ...] = ()
+    # per action, the stage boundary each dependency crossed (s: between global stages s and s + 1; -1: none, or
+    # on the same rank): which hop's time it waits for when the hops differ (a pipeline across nodes)
+    bnd1: tuple[int, ...] = ()
+    bnd2: tuple[int, ...] = ()
+    # per action, the stage boundary its output crosses to another rank (an F's to the next stage, a B's or BI's
+    # to the previous; -1: none, or the neighbour on the same rank): the send that holds the rank when the
+    # framework's point-to-point calls block (`replay_marks`' `blocking`)
+    out: tuple[int, ...] = ()
 
 
 KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
@@ -88,6 +97,8 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
     cross1: list[bool] = []
     dep2: list[int] = []
     cross2: list[bool] = []
+    bnd1: list[int] = []
+    bnd2: list[int] = []
     waiting: dict[int, list[int]] = {}
     nxt = starts[:-1]
     todo = list(range(p - 1, -1, -1))
@@ -113,20 +124,27 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
                 k = slot_of[sc] = len(slot_of)
             slots.append(k)
             # a code's stage is (code % span) // m
+            own = (c % span) // m
             if ds:
                 d = ds[0]
                 dep1.append(index[d])
-                cross1.append(rank_of[(d % span) // m] != r)
+                ds_ = (d % span) // m
+                cross1.append(rank_of[ds_] != r)
+                bnd1.append(min(ds_, own) if rank_of[ds_] != r else -1)
             else:
                 dep1.append(-1)
                 cross1.append(False)
+                bnd1.append(-1)
             if len(ds) > 1:
                 d = ds[1]
                 dep2.append(index[d])
-                cross2.append(rank_of[(d % span) // m] != r)
+                ds_ = (d % span) // m
+                cross2.append(rank_of[ds_] != r)
+                bnd2.append(min(ds_, own) if rank_of[ds_] != r else -1)
             else:
                 dep2.append(-1)
                 cross2.append(False)
+                bnd2.append(-1)
             j += 1
             w = waiting.pop(c, None)
             if w is not None:
@@ -146,8 +164,13 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
         elif a.kind != "BI":
             last[a.stage] = index[c]
     first_f, last_grad = tuple(first), tuple(last)
+    out = [-1] * len(ranks)
+    for a, c in zip(flat, codes):
+        nb = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "BI") else -1
+        if 0 <= nb < n_stages and rank_of[nb] != rank_of[a.stage]:
+            out[index[c]] = min(nb, a.stage)
     return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(cross1), tuple(dep2), tuple(cross2),
-                   first_f, last_grad)
+                   first_f, last_grad, tuple(bnd1), tuple(bnd2), tuple(out))
 
 
 @dataclass(frozen=True)
@@ -165,14 +188,21 @@ class Marks:
 
 
 def replay(prog: Program, durations: dict[tuple[int, str], float],
-           transfer: float) -> tuple[float, float, list[float]]:
+           transfer: float | Sequence[float], blocking: bool = False) -> tuple[float, float, list[float]]:
     """(makespan, bubble_wall, busy per rank) exactly as `simulate(...)` reports them."""
-    return replay_marks(prog, durations, transfer)[:3]
+    return replay_marks(prog, durations, transfer, blocking)[:3]
 
 
 def replay_marks(prog: Program, durations: dict[tuple[int, str], float],
-                 transfer: float) -> tuple[float, float, list[float], Marks]:
-    """`replay`'s three numbers and the stages' `Marks`."""
+                 transfer: float | Sequence[float],
+                 blocking: bool = False) -> tuple[float, float, list[float], Marks]:
+    """`replay`'s three numbers and the stages' `Marks`.  `transfer`: one time for every hop between ranks, or one
+    per stage boundary (index s: between global stages s and s + 1), as `pipeline/simulate.py` takes it.
+    `blocking`: a send holds its rank until delivered (simulate's `blocking`)."""
+    if blocking or not isinstance(transfer, (int, float)):
+        n = len(prog.first_f)
+        hops = [float(transfer)] * max(n - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
+        return _replay_hops(prog, durations, hops, blocking)
     dur = [float(durations[k]) for k in prog.keys]
     free = [0.0] * prog.p
     busy = [0.0] * prog.p
@@ -194,6 +224,41 @@ def replay_marks(prog: Program, durations: dict[tuple[int, str], float],
         begin[i] = start
         end[i] = stop
         free[r] = stop
+        busy[r] += stop - start
+        if stop > makespan:
+            makespan = stop
+    bubble = 1.0 - sum(busy) / (prog.p * makespan) if makespan > 0 else 0.0
+    marks = Marks(tuple(begin[i] for i in prog.first_f), tuple(end[i] for i in prog.last_grad),
+                  tuple(end[i] - begin[i] for i in prog.last_grad))
+    return makespan, bubble, busy, marks
+
+
+def _replay_hops(prog: Program, durations: dict[tuple[int, str], float],
+                 hops: list[float], blocking: bool) -> tuple[float, float, list[float], Marks]:
+    """`replay_marks` with a time per stage boundary: a dependency from another rank arrives its boundary's hop
+    later; with `blocking` the sender's rank is held that long too."""
+    dur = [float(durations[k]) for k in prog.keys]
+    free = [0.0] * prog.p
+    busy = [0.0] * prog.p
+    begin = [0.0] * len(prog.ranks)
+    end = [0.0] * len(prog.ranks)
+    makespan = 0.0
+    outs = prog.out if blocking else (-1,) * len(prog.ranks)
+    for i, (r, k, d1, b1, d2, b2, o) in enumerate(zip(prog.ranks, prog.slots, prog.dep1, prog.bnd1, prog.dep2,
+                                                      prog.bnd2, outs)):
+        start = free[r]
+        if d1 >= 0:
+            e = end[d1] + hops[b1] if b1 >= 0 else end[d1] + 0.0
+            if e > start:
+                start = e
+            if d2 >= 0:
+                e = end[d2] + hops[b2] if b2 >= 0 else end[d2] + 0.0
+                if e > start:
+                    start = e
+        stop = start + dur[k]
+        begin[i] = start
+        end[i] = stop
+        free[r] = stop + hops[o] if o >= 0 else stop
         busy[r] += stop - start
         if stop > makespan:
             makespan = stop

@@ -126,6 +126,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    # a row names FSDP2 where its software ran fully_shard; the older rows ran FlatParameter FSDP
                    fsdp_version=int(row.get("fsdp_version", 1)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
+                   p2p_blocking=str(row.get("p2p_blocking", "none")),
                    ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
                    moe_host_s=host,
                    ep_dispatch=str(row.get("ep_dispatch", "alltoall")),
