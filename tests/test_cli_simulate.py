@@ -29,6 +29,22 @@ def test_json_q1_numbers(capsys):
     assert set(res["events"][0]) == {"rank", "kind", "stage", "microbatch", "start", "end"}
 
 
+def test_blocking_sends(capsys):
+    """--blocking-sends: each send holds its rank (simulate's `blocking`); the interleaved schedule, which hides its
+    transfers in its slack when they are posted, pays them on its ranks' timelines, and the report says so."""
+    base = ["--schedule", "interleaved", "--virtual-stages", "2", "--stages", "4", "--microbatches", "8",
+            "--transfer", "0.1"]
+    posted = json.loads(_run(capsys, *base, "--json")[1])
+    rc, out, err = _run(capsys, *base, "--blocking-sends", "--json")
+    assert rc == 0, err
+    held = json.loads(out)
+    assert (posted["blocking_sends"], held["blocking_sends"]) == (False, True)
+    assert held["makespan"] > posted["makespan"]
+    # the comparison table runs every builder the same way
+    assert held["comparison"]["1f1b"]["makespan"] > posted["comparison"]["1f1b"]["makespan"]
+    assert "blocking sends" in _run(capsys, *base, "--blocking-sends")[1]
+
+
 def test_report_and_files(capsys, tmp_path):
     png, trace = tmp_path / "g.png", tmp_path / "t.json"
     rc, out, err = _run(capsys, "--schedule", "interleaved", "--virtual-stages", "2",

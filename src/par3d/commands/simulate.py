@@ -71,6 +71,10 @@ def register(sub) -> None:
                              "BW = --tw, a full backward B = tb + tw (default: no split given; BI = BW = tb/2)")
     parser.add_argument("--transfer", type=float, default=0.0,
                         help="time to send an activation or gradient between ranks (default: %(default)s)")
+    parser.add_argument("--blocking-sends", action="store_true",
+                        help="each send holds its rank until delivered, as Megatron's non-interleaved 1F1B and "
+                             "DeepSpeed's pipeline engine wait on every point-to-point call (par3d plan "
+                             "--p2p-blocking); default: sends posted and waited later, as par3d's runtime does")
     parser.add_argument("--out", metavar="PNG", default=None, help="write a Gantt chart to this PNG file")
     parser.add_argument("--trace-out", metavar="JSON", default=None,
                         help="write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file")
@@ -119,7 +123,8 @@ def _load_csv(path: str) -> CsvSchedule:
 def _simulate(schedule: list, p: int, m: int, v: int, args: argparse.Namespace) -> tuple:
     tf, tb, tw = _times(args)
     report = check(schedule, p, m, v)
-    tl = simulate(schedule, p, m, v, durations=uniform(tf / v, tb / v, tw / v), transfer=args.transfer)
+    tl = simulate(schedule, p, m, v, durations=uniform(tf / v, tb / v, tw / v), transfer=args.transfer,
+                  blocking=args.blocking_sends)
     return report, tl
 
 
@@ -161,7 +166,7 @@ def _result(args: argparse.Namespace) -> dict:
     report, tl = _simulate(schedule, p, m, v, args)
     tf, tb, tw = _times(args)
     out = {"schedule": name, "p": p, "m": m, "v": v, "tf": tf, "tb": tb, "tw": tw,
-           "transfer": args.transfer}
+           "transfer": args.transfer, "blocking_sends": args.blocking_sends}
     if args.schedule_csv:
         out["schedule_csv"] = args.schedule_csv
     out.update({k: val for k, val in tl.to_dict().items() if k not in ("p", "m", "v", "events")})
@@ -186,7 +191,8 @@ def _report(res: dict) -> str:
     vm, vm_wall = ("(v*m)", "v*m") if res["v"] > 1 else ("m", "m")
     lines = [
         f"schedule {res['schedule']}: p={res['p']} stages, m={res['m']} micro-batches, v={res['v']} chunk(s) per rank",
-        f"times: tf={res['tf']:g} tb={res['tb']:g}{tw} transfer={res['transfer']:g} (per whole stage)",
+        f"times: tf={res['tf']:g} tb={res['tb']:g}{tw} transfer={res['transfer']:g} (per whole stage)"
+        + (", blocking sends" if res["blocking_sends"] else ""),
         f"makespan            {res['makespan']:g}",
         f"bubble, wall time   {pct(res['bubble_wall']):>7}   (p-1)/({vm_wall}+p-1) = {pct(res['ideal_formula']['wall'])}",
         f"bubble, lecture     {pct(res['bubble_ideal']):>7}   (p-1)/{vm} = {pct(res['ideal_formula']['lecture'])}",
