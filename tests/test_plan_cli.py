@@ -445,6 +445,10 @@ def test_p2p_blocking_flag(capsys):
     tl = simulate(build("1f1b", 8, 128, 1, zbv_times(st, c)), 8, 128, 1, durations=durations_of(st, "1f1b"),
                   transfer=st.transfer, blocking=True)
     assert simulate_stages(st, c)[0] == pytest.approx(tl.makespan, rel=1e-12)
+    # the text report names it (and says nothing when the sends are posted)
+    text = [a for a in base if a != "--json"]
+    assert "p2p:" not in run(capsys, *text, "--schedule", "1f1b")[1]
+    assert "holds its GPU until delivered (the 1F1B schedule" in run(capsys, *text, "--p2p-blocking", "1f1b")[1]
     with pytest.raises(SystemExit) as bad:
         run(capsys, *base, "--p2p-blocking", "sometimes")
     assert bad.value.code == 2 and "--p2p-blocking" in capsys.readouterr().err
