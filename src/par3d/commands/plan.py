@@ -1006,7 +1006,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
            *([f"optimizer: {cluster.offload_optimizer:.0%} of the optimizer states in host memory, stepped there "
               "(a lower bound of that step's time; never checked against a measured run)"]
              if cluster.offload_optimizer else []),
-           *([f"p2p:      each pipeline send holds its GPU until delivered ("
+           *(["p2p:      each pipeline send holds its GPU until delivered ("
               + ("every schedule" if cluster.p2p_blocking == "all" else "the 1F1B schedule; interleaved ones overlap")
               + ", --p2p-blocking)"] if cluster.p2p_blocking != "none" else []),
            f"searched: {res.considered} configurations, simulated {res.simulated}; rejected: "
