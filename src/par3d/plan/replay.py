@@ -29,19 +29,16 @@ class Program:
     keys: tuple[tuple[int, str], ...]  # (stage, kind) of each duration slot
     ranks: tuple[int, ...]  # per action, in a dependency-respecting order
     slots: tuple[int, ...]  # per action, index into `keys`
-    # per action, its (at most two) dependencies in `dependencies`' order: the action index (-1:
-    # none) and whether it ran on another rank (then its output arrives `transfer` later)
+    # per action, its (at most two) dependencies in `dependencies`' order: the action index (-1: none)
     dep1: tuple[int, ...]
-    cross1: tuple[bool, ...]
     dep2: tuple[int, ...]
-    cross2: tuple[bool, ...]
     # per global stage, the action index of its first forward (micro-batch 0) and of its last
     # gradient-producing action (B, or BW for the split backwards): when its weights are first needed
     # and when its gradients are final (cost.dp_tail's bucket timing)
     first_f: tuple[int, ...] = ()
     last_grad: tuple[int, ...] = ()
     # per action, the stage boundary each dependency crossed (s: between global stages s and s + 1; -1: none, or
-    # on the same rank): which hop's time it waits for when the hops differ (a pipeline across nodes)
+    # on the same rank, then its output arrives at once): which hop's time it waits for
     bnd1: tuple[int, ...] = ()
     bnd2: tuple[int, ...] = ()
     # per action, the stage boundary its output crosses to another rank (an F's to the next stage, a B's or BI's
@@ -94,9 +91,7 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
     ranks: list[int] = []
     slots: list[int] = []
     dep1: list[int] = []
-    cross1: list[bool] = []
     dep2: list[int] = []
-    cross2: list[bool] = []
     bnd1: list[int] = []
     bnd2: list[int] = []
     waiting: dict[int, list[int]] = {}
@@ -129,21 +124,17 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
                 d = ds[0]
                 dep1.append(index[d])
                 ds_ = (d % span) // m
-                cross1.append(rank_of[ds_] != r)
                 bnd1.append(min(ds_, own) if rank_of[ds_] != r else -1)
             else:
                 dep1.append(-1)
-                cross1.append(False)
                 bnd1.append(-1)
             if len(ds) > 1:
                 d = ds[1]
                 dep2.append(index[d])
                 ds_ = (d % span) // m
-                cross2.append(rank_of[ds_] != r)
                 bnd2.append(min(ds_, own) if rank_of[ds_] != r else -1)
             else:
                 dep2.append(-1)
-                cross2.append(False)
                 bnd2.append(-1)
             j += 1
             w = waiting.pop(c, None)
@@ -169,8 +160,8 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
         nb = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "BI") else -1
         if 0 <= nb < n_stages and rank_of[nb] != rank_of[a.stage]:
             out[index[c]] = min(nb, a.stage)
-    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(cross1), tuple(dep2), tuple(cross2),
-                   first_f, last_grad, tuple(bnd1), tuple(bnd2), tuple(out))
+    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(dep2), first_f, last_grad, tuple(bnd1),
+                   tuple(bnd2), tuple(out))
 
 
 @dataclass(frozen=True)
@@ -197,46 +188,11 @@ def replay_marks(prog: Program, durations: dict[tuple[int, str], float],
                  transfer: float | Sequence[float],
                  blocking: bool = False) -> tuple[float, float, list[float], Marks]:
     """`replay`'s three numbers and the stages' `Marks`.  `transfer`: one time for every hop between ranks, or one
-    per stage boundary (index s: between global stages s and s + 1), as `pipeline/simulate.py` takes it.
-    `blocking`: a send holds its rank until delivered (simulate's `blocking`)."""
-    if blocking or not isinstance(transfer, (int, float)):
-        n = len(prog.first_f)
-        hops = [float(transfer)] * max(n - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
-        return _replay_hops(prog, durations, hops, blocking)
-    dur = [float(durations[k]) for k in prog.keys]
-    free = [0.0] * prog.p
-    busy = [0.0] * prog.p
-    begin = [0.0] * len(prog.ranks)
-    end = [0.0] * len(prog.ranks)
-    makespan = 0.0
-    for i, (r, k, d1, c1, d2, c2) in enumerate(zip(prog.ranks, prog.slots, prog.dep1, prog.cross1, prog.dep2,
-                                                   prog.cross2)):
-        start = free[r]
-        if d1 >= 0:
-            e = end[d1] + transfer if c1 else end[d1] + 0.0
-            if e > start:
-                start = e
-            if d2 >= 0:
-                e = end[d2] + transfer if c2 else end[d2] + 0.0
-                if e > start:
-                    start = e
-        stop = start + dur[k]
-        begin[i] = start
-        end[i] = stop
-        free[r] = stop
-        busy[r] += stop - start
-        if stop > makespan:
-            makespan = stop
-    bubble = 1.0 - sum(busy) / (prog.p * makespan) if makespan > 0 else 0.0
-    marks = Marks(tuple(begin[i] for i in prog.first_f), tuple(end[i] for i in prog.last_grad),
-                  tuple(end[i] - begin[i] for i in prog.last_grad))
-    return makespan, bubble, busy, marks
-
-
-def _replay_hops(prog: Program, durations: dict[tuple[int, str], float],
-                 hops: list[float], blocking: bool) -> tuple[float, float, list[float], Marks]:
-    """`replay_marks` with a time per stage boundary: a dependency from another rank arrives its boundary's hop
-    later; with `blocking` the sender's rank is held that long too."""
+    per stage boundary (index s: between global stages s and s + 1), as `pipeline/simulate.py` takes it: a dependency
+    from another rank arrives its boundary's hop later.  `blocking`: a send holds its rank that long too (simulate's
+    `blocking`)."""
+    n = len(prog.first_f)
+    hops = [float(transfer)] * max(n - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
     dur = [float(durations[k]) for k in prog.keys]
     free = [0.0] * prog.p
     busy = [0.0] * prog.p
