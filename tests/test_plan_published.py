@@ -394,6 +394,23 @@ def test_rows_say_how_their_loss_ran():
         validation.cluster_of(dict(ROWS[0], cross_entropy="liger"))
 
 
+def test_rows_p2p_blocking_follow_their_software():
+    """Each row's `p2p_blocking` follows validation.toml's header (issue 12's forty-third round: read from the
+    frameworks' code, docs/planner.md section 5), by source, on every row with a pipeline, so that a row cannot pick
+    its point-to-point pricing to suit its error; an unknown value is refused with the row's name."""
+    blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox")  # DeepSpeed, Megatron-LM 2021-22
+    megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
+                     "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
+                     "flagperf-llama3", "zb-")
+    for r in ROWS:
+        name, pp = str(r["name"]), r.get("fixed", {}).get("pp", 1)
+        want = ("all" if name.startswith(blocks_all) else "1f1b" if name.startswith(megatron_core) else "none") \
+            if pp > 1 else "none"
+        assert r.get("p2p_blocking", "none") == want, name
+    with pytest.raises(ValueError, match="narayanan2021-t1-1.7B: p2p_blocking '1F1B'"):
+        validation.cluster_of(dict(ROWS[0], p2p_blocking="1F1B"))
+
+
 def _repo_text(path: str) -> str:
     """A text file of the repository (README, docs), read once per call and closed."""
     with open(os.path.join(os.path.dirname(__file__), "..", path), encoding="utf-8") as f:

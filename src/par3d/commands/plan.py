@@ -12,7 +12,7 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
-from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S, MUON_TP_MODES, OPTIMIZERS
+from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S, MUON_TP_MODES, OPTIMIZERS, P2P_BLOCKING
 from par3d.plan.memory import OPTIMIZER_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -232,7 +232,7 @@ def register(sub) -> None:
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
                         "turns it on for bf16), FSDP reduce_dtype=float32 (torchtitan's default), Llama 3 "
                         "(default: off, gradients reduced in the training dtype, as NVIDIA's perf recipes do)")
-    g.add_argument("--p2p-blocking", choices=("none", "1f1b", "all"), default="none",
+    g.add_argument("--p2p-blocking", choices=P2P_BLOCKING, default="none",
                    help="whether the pipeline's point-to-point sends hold the sending GPU until delivered: none "
                         "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
                         "Bridge: the non-interleaved 1F1B waits on each send, the interleaved schedule overlaps them "

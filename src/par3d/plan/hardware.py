@@ -620,6 +620,7 @@ def default_gpus_per_node(gpu: str) -> int:
 
 CP_COMMS = ("ring", "all-gather", "a2a")  # how context parallelism moves K/V (Cluster.cp_comm)
 EP_DISPATCHES = ("alltoall", "dedup")  # how a mixture of experts' tokens cross nodes (Cluster.ep_dispatch)
+P2P_BLOCKING = ("none", "1f1b", "all")  # whether the framework's pipeline sends hold their GPU (Cluster.p2p_blocking)
 MOE_DISPATCHERS = ("alltoall", "flex")  # Megatron-Core's token dispatcher of a mixture of experts (Cluster.moe_dispatcher)
 # Transformer Engine's low-precision recipes (Cluster.fp8_scaling): FP8 by tensor (delayed, current), by block (mxfp8),
 # and NVFP4 (`--dtype nvfp4`: the layers' GEMMs in 4 bits, everything else as FP8 training keeps it)

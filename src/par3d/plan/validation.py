@@ -25,6 +25,7 @@ from .gemm_table import family_of
 from .hardware import (
     EP_DISPATCHES,
     MOE_DISPATCHERS,
+    P2P_BLOCKING,
     Cluster,
     attn_sustain_of,
     fp8_scaling_error,
@@ -100,6 +101,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     if str(row.get("moe_dispatcher", "alltoall")) not in MOE_DISPATCHERS:
         raise ValueError(f"{row['name']}: moe_dispatcher {row['moe_dispatcher']!r}: choose one of "
                          f"{', '.join(MOE_DISPATCHERS)}")
+    if str(row.get("p2p_blocking", "none")) not in P2P_BLOCKING:
+        raise ValueError(f"{row['name']}: p2p_blocking {row['p2p_blocking']!r}: choose one of {', '.join(P2P_BLOCKING)}")
     # a row's dtype "nvfp4" is FP8 training with NVFP4's recipe (`--dtype nvfp4`: hardware.FP8_SCALINGS)
     nvfp4 = row.get("dtype") == "nvfp4"
     if nvfp4 and row.get("fp8_scaling", "nvfp4") != "nvfp4":
