@@ -399,7 +399,7 @@ def test_rows_p2p_blocking_follow_their_software():
     frameworks' code, docs/planner.md section 5), by source, on every row with a pipeline, so that a row cannot pick
     its point-to-point pricing to suit its error; an unknown value is refused with the row's name."""
     # DeepSpeed's pipeline engine, Megatron-LM 2021-22, Apex's schedules as NeMo 1.10-1.11 ran them
-    blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "nemo-22.08-")
+    blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "glm-", "nemo-22.08-")
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
                      "flagperf-llama3", "zb-")
