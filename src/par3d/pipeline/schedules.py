@@ -486,6 +486,13 @@ def dependencies(action: Action, n_stages: int, present: Container[Key]) -> list
     return deps
 
 
+def sends_to(kind: str, stage: int, n_stages: int) -> int:
+    """The stage an action's output goes to (the mirror of `dependencies`): an F's activation to the next stage, a B's
+    or BI's input gradient to the previous one; -1 for BW, and at the pipeline's ends."""
+    nb = stage + 1 if kind == "F" else stage - 1 if kind in ("B", "BI") else -1
+    return nb if 0 <= nb < n_stages else -1
+
+
 def _validate(schedule: list[list[Action]], p: int, m: int, v: int, w: Where | None = None) -> set[Key]:
     """Every action well formed, each stage on one rank, v stages per rank, every (stage,
     micro-batch) exactly one F and one B or BI + BW; returns the set of keys."""

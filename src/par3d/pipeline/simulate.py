@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from par3d.pipeline.schedules import Action, dependencies, execution_order, placement
+from par3d.pipeline.schedules import Action, dependencies, execution_order, placement, sends_to
 
 DurationFn = Callable[[int, str], float]
 
@@ -166,8 +166,7 @@ def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
             raise ValueError(f"negative duration {t} for {a}")
         end[(a.kind, a.stage, a.microbatch)] = start + t
         free[r] = start + t
-        nb = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "BI") else -1
-        if blocking and 0 <= nb < n_stages and rank_of[nb] != r:
+        if blocking and (nb := sends_to(a.kind, a.stage, n_stages)) >= 0 and rank_of[nb] != r:
             free[r] = start + t + hops[min(nb, a.stage)]
         events.append(Event(r, a.kind, a.stage, a.microbatch, start, start + t))
     return timeline_from_events(events, p, m, v)

@@ -80,7 +80,7 @@ from functools import lru_cache
 from statistics import NormalDist
 
 from par3d.pipeline.partition import gpt_partition, gpt_round_split
-from par3d.pipeline.schedules import V_SCHEDULES, build, check, schedule_placement
+from par3d.pipeline.schedules import V_SCHEDULES, build, check, schedule_placement, sends_to
 
 try:  # the checker's counting step alone (cheap); check() also proves the order deadlock-free
     from par3d.pipeline.schedules import peak_inflight as _count_peaks
@@ -1596,14 +1596,12 @@ def _simulated(st: StageTimes, c: Choice) -> tuple[float, tuple[float, float, tu
     times = zbv_times(st, c)
     key = (c.schedule, c.pp, c.microbatches, c.virtual_stages,
            tuple(sorted((k, float(f"{val / scale:.6g}")) for k, val in dur.items())),
-           float(f"{st.transfer / scale:.6g}"), times,
-           st.blocking)
+           float(f"{st.transfer / scale:.6g}"), times, st.blocking)
     hit = _SIM_CACHE.get(key)
     if hit is None:
         # the simulator's numbers, bit for bit, without building its events (plan/replay.py)
         ms, bubble_wall, busy, marks = replay_marks(program(c.schedule, c.pp, c.microbatches, c.virtual_stages,
-                                                            times), dur, st.transfer,
-                                                    st.blocking)
+                                                            times), dur, st.transfer, st.blocking)
         hit = (ms / scale, bubble_wall, tuple(b / scale for b in busy), marks.scaled(1.0 / scale))
         _SIM_CACHE[key] = hit
     return scale, hit
@@ -2398,9 +2396,8 @@ def _evaluate_at(model: ModelSpec, cluster: Cluster, c: Choice, train_tokens: fl
     # each hop between ranks, there and back (the V's turn is local)
     hops = 2 * sum(1 for s in range(len(rank_of) - 1) if rank_of[s] != rank_of[s + 1])
     if st.blocking:  # and each of the rank's own sends, every micro-batch: an F's to the next rank, a B's back
-        n = len(rank_of)
-        hops += m * sum(1 for s in stages if s + 1 < n and rank_of[s + 1] != crit)
-        hops += m * sum(1 for s in stages if s > 0 and rank_of[s - 1] != crit)
+        hops += m * sum(1 for s in stages for kind in ("F", "B")
+                        if (nb := sends_to(kind, s, len(rank_of))) >= 0 and rank_of[nb] != crit)
     pp_comm = min(idle, hops * st.transfer)
     breakdown = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
                  "pp_comm": pp_comm,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from par3d.pipeline.schedules import ScheduleError, build, schedule_placement
+from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,8 @@ def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, fl
     first_f, last_grad = tuple(first), tuple(last)
     out = [-1] * len(ranks)
     for a, c in zip(flat, codes):
-        nb = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "BI") else -1
-        if 0 <= nb < n_stages and rank_of[nb] != rank_of[a.stage]:
+        nb = sends_to(a.kind, a.stage, n_stages)
+        if nb >= 0 and rank_of[nb] != rank_of[a.stage]:
             out[index[c]] = min(nb, a.stage)
     return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(dep2), first_f, last_grad, tuple(bnd1),
                    tuple(bnd2), tuple(out))

@@ -802,7 +802,6 @@ def evidence_json(preds: list[Prediction]) -> str:
 
 
 @cache
-@cache
 def _evidence_file() -> dict[str, dict[str, float | int]]:
     """evidence.json, read once a process (`par3d plan` asks for it per plan and per line); `main --evidence`, which
     rewrites it, clears the cache."""
