@@ -449,6 +449,19 @@ def test_p2p_blocking_flag(capsys):
     text = [a for a in base if a != "--json"]
     assert "p2p:" not in run(capsys, *text, "--schedule", "1f1b")[1]
     assert "holds its GPU until delivered (the 1F1B schedule" in run(capsys, *text, "--p2p-blocking", "1f1b")[1]
+    # the software line says what the plan assumes, as the flags set it, and what stating it bought the set
+    from par3d.plan.validation import software_evidence
+
+    plain = run(capsys, *text)[1]
+    said = next(line for line in plain.splitlines() if line.startswith("software: "))
+    assert "pipeline sends posted, gradients reduced in bf16 behind the backward" in said
+    told = run(capsys, *text, "--p2p-blocking", "all", "--grad-reduce-in-fp32", "--no-overlap-grad-reduce",
+               "--cross-entropy", "fused", "--tp-comm-overlap")[1]
+    assert ("pipeline sends blocking, gradients reduced in fp32 after the backward, ZeRO's parameter gathers behind "
+            "compute, cross-entropy fused, TP communication overlapped") in told
+    u = software_evidence()["software/defaults"]
+    assert f"{u['within_10pct']} of {u['rows']} within ±10 %" in plain
+    assert json.loads(run(capsys, *base)[1])["software_evidence"] == software_evidence()
     with pytest.raises(SystemExit) as bad:
         run(capsys, *base, "--p2p-blocking", "sometimes")
     assert bad.value.code == 2 and "--p2p-blocking" in capsys.readouterr().err

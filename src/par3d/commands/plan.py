@@ -878,6 +878,9 @@ def _run(args: argparse.Namespace) -> int:
                # how well this model chose among the layouts of published runs (validation.layout_picks; None where
                # the GPU's evidence does not apply), as the ranking line reads it
                "ranking": ranking_evidence_of(cluster),
+               # the whole set scored with its rows' software described and with the planner's defaults in its
+               # place (validation.software_figures; None where the GPU's evidence does not apply)
+               "software_evidence": software_evidence_of(cluster),
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))
@@ -1043,6 +1046,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
                    f"{bi:g} --tw {bw:g}")
     out.append(_evidence_line(cluster, model.moe))
+    out += _software_lines(cluster)
     if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
         out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "
                    "without them waits for its host each MoE layer: --cuda-graphs partial|none (docs/planner.md §6)")
@@ -1234,6 +1238,41 @@ def ranking_evidence_of(cluster) -> dict | None:
     from par3d.plan.validation import ranking_evidence
 
     return ranking_evidence() if evidence_of(cluster) is not None else None
+
+
+def software_evidence_of(cluster) -> dict | None:
+    """The validation set scored with its rows' software facts and without them (validation.software_evidence): only
+    where the GPU's evidence applies, as `regime_evidence_of`."""
+    from par3d.plan.validation import software_evidence
+
+    return software_evidence() if evidence_of(cluster) is not None else None
+
+
+def software_summary(cluster) -> str:
+    """The software facts a plan is priced with, in words: what a framework does that the model prices and a flag
+    sets (validation.SOFTWARE_FIELDS's commonest; the attention kernel is on the cluster line)."""
+    grads = "fp32" if cluster.grad_reduce_fp32 else ("fp16" if cluster.dtype == "fp16" else "bf16")
+    sends = {"none": "pipeline sends posted", "1f1b": "1F1B's pipeline sends blocking",
+             "all": "pipeline sends blocking"}[cluster.p2p_blocking]
+    return (f"{sends}, gradients reduced in {grads} "
+            f"{'behind' if cluster.overlap_grad_reduce else 'after'} the backward, ZeRO's parameter gathers "
+            f"{'behind compute' if cluster.overlap_param_gather else 'exposed'}, cross-entropy {cluster.cross_entropy}, "
+            f"TP communication {'overlapped' if cluster.tp_comm_overlap else 'exposed'}")
+
+
+def _software_lines(cluster) -> list[str]:
+    """What the plan assumes the training software does, and -- where the GPU's evidence applies -- how much the
+    validation set's figures owe to stating it (docs/planner.md section 9, forty-fourth round)."""
+    out = [f"software: {software_summary(cluster)} (--p2p-blocking, --grad-reduce-in-fp32, --no-overlap-grad-reduce, "
+           "--no-overlap-param-gather, --cross-entropy, --tp-comm-overlap: say what your framework does)"]
+    ev = software_evidence_of(cluster)
+    if ev is not None:
+        d, u = ev["software/described"], ev["software/defaults"]
+        out.append(f"          the published runs priced from their model, cluster and layout alone (every such "
+                   f"flag at its default): {u['within_10pct']} of {u['rows']} within ±10 % (median |error| "
+                   f"{u['median_abs_error_pct']:.1f} %); with each run's software stated: {d['within_10pct']} "
+                   f"({d['median_abs_error_pct']:.1f} %) — docs/planner.md §9")
+    return out
 
 
 def _regime_lines(cluster, c) -> list[str]:

@@ -72,8 +72,87 @@ MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
-    """Whether a row ran on Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (`MEGATRON_FAMILY`, by its name)."""
-    return str(row["name"]).split("-")[0] in MEGATRON_FAMILY
+    """Whether a row ran on Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (`MEGATRON_FAMILY`, by its name) and
+    is priced so (not a row `undescribed` left without its software)."""
+    return str(row["name"]).split("-")[0] in MEGATRON_FAMILY and bool(row.get(DESCRIBED, True))
+
+
+# ---- the same runs without their software (issue 12's forty-fourth round) -----------------------------------
+#
+# A row states the facts of its software that the model prices (`cluster_of`): the attention kernel, how gradients
+# and parameters are reduced and gathered, whether pipeline sends block, the loss kernel, TP/EP overlap, CUDA graphs.
+# A user who gives `par3d plan` only the model, the GPUs, the cluster, the precision, the batch and the layout gets
+# par3d's defaults for all of them (its own runtime's: posted sends, gradients reduced behind the backward, ...).
+# `undescribed` is a row as that user would give it; the figures of the set priced so are what describing the
+# software buys (docs/planner.md section 9; benchmarks/software_facts.py, field by field).  The precision (dtype,
+# the FP8 recipe, FP8 attention), the data-parallel runtime (`fsdp`, as a user names ZeRO's stage), the optimizer and
+# its state dtype, offloading and the layout (including the schedules a row searches and its pipeline cut) stay:
+# they are what a user plans, not what a framework does for them.
+SOFTWARE_FIELDS: tuple[str, ...] = (
+    "flash_attention", "attention_kernel", "cross_entropy", "grad_reduce_fp32", "overlap_grad_reduce",
+    "overlap_param_gather", "p2p_blocking", "tp_comm_overlap", "tp_overlap_pipeline", "ep_comm_overlap", "cuda_graphs",
+    "fp8_param_gather", "dp_bucket_params", "zero3_unit", "cp_comm", "ep_dispatch", "ep_dispatch_fp8",
+    "moe_dispatcher", "fsdp_version")
+DESCRIBED = "software_described"  # the key `undescribed` sets False: Megatron's split and MoE host floor not applied
+
+
+def undescribed(row: dict[str, Any]) -> dict[str, Any]:
+    """The row without its software facts (`SOFTWARE_FIELDS`): par3d's defaults in their place, the planner's balanced
+    pipeline split instead of Megatron-Core's, no MoE host floor -- what `par3d plan` prices from the model, cluster,
+    precision, batch and layout alone."""
+    return {**{k: v for k, v in row.items() if k not in SOFTWARE_FIELDS}, DESCRIBED: False}
+
+
+def predict_undescribed(row: dict[str, Any]) -> Prediction | None:
+    """`predict` of the `undescribed` row; None where its published layout finds no plan without the row's software
+    (e.g. a loss that needs more memory unfused)."""
+    try:
+        return predict(undescribed(row))
+    except ValueError:
+        return None
+
+
+def software_figures(preds: list[Prediction], plain: list[Prediction | None]) -> dict[str, dict[str, float | int]]:
+    """The set scored with each row's software described (`preds`) and without it (`plain`, the same rows in order):
+    rows, rows priced, within ±10 % (a row without a plan is not within) and the median |error| of the priced rows."""
+    def stats(ps: list[Prediction | None]) -> dict[str, float | int]:
+        errs = [abs(p.error) for p in ps if p is not None]
+        return {"rows": len(ps), "priced": len(errs), "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
+                "median_abs_error_pct": round(100 * median(errs), 1)}
+    return {SOFTWARE_KEYS[0]: stats(list(preds)), SOFTWARE_KEYS[1]: stats(plain)}
+
+
+SOFTWARE_KEYS = ("software/described", "software/defaults")  # evidence.json's entries of `software_figures`
+
+
+def software_by_field(preds: list[Prediction]) -> list[dict[str, Any]]:
+    """What each software fact buys, one at a time: for each of `SOFTWARE_FIELDS` (and "megatron", the Megatron-Core
+    pipeline split and MoE host floor that `megatron_row` rows take), the rows that state it re-priced without it
+    (par3d's default in its place), the rest as described; the whole set's within ±10 % and median |error| then
+    (a re-priced row without a plan counts as not within and is left out of the median)."""
+    base = {str(p.row["name"]): p for p in preds}
+    out: list[dict[str, Any]] = []
+    for field in (*SOFTWARE_FIELDS, "megatron"):
+        moved: dict[str, Prediction | None] = {}
+        for name, p in base.items():
+            row = p.row
+            if field == "megatron" and megatron_row(row):
+                stripped = {**row, DESCRIBED: False}
+            elif field in row and field != "megatron":
+                stripped = {k: v for k, v in row.items() if k != field}
+            else:
+                continue
+            try:
+                moved[name] = predict(stripped)
+            except ValueError:
+                moved[name] = None
+        if not moved:
+            continue
+        errs = [abs(q.error) for n, q in ((n, moved.get(n, base[n])) for n in base) if q is not None]
+        out.append({"field": field, "rows": len(moved), "no_plan": sum(q is None for q in moved.values()),
+                    "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
+                    "median_abs_error_pct": round(100 * median(errs), 1)})
+    return out
 
 
 def model_of(row: dict[str, Any]) -> ModelSpec:
@@ -316,7 +395,7 @@ MOE_HOST_CAL_PREFIX = "mbridge-moe-26.04-"
 def host_floored(row: dict[str, Any]) -> bool:
     """Whether a row's MoE layers wait for their host (cost.moe_host_floor): Megatron-Core's dropless layers (a
     Megatron-family row) without whole-iteration CUDA graphs (its `cuda_graphs`, "none" unless stated)."""
-    return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"
+    return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"  # (undescribed: not Megatron)
 
 
 def moe_host_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -723,7 +802,7 @@ def by_gpu(preds: list[Prediction]) -> str:
             ins[key] = ins.get(key, 0) + 1
     out = ["| GPU / dtype | rows | in sample | within ±10 % | median error | lowest … highest |",
            "|---|---:|---:|---:|---:|---|"]
-    for key, e in sorted((k, v) for k, v in ev.items() if not k.startswith(("regime/", "ranking/"))):
+    for key, e in sorted((k, v) for k, v in ev.items() if not k.startswith(NOT_A_GPU)):
         out.append(f"| {key} | {e['rows']} | {ins.get(key, 0)} | {e['within_10pct']} | {e['median_error_pct']:+.1f} % "
                    f"| {e['min_error_pct']:+.1f} … {e['max_error_pct']:+.1f} % |")
     return "\n".join(out)
@@ -760,13 +839,16 @@ def regimes_of(c: Choice, fsdp: bool = False) -> list[str]:
 
 
 RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
+NOT_A_GPU = ("regime/", "ranking/", "software/")  # evidence.json's entries that are not a GPU's and dtype's
 
 
-def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
+def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None
+             ) -> dict[str, dict[str, float | int]]:
     """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
     decimal) of the model on the published runs of that GPU and dtype (dense models; a mixture of experts' runs
     apart, as "gpu/dtype/moe": another part of the model, scored apart); per "regime/NAME" the same over the
-    rows whose priced configuration falls in that regime (`REGIMES`)."""
+    rows whose priced configuration falls in that regime (`REGIMES`); with `plain` (the rows `undescribed`,
+    in order), the whole set with and without its software (`software_figures`)."""
     groups: dict[str, list[float]] = {}
     for p in preds:
         key = _evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
@@ -785,6 +867,8 @@ def evidence(preds: list[Prediction]) -> dict[str, dict[str, float | int]]:
         pairs, ordered = ordering(preds)
         out[RANKING_KEY] = {"runs": runs, "pick_fastest": fastest, "median_regret_pct": round(100 * med, 1),
                             "max_regret_pct": round(100 * top, 1), "pairs": pairs, "pairs_ordered": ordered}
+    if plain is not None:
+        out.update(software_figures(preds, plain))
     return out
 
 
@@ -797,8 +881,8 @@ def _evidence_dtype(dtype: str) -> str:
     return "bf16" if dtype == "fp16" else dtype
 
 
-def evidence_json(preds: list[Prediction]) -> str:
-    return json.dumps(evidence(preds), indent=1, sort_keys=True) + "\n"
+def evidence_json(preds: list[Prediction], plain: list[Prediction | None] | None = None) -> str:
+    return json.dumps(evidence(preds, plain), indent=1, sort_keys=True) + "\n"
 
 
 @cache
@@ -833,6 +917,13 @@ def ranking_evidence() -> dict[str, float | int] | None:
     return stored_evidence().get(RANKING_KEY)
 
 
+def software_evidence() -> dict[str, dict[str, float | int]] | None:
+    """The stored `software_figures` (evidence.json): the whole set scored with and without its software facts;
+    None if absent."""
+    ev = stored_evidence()
+    return {k: ev[k] for k in SOFTWARE_KEYS} if all(k in ev for k in SOFTWARE_KEYS) else None
+
+
 def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:
     """The stored evidence for a catalogue GPU and dtype (fp16 counted with bf16) -- of mixtures of experts where
     `moe` --, None where the validation set has no row of it."""
@@ -857,6 +948,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--fit-moe-host", action="store_true",
                       help="re-derive the MoE host floor on Megatron-Bridge 26.04's MoE rows and print it beside the "
                            "stored one (nothing is written)")
+    parser.add_argument("--software", action="store_true",
+                      help="what each software fact of the rows buys: the set re-priced without one fact at a time "
+                           "(par3d's default in its place), and without all of them (a markdown table; with --json "
+                           "the same as JSON)")
     parser.add_argument("--by-release", action="store_true",
                         help="with --fit-moe-host: also fit the floor on each release's rows alone and score it on "
                              "the other mixture-of-experts rows")
@@ -871,9 +966,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.by_release and not args.fit_moe_host:
         parser.error("--by-release: only with --fit-moe-host (it re-fits the MoE host floor per release)")
+    if args.software and (args.evidence or args.fit or args.fit_moe_host):
+        parser.error("--software: only alone, with --json or with --rows (it re-prices the rows it reads)")
     if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host):
-        parser.error("--rows: only with the table or --json (--evidence, --fit and --fit-moe-host use their own "
-                     "declared rows)")
+        parser.error("--rows: only with the table or --json, or --software (--evidence, --fit and --fit-moe-host "
+                     "use their own declared rows)")
     if args.fit:  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
 
@@ -904,9 +1001,25 @@ def main(argv: list[str] | None = None) -> int:
     preds = [predict(r) for r in chosen]
     if args.evidence:  # rewrite evidence.json (what `par3d plan` quotes)
         with open(EVIDENCE_PATH, "w", encoding="utf-8") as fh:
-            fh.write(evidence_json(preds))
+            fh.write(evidence_json(preds, [predict_undescribed(r) for r in chosen]))
         _evidence_file.cache_clear()
         print(f"wrote {EVIDENCE_PATH}")
+        return 0
+    if args.software:  # the software facts' worth (docs/planner.md section 9, forty-fourth round)
+        fields = software_by_field(preds)
+        whole = software_figures(preds, [predict_undescribed(r) for r in chosen])
+        if args.json:
+            print(json.dumps({"by_field": fields, **whole}, indent=1))
+            return 0
+        d, u = whole[SOFTWARE_KEYS[0]], whole[SOFTWARE_KEYS[1]]
+        print("| software fact left out | rows stating it | without a plan | within ±10 % | median |error| |")
+        print("|---|---:|---:|---:|---:|")
+        print(f"| none (every row as described) | — | — | {d['within_10pct']} | {d['median_abs_error_pct']:.1f} % |")
+        for f in fields:
+            print(f"| `{f['field']}` | {f['rows']} | {f['no_plan']} | {f['within_10pct']} "
+                  f"| {f['median_abs_error_pct']:.1f} % |")
+        print(f"| all of them | {u['rows']} | {u['rows'] - u['priced']} | {u['within_10pct']} "
+              f"| {u['median_abs_error_pct']:.1f} % |")
         return 0
     if args.json:
         print(report_json(preds))
