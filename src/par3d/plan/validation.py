@@ -612,6 +612,9 @@ INTERNLM_PREFIX = "internlm7b-"  # InternLM-7B on 8-1024 A100 (InternEvo's July-
 PADDLE_PREFIX = ("llama7b-paddle-", "llama13b-paddle-")  # FlagPerf's PaddlePaddle LLaMA layout ablations (forty-first round)
 ZB_PREFIX = "zb-"  # the Zero Bubble paper's pure-pipeline runs (A100, 1F1B / interleaved / ZB-1p / ZB-V; forty-second round)
 OELLM_PREFIX = "oellm-"  # OpenEuroLLM on JUPITER (GH200): its 32-128-GPU rows set the GH200's ratios, the rest held out
+FLASHATTN_PREFIX = ("fa2paper-", "fa1paper-")  # the FlashAttention papers' end-to-end runs (one A100 node; 44th round)
+MEGATRON_LLAMA_PREFIX = "megatron-llama-"  # Megatron-LLaMA's LLaMA-13B scaling table (32-512 A100; forty-fourth round)
+BLOOMBERG_PREFIX = "bloomberggpt-"  # BloombergGPT's SageMaker ZeRO-3 run (512 A100-40GB; forty-fourth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -641,7 +644,11 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (FLAGPERF_PREFIX, "FlagPerf's Megatron-LM Llama 3 (core_v0.6.0; 8-440 H100, one A800 node)"),
              (INTERNLM_PREFIX, "InternEvo's InternLM-7B tables (July 2023; 8-1024 A100, RoCE)"),
              (PADDLE_PREFIX, "FlagPerf's PaddlePaddle LLaMA 7B / 13B at four layouts (one A100 node, fp16)"),
-             (ZB_PREFIX, "the Zero Bubble paper's pipeline schedules (Megatron-LM fork, PP 8-32 on A100, fp16)"))
+             (ZB_PREFIX, "the Zero Bubble paper's pipeline schedules (Megatron-LM fork, PP 8-32 on A100, fp16)"),
+             (FLASHATTN_PREFIX, "the FlashAttention papers' end-to-end GPT runs (one A100 node; FA2, and Megatron-LM "
+                                "without FlashAttention)"),
+             (MEGATRON_LLAMA_PREFIX, "Megatron-LLaMA's LLaMA-13B table (FlashAttention-1; 32-512 A100)"),
+             (BLOOMBERG_PREFIX, "BloombergGPT (SageMaker ZeRO-3 / MiCS, 512 A100-40GB)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
