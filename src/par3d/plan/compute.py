@@ -363,6 +363,17 @@ def scores_bytes(model: ModelSpec, b: int, tp: int, d: float) -> float:
     return scores * (2 * d + (1.0 if model.bias else 0.0) * (2 * d + 1))
 
 
+def scores_backward_bytes(model: ModelSpec, b: int, tp: int, d: float) -> float:
+    """Without FlashAttention, the backward of `scores_bytes`' kernels, by what they read and write (issue 12's
+    forty-fourth round): the softmax's backward reads the probabilities and their gradient and writes the scores'
+    gradient (Megatron's fused kernels: scaled_[upper_triang_]masked_softmax backward(output_grads, softmax_results)
+    -> input_grads), 3 elements; the dropout's reads the gradient and the 1-byte mask and writes (PyTorch's
+    native_dropout_backward(grad_output, mask, scale)), 2 elements + 1 B -- 1.2× the forward's bytes, not the 2× the
+    step model takes for a layer's backward."""
+    scores = b * (model.heads / tp) * model.seq_len * model.seq_len
+    return scores * (3 * d + (1.0 if model.bias else 0.0) * (2 * d + 1))
+
+
 # Megatron-Core's selective recomputation modules (TransformerConfig.recompute_modules, with recompute_granularity
 # "selective"; its default list is ["core_attn"]): what each re-runs in the backward and stops storing
 # (memory.layer_activation_bytes) -- the attention core; MLA's Q and K/V up projections; the two norms; a dense
@@ -502,14 +513,19 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     if eager and not (model.moe or model.mla):
         # the eager block's forward and backward bytes, a third of them on the forward (the backward is priced as
         # twice the forward: the step's total is then exact; eager.py); the attention's scores are the fused
-        # kernel's or, without it, counted below as before
+        # kernel's or, without it, priced with the core below
         fwd_b, bwd_b = block_bytes(model, b, tp, sp, act_bytes(dtype))
         nbytes = (fwd_b + bwd_b) / 3
-        if not flash:
-            nbytes += scores_bytes(model, b, tp, act_bytes(dtype))
-    else:
-        nbytes = elementwise_bytes(model, b, tp, sp, flash, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
+    else:  # (the scores' softmax and dropout without FlashAttention: with the core, below)
+        nbytes = elementwise_bytes(model, b, tp, sp, True, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
     elem = nbytes / (dev.mem_bw * dev.mem_eff)
+    if not flash:  # the scores' softmax and dropout, forward and backward (`scores_backward_bytes`), a third of them in
+        # the forward as the step's backward is twice it, so their step total is exact (a full recomputation then
+        # redoes 2/3 of their forward bytes, not all); part of the attention core, which Megatron's selective
+        # recomputation checkpoints whole (CoreAttention: the score GEMM, the softmax, the dropout, the value GEMM;
+        # Korthikanti et al. 2022 §5) and so re-runs (issue 12's forty-fourth round)
+        d = act_bytes(dtype)
+        core += (scores_bytes(model, b, tp, d) + scores_backward_bytes(model, b, tp, d)) / 3 / (dev.mem_bw * dev.mem_eff)
     others = sum(v for k, v in times.items() if k not in ("attn_scores", "attn_values"))
     # the loss as a third of the head's forward, since the backward is priced as 2 × the forward
     loss = loss_time(model, dev, b, tp, cross_entropy) / 3
