@@ -391,6 +391,20 @@ def test_attention_kernel_generation():
     fa2 = evaluate(m, make_cluster("h100-sxm", 8, attention_kernel="fa2"), c)
     fa3 = evaluate(m, make_cluster("h100-sxm", 8), c)
     assert fa2.breakdown["compute"] > fa3.breakdown["compute"]
+    # FlashAttention-1 (issue 12's forty-fourth round): on the A100 only, at half FlashAttention-2's share (the
+    # FlashAttention-2 paper's "around 2x"), which is inside the 25-40 % of peak the same paper gives it
+    from par3d.plan.hardware import FA1_A100, FA_A100
+
+    for gpu in ("a100-80gb", "a100-40gb"):
+        assert make_cluster(gpu, 8, attention_kernel="fa1").device.attn_eff == FA1_A100 == FA_A100 / 2
+    assert 0.25 <= FA1_A100 <= 0.40
+    for gpu in ("h100-sxm", "b200"):
+        with pytest.raises(HardwareError, match="A100 only"):
+            make_cluster(gpu, 8, attention_kernel="fa1")
+    a100 = Choice(8, 1, 1, 1, 1, recompute="none", sequence_parallel=True)
+    v1 = evaluate(m, make_cluster("a100-80gb", 8, attention_kernel="fa1"), a100)
+    v2 = evaluate(m, make_cluster("a100-80gb", 8), a100)
+    assert v1.breakdown["compute"] > v2.breakdown["compute"]
 
 
 def test_context_parallel_memory_and_time():

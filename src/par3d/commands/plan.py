@@ -199,8 +199,9 @@ def register(sub) -> None:
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
                         "unfused attention (s² scores written, softmax and dropout over them) and stores them")
-    g.add_argument("--attention-kernel", choices=("fa2", "fa3", "cudnn9.13", "cudnn9.17"), default=None,
-                   help="the attention kernel to price: fa2 (FlashAttention-2, ~35 %% of peak on H100), fa3 "
+    g.add_argument("--attention-kernel", choices=("fa1", "fa2", "fa3", "cudnn9.13", "cudnn9.17"), default=None,
+                   help="the attention kernel to price: fa1 (FlashAttention-1, A100 only, ~30 %% of peak), fa2 "
+                        "(FlashAttention-2, ~60 %% of peak on A100, ~35 %% on H100), fa3 "
                         "(FlashAttention-3, Hopper only; ~53 %%), or on B200/GB200 cuDNN's fused attention of a "
                         "container generation: cudnn9.13 (NGC PyTorch 25.09, ~38 %% at 8K tokens) or cudnn9.17 (NGC "
                         "25.11, ~45 %%) (default: the newest the GPU has; on B200 cudnn9.13, on GB200 cudnn9.17, "

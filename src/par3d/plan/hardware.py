@@ -289,6 +289,11 @@ def attn_sustain_of(family: str, sustained: float | None = None, step_share: flo
 # - H100/H200: FlashAttention-3 reaches ~500-550 TFLOP/s fwd+bwd BF16 (Shah et al. 2024,
 #   "FlashAttention-3", backward and forward benchmarks) → 0.53 of 989.
 FA_A100, FA_HOPPER = 0.60, 0.53
+# FlashAttention-1 on A100 (issue 12's forty-fourth round): FlashAttention-2 yields "around 2× speedup compared to
+# FlashAttention" (Dao 2023, abstract), which reached "only 25-40% of the theoretical maximum FLOPs/s" (its
+# introduction) → half of FA2's share, 0.30 of 312, inside that range: for the runs of flash-attn 1.x
+# (`attention_kernel="fa1"`; no measurement of it on another GPU is in this file, so the A100 only).
+FA1_A100 = FA_A100 / 2
 # FlashAttention-2 on H100: "only 35 % utilization" (Shah et al. 2024, FlashAttention-3, abstract) →
 # 0.35 of 989, for runs that predate FlashAttention-3 (`attention_kernel="fa2"`).
 FA2_HOPPER = 0.35
@@ -372,7 +377,7 @@ MI355X_CK_CURVE: tuple[tuple[int, float], ...] = tuple(
 FA_B200_CUDNN, FA2_B200 = dict(B200_CUDNN_CURVE)[8192], dict(B200_FA2_CURVE)[8192]
 FA_GB200_CUDNN, FA2_GB200 = dict(GB200_CUDNN_CURVE)[8192], dict(GB200_FA2_CURVE)[8192]
 FA_GB300_CUDNN, FA2_GB300 = dict(GB300_CUDNN_CURVE)[8192], dict(GB300_FA2_CURVE)[8192]
-ATTENTION_KERNELS = ("fa2", "fa3", "cudnn9.13", "cudnn9.17")
+ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn9.13", "cudnn9.17")
 _CUDNN_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
     "b200": {"cudnn9.13": B200_CUDNN_CURVE, "cudnn9.17": B200_CUDNN917_CURVE},
     "gb200": {"cudnn9.13": GB200_CUDNN913_CURVE, "cudnn9.17": GB200_CUDNN_CURVE},
@@ -382,7 +387,7 @@ _CUDNN_CURVES: dict[str, dict[str, tuple[tuple[int, float], ...]]] = {
 # The share of each FlashAttention generation a catalogue GPU runs (its default, `Device.attn_eff`, is
 # the newest it has): A100 FA2 only; FA3 on Hopper; B200's default is cuDNN's fused kernel, no FA3.
 _KERNEL_SHARES: dict[str, dict[str, float]] = {
-    "a100-40gb": {"fa2": FA_A100}, "a100-80gb": {"fa2": FA_A100},
+    "a100-40gb": {"fa1": FA1_A100, "fa2": FA_A100}, "a100-80gb": {"fa1": FA1_A100, "fa2": FA_A100},
     "h100-sxm": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "h200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
     "gh200": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER}, "gh200-144gb": {"fa2": FA2_HOPPER, "fa3": FA_HOPPER},
     "b200": {"fa2": FA2_B200, **{k: dict(v)[8192] for k, v in _CUDNN_CURVES["b200"].items()}},
@@ -414,6 +419,9 @@ def with_attention_kernel(dev: Device, kernel: str | None) -> Device:
             raise HardwareError(f"attention kernel {kernel!r}: cuDNN's fused attention is priced by generation on "
                                 f"Blackwell (B200, GB200, B300, GB300) only, not {dev.name}; use 'fa2' or 'fa3' or leave "
                                 f"--attention-kernel out (the GPU's newest)")
+        if kernel == "fa1":
+            raise HardwareError(f"attention kernel 'fa1': FlashAttention-1 is priced on the A100 only (the GPU its "
+                                f"share was measured on), not {dev.name}; use 'fa2' or leave --attention-kernel out")
         raise HardwareError(f"attention kernel {kernel!r}: FlashAttention-3 runs on Hopper (H100, H200, GH200) only, "
                             f"not {dev.name}; use 'fa2' or leave --attention-kernel out (the GPU's newest)")
     return replace(dev, attn_eff=shares[kernel], attn_curve=_KERNEL_CURVES.get(dev.name, {}).get(kernel, ()))
