@@ -84,7 +84,7 @@ def megatron_row(row: dict[str, Any]) -> bool:
 # A user who gives `par3d plan` only the model, the GPUs, the cluster, the precision, the batch and the layout gets
 # par3d's defaults for all of them (its own runtime's: posted sends, gradients reduced behind the backward, ...).
 # `undescribed` is a row as that user would give it; the figures of the set priced so are what describing the
-# software buys (docs/planner.md section 9; benchmarks/software_facts.py, field by field).  The precision (dtype,
+# software buys (docs/planner.md section 9; `python -m par3d.plan.validation --software`, field by field).  The precision (dtype,
 # the FP8 recipe, FP8 attention), the data-parallel runtime (`fsdp`, as a user names ZeRO's stage), the optimizer and
 # its state dtype, offloading and the layout (including the schedules a row searches and its pipeline cut) stay:
 # they are what a user plans, not what a framework does for them.
@@ -103,13 +103,18 @@ def undescribed(row: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in row.items() if k not in SOFTWARE_FIELDS}, DESCRIBED: False}
 
 
+def _predict_or_none(row: dict[str, Any]) -> Prediction | None:
+    """`predict`, or None where the row's published layout finds no plan (`_predict_on`'s ValueError)."""
+    try:
+        return predict(row)
+    except ValueError:
+        return None
+
+
 def predict_undescribed(row: dict[str, Any]) -> Prediction | None:
     """`predict` of the `undescribed` row; None where its published layout finds no plan without the row's software
     (e.g. a loss that needs more memory unfused)."""
-    try:
-        return predict(undescribed(row))
-    except ValueError:
-        return None
+    return _predict_or_none(undescribed(row))
 
 
 def software_figures(preds: list[Prediction], plain: list[Prediction | None]) -> dict[str, dict[str, float | int]]:
@@ -142,10 +147,7 @@ def software_by_field(preds: list[Prediction]) -> list[dict[str, Any]]:
                 stripped = {k: v for k, v in row.items() if k != field}
             else:
                 continue
-            try:
-                moved[name] = predict(stripped)
-            except ValueError:
-                moved[name] = None
+            moved[name] = _predict_or_none(stripped)
         if not moved:
             continue
         errs = [abs(q.error) for n, q in ((n, moved.get(n, base[n])) for n in base) if q is not None]
@@ -395,7 +397,7 @@ MOE_HOST_CAL_PREFIX = "mbridge-moe-26.04-"
 def host_floored(row: dict[str, Any]) -> bool:
     """Whether a row's MoE layers wait for their host (cost.moe_host_floor): Megatron-Core's dropless layers (a
     Megatron-family row) without whole-iteration CUDA graphs (its `cuda_graphs`, "none" unless stated)."""
-    return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"  # (undescribed: not Megatron)
+    return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"  # not for an `undescribed` row
 
 
 def moe_host_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
