@@ -12,7 +12,14 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
-from par3d.plan.hardware import CUDA_GRAPHS, FSDP_UNIT_S, MUON_TP_MODES, OPTIMIZERS, P2P_BLOCKING
+from par3d.plan.hardware import (
+    ATTENTION_KERNELS,
+    CUDA_GRAPHS,
+    FSDP_UNIT_S,
+    MUON_TP_MODES,
+    OPTIMIZERS,
+    P2P_BLOCKING,
+)
 from par3d.plan.memory import OPTIMIZER_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -199,7 +206,7 @@ def register(sub) -> None:
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
                         "unfused attention (s² scores written, softmax and dropout over them) and stores them")
-    g.add_argument("--attention-kernel", choices=("fa1", "fa2", "fa3", "cudnn9.13", "cudnn9.17"), default=None,
+    g.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the attention kernel to price: fa1 (FlashAttention-1, A100 only, ~30 %% of peak), fa2 "
                         "(FlashAttention-2, ~60 %% of peak on A100, ~35 %% on H100), fa3 "
                         "(FlashAttention-3, Hopper only; ~53 %%), or on B200/GB200 cuDNN's fused attention of a "
