@@ -694,7 +694,7 @@ def test_fp8_current_scaling_flag(capsys):
     assert bf_c["step_time_s"] == bf["step_time_s"]  # only fp8 has a scaling recipe
     m = CATALOGUE["llama3-70b"]
     tok, h, t = m.seq_len, m.hidden, 4
-    extra = elementwise_bytes(m, 1, t, True, True, "fp8", True) - elementwise_bytes(m, 1, t, True, True, "fp8")
+    extra = elementwise_bytes(m, 1, t, True, "fp8", True) - elementwise_bytes(m, 1, t, True, "fp8")
     assert extra == pytest.approx(2 * tok * (2 * h / t + h / t))
 
 
@@ -727,8 +727,8 @@ def test_fp8_mxfp8_scaling_flag(capsys):
     assert "mxfp8" not in DEVICES["h100-sxm"].peak_flops
     m = CATALOGUE["llama3-70b"]
     tok, h, t = m.seq_len, m.hidden, 4
-    extra = (elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="mxfp8")
-             - elementwise_bytes(m, 1, t, True, True, "fp8"))
+    extra = (elementwise_bytes(m, 1, t, True, "fp8", fp8_block="mxfp8")
+             - elementwise_bytes(m, 1, t, True, "fp8"))
     assert extra == pytest.approx(tok * (2 * h / t + h / t + m.ffn / t) * 2 / 32)
     rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--fp8-scaling", "mxfp8")
     assert rc != 0 and "--fp8-scaling mxfp8" in err and "Blackwell" in err and "h100-sxm" in err
@@ -777,8 +777,8 @@ def test_nvfp4_precision(capsys):
     m = CATALOGUE["llama3-70b"]
     tok, h, t = m.seq_len, m.hidden, 2
     casts = tok * (2 * h / t + h / t + m.ffn / t)  # the cast elements of one layer's forward, SP on
-    mx = elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="mxfp8")
-    nv = elementwise_bytes(m, 1, t, True, True, "fp8", fp8_block="nvfp4")
+    mx = elementwise_bytes(m, 1, t, True, "fp8", fp8_block="mxfp8")
+    nv = elementwise_bytes(m, 1, t, True, "fp8", fp8_block="nvfp4")
     assert nv - mx == pytest.approx(casts * (4 + 2 / 32) * (gemm_table.NVFP4_CAST_OVER_MXFP8 - 1))
     assert (layer_activation_bytes(m, 1, t, True, "none", "nvfp4")
             < layer_activation_bytes(m, 1, t, True, "none", "fp8"))

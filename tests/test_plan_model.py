@@ -1688,7 +1688,7 @@ def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):
     assert q3.qk_norm and CATALOGUE["qwen3-235b-a22b"].qk_norm and not CATALOGUE["llama3-8b"].qk_norm
     off = replace(q3, qk_norm=False)
     for tp, dtype in ((1, "bf16"), (2, "fp8")):
-        extra = elementwise_bytes(q3, 2, tp, True, True, dtype) - elementwise_bytes(off, 2, tp, True, True, dtype)
+        extra = elementwise_bytes(q3, 2, tp, True, dtype) - elementwise_bytes(off, 2, tp, True, dtype)
         assert extra == pytest.approx(2 * 2 * q3.seq_len * (q3.q_dim + q3.kv_dim) / tp * 2)
     assert layer_activation_bytes(q3, 2, 1, False, "none") == layer_activation_bytes(off, 2, 1, False, "none")
     assert resolve_model("qwen3-30b-a3b", qk_norm=False) == off

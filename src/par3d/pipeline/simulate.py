@@ -126,6 +126,14 @@ def _duration_fn(durations: dict[tuple[int, str], float] | DurationFn | None, tf
     return lookup
 
 
+def hop_times(transfer: float | Sequence[float], n_stages: int) -> list[float]:
+    """`transfer` as one time per stage boundary (index s: between stages s and s + 1): a single time for every hop,
+    or the sequence as given (`simulate` checks its length and signs)."""
+    if isinstance(transfer, (int, float)):
+        return [float(transfer)] * max(n_stages - 1, 0)
+    return [float(t) for t in transfer]
+
+
 def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
              durations: dict[tuple[int, str], float] | DurationFn | None = None,
              tf: float = 1.0, tb: float = 2.0, transfer: float | Sequence[float] = 0.0,
@@ -144,7 +152,7 @@ def simulate(schedule: list[list[Action]], p: int, m: int, v: int = 1,
 
     Raises ScheduleError if the schedule is incomplete, violates a dependency or deadlocks.
     """
-    hops = [float(transfer)] * max(p * v - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
+    hops = hop_times(transfer, p * v)
     if len(hops) != max(p * v - 1, 0) or any(t < 0 for t in hops):
         raise ValueError(f"transfer time must be >= 0, one or one per stage boundary ({p * v - 1}), got {transfer}")
     dur = _duration_fn(durations, tf, tb, v)

@@ -289,7 +289,7 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
     return 24.0 * tokens * model.hidden**2 / tp
 
 
-def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, dtype: str = "bf16",
+def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16",
                       fp8_current: bool = False, fp8_block: str = "", ep: int = 1, ep_resort: bool = False,
                       etp: int = 1) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
@@ -297,9 +297,8 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
     Two norms (read + write T·h each); two bias+dropout+residual blocks (read the branch and the
     residual, write the sum, write a 1-byte mask: 3 elements + 1 B per T·h); the activation (GeLU:
     read + write T·f/t; SwiGLU: read 2, write 1); rotary embeddings on Q and K (read + write) for
-    models without learned positions; without FlashAttention the softmax (read + write) and the
-    attention dropout (read + write + mask; models with biases, i.e. GPT-style, train with dropout)
-    over b·(a/t)·s² scores.  The T·h terms are replicated on TP ranks unless sequence parallelism
+    models without learned positions.  (Without FlashAttention the scores' softmax and dropout are the attention
+    core's: `scores_bytes`, priced with it in `layer_times`.)  The T·h terms are replicated on TP ranks unless sequence parallelism
     shards them.
 
     A mixture-of-experts layer's MLP part (models.ModelSpec.moe): the router's fp32 softmax and top-k over the
@@ -351,8 +350,6 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, flash: bool, 
             if fp8_block == "nvfp4":  # NVFP4's quantization (amaxes, the weight-gradient inputs' random Hadamard
                 # transform, two scale levels, E2M1 casts) at Transformer Engine's measured cost over MXFP8's casts
                 by += cast * (4 + 2 / 32) * (NVFP4_CAST_OVER_MXFP8 - 1)
-    if not flash:
-        by += scores_bytes(model, b, tp, d)
     return by
 
 
@@ -517,7 +514,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         fwd_b, bwd_b = block_bytes(model, b, tp, sp, act_bytes(dtype))
         nbytes = (fwd_b + bwd_b) / 3
     else:  # (the scores' softmax and dropout without FlashAttention: with the core, below)
-        nbytes = elementwise_bytes(model, b, tp, sp, True, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
+        nbytes = elementwise_bytes(model, b, tp, sp, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
     elem = nbytes / (dev.mem_bw * dev.mem_eff)
     if not flash:  # the scores' softmax and dropout, forward and backward (`scores_backward_bytes`), a third of them in
         # the forward as the step's backward is twice it, so their step total is exact (a full recomputation then

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
+from par3d.pipeline.simulate import hop_times
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,7 @@ def replay_marks(prog: Program, durations: dict[tuple[int, str], float],
     per stage boundary (index s: between global stages s and s + 1), as `pipeline/simulate.py` takes it: a dependency
     from another rank arrives its boundary's hop later.  `blocking`: a send holds its rank that long too (simulate's
     `blocking`)."""
-    n = len(prog.first_f)
-    hops = [float(transfer)] * max(n - 1, 0) if isinstance(transfer, (int, float)) else [float(t) for t in transfer]
+    hops = hop_times(transfer, len(prog.first_f))
     dur = [float(durations[k]) for k in prog.keys]
     free = [0.0] * prog.p
     busy = [0.0] * prog.p
