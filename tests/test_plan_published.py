@@ -472,6 +472,10 @@ def test_readme_quotes_the_validation_summary(predictions):
     assert f"{within} of {len(errs)} rows are within ±10 % (median |error| {median})" in doc
     assert (f"**Held out** (the other {len(held)}): {sum(e <= validation.DEFAULT_BOUND for e in held)} within, "
             f"median {held_median}") in doc
+    ins = sorted(abs(p.error) for p in predictions.values() if validation.in_sample(p.row))
+    ins_median = f"{ins[len(ins) // 2]:.1%}".replace("%", " %")
+    assert (f"**In sample** (the {len(ins)} rows of the table of constants above): "
+            f"{sum(e <= validation.DEFAULT_BOUND for e in ins)} within, median {ins_median};") in doc
 
     def part(preds: list) -> tuple[int, int, str]:
         e = sorted(abs(p.error) for p in preds)
@@ -816,11 +820,14 @@ def test_validation_report_json_and_flags(predictions, capsys):
         validation.main(["--help"])
     assert ex.value.code == 0
     helptext = " ".join(capsys.readouterr().out.split())
-    for flag in ("--json", "--evidence", "--fit", "--fit-moe-host", "--by-release", "--rows PREFIX", "--software"):
+    for flag in ("--json", "--evidence", "--fit", "--fit-moe-host", "--by-release", "--rows PREFIX", "--software",
+                 "--leave-one-out"):
         assert flag in helptext
     for bad, says in ((["--by-release"], "--by-release: only with --fit-moe-host"),
                       (["--json", "--fit"], "not allowed with argument"),
                       (["--evidence", "--rows", prefix], "--rows: only with the table or --json"),
+                      (["--leave-one-out", "--rows", prefix], "--rows: only with the table or --json"),
+                      (["--leave-one-out", "--fit"], "not allowed with argument"),
                       (["--rows", "no-such-row-"], "no row's name starts with it")):
         with pytest.raises(SystemExit) as ex:
             validation.main(bad)

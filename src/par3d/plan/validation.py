@@ -488,48 +488,75 @@ def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], f
     return sum(errs) / len(errs)
 
 
-def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6) -> float:
+def step_share_rows() -> list[dict[str, Any]]:
+    """The calibration rows of the step share (gemm_table.STEP_SHARE): the ten rows of Narayanan et al. 2021 Table 1."""
+    return [r for r in rows() if str(r["name"]).startswith(IN_SAMPLE_PREFIX)]
+
+
+def step_share_pricing(share: float) -> tuple[Callable[[str, str], float], Callable[[str], float]]:
+    """What `_mean_error_at` varies when the step share is `share`: every GPU's GEMM share of each dtype and its
+    attention kernel's in-step discount, both derived from it."""
+    from . import gemm_table
+
+    def gemm_share(family: str, dtype: str) -> float:
+        peak, mamf, _ = gemm_table.TABLE[family][dtype]
+        return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
+    return gemm_share, lambda f: attn_sustain_of(f, step_share=share)
+
+
+def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6,
+                   cal: list[dict[str, Any]] | None = None) -> float:
     """The step share (gemm_table.STEP_SHARE) that makes the ten rows of Narayanan et al. 2021 Table 1
     (A100: its sustained ratio is a measured clock, nothing else of it is fitted) average zero error, by
-    bisection, with the straggler spread (gemm_table.STEP_SPREAD, a cited constant) in place."""
-    from . import compute, gemm_table
+    bisection, with the straggler spread (gemm_table.STEP_SPREAD, a cited constant) in place.  `cal`: other
+    calibration rows in their place (the leave-one-out check, plan/leave_one_out.py)."""
+    from . import compute
 
-    cal = [r for r in rows() if str(r["name"]).startswith(IN_SAMPLE_PREFIX)]
-
-    def at(share: float) -> Callable[[str, str], float]:
-        def gemm_share(family: str, dtype: str) -> float:
-            peak, mamf, _ = gemm_table.TABLE[family][dtype]
-            return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
-        return gemm_share
-
-    out = _bisect(lambda share: _mean_error_at(cal, at(share), lambda f: attn_sustain_of(f, step_share=share)),
-                  lo, hi, tol)
+    cal = step_share_rows() if cal is None else cal
+    out = _bisect(lambda share: _mean_error_at(cal, *step_share_pricing(share)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
 
-def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol: float = 1e-6) -> float:
-    """The sustained/burst ratio of `family`'s `dtype` GEMMs (gemm_table.FITTED_SUSTAINED) that makes the
-    calibration rows of that GPU and dtype (`calibration_rows_of`: dgxc-benchmarking's for the H100, OpenEuroLLM's
-    for the GH200) average zero error, by bisection -- the prediction falls as the ratio falls.  The step share
-    (fitted first, on A100 rows) is held fixed."""
-    from . import compute, gemm_table
+def sustained_pricing(family: str, dtype: str, ratio: float
+                      ) -> tuple[Callable[[str, str], float], Callable[[str], float] | None]:
+    """What `_mean_error_at` varies when `family`'s `dtype` GEMMs run at the sustained/burst `ratio` (every dtype's
+    where the family shares one ratio: gemm_table.SHARED_SUSTAINED), the step share held at its stored value."""
+    from . import gemm_table
 
-    shared = family in gemm_table.SHARED_SUSTAINED  # one ratio for every dtype, set by all the family's rows
-    cal = [r for r in calibration_rows_of(family) if shared or str(r.get("dtype", "bf16")) == dtype]
-    if not cal:
-        raise ValueError(f"no calibration rows for {family} {dtype}")
+    shared = family in gemm_table.SHARED_SUSTAINED
 
-    def share(d: str, ratio: float) -> float:
-        peak, mamf, _ = gemm_table.TABLE[family][d]
+    def share(_f: str, d: str) -> float:
+        peak, mamf, _ = gemm_table.TABLE[family][d if shared else dtype]
         return mamf / peak * ratio * gemm_table.STEP_SHARE
 
     # attention runs in BF16: its in-step discount moves with the BF16 ratio being fitted (hardware.attn_sustain_of)
     # and stays at the stored one while another dtype's is fitted
     bf16 = shared or dtype in ("bf16", "fp16")
-    out = _bisect(lambda ratio: _mean_error_at(
-        cal, lambda _f, d: share(d if shared else dtype, ratio),
-        (lambda f: attn_sustain_of(f, sustained=ratio)) if bf16 else None), lo, hi, tol)
+    return share, ((lambda f: attn_sustain_of(f, sustained=ratio)) if bf16 else None)
+
+
+def sustained_cal_rows(family: str, dtype: str) -> list[dict[str, Any]]:
+    """The calibration rows of `family`'s `dtype` sustained ratio (every dtype's rows where the family shares one)."""
+    from . import gemm_table
+
+    shared = family in gemm_table.SHARED_SUSTAINED
+    return [r for r in calibration_rows_of(family) if shared or str(r.get("dtype", "bf16")) == dtype]
+
+
+def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol: float = 1e-6,
+                  cal: list[dict[str, Any]] | None = None) -> float:
+    """The sustained/burst ratio of `family`'s `dtype` GEMMs (gemm_table.FITTED_SUSTAINED) that makes the
+    calibration rows of that GPU and dtype (`calibration_rows_of`: dgxc-benchmarking's for the H100, OpenEuroLLM's
+    for the GH200) average zero error, by bisection -- the prediction falls as the ratio falls.  The step share
+    (fitted first, on A100 rows) is held fixed.  `cal`: other calibration rows in their place (the leave-one-out
+    check, plan/leave_one_out.py)."""
+    from . import compute
+
+    cal = sustained_cal_rows(family, dtype) if cal is None else cal
+    if not cal:
+        raise ValueError(f"no calibration rows for {family} {dtype}")
+    out = _bisect(lambda ratio: _mean_error_at(cal, *sustained_pricing(family, dtype, ratio)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
@@ -548,11 +575,13 @@ def fsdp_mean_error(unit_s: float, cal: list[dict[str, Any]] | None = None) -> f
     return sum(_predict_on(r, replace(cluster_of(r), fsdp_unit_s=unit_s)).error for r in cal) / len(cal)
 
 
-def fit_fsdp_unit(lo: float = 0.0, hi: float = 0.03, tol: float = 5e-5) -> float:
+def fit_fsdp_unit(lo: float = 0.0, hi: float = 0.03, tol: float = 5e-5,
+                  cal: list[dict[str, Any]] | None = None) -> float:
     """The per-unit cost of PyTorch FSDP (hardware.FSDP_UNIT_S, seconds per layer per micro-batch) that makes
     the llm-foundry rows (`fsdp_rows`) average zero error, by bisection -- the prediction falls as it grows.
-    The GEMM constants (step share, sustained ratios: fitted first, on other rows) are held fixed."""
-    cal = fsdp_rows()
+    The GEMM constants (step share, sustained ratios: fitted first, on other rows) are held fixed.  `cal`: other
+    calibration rows in their place (the leave-one-out check, plan/leave_one_out.py)."""
+    cal = fsdp_rows() if cal is None else cal
     return _bisect(lambda u: -fsdp_mean_error(u, cal), lo, hi, tol)
 
 
@@ -957,6 +986,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--fit-moe-host", action="store_true",
                       help="re-derive the MoE host floor on Megatron-Bridge 26.04's MoE rows and print it beside the "
                            "stored one (nothing is written)")
+    what.add_argument("--leave-one-out", action="store_true",
+                      help="refit each fitted constant without each of its calibration rows in turn and price that "
+                           "row with the refit (a prediction of a row the constant never saw); writes "
+                           "src/par3d/plan/leave_one_out.json and prints the table docs/planner.md quotes (about two "
+                           "minutes)")
     parser.add_argument("--software", action="store_true",
                       help="what each software fact of the rows buys: the set re-priced without one fact at a time "
                            "(par3d's default in its place), and without all of them (a markdown table; with --json "
@@ -975,11 +1009,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.by_release and not args.fit_moe_host:
         parser.error("--by-release: only with --fit-moe-host (it re-fits the MoE host floor per release)")
-    if args.software and (args.evidence or args.fit or args.fit_moe_host):
+    if args.software and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out):
         parser.error("--software: only alone, with --json or with --rows (it re-prices the rows it reads)")
-    if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host):
-        parser.error("--rows: only with the table or --json, or --software (--evidence, --fit and --fit-moe-host "
-                     "use their own declared rows)")
+    if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out):
+        parser.error("--rows: only with the table or --json, or --software (--evidence, --fit, --fit-moe-host "
+                     "and --leave-one-out use their own declared rows)")
+    if args.leave_one_out:  # each in-sample row priced with its constant refitted without it (45th round)
+        from . import leave_one_out as loo
+
+        data = loo.run(lambda msg: print(f"  refitting {msg}", file=sys.stderr, flush=True))
+        with open(loo.PATH, "w", encoding="utf-8") as fh:
+            fh.write(loo.to_json(data))
+        print(f"wrote {loo.PATH}\n\n{loo.table(data)}")
+        return 0
     if args.fit:  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
 
