@@ -101,3 +101,25 @@ def test_docs_quote_the_table_and_figures():
     assert (f"{o['within_10pct']} of {o['rows']} within ±10 % (median |error| {o['median_abs_error_pct']:.1f} %) "
             f"with its constant refitted without it, against {i['within_10pct']} "
             f"({i['median_abs_error_pct']:.1f} %) in sample") in readme
+
+
+def test_source_swap_follows_its_rule():
+    """The H100 source swap covers every source with at least SWAP_MIN_ROWS dense held-out H100 rows of a dtype but
+    dgxc-benchmarking (the stored calibration's source), and scores rows of neither source; one entry (FP8 on
+    OLMo-core's rows, the cheapest) is recomputed and equals the stored one."""
+    from collections import Counter
+
+    want = []
+    for dtype in ("bf16", "fp8"):
+        pool = loo.swap_pool(dtype)
+        n = Counter(loo._source(r) for r in pool)
+        want += [(dtype, s) for s in sorted(n) if n[s] >= loo.SWAP_MIN_ROWS and s != "dgxc"]
+        for e in (x for x in STORED["source_swap"] if x["dtype"] == dtype):
+            assert e["scored"]["rows"] == len(pool) - n[e["source"]] - n["dgxc"] == e["with_refit"]["rows"]
+    assert [(e["dtype"], e["source"]) for e in STORED["source_swap"]] == want
+    got = next(e for e in loo.source_swap_entries("fp8", ["olmo"]))
+    assert got == next(e for e in STORED["source_swap"] if (e["dtype"], e["source"]) == ("fp8", "olmo"))
+
+
+def test_docs_quote_the_source_swap():
+    assert loo.swap_table(STORED) in _doc("docs/planner.md")

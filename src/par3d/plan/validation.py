@@ -988,9 +988,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "stored one (nothing is written)")
     what.add_argument("--leave-one-out", action="store_true",
                       help="refit each fitted constant without each of its calibration rows in turn and price that "
-                           "row with the refit (a prediction of a row the constant never saw); writes "
-                           "src/par3d/plan/leave_one_out.json and prints the table docs/planner.md quotes (about two "
-                           "minutes)")
+                           "row with the refit (a prediction of a row the constant never saw), and the H100's ratios "
+                           "on each other source's rows; writes src/par3d/plan/leave_one_out.json and prints the two "
+                           "tables docs/planner.md quotes (about a minute)")
     parser.add_argument("--software", action="store_true",
                       help="what each software fact of the rows buys: the set re-priced without one fact at a time "
                            "(par3d's default in its place), and without all of them (a markdown table; with --json "
@@ -1020,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
         data = loo.run(lambda msg: print(f"  refitting {msg}", file=sys.stderr, flush=True))
         with open(loo.PATH, "w", encoding="utf-8") as fh:
             fh.write(loo.to_json(data))
-        print(f"wrote {loo.PATH}\n\n{loo.table(data)}")
+        print(f"wrote {loo.PATH}\n\n{loo.table(data)}\n\n{loo.swap_table(data)}")
         return 0
     if args.fit:  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
