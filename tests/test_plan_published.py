@@ -425,7 +425,7 @@ def test_rows_p2p_blocking_follow_their_software():
                   "fa2paper-gpt3-")
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
-                     "flagperf-llama3", "zb-")
+                     "flagperf-llama3", "zb-", "fp8lm-")
     for r in ROWS:
         name, pp = str(r["name"]), r.get("fixed", {}).get("pp", 1)
         software = "all" if name.startswith(blocks_all) else "1f1b" if name.startswith(megatron_core) else "none"
