@@ -123,3 +123,18 @@ def test_source_swap_follows_its_rule():
 
 def test_docs_quote_the_source_swap():
     assert loo.swap_table(STORED) in _doc("docs/planner.md")
+
+
+def test_command_writes_the_file_and_prints_tables_or_json(tmp_path, monkeypatch, capsys):
+    """`--leave-one-out` writes what `run` returns to the file and prints the two tables; with `--json` the file's
+    JSON (the refits replaced by the stored result, so the command's own plumbing is what is checked)."""
+    import json
+
+    monkeypatch.setattr(loo, "run", lambda progress=None: STORED)
+    monkeypatch.setattr(loo, "PATH", str(tmp_path / "loo.json"))
+    assert validation.main(["--leave-one-out"]) == 0
+    out = capsys.readouterr().out
+    assert loo.table(STORED) in out and loo.swap_table(STORED) in out
+    assert json.loads((tmp_path / "loo.json").read_text()) == STORED
+    assert validation.main(["--leave-one-out", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == STORED

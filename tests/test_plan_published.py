@@ -827,7 +827,7 @@ def test_validation_report_json_and_flags(predictions, capsys):
                       (["--json", "--fit"], "not allowed with argument"),
                       (["--evidence", "--rows", prefix], "--rows: only with the table or --json"),
                       (["--leave-one-out", "--rows", prefix], "--rows: only with the table or --json"),
-                      (["--leave-one-out", "--fit"], "not allowed with argument"),
+                      (["--leave-one-out", "--fit"], "--leave-one-out: only alone or with --json"),
                       (["--rows", "no-such-row-"], "no row's name starts with it")):
         with pytest.raises(SystemExit) as ex:
             validation.main(bad)

@@ -988,11 +988,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--fit-moe-host", action="store_true",
                       help="re-derive the MoE host floor on Megatron-Bridge 26.04's MoE rows and print it beside the "
                            "stored one (nothing is written)")
-    what.add_argument("--leave-one-out", action="store_true",
+    parser.add_argument("--leave-one-out", action="store_true",
                       help="refit each fitted constant without each of its calibration rows in turn and price that "
                            "row with the refit (a prediction of a row the constant never saw), and the H100's ratios "
                            "on each other source's rows; writes src/par3d/plan/leave_one_out.json and prints the two "
-                           "tables docs/planner.md quotes (about a minute)")
+                           "tables docs/planner.md quotes (with --json: the file's JSON instead; about a minute)")
     parser.add_argument("--software", action="store_true",
                       help="what each software fact of the rows buys: the set re-priced without one fact at a time "
                            "(par3d's default in its place), and without all of them (a markdown table; with --json "
@@ -1016,13 +1016,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out):
         parser.error("--rows: only with the table or --json, or --software (--evidence, --fit, --fit-moe-host "
                      "and --leave-one-out use their own declared rows)")
+    if args.leave_one_out and (args.evidence or args.fit or args.fit_moe_host or args.software):
+        parser.error("--leave-one-out: only alone or with --json (it refits on its own declared rows)")
     if args.leave_one_out:  # each in-sample row priced with its constant refitted without it (45th round)
         from . import leave_one_out as loo
 
         data = loo.run(lambda msg: print(f"  refitting {msg}", file=sys.stderr, flush=True))
         with open(loo.PATH, "w", encoding="utf-8") as fh:
             fh.write(loo.to_json(data))
-        print(f"wrote {loo.PATH}\n\n{loo.table(data)}\n\n{loo.swap_table(data)}")
+        if args.json:
+            print(loo.to_json(data), end="")
+        else:
+            print(f"wrote {loo.PATH}\n\n{loo.table(data)}\n\n{loo.swap_table(data)}")
         return 0
     if args.fit:  # re-derive the fitted sustained ratios (gemm_table.FITTED_SUSTAINED)
         from . import gemm_table
