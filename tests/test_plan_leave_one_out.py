@@ -104,21 +104,24 @@ def test_docs_quote_the_table_and_figures():
 
 
 def test_source_swap_follows_its_rule():
-    """The H100 source swap covers every source with at least SWAP_MIN_ROWS dense held-out H100 rows of a dtype but
-    dgxc-benchmarking (the stored calibration's source), and scores rows of neither source; one entry (FP8 on
-    OLMo-core's rows, the cheapest) is recomputed and equals the stored one."""
+    """The source swap covers, for each swappable constant, every source with at least SWAP_MIN_ROWS rows in its pool
+    but the stored calibration's, and scores rows of neither source; one entry (the H100's FP8 ratio on OLMo-core's
+    rows, among the cheapest) is recomputed and equals the stored one."""
     from collections import Counter
 
     want = []
-    for dtype in ("bf16", "fp8"):
-        pool = loo.swap_pool(dtype)
+    for sw in loo.swaps():
+        pool = sw.pool()
         n = Counter(loo._source(r) for r in pool)
-        want += [(dtype, s) for s in sorted(n) if n[s] >= loo.SWAP_MIN_ROWS and s != "dgxc"]
-        for e in (x for x in STORED["source_swap"] if x["dtype"] == dtype):
-            assert e["scored"]["rows"] == len(pool) - n[e["source"]] - n["dgxc"] == e["with_refit"]["rows"]
-    assert [(e["dtype"], e["source"]) for e in STORED["source_swap"]] == want
-    got = next(e for e in loo.source_swap_entries("fp8", ["olmo"]))
-    assert got == next(e for e in STORED["source_swap"] if (e["dtype"], e["source"]) == ("fp8", "olmo"))
+        cal = {loo._source(r) for r in sw.cal()}
+        scored = {s: len(pool) - n[s] - sum(n[c] for c in cal) for s in n}
+        want += [(sw.name, s) for s in sorted(n) if n[s] >= loo.SWAP_MIN_ROWS and s not in cal and scored[s] > 0]
+        for e in (x for x in STORED["source_swap"] if x["constant"] == sw.name):
+            assert e["scored"]["rows"] == len(pool) - n[e["source"]] - sum(n[c] for c in cal) == e["with_refit"]["rows"]
+    assert [(e["constant"], e["source"]) for e in STORED["source_swap"]] == want
+    sw = next(s for s in loo.swaps() if s.name == "H100 FP8 ratio")
+    got = loo.swap_entries(sw, ["olmo"])
+    assert got == [e for e in STORED["source_swap"] if (e["constant"], e["source"]) == ("H100 FP8 ratio", "olmo")]
 
 
 def test_docs_quote_the_source_swap():

@@ -13,7 +13,7 @@ Megatron-Bridge's 18 NVFP4 rows are in sample by a choice (the rule that prices 
 priced: gemm_table.py), not by a fit, so there is nothing to refit; they are counted apart.
 
 Leaving a row out keeps its source's other rows in the fit; `source_swap` asks what another source would have given
-the H100's ratios (its comment states the rule).
+the H100's and GH200's ratios and FSDP's unit cost (its comment states the rule).
 
 `python -m par3d.plan.validation --leave-one-out` refits (about a minute on two cores), writes
 `leave_one_out.json` beside this file and prints the table docs/planner.md section 9 quotes.
@@ -127,17 +127,19 @@ def summarise(results: list[LeftOut]) -> dict[str, Any]:
                              "NVFP4's pricing rule (gemm_table.py), not by a fitted constant"}}
 
 
-# ---- the H100's ratios fitted on another source --------------------------------------------------------------------
+# ---- constants fitted on another source ----------------------------------------------------------------------------
 #
-# Leaving one row out keeps the row's source in the fit.  What a different *source* would have given: the H100's
-# sustained ratio of each dtype refitted, by the same procedure, on all the dense held-out H100 rows of one other
-# source of that dtype (a source: the rows' common name prefix up to the first "-", so MLPerf's rounds are one
-# source), and the other dense held-out H100 rows of that dtype -- from neither that source nor the stored
-# calibration's (dgxc-benchmarking's other columns are left out of the score too, so neither fit has seen a scored
-# row's source) -- scored with it and with the stored ratio.  A refit at the bisection's upper end (1.0: the GEMMs
-# at their burst rate) is a source the ratio cannot reach, its rows slower than the model at any ratio.  The rule (every source with at least SWAP_MIN_ROWS such
-# rows; dgxc-benchmarking, the stored calibration's own source, not a candidate) was fixed before it was first run.
-SWAP_GPU = "h100-sxm"
+# Leaving one row out keeps the row's source in the fit.  What a different *source* would have given: a constant
+# refitted, by its own procedure, on all the held-out rows of one other source in its pool (a source: the rows' common
+# name prefix up to the first "-", so MLPerf's rounds are one source), and the pool's other rows -- from neither that
+# source nor the stored calibration's (the stored source's other rows are left out of the score too, so neither fit
+# has seen a scored row's source) -- scored with it and with the stored value.  The pools: the H100's and the GH200's
+# sustained ratio of each dtype, the dense held-out rows of that GPU and dtype; FSDP's unit cost, the held-out rows that
+# ran PyTorch FSDP.  A refit at an end of its bisection's range (a ratio of 1.0: GEMMs at their burst rate; a unit cost
+# of 0 or 30 ms) is a source the constant cannot meet.  The rule (every source with at least SWAP_MIN_ROWS rows in the
+# pool; the stored calibration's own source not a candidate; none whose swap leaves no row to score) was fixed before
+# it was first run -- for the H100 ratios; the GH200's and FSDP's were added by the same rule after the H100's had been
+# read (the GH200's pool leaves nothing to score: its only other source is Apertus).
 SWAP_MIN_ROWS = 4
 
 
@@ -145,43 +147,73 @@ def _source(row: dict[str, Any]) -> str:
     return str(row["name"]).split("-")[0]
 
 
-def swap_pool(dtype: str) -> list[dict[str, Any]]:
-    """The dense held-out H100 rows of `dtype` (fp16 counted with bf16)."""
-    def dt(r: dict[str, Any]) -> str:
-        d = str(r.get("dtype", "bf16"))
-        return "bf16" if d == "fp16" else d
-    return [r for r in v.rows() if r["gpu"] == SWAP_GPU and not v.in_sample(r) and dt(r) == dtype
-            and not v.model_of(r).moe]
+def _dtype(r: dict[str, Any]) -> str:
+    d = str(r.get("dtype", "bf16"))
+    return "bf16" if d == "fp16" else d
 
 
-def source_swap_entries(dtype: str, only: list[str] | None = None,
-                        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """`source_swap`'s entries of one dtype (of the sources in `only` where given)."""
+@dataclass(frozen=True)
+class Swap:
+    """A constant whose calibration source can be swapped: its label, stored value, the held-out rows that may
+    calibrate or score it, its stored calibration rows, its fit on any rows, the signed error of one row at a value,
+    and the ends of its fit's range."""
+    name: str
+    stored: float
+    pool: Callable[[], list[dict[str, Any]]]
+    cal: Callable[[], list[dict[str, Any]]]
+    fit: Callable[[list[dict[str, Any]]], float]
+    error: Callable[[float, dict[str, Any]], float]
+    ends: tuple[float, float]
+
+
+def _ratio_swap(family: str, dtype: str) -> Swap:
+    def pool() -> list[dict[str, Any]]:
+        return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == family and not v.in_sample(r)
+                and _dtype(r) == dtype and not v.model_of(r).moe]
+
+    return Swap(f"{family.upper()} {dtype.upper()} ratio", gemm_table.FITTED_SUSTAINED[(family, dtype)], pool,
+                lambda: v.sustained_cal_rows(family, dtype), lambda cal: v.fit_sustained(family, dtype, cal=cal),
+                lambda x, r: v._mean_error_at([r], *v.sustained_pricing(family, dtype, x)), (0.3, 1.0))
+
+
+def swaps() -> list[Swap]:
+    fsdp = Swap("FSDP unit cost", FSDP_UNIT_S,
+                lambda: [r for r in v.rows() if r.get("fsdp") and not v.in_sample(r)], v.fsdp_rows,
+                lambda cal: v.fit_fsdp_unit(cal=cal), lambda x, r: v.fsdp_mean_error(x, [r]), (0.0, 0.03))
+    return [_ratio_swap("h100", "bf16"), _ratio_swap("h100", "fp8"), _ratio_swap("gh200", "bf16"),
+            _ratio_swap("gh200", "fp8"), fsdp]
+
+
+def swap_entries(sw: Swap, only: list[str] | None = None,
+                 progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """`source_swap`'s entries of one constant (of the sources in `only` where given)."""
     out = []
-    pool = swap_pool(dtype)
-    stored_ratio = gemm_table.FITTED_SUSTAINED[("h100", dtype)]
-    cal_source = {_source(r) for r in v.sustained_cal_rows("h100", dtype)}
+    pool = sw.pool()
+    cal_source = {_source(r) for r in sw.cal()}
     for src in sorted({_source(r) for r in pool} - cal_source):
         cal = [r for r in pool if _source(r) == src]
         if len(cal) < SWAP_MIN_ROWS or (only is not None and src not in only):
             continue
-        if progress is not None:
-            progress(f"h100 {dtype} on {src}'s {len(cal)} rows")
-        ratio = v.fit_sustained("h100", dtype, cal=cal)
         others = [r for r in pool if _source(r) != src and _source(r) not in cal_source]
-        before = [v._mean_error_at([r], *v.sustained_pricing("h100", dtype, stored_ratio)) for r in others]
-        after = [v._mean_error_at([r], *v.sustained_pricing("h100", dtype, ratio)) for r in others]
+        if not others:  # nothing left to score (the GH200's pool: Apertus and OpenEuroLLM's own other runs only)
+            continue
+        if progress is not None:
+            progress(f"{sw.name} on {src}'s {len(cal)} rows")
+        value = sw.fit(cal)
+        before = [sw.error(sw.stored, r) for r in others]
+        after = [sw.error(value, r) for r in others]
         compute.layer_times.cache_clear()
-        out.append({"dtype": dtype, "source": src, "rows": len(cal), "stored": stored_ratio,
-                    "refit": round(ratio, 7), "at_bound": ratio > 1.0 - 1e-4, "scored": _stats(before),
-                    "with_refit": _stats(after)})
+        lo, hi = sw.ends
+        out.append({"constant": sw.name, "source": src, "rows": len(cal), "stored": sw.stored,
+                    "refit": round(value, 7), "at_bound": value < lo + 1e-4 or value > hi - 1e-4,
+                    "scored": _stats(before), "with_refit": _stats(after)})
     return out
 
 
 def source_swap(progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """For each dtype of the H100's fitted ratios and each qualifying other source: the refitted ratio, and the
-    other held-out rows' within ±10 % and median |error| with the stored ratio and with the refit."""
-    return [e for dtype in ("bf16", "fp8") for e in source_swap_entries(dtype, progress=progress)]
+    """For each swappable constant and each qualifying other source: the refit, and the pool's other rows' within
+    ±10 % and median |error| with the stored value and with the refit."""
+    return [e for sw in swaps() for e in swap_entries(sw, progress=progress)]
 
 
 def run(progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -192,13 +224,13 @@ def run(progress: Callable[[str], None] | None = None) -> dict[str, Any]:
 
 
 def swap_table(data: dict[str, Any]) -> str:
-    """The markdown table of the H100 source swap (docs/planner.md section 9)."""
-    out = ["| H100 ratio | fitted instead on | its rows | ratio (stored) | the other held-out H100 rows | within ±10 % "
-           "(median), stored ratio | with the refit |", "|---|---|---:|---|---:|---:|---:|"]
+    """The markdown table of the source swap (docs/planner.md section 9)."""
+    out = ["| constant | fitted instead on | its rows | refit (stored) | the other held-out rows | within ±10 % "
+           "(median), stored | with the refit |", "|---|---|---:|---|---:|---:|---:|"]
     for s in data["source_swap"]:
         a, b = s["scored"], s["with_refit"]
-        out.append(f"| {s['dtype'].upper()} | {s['source']} | {s['rows']} | {s['refit']:.4f}{' (bound)' if s['at_bound'] else ''} "
-                   f"({s['stored']:.4f}) "
+        bound = " (bound)" if s["at_bound"] else ""
+        out.append(f"| {s['constant']} | {s['source']} | {s['rows']} | {_fmt(s['refit'])}{bound} ({_fmt(s['stored'])}) "
                    f"| {a['rows']} | {a['within_10pct']} ({a['median_abs_error_pct']:.1f} %) "
                    f"| {b['within_10pct']} ({b['median_abs_error_pct']:.1f} %) |")
     return "\n".join(out)
