@@ -68,7 +68,7 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 # layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
 # (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
-                   "megascale", "apertus", "oellm", "zb", "fp8lm")
+                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold")
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
@@ -647,6 +647,7 @@ FLASHATTN_PREFIX = ("fa2paper-", "fa1paper-")  # the FlashAttention papers' end-
 MEGATRON_LLAMA_PREFIX = "megatron-llama-"  # Megatron-LLaMA's LLaMA-13B scaling table (32-512 A100; forty-fourth round)
 BLOOMBERG_PREFIX = "bloomberggpt-"  # BloombergGPT's SageMaker ZeRO-3 run (512 A100-40GB; forty-fourth round)
 FP8LM_PREFIX = "fp8lm-"  # FP8-LM's Table 5: BF16 and Transformer Engine FP8 on 32-128 H100 (Megatron-LM; forty-fifth round)
+MOEFOLD_PREFIX = "moefold-"  # the MoE Parallel Folding paper's tables (Megatron-Core MoE on 64-1024 H100; forty-fifth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -681,7 +682,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
                                 "without FlashAttention)"),
              (MEGATRON_LLAMA_PREFIX, "Megatron-LLaMA's LLaMA-13B table (FlashAttention-1; 32-512 A100)"),
              (BLOOMBERG_PREFIX, "BloombergGPT (SageMaker ZeRO-3 / MiCS, 512 A100-40GB)"),
-             (FP8LM_PREFIX, "FP8-LM's Table 5 (Megatron-LM BF16 and Transformer Engine FP8; 32-128 H100)"))
+             (FP8LM_PREFIX, "FP8-LM's Table 5 (Megatron-LM BF16 and Transformer Engine FP8; 32-128 H100)"),
+             (MOEFOLD_PREFIX, "MoE Parallel Folding's tables (Megatron-Core MoE; 64-1024 H100, BF16)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
