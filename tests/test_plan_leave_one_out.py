@@ -75,7 +75,7 @@ def test_in_sample_errors_are_the_validation_sets():
         family = gemm_table.family_of(str(row["gpu"]))
         dev = validation.replace(cl.device, gemm={**cl.device.gemm, **hardware._gemm(family)},
                                  attn_sustain=hardware.attn_sustain_of(family))
-        got = validation._predict_on(row, validation.replace(cl, device=dev)).error
+        got = validation.predict_on(row, validation.replace(cl, device=dev)).error
     finally:
         mp.undo()
         compute.layer_times.cache_clear()

@@ -578,7 +578,7 @@ def test_fsdp_unit_cost_is_the_declared_fit():
     megatron = next(r for r in ROWS if r["name"] == "mbridge-25.11-llama3-8B-h100")  # Megatron-FSDP: no unit cost
     assert not megatron.get("fsdp")
     base = validation.predict(megatron).plan.step_time
-    priced = validation._predict_on(megatron, replace(validation.cluster_of(megatron), fsdp=True)).plan.step_time
+    priced = validation.predict_on(megatron, replace(validation.cluster_of(megatron), fsdp=True)).plan.step_time
     assert priced > base + 32 * 16 * hardware.FSDP_UNIT_S * 0.9  # 32 layers x 16 micro-batches, each unit priced
 
 

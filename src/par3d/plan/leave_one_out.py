@@ -48,7 +48,7 @@ class Constant:
 
 def _sustained(family: str, dtype: str) -> Constant:
     def error(ratio: float, row: dict[str, Any]) -> float:
-        return v._mean_error_at([row], *v.sustained_pricing(family, dtype, ratio))
+        return v.mean_error_at([row], *v.sustained_pricing(family, dtype, ratio))
 
     shared = family in gemm_table.SHARED_SUSTAINED
     return Constant(f"{family} sustained ratio" + ("" if shared else f" ({dtype})"),
@@ -58,14 +58,14 @@ def _sustained(family: str, dtype: str) -> Constant:
 
 
 def _moe_error(host: tuple[float, float], row: dict[str, Any]) -> float:
-    return v._predict_on(row, replace(v.cluster_of(row), moe_host_s=tuple(host))).error
+    return v.predict_on(row, replace(v.cluster_of(row), moe_host_s=tuple(host))).error
 
 
 def constants() -> list[Constant]:
     """Every fitted constant, in the order `--fit` derives them (a later fit holds the earlier ones fixed)."""
     out = [Constant("step share", gemm_table.STEP_SHARE, v.step_share_rows,
                     lambda cal: v.fit_step_share(cal=cal),
-                    lambda share, row: v._mean_error_at([row], *v.step_share_pricing(share)))]
+                    lambda share, row: v.mean_error_at([row], *v.step_share_pricing(share)))]
     for family, dtype in sorted(gemm_table.FITTED_SUSTAINED):
         if family in gemm_table.SHARED_SUSTAINED and dtype != "bf16":
             continue  # one ratio for every dtype: fitted once
@@ -173,7 +173,7 @@ def _ratio_swap(family: str, dtype: str) -> Swap:
 
     return Swap(f"{family.upper()} {dtype.upper()} ratio", gemm_table.FITTED_SUSTAINED[(family, dtype)], pool,
                 lambda: v.sustained_cal_rows(family, dtype), lambda cal: v.fit_sustained(family, dtype, cal=cal),
-                lambda x, r: v._mean_error_at([r], *v.sustained_pricing(family, dtype, x)), (0.3, 1.0))
+                lambda x, r: v.mean_error_at([r], *v.sustained_pricing(family, dtype, x)), (0.3, 1.0))
 
 
 def swaps() -> list[Swap]:

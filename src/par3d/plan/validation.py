@@ -104,7 +104,7 @@ def undescribed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _predict_or_none(row: dict[str, Any]) -> Prediction | None:
-    """`predict`, or None where the row's published layout finds no plan (`_predict_on`'s ValueError)."""
+    """`predict`, or None where the row's published layout finds no plan (`predict_on`'s ValueError)."""
     try:
         return predict(row)
     except ValueError:
@@ -235,10 +235,10 @@ def options_of(row: dict[str, Any]) -> Options:
 
 
 def predict(row: dict[str, Any]) -> Prediction:
-    return _predict_on(row, cluster_of(row))
+    return predict_on(row, cluster_of(row))
 
 
-def _predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
+def predict_on(row: dict[str, Any], cluster: Cluster) -> Prediction:
     model = model_of(row)
     # a row ran HSDP only where it says so, and expert tensor parallelism only where it gives a size (every recipe
     # that states none sets 1: Megatron-Bridge's and NeMo's)
@@ -408,7 +408,7 @@ def moe_host_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str
 def moe_host_error(host_s: tuple[float, float], cal: list[dict[str, Any]] | None = None) -> float:
     """Mean |error| of the MoE host floor's calibration rows with the floor at `host_s` (fixed, per routed expert)."""
     cal = moe_host_rows() if cal is None else cal
-    return sum(abs(_predict_on(r, replace(cluster_of(r), moe_host_s=host_s)).error) for r in cal) / len(cal)
+    return sum(abs(predict_on(r, replace(cluster_of(r), moe_host_s=host_s)).error) for r in cal) / len(cal)
 
 
 def fit_moe_host(cal: list[dict[str, Any]] | None = None) -> tuple[float, float]:
@@ -442,7 +442,7 @@ def moe_host_by_release() -> list[tuple[str, int, tuple[float, float], int, int,
         return name.split("-")[2] if name.startswith("mbridge-moe-") else None
 
     def within(host: tuple[float, float], others: list[dict[str, Any]]) -> int:
-        return sum(abs(_predict_on(r, replace(cluster_of(r), moe_host_s=host if host_floored(r) else (0.0, 0.0)))
+        return sum(abs(predict_on(r, replace(cluster_of(r), moe_host_s=host if host_floored(r) else (0.0, 0.0)))
                        .error) <= DEFAULT_BOUND for r in others)
 
     out = []
@@ -471,7 +471,7 @@ def _bisect(mean_error: Callable[[float], float], lo: float, hi: float, tol: flo
     return (lo + hi) / 2
 
 
-def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], float],
+def mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], float],
                    attn_sustain: Callable[[str], float] | None = None) -> float:
     """Mean signed error of the calibration rows `cal` with each row's GEMM share of its dtype replaced
     by `gemm_share(gpu family, dtype)` (what a fit varies), and its attention kernel's in-step discount
@@ -484,7 +484,7 @@ def _mean_error_at(cal: list[dict[str, Any]], gemm_share: Callable[[str, str], f
         dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: gemm_share(family, cl.dtype)})
         if attn_sustain is not None:
             dev = replace(dev, attn_sustain=attn_sustain(family))
-        errs.append(_predict_on(r, replace(cl, device=dev)).error)
+        errs.append(predict_on(r, replace(cl, device=dev)).error)
     return sum(errs) / len(errs)
 
 
@@ -494,7 +494,7 @@ def step_share_rows() -> list[dict[str, Any]]:
 
 
 def step_share_pricing(share: float) -> tuple[Callable[[str, str], float], Callable[[str], float]]:
-    """What `_mean_error_at` varies when the step share is `share`: every GPU's GEMM share of each dtype and its
+    """What `mean_error_at` varies when the step share is `share`: every GPU's GEMM share of each dtype and its
     attention kernel's in-step discount, both derived from it."""
     from . import gemm_table
 
@@ -513,14 +513,14 @@ def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6,
     from . import compute
 
     cal = step_share_rows() if cal is None else cal
-    out = _bisect(lambda share: _mean_error_at(cal, *step_share_pricing(share)), lo, hi, tol)
+    out = _bisect(lambda share: mean_error_at(cal, *step_share_pricing(share)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
 
 def sustained_pricing(family: str, dtype: str, ratio: float
                       ) -> tuple[Callable[[str, str], float], Callable[[str], float] | None]:
-    """What `_mean_error_at` varies when `family`'s `dtype` GEMMs run at the sustained/burst `ratio` (every dtype's
+    """What `mean_error_at` varies when `family`'s `dtype` GEMMs run at the sustained/burst `ratio` (every dtype's
     where the family shares one ratio: gemm_table.SHARED_SUSTAINED), the step share held at its stored value."""
     from . import gemm_table
 
@@ -556,7 +556,7 @@ def fit_sustained(family: str, dtype: str, lo: float = 0.3, hi: float = 1.0, tol
     cal = sustained_cal_rows(family, dtype) if cal is None else cal
     if not cal:
         raise ValueError(f"no calibration rows for {family} {dtype}")
-    out = _bisect(lambda ratio: _mean_error_at(cal, *sustained_pricing(family, dtype, ratio)), lo, hi, tol)
+    out = _bisect(lambda ratio: mean_error_at(cal, *sustained_pricing(family, dtype, ratio)), lo, hi, tol)
     compute.layer_times.cache_clear()
     return out
 
@@ -572,7 +572,7 @@ def fsdp_rows(all_rows: list[dict[str, Any]] | None = None) -> list[dict[str, An
 def fsdp_mean_error(unit_s: float, cal: list[dict[str, Any]] | None = None) -> float:
     """Mean signed error of the FSDP calibration rows with each wrapped unit costing `unit_s`."""
     cal = fsdp_rows() if cal is None else cal
-    return sum(_predict_on(r, replace(cluster_of(r), fsdp_unit_s=unit_s)).error for r in cal) / len(cal)
+    return sum(predict_on(r, replace(cluster_of(r), fsdp_unit_s=unit_s)).error for r in cal) / len(cal)
 
 
 def fit_fsdp_unit(lo: float = 0.0, hi: float = 0.03, tol: float = 5e-5,
