@@ -281,14 +281,14 @@ def sustained_ratio(family: str, dtype: str) -> float:
     return HPL_SUSTAINED
 
 
-def achievable_fraction(family: str, dtype: str) -> float | None:
+def achievable_fraction(family: str, dtype: str, step_share: float | None = None) -> float | None:
     """The share of peak a large GEMM reaches inside a training step: mamf/peak × sustained ×
-    `STEP_SHARE`; None if unknown."""
+    `STEP_SHARE` (`step_share` in its place: what validation.fit_step_share varies); None if unknown."""
     row = TABLE.get(family, {}).get(dtype)
     if row is None:
         return None
     peak, mamf, _ = row
-    return mamf / peak * sustained_ratio(family, dtype) * STEP_SHARE
+    return mamf / peak * sustained_ratio(family, dtype) * (STEP_SHARE if step_share is None else step_share)
 
 
 __all__ = ["FITTED_SUSTAINED", "FP4_PEAK", "NVFP4_CAST_OVER_MXFP8", "NVFP4_OVER_BF16", "SHARED_SUSTAINED", "SUSTAINED_FROM", "STEP_SHARE", "STEP_SPREAD", "TABLE", "achievable_fraction",

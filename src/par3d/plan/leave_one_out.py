@@ -57,6 +57,11 @@ def _sustained(family: str, dtype: str) -> Constant:
                     lambda cal: v.fit_sustained(family, dtype, cal=cal), error)
 
 
+def _fsdp_unit() -> Constant:
+    return Constant("FSDP unit cost (s)", FSDP_UNIT_S, v.fsdp_rows, lambda cal: v.fit_fsdp_unit(cal=cal),
+                    lambda unit, row: v.fsdp_mean_error(unit, [row]))
+
+
 def _moe_error(host: tuple[float, float], row: dict[str, Any]) -> float:
     return v.predict_on(row, replace(v.cluster_of(row), moe_host_s=tuple(host))).error
 
@@ -70,8 +75,7 @@ def constants() -> list[Constant]:
         if family in gemm_table.SHARED_SUSTAINED and dtype != "bf16":
             continue  # one ratio for every dtype: fitted once
         out.append(_sustained(family, dtype))
-    out.append(Constant("FSDP unit cost (s)", FSDP_UNIT_S, v.fsdp_rows, lambda cal: v.fit_fsdp_unit(cal=cal),
-                        lambda unit, row: v.fsdp_mean_error(unit, [row])))
+    out.append(_fsdp_unit())
     out.append(Constant("MoE host floor (s, s per routed expert)", MOE_HOST_S,
                         lambda: [r for r in v.moe_host_rows() if v.host_floored(r)],
                         lambda cal: v.fit_moe_host(cal), _moe_error))
@@ -147,39 +151,32 @@ def _source(row: dict[str, Any]) -> str:
     return str(row["name"]).split("-")[0]
 
 
-def _dtype(r: dict[str, Any]) -> str:
-    d = str(r.get("dtype", "bf16"))
-    return "bf16" if d == "fp16" else d
-
-
 @dataclass(frozen=True)
 class Swap:
-    """A constant whose calibration source can be swapped: its label, stored value, the held-out rows that may
-    calibrate or score it, its stored calibration rows, its fit on any rows, the signed error of one row at a value,
-    and the ends of its fit's range."""
+    """A fitted constant whose calibration source can be swapped: its label in the table, the constant (stored value,
+    calibration rows, fit, one row's error), the held-out rows that may calibrate or score it, and the ends of its
+    fit's range."""
     name: str
-    stored: float
+    const: Constant
     pool: Callable[[], list[dict[str, Any]]]
-    cal: Callable[[], list[dict[str, Any]]]
-    fit: Callable[[list[dict[str, Any]]], float]
-    error: Callable[[float, dict[str, Any]], float]
     ends: tuple[float, float]
+
+    @property
+    def cal(self) -> Callable[[], list[dict[str, Any]]]:
+        return self.const.cal
 
 
 def _ratio_swap(family: str, dtype: str) -> Swap:
     def pool() -> list[dict[str, Any]]:
         return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == family and not v.in_sample(r)
-                and _dtype(r) == dtype and not v.model_of(r).moe]
+                and v.evidence_dtype(str(r.get("dtype", "bf16"))) == dtype and not v.model_of(r).moe]
 
-    return Swap(f"{family.upper()} {dtype.upper()} ratio", gemm_table.FITTED_SUSTAINED[(family, dtype)], pool,
-                lambda: v.sustained_cal_rows(family, dtype), lambda cal: v.fit_sustained(family, dtype, cal=cal),
-                lambda x, r: v.mean_error_at([r], *v.sustained_pricing(family, dtype, x)), (0.3, 1.0))
+    return Swap(f"{family.upper()} {dtype.upper()} ratio", _sustained(family, dtype), pool, (0.3, 1.0))
 
 
 def swaps() -> list[Swap]:
-    fsdp = Swap("FSDP unit cost", FSDP_UNIT_S,
-                lambda: [r for r in v.rows() if r.get("fsdp") and not v.in_sample(r)], v.fsdp_rows,
-                lambda cal: v.fit_fsdp_unit(cal=cal), lambda x, r: v.fsdp_mean_error(x, [r]), (0.0, 0.03))
+    fsdp = Swap("FSDP unit cost", _fsdp_unit(),
+                lambda: [r for r in v.rows() if r.get("fsdp") and not v.in_sample(r)], (0.0, 0.03))
     return [_ratio_swap("h100", "bf16"), _ratio_swap("h100", "fp8"), _ratio_swap("gh200", "bf16"),
             _ratio_swap("gh200", "fp8"), fsdp]
 
@@ -190,6 +187,7 @@ def swap_entries(sw: Swap, only: list[str] | None = None,
     out = []
     pool = sw.pool()
     cal_source = {_source(r) for r in sw.cal()}
+    stored: dict[str, float] = {}  # each pool row's error at the stored value, priced once for every candidate
     for src in sorted({_source(r) for r in pool} - cal_source):
         cal = [r for r in pool if _source(r) == src]
         if len(cal) < SWAP_MIN_ROWS or (only is not None and src not in only):
@@ -199,12 +197,15 @@ def swap_entries(sw: Swap, only: list[str] | None = None,
             continue
         if progress is not None:
             progress(f"{sw.name} on {src}'s {len(cal)} rows")
-        value = sw.fit(cal)
-        before = [sw.error(sw.stored, r) for r in others]
-        after = [sw.error(value, r) for r in others]
+        value = sw.const.fit(cal)
+        for r in others:
+            if r["name"] not in stored:
+                stored[str(r["name"])] = sw.const.error(sw.const.stored, r)
+        before = [stored[str(r["name"])] for r in others]
+        after = [sw.const.error(value, r) for r in others]
         compute.layer_times.cache_clear()
         lo, hi = sw.ends
-        out.append({"constant": sw.name, "source": src, "rows": len(cal), "stored": sw.stored,
+        out.append({"constant": sw.name, "source": src, "rows": len(cal), "stored": sw.const.stored,
                     "refit": round(value, 7), "at_bound": value < lo + 1e-4 or value > hi - 1e-4,
                     "scored": _stats(before), "with_refit": _stats(after)})
     return out

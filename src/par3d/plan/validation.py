@@ -499,8 +499,7 @@ def step_share_pricing(share: float) -> tuple[Callable[[str, str], float], Calla
     from . import gemm_table
 
     def gemm_share(family: str, dtype: str) -> float:
-        peak, mamf, _ = gemm_table.TABLE[family][dtype]
-        return mamf / peak * gemm_table.sustained_ratio(family, dtype) * share
+        return gemm_table.achievable_fraction(family, dtype, step_share=share)  # type: ignore[return-value]
     return gemm_share, lambda f: attn_sustain_of(f, step_share=share)
 
 
@@ -915,10 +914,10 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
 
 
 def _evidence_key(gpu: str, dtype: str, moe: bool) -> str:
-    return f"{gpu}/{_evidence_dtype(dtype)}" + ("/moe" if moe else "")
+    return f"{gpu}/{evidence_dtype(dtype)}" + ("/moe" if moe else "")
 
 
-def _evidence_dtype(dtype: str) -> str:
+def evidence_dtype(dtype: str) -> str:
     """fp16 and bf16 run the same tensor-core path at the same rate in the model: one group, "bf16"."""
     return "bf16" if dtype == "fp16" else dtype
 
