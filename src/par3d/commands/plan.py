@@ -1310,13 +1310,13 @@ def _ranking_lines(cluster, plans) -> list[str]:
     if other is None:
         return []
     gap = other.step_time / plans[0].step_time - 1
-    if 100 * gap >= float(ev["median_regret_pct"]):
+    if 100 * gap >= float(ev["mean_regret_pct"]):
         return []
     c = other.choice
     what = (f"tp {c.tp} cp {c.cp} pp {c.pp} dp {c.dp}, mb {c.micro_batch}, {c.schedule}"
             + (f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + f", recompute {c.recompute}")
     return [f"ranking:  #{rank} ({what}) is {gap:.1%} slower here; on {ev['runs']} published runs measured at three "
-            f"or more layouts this model's pick measured a median {ev['median_regret_pct']} % slower than the fastest "
+            f"or more layouts this model's pick measured a mean {ev['mean_regret_pct']} % slower than the fastest "
             f"({ev['pick_fastest']} of {ev['runs']} the fastest): layouts this close are a tie to it — time both "
             f"(docs/planner.md §9)"]
 

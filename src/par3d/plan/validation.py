@@ -68,7 +68,7 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 # layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
 # (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
-                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold")
+                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe")
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
@@ -647,6 +647,9 @@ MEGATRON_LLAMA_PREFIX = "megatron-llama-"  # Megatron-LLaMA's LLaMA-13B scaling 
 BLOOMBERG_PREFIX = "bloomberggpt-"  # BloombergGPT's SageMaker ZeRO-3 run (512 A100-40GB; forty-fourth round)
 FP8LM_PREFIX = "fp8lm-"  # FP8-LM's Table 5: BF16 and Transformer Engine FP8 on 32-128 H100 (Megatron-LM; forty-fifth round)
 MOEFOLD_PREFIX = "moefold-"  # the MoE Parallel Folding paper's tables (Megatron-Core MoE on 64-1024 H100; forty-fifth round)
+AMD_PREFIX = "amd-"  # AMD Instinct MLPerf Llama 3.1 8B runs not in MLPerf's own blocks (forty-sixth round)
+MCOREMOE_PREFIX = "mcoremoe-"  # the Megatron MoE model zoo's Qwen3-235B-A22B tables (H100, GB200, GB300; forty-sixth round)
+HAGEMANN_PREFIX = "hagemann23-"  # Hagemann et al. 2023's layout sweep (Aleph Alpha's code, 32-256 A100; forty-sixth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -682,7 +685,10 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MEGATRON_LLAMA_PREFIX, "Megatron-LLaMA's LLaMA-13B table (FlashAttention-1; 32-512 A100)"),
              (BLOOMBERG_PREFIX, "BloombergGPT (SageMaker ZeRO-3 / MiCS, 512 A100-40GB)"),
              (FP8LM_PREFIX, "FP8-LM's Table 5 (Megatron-LM BF16 and Transformer Engine FP8; 32-128 H100)"),
-             (MOEFOLD_PREFIX, "MoE Parallel Folding's tables (Megatron-Core MoE; 64-1024 H100, BF16)"))
+             (MOEFOLD_PREFIX, "MoE Parallel Folding's tables (Megatron-Core MoE; 64-1024 H100, BF16)"),
+             (AMD_PREFIX, "AMD Instinct partners' and MiTAC's MLPerf Llama 3.1 8B runs (MI325X, MI350X, MI355X; FP8)"),
+             (MCOREMOE_PREFIX, "the Megatron MoE model zoo's Qwen3-235B-A22B tables (H100, GB200, GB300)"),
+             (HAGEMANN_PREFIX, "Hagemann et al.'s layout sweep (Aleph Alpha's code; LLaMA 13B-65B on 32-256 A100)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
@@ -771,13 +777,16 @@ def ordering(preds: list[Prediction]) -> tuple[int, int]:
     return len(pairs), sum(fast.value > slow.value for fast, slow in pairs)
 
 
-def _pick_stats(preds: list[Prediction]) -> tuple[int, int, float, float] | None:
-    """`layout_picks` summed up: (runs, picks that were the measured fastest, median and largest regret as fractions);
-    None where no run was measured at three layouts.  What the summary line and evidence.json both quote."""
+def _pick_stats(preds: list[Prediction]) -> tuple[int, int, float, float, float] | None:
+    """`layout_picks` summed up: (runs, picks that were the measured fastest, median, mean and largest regret as
+    fractions); None where no run was measured at three layouts.  What the summary line and evidence.json both quote.
+    The mean is what following the pick cost on average, and what `par3d plan` takes as its resolution between two
+    layouts (forty-sixth round: the median is zero once more than half of the picks are the fastest, and a zero
+    resolution would call no two plans a tie however near)."""
     regrets = sorted(r for _, _, r in layout_picks(preds))
     if not regrets:
         return None
-    return len(regrets), sum(r == 0 for r in regrets), median(regrets), regrets[-1]
+    return len(regrets), sum(r == 0 for r in regrets), median(regrets), sum(regrets) / len(regrets), regrets[-1]
 
 
 def summary(preds: list[Prediction]) -> str:
@@ -798,9 +807,9 @@ def summary(preds: list[Prediction]) -> str:
                      f"ordered as measured: {right}")
     stats = _pick_stats(preds)
     if stats:
-        runs, fastest, med, top = stats
+        runs, fastest, med, mean, top = stats
         lines.append(f"runs measured at three or more layouts: {runs}; the planner's pick the measured fastest in "
-                     f"{fastest}, its regret median {med:.1%}, max {top:.1%}")
+                     f"{fastest}, its regret median {med:.1%}, mean {mean:.1%}, max {top:.1%}")
     return "\n".join(lines)
 
 
@@ -904,10 +913,11 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
                     "max_error_pct": round(100 * errs[-1], 1)}
     stats = _pick_stats(preds)
     if stats:  # how well the model chose among the layouts a team measured (`layout_picks`, `ordering`)
-        runs, fastest, med, top = stats
+        runs, fastest, med, mean, top = stats
         pairs, ordered = ordering(preds)
         out[RANKING_KEY] = {"runs": runs, "pick_fastest": fastest, "median_regret_pct": round(100 * med, 1),
-                            "max_regret_pct": round(100 * top, 1), "pairs": pairs, "pairs_ordered": ordered}
+                            "mean_regret_pct": round(100 * mean, 1), "max_regret_pct": round(100 * top, 1),
+                            "pairs": pairs, "pairs_ordered": ordered}
     if plain is not None:
         out.update(software_figures(preds, plain))
     return out
