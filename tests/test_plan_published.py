@@ -279,7 +279,8 @@ def test_most_rows_within_ten_percent(predictions):
     # held-out rows from four new sources, 13 of them misses -- new data, no change to the model -- and the gate
     # moved to 6.3 %; 6.41 % when the forty-sixth round added 109 held-out rows from three new sources, 93 of them
     # Hagemann et al.'s layout sweep on Aleph Alpha's own code, 68 of those misses (fast) while 407 of its 423 layout
-    # pairs are ordered as measured -- new data, no change to the model -- and the gate moved to 6.5 %)
+    # pairs are ordered as measured -- new data, no change to the model -- and the gate moved to 6.5 %; 6.50 % with the
+    # same round's second batch, 29 rows from four more sources, 13 of them misses)
     assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.065
 
 
@@ -451,7 +452,7 @@ def test_rows_p2p_blocking_follow_their_software():
                   "hagemann23-")  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
-                     "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-")
+                     "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-", "vocabpar25-")
     for r in ROWS:
         name, pp = str(r["name"]), r.get("fixed", {}).get("pp", 1)
         software = "all" if name.startswith(blocks_all) else "1f1b" if name.startswith(megatron_core) else "none"

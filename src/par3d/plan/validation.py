@@ -68,7 +68,8 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 # layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
 # (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
-                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe")
+                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe",
+                   "vocabpar25")
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
@@ -650,6 +651,9 @@ MOEFOLD_PREFIX = "moefold-"  # the MoE Parallel Folding paper's tables (Megatron
 AMD_PREFIX = "amd-"  # AMD Instinct MLPerf Llama 3.1 8B runs not in MLPerf's own blocks (forty-sixth round)
 MCOREMOE_PREFIX = "mcoremoe-"  # the Megatron MoE model zoo's Qwen3-235B-A22B tables (H100, GB200, GB300; forty-sixth round)
 HAGEMANN_PREFIX = "hagemann23-"  # Hagemann et al. 2023's layout sweep (Aleph Alpha's code, 32-256 A100; forty-sixth round)
+VOCABPAR_PREFIX = "vocabpar25-"  # the Vocabulary Parallelism paper's plain-1F1B baselines (8 A100, PP 8; forty-sixth round)
+LIGHTSEQ_PREFIX = "lightseq23-"  # DistFlashAttn's Megatron-LM and DeepSpeed-Ulysses baselines (1-2 A100 boxes; 46th round)
+REPORTS46_PREFIX = ("smollm3-", "granite3-")  # SmolLM3 (nanotron) and Granite 3.0 runs on H100 (forty-sixth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -688,7 +692,10 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (MOEFOLD_PREFIX, "MoE Parallel Folding's tables (Megatron-Core MoE; 64-1024 H100, BF16)"),
              (AMD_PREFIX, "AMD Instinct partners' and MiTAC's MLPerf Llama 3.1 8B runs (MI325X, MI350X, MI355X; FP8)"),
              (MCOREMOE_PREFIX, "the Megatron MoE model zoo's Qwen3-235B-A22B tables (H100, GB200, GB300)"),
-             (HAGEMANN_PREFIX, "Hagemann et al.'s layout sweep (Aleph Alpha's code; LLaMA 13B-65B on 32-256 A100)"))
+             (HAGEMANN_PREFIX, "Hagemann et al.'s layout sweep (Aleph Alpha's code; LLaMA 13B-65B on 32-256 A100)"),
+             (VOCABPAR_PREFIX, "the Vocabulary Parallelism paper's 1F1B baselines (Megatron-Core fork; 8 A100, PP 8)"),
+             (LIGHTSEQ_PREFIX, "DistFlashAttn's baselines (Megatron-LM TP 8 / 16, DeepSpeed-Ulysses; 1-2 A100 boxes)"),
+             (REPORTS46_PREFIX, "SmolLM3's and Granite 3.0's runs (nanotron, an unnamed framework; 8-768 H100)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
