@@ -193,6 +193,9 @@ OVER_MEMORY_XLA = {f"maxtext-a3-llama2-7b-{n}vm" for n in (1, 2, 4, 8, 16)}
 # headroom; the zoo's GB200 MXFP8 128K-token line (TP 4, CP 4, PP 4, VP 12, EP 32) ran, and memory.py puts it 16 % over
 CAPACITY_ONLY |= {"hagemann23-sp-65b-2k-64gpu-tp8-pp4-mb4-sp0", "mcoremoe-qwen3-235b-a22b-h100-256-tp2pp32vpp3ep8-alltoall"}
 OVER_MEMORY_ZOO = {"mcoremoe-qwen3-235b-a22b-gb200-128-mxfp8-seq128k-tp4cp4pp4vpp12ep32"}
+# NeMo 25.07's GB200 Llama 3 70B under FSDP at TP 1 without recomputation (forty-sixth round): 5 % over the GB200 in
+# memory.py, priced at its published layout
+OVER_MEMORY_NEMO_FSDP = {"nemo-25.07-llama3-70B-gb200"}
 ETP_ROWS = ({f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
             | {f"dgxc-25.05-llama4-maverick-400B-{d}-h100-512" for d in ("bf16", "fp8")})
 
@@ -211,7 +214,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
                                                                   | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over
                                                                   | OVER_MEMORY_FSDP_EP | OVER_MEMORY_XLA
-                                                                  | OVER_MEMORY_ZOO)
+                                                                  | OVER_MEMORY_ZOO | OVER_MEMORY_NEMO_FSDP)
     # the rows whose sources state expert-tensor parallelism 4 are priced with it, and fit
     # the MoE Parallel Folding paper's Megatron-Core rows without folding split the experts over the attention TP group
     # (forty-fifth round: etp = tp, as Megatron-Core did before folding), and are priced so
@@ -233,7 +236,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert p.row.get("evaluate_unfit") and cap < p.plan.memory.total < 1.15 * cap
-    for n in OVER_MEMORY_FSDP_EP:
+    for n in OVER_MEMORY_FSDP_EP | OVER_MEMORY_NEMO_FSDP:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert p.row.get("evaluate_unfit") and cap < p.plan.memory.total < 1.1 * cap
@@ -280,8 +283,9 @@ def test_most_rows_within_ten_percent(predictions):
     # moved to 6.3 %; 6.41 % when the forty-sixth round added 109 held-out rows from three new sources, 93 of them
     # Hagemann et al.'s layout sweep on Aleph Alpha's own code, 68 of those misses (fast) while 407 of its 423 layout
     # pairs are ordered as measured -- new data, no change to the model -- and the gate moved to 6.5 %; 6.50 % with the
-    # same round's second batch, 29 rows from four more sources, 13 of them misses)
-    assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.065
+    # same round's second batch, 29 rows from four more sources, 13 of them misses; 5.94 % with its third batch, 121
+    # rows of NVIDIA's own tables of releases the set lacked, 118 of them within, and the gate tightened to 6.0 %)
+    assert sum(e <= 0.10 for e in errs) >= 26 and errs[len(errs) // 2] <= 0.060
 
 
 # The software of Narayanan et al. 2021 as `par3d plan` flags (docs/planner.md, "The unconstrained
@@ -413,9 +417,12 @@ def test_rows_say_how_their_loss_ran():
               "mlperf-6.0-deepseek-",
               "olmo-core-olmo-1b-",  # OLMo-core's 1B script compiled F.cross_entropy on bf16 logits (fortieth round)
               "internlm7b-",  # InternLM's July-2023 release: flash-attn's fused cross-entropy (forty-first round)
-              "amd-mlperf-6.0-")  # MiTAC's MI325X on Primus: its yaml sets TE's cross-entropy fusion (forty-sixth round)
+              "amd-mlperf-6.0-",  # MiTAC's MI325X on Primus: its yaml sets TE's cross-entropy fusion (forty-sixth round)
+              "nemo-25.07-")  # NeMo v2.4.0's performance scripts: TE's cross-entropy (forty-sixth round)
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
-    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-")
+    # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
+    fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
+             "dgxc-25.04-")
     for r in ROWS:
         name = str(r["name"])
         # the FlashAttention-2 paper's runs of flash-attention's training code: its fused cross-entropy (44th round)
@@ -450,7 +457,7 @@ def test_rows_p2p_blocking_follow_their_software():
     blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "glm-", "nemo-22.08-",
                   "fa2paper-gpt3-",
                   "hagemann23-")  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
-    megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "dgxc-", "mbridge-", "mlperf-",
+    megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "nemo-25.07-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
                      "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-", "vocabpar25-")
     for r in ROWS:

@@ -619,7 +619,7 @@ FMS_PREFIX = "fmsfsdp-"  # fms-fsdp's PyTorch FSDP rows (A100): held out from FS
 AUTOMODEL_PREFIX = "automodel-"  # NeMo AutoModel (FSDP2 + EP; H100): its dense row (seventeenth round), MoE (28th)
 TORCHTITAN_PREFIX = "torchtitan-"  # torchtitan's FSDP2 rows (A100, fifteenth round; H200, twentieth): held out likewise
 LONGSEQ_PREFIX = "nemo-longseq-"  # NeMo's long-sequence CP tables (H100, B200; 4K-1M tokens; sixteenth round)
-NEMO25_PREFIX = "nemo-25.0"  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
+NEMO25_PREFIX = ("nemo-25.02-", "nemo-25.04-")  # NeMo 25.02's DGX-B200 and 25.04's DGX-GB200 summaries (sixteenth round)
 MEGATRON08_PREFIX = "megatron-r0.8-"  # Megatron-LM's README scaling tables, Megatron-Core r0.8.0 on H100 (seventeenth)
 NEMO2208_PREFIX = "nemo-22.08-"  # NeMo Megatron 22.08's GPT-3 5B / 175B scaling tables on A100 (eighteenth round)
 # Megatron-Bridge's performance tables, 25.11 ... 26.06 (twelfth round: H100, B200, GB200; twenty-first: GB300;
@@ -654,6 +654,8 @@ HAGEMANN_PREFIX = "hagemann23-"  # Hagemann et al. 2023's layout sweep (Aleph Al
 VOCABPAR_PREFIX = "vocabpar25-"  # the Vocabulary Parallelism paper's plain-1F1B baselines (8 A100, PP 8; forty-sixth round)
 LIGHTSEQ_PREFIX = "lightseq23-"  # DistFlashAttn's Megatron-LM and DeepSpeed-Ulysses baselines (1-2 A100 boxes; 46th round)
 REPORTS46_PREFIX = ("smollm3-", "granite3-")  # SmolLM3 (nanotron) and Granite 3.0 runs on H100 (forty-sixth round)
+DGXC_2502_PREFIX = ("dgxc-25.02-", "dgxc-25.04-")  # dgxc-benchmarking v25.02 and v25.04's H100 tables (46th round)
+NEMO2507_PREFIX = "nemo-25.07-"  # NeMo 25.07's DGX-GB200 FP8 summary (forty-sixth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -695,7 +697,9 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (HAGEMANN_PREFIX, "Hagemann et al.'s layout sweep (Aleph Alpha's code; LLaMA 13B-65B on 32-256 A100)"),
              (VOCABPAR_PREFIX, "the Vocabulary Parallelism paper's 1F1B baselines (Megatron-Core fork; 8 A100, PP 8)"),
              (LIGHTSEQ_PREFIX, "DistFlashAttn's baselines (Megatron-LM TP 8 / 16, DeepSpeed-Ulysses; 1-2 A100 boxes)"),
-             (REPORTS46_PREFIX, "SmolLM3's and Granite 3.0's runs (nanotron, an unnamed framework; 8-768 H100)"))
+             (REPORTS46_PREFIX, "SmolLM3's and Granite 3.0's runs (nanotron, an unnamed framework; 8-768 H100)"),
+             (DGXC_2502_PREFIX, "dgxc-benchmarking v25.02 and v25.04 (H100; NeMo 24.12 and NeMo 2 containers)"),
+             (NEMO2507_PREFIX, "NeMo 25.07's GB200 FP8 summary (Llama 3 8B, 70B, 3.1 405B)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
