@@ -58,7 +58,10 @@ def test_the_set_holds_the_named_runs():
                                                                "gb200-512")} <= names
     assert {f"dgxc-25.05-{m}-{d}-{g}" for m in ("grok1-314B", "llama4-maverick-400B") for d in ("bf16", "fp8")
             for g in ("gb200-128", "gb200-256", "gb200-512", "h100-512")} <= names
-    assert sum(n.startswith(validation.DGXC_2505_PREFIX) for n in names) == 41  # and its two H100 15B rows
+    assert sum(n.startswith(validation.DGXC_2505_PREFIX) for n in names) == 45  # and its two H100 15B rows
+    # and v25.05's H100 405B and 340B rows, BF16 and FP8 (forty-sixth round)
+    assert {f"dgxc-25.05-{m}-{d}-h100-{g}" for m, g in (("llama3.1-405B", 512), ("nemotron4-340B", 256))
+            for d in ("bf16", "fp8")} <= names
     # MLPerf Training v5.0's Llama 3.1 405B: every submission on a catalogue GPU (5 H100, 2 H200, 7 GB200)
     assert sum(n.startswith(validation.MLPERF5_PREFIX) for n in names) == 14
     # MLPerf Training v4.1's GPT-3 175B: every submission on a catalogue GPU whose logs carry step times
