@@ -656,6 +656,7 @@ LIGHTSEQ_PREFIX = "lightseq23-"  # DistFlashAttn's Megatron-LM and DeepSpeed-Uly
 REPORTS46_PREFIX = ("smollm3-", "granite3-")  # SmolLM3 (nanotron) and Granite 3.0 runs on H100 (forty-sixth round)
 DGXC_2502_PREFIX = ("dgxc-25.02-", "dgxc-25.04-")  # dgxc-benchmarking v25.02 and v25.04's H100 tables (46th round)
 NEMO2507_PREFIX = "nemo-25.07-"  # NeMo 25.07's DGX-GB200 FP8 summary (forty-sixth round)
+MOERECIPES_PREFIX = "megatron-moerecipes-"  # Megatron-LM's dev-branch MoE recipe table (forty-sixth round)
 OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (DGXC_PREFIX, "dgxc-benchmarking v24.11.1"), (MLPERF_PREFIX, "MLPerf Training v3.1"),
              (DGXC_2505_PREFIX, "dgxc-benchmarking v25.05 (GB200, NeMo 25.04)"),
@@ -699,7 +700,8 @@ OWN_LINES: tuple[tuple[str | tuple[str, ...], str], ...] = (
              (LIGHTSEQ_PREFIX, "DistFlashAttn's baselines (Megatron-LM TP 8 / 16, DeepSpeed-Ulysses; 1-2 A100 boxes)"),
              (REPORTS46_PREFIX, "SmolLM3's and Granite 3.0's runs (nanotron, an unnamed framework; 8-768 H100)"),
              (DGXC_2502_PREFIX, "dgxc-benchmarking v25.02 and v25.04 (H100; NeMo 24.12 and NeMo 2 containers)"),
-             (NEMO2507_PREFIX, "NeMo 25.07's GB200 FP8 summary (Llama 3 8B, 70B, 3.1 405B)"))
+             (NEMO2507_PREFIX, "NeMo 25.07's GB200 FP8 summary (Llama 3 8B, 70B, 3.1 405B)"),
+             (MOERECIPES_PREFIX, "Megatron-LM's MoE recipe table (DeepSeek-V3, Qwen3; H100, B200, B300, GB200, GB300)"))
 
 
 def _stats(preds: list[Prediction]) -> dict[str, float | int]:
