@@ -200,9 +200,9 @@ OVER_MEMORY_ZOO = {"mcoremoe-qwen3-235b-a22b-gb200-128-mxfp8-seq128k-tp4cp4pp4vp
 # memory.py, priced at its published layout
 OVER_MEMORY_FEW_PCT = {"nemo-25.07-llama3-70B-gb200"}
 # Megatron-LM's MoE recipes (forty-sixth round): Qwen3-235B on 128 B200 at PP 4 x VP 12 with micro-batches of 3,
-# 2.8 % over the B200 in memory.py, and DeepSeek-V3 on 256 B200 (MLA, below) 0.3 % over; priced as run
+# 2.8 % over the B200 in memory.py, and DeepSeek-V3 on 256 B200 (MLA) 0.3 % over; priced as run
 OVER_MEMORY_FEW_PCT |= {"megatron-moerecipes-qwen3-235b-a22b-b200-mxfp8-128"}
-OVER_MEMORY_MLA_RECIPES = {"megatron-moerecipes-deepseek-v3-b200-mxfp8-256"}
+OVER_MEMORY_MLA |= {"megatron-moerecipes-deepseek-v3-b200-mxfp8-256"}
 ETP_ROWS = ({f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for g in (128, 256, 512)}
             | {f"dgxc-25.05-llama4-maverick-400B-{d}-h100-512" for d in ("bf16", "fp8")})
 
@@ -221,8 +221,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     assert {n for n, p in predictions.items() if not p.fits} == (OVER_MEMORY | OVER_MEMORY_OFFLOAD | OVER_MEMORY_MLA
                                                                   | OVER_MEMORY_REPORT | OVER_MEMORY_NVFP4 | lf23_over
                                                                   | OVER_MEMORY_FSDP_EP | OVER_MEMORY_XLA
-                                                                  | OVER_MEMORY_ZOO | OVER_MEMORY_FEW_PCT
-                                                                  | OVER_MEMORY_MLA_RECIPES)
+                                                                  | OVER_MEMORY_ZOO | OVER_MEMORY_FEW_PCT)
     # the rows whose sources state expert-tensor parallelism 4 are priced with it, and fit
     # the MoE Parallel Folding paper's Megatron-Core rows without folding split the experts over the attention TP group
     # (forty-fifth round: etp = tp, as Megatron-Core did before folding), and are priced so
@@ -252,7 +251,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert p.row.get("evaluate_unfit") and 2 * cap < p.plan.memory.total < 2.5 * cap
-    for n in OVER_MEMORY_MLA | OVER_MEMORY_MLA_RECIPES:  # over by less than 25 % (their recipes' module recomputation counted), priced as published
+    for n in OVER_MEMORY_MLA:  # over by less than 25 % (their recipes' module recomputation counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
         assert validation.model_of(p.row).mla and p.row.get("evaluate_unfit")

@@ -68,8 +68,7 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 # layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
 # (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
-                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe",
-                   "vocabpar25")
+                   "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe", "vocabpar25")
 
 
 def megatron_row(row: dict[str, Any]) -> bool:
