@@ -430,7 +430,12 @@ def test_rows_say_how_their_loss_ran():
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
     # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
-             "dgxc-25.04-")
+             "dgxc-25.04-",
+             # NeMo 1.0 on Megatron-Core >= 0.8 copies the yaml's cross_entropy_loss_fusion: true into its config:
+             # dgxc-benchmarking v24.11.1 / v25.02's Llama 3.1 and Nemotron-4 yamls, NeMo 24.07's launcher configs
+             # of Llama 3 and Nemotron and dgxc's Nemotron-4 340B recipe (forty-seventh round; GPT-3, Llama 2 unset)
+             "dgxc-24.11-llama3.1-", "dgxc-24.11-nemotron4-", "dgxc-25.02-llama3.1-", "dgxc-25.02-nemotron4-",
+             "nemo-24.07-llama3-", "nemo-24.07-nemotron")
     for r in ROWS:
         name = str(r["name"])
         # the FlashAttention-2 paper's runs of flash-attention's training code: its fused cross-entropy (44th round)

@@ -63,8 +63,10 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
     v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
-    the fit was first run, and not changed after): 0.8721 BF16 (= 693 of MAMF 795), 0.8311 FP8 (= 1166 of
-    1403; 0.8426 and 0.8030 before issue 12's forty-fourth round refitted the step share, which they offset to the
+    the fit was first run, and not changed after): 0.8660 BF16 (= 688 of MAMF 795), 0.8219 FP8 (= 1153 of
+    1403; 0.8721 and 0.8311 before issue 12's forty-seventh round read ten of those rows' yamls -- the Llama 3.1 and
+    Nemotron-4 tables, NeMo 1.0 on Megatron-Core 0.9 -- as fusing the loss's cross-entropy, cross_entropy_loss_fusion:
+    true, which they had been priced without; 0.8426 and 0.8030 before issue 12's forty-fourth round refitted the step share, which they offset to the
     fourth digit; 0.8521 and 0.8120 before issue 12's forty-third round refitted the step share, which they offset: the
     H100's GEMM rate is as it was; 0.8556 and 0.8157 before issue 12's thirty-third round priced those rows' pipelines as Megatron-Core splits
     them, cost.megatron_split; 0.8146 FP8 before its thirty-second round gave FP8 GEMMs a depth constant of their own, compute.depth_k0;
@@ -73,7 +75,7 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
     before its sixteenth round gave attention the same in-step discount, hardware.attn_sustain_of; 0.8544 and
     0.8165 before its seventeenth round priced the loss's cross-entropy kernel by kernel, compute.LOSS_BYTES,
-    which the calibration rows (NeMo 1.0: Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
+    which the calibration rows (then read as Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
     0.8288 before its nineteenth round gave GEMMs shallower than K = 4,096 their measured depth curve,
     compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, cost.stage_buckets; 0.8476 and 0.8207
     before its twentieth set the overlap slowdown to a measured 18.9 %, hardware.OVERLAP_SLOWDOWN; 0.8560 and
@@ -84,11 +86,11 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     `python -m par3d.plan.validation --fit`; tests/test_plan_published.py re-runs the fit.
   * The **training factor** (issue 12's twelfth round; `training_factor`): the H100's fitted ratio over the H200's
     measured MSMF / MAMF -- the same GH100 die at the same 700 W limit, so the quotient is what a training step
-    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8721 / 0.888 = 0.982 (BF16),
-    0.8311 / 0.888 = 0.936 (FP8; 0.949 and 0.904 before issue 12's forty-fourth round's step share refit, 0.959 and 0.915 before issue 12's forty-third round's, 0.964 and 0.919 before issue 12's thirty-third round, 0.917 FP8 before its
+    keeps of a GEMM-only sustained rate, not a property of either chip: 0.8660 / 0.888 = 0.975 (BF16),
+    0.8219 / 0.888 = 0.926 (FP8; 0.982 and 0.936 before issue 12's forty-seventh round's refit, 0.949 and 0.904 before issue 12's forty-fourth round's step share refit, 0.959 and 0.915 before issue 12's forty-third round's, 0.964 and 0.919 before issue 12's thirty-third round, 0.917 FP8 before its
     thirty-second, 0.939 before its twenty-eighth).  It multiplies every MSMF-based ratio (H200, B200, GB200), as the step share
-    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.813
-    (BF16) and 0.779 (FP8) of MAMF (0.786 and 0.753 before the forty-fourth round's refit; the products with the step share unchanged).  No number is fitted for it; the decision to apply it beyond the H100 was taken
+    multiplies every GPU's: the H200 thus runs at the H100's fitted ratios (the same die), the B200 at 0.808
+    (BF16) and 0.770 (FP8) of MAMF (0.813 and 0.779 before the forty-seventh round's refit, 0.786 and 0.753 before the forty-fourth round's refit; the products with the step share unchanged).  No number is fitted for it; the decision to apply it beyond the H100 was taken
     after the held-out H200 and Blackwell rows had all come out fast (+3 ... +13 % on current software, as the
     H100's did before its fit: docs/planner.md section 9), so those rows are not independent evidence for it.
   * GB200: the table has no GB200 MSMF; it takes the B200's measured ratio (`SUSTAINED_FROM`: the same die,
@@ -239,7 +241,7 @@ SUSTAINED_FROM: dict[str, str] = {"gb200": "b200", "b300": "b200", "gh200-144gb"
 SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200
 # and the GB300 have no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
-FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8721, ("h100", "fp8"): 0.8311,
+FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8660, ("h100", "fp8"): 0.8219,
                                                    ("gh200", "bf16"): 0.7109, ("gh200", "fp8"): 0.6151,
                                                    ("gb300", "bf16"): 0.9663, ("gb300", "fp8"): 0.9663}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and

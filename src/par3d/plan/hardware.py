@@ -143,8 +143,9 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # logit cost before) moved its calibration rows; 6.9 ms until its nineteenth round gave shallow GEMMs their measured
 # depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN); 7.2 ms until
 # its twenty-fifth sized Megatron-Core's DP buckets, which refitted the H100's sustained ratios (the rows are H100's);
-# 7.1 ms until its thirty-third, whose Megatron-Core pipeline split refitted those ratios again.
-FSDP_UNIT_S = 7.0e-3
+# 7.1 ms until its thirty-third, whose Megatron-Core pipeline split refitted those ratios again; 7.0 ms until its
+# forty-seventh, which read NeMo 1.0's Llama 3 and Nemotron recipes as fusing the loss and so refitted those ratios.
+FSDP_UNIT_S = 6.7e-3
 
 # A mixture of experts' host floor (cost.moe_host_floor): Megatron-Core's dropless MoE layer waits once a layer for the
 # tokens per expert on the host (a device-to-host sync), so the host's issue time of each layer's kernels is not
@@ -154,8 +155,9 @@ FSDP_UNIT_S = 7.0e-3
 # time of one MoE layer, forward and backward: MOE_HOST_S[0] + MOE_HOST_S[1] x the routed experts a rank holds (its
 # grouped GEMM "multi-stream + cuBLAS": launches and quantizations per expert, ibid. §1).  **Fitted** (issue 12's
 # thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
-# it; one pair for every GPU and host CPU (x86 and Grace alike).
-MOE_HOST_S = (4.91e-3, 0.459e-3)
+# it; one pair for every GPU and host CPU (x86 and Grace alike).  0.459 ms a routed expert until issue 12's forty-seventh
+# round, whose refit of the H100's sustained ratios moved the training factor its B300 / GB200 rows are priced with.
+MOE_HOST_S = (4.91e-3, 0.458e-3)
 CUDA_GRAPHS = ("full_iteration", "partial", "none")  # what a run captures in CUDA graphs (`--cuda-graphs`)
 # Muon (`Cluster.optimizer`): the optimizers the planner prices, how a TP-split matrix is orthogonalized, and the
 # Newton-Schulz steps per update -- 5 quintic steps, Megatron-Core's `muon_num_ns_steps` default and Megatron-Bridge's
