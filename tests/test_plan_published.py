@@ -426,7 +426,8 @@ def test_rows_say_how_their_loss_ran():
               "internlm7b-",  # InternLM's July-2023 release: flash-attn's fused cross-entropy (forty-first round)
               "amd-mlperf-6.0-",  # MiTAC's MI325X on Primus: its yaml sets TE's cross-entropy fusion (forty-sixth round)
               "nemo-25.07-",  # NeMo v2.4.0's performance scripts: TE's cross-entropy (forty-sixth round)
-              "megatron-moerecipes-")  # Megatron-LM's MoE recipe YAMLs: cross_entropy_fusion_impl te (46th round)
+              "megatron-moerecipes-",  # Megatron-LM's MoE recipe YAMLs: cross_entropy_fusion_impl te (46th round)
+              "oellm-")  # OpenEuroLLM's oellm_32b_dense.yaml: cross_entropy_fusion_impl te (forty-seventh round)
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
     # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
@@ -435,7 +436,9 @@ def test_rows_say_how_their_loss_ran():
              # dgxc-benchmarking v24.11.1 / v25.02's Llama 3.1 and Nemotron-4 yamls, NeMo 24.07's launcher configs
              # of Llama 3 and Nemotron and dgxc's Nemotron-4 340B recipe (forty-seventh round; GPT-3, Llama 2 unset)
              "dgxc-24.11-llama3.1-", "dgxc-24.11-nemotron4-", "dgxc-25.02-llama3.1-", "dgxc-25.02-nemotron4-",
-             "nemo-24.07-llama3-", "nemo-24.07-nemotron")
+             "nemo-24.07-llama3-", "nemo-24.07-nemotron",
+             "mlperf-4.1-",  # MLPerf v4.1's GPT-3 custom.yaml: CROSS_ENTROPY_LOSS_FUSION defaults to True (NGC 24.09)
+             "apertus-")  # Apertus's scripts pass --cross-entropy-loss-fusion, no impl flag (forty-seventh round)
     for r in ROWS:
         name = str(r["name"])
         # the FlashAttention-2 paper's runs of flash-attention's training code: its fused cross-entropy (44th round)
