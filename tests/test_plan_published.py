@@ -472,9 +472,10 @@ def test_rows_p2p_blocking_follow_their_software():
     # (and the FlashAttention-2 paper's baselines, Megatron-LM of 2022: forty-fourth round)
     blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "glm-", "nemo-22.08-",
                   "fa2paper-gpt3-",
-                  "hagemann23-")  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
+                  "hagemann23-",  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
+                  "megascale-megatron")  # Megatron-LM 285068c8, MegaScale's baseline: waits and syncs (47th round)
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "nemo-25.07-", "dgxc-", "mbridge-", "mlperf-",
-                     "megatron-r0.8", "megatron-disc", "megascale-megatron", "oellm-", "apertus-", "nemotron4-paper",
+                     "megatron-r0.8", "megatron-disc", "oellm-", "apertus-", "nemotron4-paper",
                      "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-", "vocabpar25-",
                      "megatron-moerecipes-")
     for r in ROWS:

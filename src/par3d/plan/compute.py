@@ -47,7 +47,8 @@ In the **table** kernel model (catalogue GPUs by default):
     48 B (the copy 6, log-softmax's three reads and a write 16, NLL's zero-filled gradient 4, log-softmax
     backward 16, the cast back 6) and is priced as this class;
   * "fused", 28 B — Megatron-Core's `cross_entropy_loss_fusion` with the native (jit) implementation, the
-    default of NeMo 2's GPTConfig from NeMo v2.0 (2024-09) to v2.3: one kernel per fused function: `.float()`
+    default of NeMo 2's GPTConfig from NeMo v2.0 (2024-09) to v2.3, and what NeMo 1.0 runs where its model config
+    sets the key on Megatron-Core >= 0.8 (issue 12's forty-seventh round): one kernel per fused function: `.float()`
     and max (2 + 4), subtract-exp-sum (4 + 4), divide (4 + 4), the gradient's multiply and bf16 cast (4 + 2);
   * "kernel", 10 B — one online-softmax kernel pair on the bf16 logits that writes the gradient in the
     forward: Transformer Engine's parallel cross entropy (`cross_entropy_fusion_impl = "te"`, which

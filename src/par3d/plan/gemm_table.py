@@ -120,9 +120,9 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     set power limit of 660 W", the Grace CPU and its LPDDR5X included).  Set per dtype, as the H100's, so that
     declared calibration rows average zero error: OpenEuroLLM's 32B strong-scaling runs on 32, 64 and 128 GH200 of
     JUPITER (`validation.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
-    the fit was first run): 0.6891 BF16, 0.5848 FP8 (0.7109 and 0.6151 before issue 12's forty-seventh round read those
-    rows' loss as Transformer Engine's cross-entropy kernel, which their config sets, and no longer Megatron-Core's unfused
-    one; 0.6869 and 0.5943 before issue 12's forty-fourth round's step share
+    the fit was first run): 0.6521 BF16, 0.5550 FP8 (0.7109 and 0.6151 before issue 12's forty-seventh round read those
+    rows' config: their loss Transformer Engine's cross-entropy kernel, not Megatron-Core's unfused one, their Q/K norms,
+    and their pipeline cut 9 + 8 x 6 + 7 layers, not evenly; 0.6869 and 0.5943 before issue 12's forty-fourth round's step share
     refit; 0.6946 and 0.6010 before its forty-third round's; 0.6589 and 0.5223 before issue 12's thirty-third round priced
     those rows' pipeline chunks as Megatron-Core splits them, cost.megatron_split, not by the planner's balanced
     partition; 0.5217 FP8 before its thirty-second round gave FP8 GEMMs their own depth constant,
@@ -244,7 +244,7 @@ SUSTAINED_CLOCK: dict[str, float] = {"a100": HPL_SUSTAINED}
 # (gpu family, dtype) -> sustained/burst ratio FITTED to declared calibration rows (see above: the H100, the GH200
 # and the GB300 have no MSMF); fp16 takes bf16's.  Reproduced by `python -m par3d.plan.validation --fit`.
 FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8660, ("h100", "fp8"): 0.8219,
-                                                   ("gh200", "bf16"): 0.6891, ("gh200", "fp8"): 0.5848,
+                                                   ("gh200", "bf16"): 0.6521, ("gh200", "fp8"): 0.5550,
                                                    ("gb300", "bf16"): 0.9663, ("gb300", "fp8"): 0.9663}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and
 # attention, which runs in BF16, moves with it): the fit uses all their rows (validation.fit_sustained)
