@@ -427,7 +427,8 @@ def test_rows_say_how_their_loss_ran():
               "amd-mlperf-6.0-",  # MiTAC's MI325X on Primus: its yaml sets TE's cross-entropy fusion (forty-sixth round)
               "nemo-25.07-",  # NeMo v2.4.0's performance scripts: TE's cross-entropy (forty-sixth round)
               "megatron-moerecipes-",  # Megatron-LM's MoE recipe YAMLs: cross_entropy_fusion_impl te (46th round)
-              "oellm-")  # OpenEuroLLM's oellm_32b_dense.yaml: cross_entropy_fusion_impl te (forty-seventh round)
+              "oellm-",  # OpenEuroLLM's oellm_32b_dense.yaml: cross_entropy_fusion_impl te (forty-seventh round)
+              "torchtitan-llama3.1-8b-h200-")  # torchtitan's --training.compile compiles the loss (47th round)
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
     # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
