@@ -428,7 +428,13 @@ def test_rows_say_how_their_loss_ran():
               "nemo-25.07-",  # NeMo v2.4.0's performance scripts: TE's cross-entropy (forty-sixth round)
               "megatron-moerecipes-",  # Megatron-LM's MoE recipe YAMLs: cross_entropy_fusion_impl te (46th round)
               "oellm-",  # OpenEuroLLM's oellm_32b_dense.yaml: cross_entropy_fusion_impl te (forty-seventh round)
-              "torchtitan-llama3.1-8b-h200-")  # torchtitan's --training.compile compiles the loss (47th round)
+              "torchtitan-llama3.1-8b-h200-",  # torchtitan's --training.compile compiles the loss (47th round)
+              # MLPerf's 8B config_common_8b.sh: CE_FUSION_IMPL=te (v6.0 all; v5.1 where read; forty-seventh round)
+              "mlperf-6.0-llama3.1-8b-", "mlperf-5.1-nvfp4-llama3.1-8B-nvidia-",
+              "mlperf-5.1-nvfp4-llama3.1-8B-dell-", "mlperf-5.1-llama3.1-8B-dell-", "mlperf-5.1-llama3.1-8B-hpe-",
+              "mlperf-5.1-llama3.1-8B-tyche-", "mlperf-5.1-llama3.1-8B-theia-", "mlperf-5.1-llama3.1-8B-lambda-",
+              "mlperf-5.1-llama3.1-8B-oracle-", "mlperf-5.1-llama3.1-8B-verda-", "mlperf-5.1-llama3.1-8B-supermicro-",
+              "mlperf-5.1-llama3.1-8B-uf-")
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
     # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
@@ -474,7 +480,8 @@ def test_rows_p2p_blocking_follow_their_software():
     blocks_all = ("narayanan2021-", "korthikanti2022-", "bloom-", "mtnlg-", "gpt-neox", "glm-", "nemo-22.08-",
                   "fa2paper-gpt3-",
                   "hagemann23-",  # Aleph Alpha's scaling code: blocking torch.distributed send/recv (forty-sixth round)
-                  "megascale-megatron")  # Megatron-LM 285068c8, MegaScale's baseline: waits and syncs (47th round)
+                  "megascale-megatron",  # Megatron-LM 285068c8, MegaScale's baseline: waits and syncs (47th round)
+                  "fp8lm-gpt-175B")  # FP8-LM's Megatron-LM 0609f27fe8: waits and syncs, as its block says (47th round)
     megatron_core = ("nemo-24.07-", "nemo-longseq", "nemo-25.02-", "nemo-25.04-", "nemo-25.07-", "dgxc-", "mbridge-", "mlperf-",
                      "megatron-r0.8", "megatron-disc", "oellm-", "apertus-", "nemotron4-paper",
                      "flagperf-llama3", "zb-", "fp8lm-", "moefold-", "mcoremoe-", "vocabpar25-",
