@@ -993,6 +993,26 @@ def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | i
     return stored_evidence().get(_evidence_key(gpu, dtype, moe))
 
 
+def software_table(preds: list[Prediction], fields: list[dict[str, Any]] | None = None,
+                   whole: dict[str, dict[str, float | int]] | None = None) -> str:
+    """The markdown table of `--software` (docs/planner.md section 9): the set priced as described, without one
+    software fact at a time, and without all of them."""
+    if fields is None:
+        fields = software_by_field(preds)
+    if whole is None:
+        whole = software_figures(preds, [predict_undescribed(p.row) for p in preds])
+    d, u = whole[SOFTWARE_KEYS[0]], whole[SOFTWARE_KEYS[1]]
+    out = ["| software fact left out | rows stating it | without a plan | within ±10 % | median |error| |",
+           "|---|---:|---:|---:|---:|",
+           f"| none (every row as described) | — | — | {d['within_10pct']} | {d['median_abs_error_pct']:.1f} % |"]
+    for f in fields:
+        out.append(f"| `{f['field']}` | {f['rows']} | {f['no_plan']} | {f['within_10pct']} "
+                   f"| {f['median_abs_error_pct']:.1f} % |")
+    out.append(f"| all of them | {u['rows']} | {u['rows'] - u['priced']} | {u['within_10pct']} "
+               f"| {u['median_abs_error_pct']:.1f} % |")
+    return "\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m par3d.plan.validation",
@@ -1023,6 +1043,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--by-release", action="store_true",
                         help="with --fit-moe-host: also fit the floor on each release's rows alone and score it on "
                              "the other mixture-of-experts rows")
+    what.add_argument("--refresh", action="store_true",
+                      help="after a change to the rows or the model: price the set once and rewrite what quotes it "
+                           "-- evidence.json, leave_one_out.json (refitting, about a minute), the generated tables "
+                           "of docs/planner.md and docs/planner_rounds.md, and each row's bound and note where its "
+                           "error moved (needs --round and --reason; a row that newly misses also --before); the "
+                           "prose figures are a person's to update (the tests name them).  Run from a checkout")
+    parser.add_argument("--check", action="store_true",
+                        help="with --refresh: write nothing, list what is stale, exit 1 if anything is")
+    parser.add_argument("--before", metavar="FILE", default=None,
+                        help="with --refresh: a --json report written before the change (each row's error before, "
+                             "which a row's new note quotes)")
+    parser.add_argument("--round", metavar="NAME", default=None,
+                        help="with --refresh: the round the notes date a change to, as issue 12's notes spell it "
+                             "(e.g. forty-eighth)")
+    parser.add_argument("--reason", metavar="TEXT", default=None,
+                        help="with --refresh: the change, one short phrase each rewritten note gives (the round's "
+                             "entry in docs/planner_rounds.md says the rest)")
     parser.add_argument("--rows", metavar="PREFIX", default=None,
                         help="only the rows whose name starts with PREFIX (the table, its summary or --json; e.g. "
                              "mlperf-6.0-)")
@@ -1041,6 +1078,13 @@ def main(argv: list[str] | None = None) -> int:
                      "and --leave-one-out use their own declared rows)")
     if args.leave_one_out and (args.evidence or args.fit or args.fit_moe_host or args.software):
         parser.error("--leave-one-out: only alone or with --json (it refits on its own declared rows)")
+    if (args.check or args.before or args.round or args.reason) and not args.refresh:
+        parser.error("--check, --before, --round, --reason: only with --refresh")
+    if args.refresh and (args.leave_one_out or args.software or args.rows is not None):
+        parser.error("--refresh: only with --check, --before, --round and --reason (it prices every row and "
+                     "refits the leave-one-out itself)")
+    if args.refresh:
+        return _refresh(args)
     if args.leave_one_out:  # each in-sample row priced with its constant refitted without it (45th round)
         from . import leave_one_out as loo
 
@@ -1092,15 +1136,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({"by_field": fields, **whole}, indent=1))
             return 0
-        d, u = whole[SOFTWARE_KEYS[0]], whole[SOFTWARE_KEYS[1]]
-        print("| software fact left out | rows stating it | without a plan | within ±10 % | median |error| |")
-        print("|---|---:|---:|---:|---:|")
-        print(f"| none (every row as described) | — | — | {d['within_10pct']} | {d['median_abs_error_pct']:.1f} % |")
-        for f in fields:
-            print(f"| `{f['field']}` | {f['rows']} | {f['no_plan']} | {f['within_10pct']} "
-                  f"| {f['median_abs_error_pct']:.1f} % |")
-        print(f"| all of them | {u['rows']} | {u['rows'] - u['priced']} | {u['within_10pct']} "
-              f"| {u['median_abs_error_pct']:.1f} % |")
+        print(software_table(preds, fields, whole))
         return 0
     if args.json:
         print(report_json(preds))
@@ -1109,6 +1145,44 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + summary(preds))
     print("\n" + by_gpu(preds))
     return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    """--refresh (refresh.py): evidence.json, leave_one_out.json, the docs' generated blocks, rows' bounds and
+    notes, from one pricing of the set."""
+    from . import leave_one_out as loo
+    from . import refresh
+
+    root = refresh.repo_root()
+    before = None
+    if args.before:
+        with open(args.before, encoding="utf-8") as fh:
+            before = refresh.errors_of(fh.read())
+    every = rows()
+    preds = [predict(r) for r in every]
+    plain = [predict_undescribed(r) for r in every]
+    ev = evidence_json(preds, plain)
+    with open(EVIDENCE_PATH, encoding="utf-8") as fh:
+        ev_stale = fh.read() != ev
+    data = loo.run(lambda msg: print(f"  refitting {msg}", file=sys.stderr, flush=True))
+    loo_text = loo.to_json(data)
+    with open(loo.PATH, encoding="utf-8") as fh:
+        loo_stale = fh.read() != loo_text
+    stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check)
+    for path, text, changed in ((EVIDENCE_PATH, ev, ev_stale), (loo.PATH, loo_text, loo_stale)):
+        if not changed:
+            continue
+        stale.append(os.path.basename(path))
+        if args.check:
+            print(f"stale: {os.path.basename(path)}")
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            print(f"refreshed {os.path.basename(path)}")
+    _evidence_file.cache_clear()
+    if not stale:
+        print("nothing stale: every generated block, bound and note agrees with the set as priced now")
+    return 1 if (args.check and stale) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
