@@ -1414,7 +1414,8 @@ def test_dp_buckets_take_megatron_cores_size():
     assert dp_bucket(cl, replace(c, dp=16)) == (4e7, True)  # the floor
     assert dp_bucket(cl, replace(c, dp=32, cp=4)) == (1.28e8, True)  # DP x CP: the group that reduces
     assert dp_bucket(replace(cl, fsdp=True), c) == (0.0, False)
-    assert dp_bucket(replace(cl, dp_bucket_params=5e8), c) == (5e8, False)
+    # a given size keeps the later chunks one bucket each, as every framework that interleaves builds them (48th round)
+    assert dp_bucket(replace(cl, dp_bucket_params=5e8), c) == (5e8, True)
     lay = layout(model, 1)
     per_layer = stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0)
     sized = stage_buckets(model, c, lay, 0, 10.0, 2.0, 0.0, 1.0, 1.28e8)
@@ -1445,15 +1446,19 @@ def test_dp_buckets_take_megatron_cores_size():
     assert tail(cl, 128) > 1.2 * tail(cl, 32)  # 128 M against 40 M parameters in the last bucket
     assert tail(layered, 128) == pytest.approx(tail(layered, 32), rel=0.05)
     assert tail(cl, 32) >= tail(layered, 32)
-    # an interleaved rank: its later chunks one bucket each (Megatron-LM's disable_bucketing), none under a size
+    # an interleaved rank: its later chunks one bucket each (Megatron-LM's disable_bucketing), under a given size too
+    # (NeMo 2's 128 Mi: megatron_parallel.py disables bucketing past the first chunk whatever the size; 48th round)
     ci = Choice(8, 4, 32, 1, 8, "interleaved", 2, "none", 1, True, 1)
     lists = rank_stage_lists("interleaved", 4, 2)
-    bucket, chunked = dp_bucket(cl, ci)
     assert len(rank_shapes(model, 8, 4, 2, "interleaved")) == len(lists) == 4
-    for r in range(4):
-        later = [stage_buckets(model, ci, layout(model, 8), s, 0.0, 1.0, 0.0, 1.0, bucket, chunked and s != lists[r][0])
-                 for s in lists[r][1:]]
-        assert all(len(b) == 1 for b in later)
+    for cluster in (cl, replace(cl, dp_bucket_params=1e7)):
+        bucket, chunked = dp_bucket(cluster, ci)
+        for r in range(4):
+            first = stage_buckets(model, ci, layout(model, 8), lists[r][0], 0.0, 1.0, 0.0, 1.0, bucket, False)
+            later = [stage_buckets(model, ci, layout(model, 8), s, 0.0, 1.0, 0.0, 1.0, bucket,
+                                   chunked and s != lists[r][0]) for s in lists[r][1:]]
+            assert all(len(b) == 1 for b in later)
+            assert cluster is cl or len(first) > 1  # 1e7: under a layer's parameters, the first chunk bucketed
     # the search's bound never exceeds the tail the schedule charges, with buckets merged
     for sched, pp, v in (("1f1b", 1, 1), ("1f1b", 4, 1), ("interleaved", 4, 2), ("zb-h1", 4, 1), ("zb-v", 4, 2)):
         for dp, zero in ((32, 1), (256 // pp, 2), (8, 0)):

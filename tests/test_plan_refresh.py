@@ -137,3 +137,11 @@ def test_refresh_flags_are_refused_alone_and_with_other_modes(capsys: pytest.Cap
             validation.main(argv)
         assert exc.value.code == 2, argv
     assert "--refresh" in capsys.readouterr().err
+
+
+def test_rewrite_rows_finds_a_rows_lines_past_a_comment_block() -> None:
+    # TOML keeps a row's table open across comments: a note written after the next block's comment is the row's
+    text = '[[row]]\nname = "a"\npublished = 1\n\n# ---- the next block\nbound = 0.2\nnote = "old"\n\n[[row]]\nname = "b"\n'
+    out = refresh.rewrite_rows(text, {"a": (0.3, "new")})
+    rows = {r["name"]: r for r in tomllib.loads(out)["row"]}
+    assert rows["a"] == {"name": "a", "published": 1, "note": "new", "bound": 0.3} and "# ---- the next block" in out

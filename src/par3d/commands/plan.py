@@ -232,9 +232,9 @@ def register(sub) -> None:
     g.add_argument("--dp-bucket-params", type=_bucket_params, default=None, metavar="N",
                    help="parameters per data-parallel gradient bucket, reduced (and, ZeRO-1/2, gathered) as one "
                         "collective when its last gradient is ready: DeepSpeed's reduce_bucket_size (5e8), PyTorch "
-                        "DDP's bucket_cap_mb x 2^20 / 2 B; 0 = one bucket per layer (default: Megatron-Core's DDP, "
-                        "max(4e7, 1e6 x DP x CP) and bucketing off in a rank's later virtual-pipeline chunks; with "
-                        "--fsdp one bucket per layer)")
+                        "DDP's bucket_cap_mb x 2^20 / 2 B, NeMo 2's 128 Mi; 0 = one bucket per layer; a rank's later "
+                        "virtual-pipeline chunks stay one bucket each, as Megatron-Core builds them (default: "
+                        "Megatron-Core's DDP, max(4e7, 1e6 x DP x CP); with --fsdp one bucket per layer)")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=False,
                    help="the framework reduces DP gradients in fp32 and keeps fp32 main gradients (4 B per "
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
@@ -1087,9 +1087,11 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         from par3d.plan.cost import dp_bucket
 
         size, chunked = dp_bucket(cluster, c)
-        how = (f"buckets of {size / 1e6:,.0f}M parameters (Megatron-Core's max(40M, 1M x DP x CP)"
-               f"{'; later virtual chunks one bucket each' if chunked and c.virtual_stages > 1 else ''})" if chunked
-               else f"buckets of {size / 1e6:,.0f}M parameters (--dp-bucket-params)" if size > 0
+        later = "; later virtual chunks one bucket each" if chunked and c.virtual_stages > 1 else ""
+        given = cluster.dp_bucket_params is not None
+        how = (f"buckets of {size / 1e6:,.0f}M parameters (Megatron-Core's max(40M, 1M x DP x CP){later})"
+               if not given and size > 0
+               else f"buckets of {size / 1e6:,.0f}M parameters (--dp-bucket-params{later})" if size > 0
                else "one bucket per layer")
         out.append(f"  (dp_comm: gradients reduced behind the backward in {how}; what the last bucket leaves after "
                    f"the backward is exposed: --dp-bucket-params)")

@@ -2003,9 +2003,12 @@ def dp_bucket(cluster: Cluster, c: Choice) -> tuple[float, bool]:
     their collectives stay bandwidth-bound) and, as Megatron-LM's, NeMo's and Megatron-Bridge's `get_model`
     build them, bucketing off for every model chunk after the first.  PyTorch FSDP (`cluster.fsdp`): one
     bucket per wrapped unit, a layer.  `cluster.dp_bucket_params` given (`--dp-bucket-params`): buckets of that
-    many parameters (0: one per layer), every chunk bucketed alike."""
+    many parameters (0: one per layer) in a rank's first chunk, the later chunks still one bucket each (issue 12's
+    forty-eighth round: the frameworks that interleave -- Megatron-LM's `get_model`, NeMo 2's
+    megatron_parallel.py, Megatron-Bridge -- disable bucketing past the first chunk whatever the size; those that
+    give a size and do not interleave, DeepSpeed's pipeline and PyTorch's, have one chunk a rank)."""
     if cluster.dp_bucket_params is not None:
-        return float(cluster.dp_bucket_params), False
+        return float(cluster.dp_bucket_params), True
     if cluster.fsdp:
         return 0.0, False
     return max(4e7, 1e6 * c.dp * c.cp), True

@@ -119,33 +119,26 @@ def _toml_string(s: str) -> str:
 
 
 def rewrite_rows(text: str, updates: dict[str, tuple[float | None, str | None]]) -> str:
-    """validation.toml's text with each named row's `bound` and `note` set (None: the line removed).  The lines
-    go after the row's `published` line, as the rows have them; the row's other lines are left as they are."""
+    """validation.toml's text with each named row's `bound` and `note` set (None: the line removed).  A row's table
+    runs to the next `[[` header, so its old lines are found even past a comment block (TOML keeps them in the row);
+    the new ones go after the row's `published` line, as the rows have them; the row's other lines are left as
+    they are."""
     lines = text.split("\n")
-    out: list[str] = []
-    i = 0
+    heads = [k for k, line in enumerate(lines) if line.startswith("[[")] + [len(lines)]
+    out: list[str] = lines[:heads[0]]
     seen: set[str] = set()
-    while i < len(lines):
-        line = lines[i]
-        out.append(line)
-        i += 1
-        if line.strip() != "[[row]]":
-            continue
-        j = i  # the row's own lines: up to a blank line, a comment block or the next table
-        while j < len(lines) and lines[j].strip() and not lines[j].startswith("[[") and not lines[j].startswith("#"):
-            j += 1
-        body = lines[i:j]
-        name_line = next((b for b in body if b.startswith("name = ")), None)
+    for a, b in zip(heads, heads[1:], strict=False):
+        body = lines[a:b]
+        name_line = next((x for x in body if x.startswith("name = ")), None)
         name = json.loads(name_line.split("=", 1)[1].strip()) if name_line else None
-        if name in updates:
+        if body[0].strip() == "[[row]]" and name in updates:
             seen.add(name)
             bound, note = updates[name]
-            kept = [b for b in body if not b.startswith("bound = ") and not b.startswith("note = ")]
-            at = next((k + 1 for k, b in enumerate(kept) if b.startswith("published = ")), len(kept))
+            kept = [x for x in body if not x.startswith("bound = ") and not x.startswith("note = ")]
+            at = next((k + 1 for k, x in enumerate(kept) if x.startswith("published = ")), len(kept))
             extra = ([f"note = {_toml_string(note)}"] if note else []) + ([f"bound = {bound:g}"] if bound else [])
             body = kept[:at] + extra + kept[at:]
         out.extend(body)
-        i = j
     missing = set(updates) - seen
     if missing:
         raise ValueError(f"rows not found in validation.toml: {sorted(missing)}")
