@@ -1168,7 +1168,11 @@ def _refresh(args: argparse.Namespace) -> int:
     loo_text = loo.to_json(data)
     with open(loo.PATH, encoding="utf-8") as fh:
         loo_stale = fh.read() != loo_text
-    stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check)
+    try:  # nothing is written before every row's new bound and note is known
+        stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check)
+    except ValueError as exc:
+        print(f"--refresh: {exc}; nothing written", file=sys.stderr)
+        return 2
     for path, text, changed in ((EVIDENCE_PATH, ev, ev_stale), (loo.PATH, loo_text, loo_stale)):
         if not changed:
             continue
