@@ -1169,7 +1169,8 @@ def _refresh(args: argparse.Namespace) -> int:
     with open(loo.PATH, encoding="utf-8") as fh:
         loo_stale = fh.read() != loo_text
     try:  # nothing is written before every row's new bound and note is known
-        stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check)
+        stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check,
+                                plain=plain)
     except ValueError as exc:
         print(f"--refresh: {exc}; nothing written", file=sys.stderr)
         return 2
