@@ -1982,17 +1982,18 @@ _SMALLEST: dict[tuple, float] = {}
 
 
 def _smallest_bucket(model: ModelSpec, c: Choice, lay: Layout, stages: tuple[int, ...], bucket: float,
-                     chunked: bool) -> float:
+                     chunked: bool, first_whole: bool = False) -> float:
     """The fewest parameters of any gradient bucket of a rank holding `stages` (`stage_buckets`' counts, which read
-    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min."""
-    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked)
+    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min.
+    `first_whole`: the rank's first chunk is one bucket too (`dp_bucket`: a rank past the pipeline's first)."""
+    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked, first_whole)
     hit = _SMALLEST.get(key)
     if hit is None:
         if len(_SMALLEST) >= 65536:  # bounded, as the module's lru_caches are
             _SMALLEST.clear()
         hit = _SMALLEST[key] = min(n for s in stages
                                    for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
-                                                              chunked and s != stages[0]))
+                                                              chunked and (first_whole or s != stages[0])))
     return hit
 
 
@@ -2006,7 +2007,12 @@ def dp_bucket(cluster: Cluster, c: Choice) -> tuple[float, bool]:
     many parameters (0: one per layer) in a rank's first chunk, the later chunks still one bucket each (issue 12's
     forty-eighth round: the frameworks that interleave -- Megatron-LM's `get_model`, NeMo 2's
     megatron_parallel.py, Megatron-Bridge -- disable bucketing past the first chunk whatever the size; those that
-    give a size and do not interleave, DeepSpeed's pipeline and PyTorch's, have one chunk a rank)."""
+    give a size and do not interleave, DeepSpeed's pipeline and PyTorch's, have one chunk a rank).  Where the second
+    is True, a rank that does not hold the pipeline's first stage has every chunk one bucket, its first included:
+    Megatron-Core's DDP turns bucketing off on every pipeline rank after the first, "since data-parallel
+    communication on these stages is not on the critical path" (distributed_data_parallel.py, `if
+    disable_bucketing or pp_rank > 0: self.bucket_size = None`, at every core release since the DDP's rewrite,
+    5d745a79 of 2023-09-25; issue 12's forty-ninth round, found by two blind audits)."""
     if cluster.dp_bucket_params is not None:
         return float(cluster.dp_bucket_params), True
     if cluster.fsdp:
@@ -2070,7 +2076,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             for s in lists[r]:
                 d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
                 items += stage_buckets(model, c, lay, s, e - d, d, f0, st.f[s], bucket,
-                                        chunked and s != lists[r][0])
+                                        chunked and (not has0 or s != lists[r][0]))
             ready = sorted((t, red * n * per) for t, _, n in items)
             need = sorted((t, gather * n * per) for _, t, n in items)
             exposed = reduce_exposed([t for t, _ in ready], [x for _, x in ready], end, sigma) if overlap_red else red
@@ -2088,7 +2094,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked)
+                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked, not has0)
                 last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red

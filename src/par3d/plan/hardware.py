@@ -144,8 +144,10 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # depth curve (compute.GEMM_K0); 7.1 ms until its twentieth set the overlap slowdown (OVERLAP_SLOWDOWN); 7.2 ms until
 # its twenty-fifth sized Megatron-Core's DP buckets, which refitted the H100's sustained ratios (the rows are H100's);
 # 7.1 ms until its thirty-third, whose Megatron-Core pipeline split refitted those ratios again; 7.0 ms until its
-# forty-seventh, which read NeMo 1.0's Llama 3 and Nemotron recipes as fusing the loss and so refitted those ratios.
-FSDP_UNIT_S = 6.7e-3
+# forty-seventh, which read NeMo 1.0's Llama 3 and Nemotron recipes as fusing the loss and so refitted those ratios;
+# 6.7 ms until its forty-ninth, whose reading of Narayanan et al.'s Table 1 runs (their scripts' interleaved schedule
+# and micro-batches) refitted the step share, and with it those ratios.
+FSDP_UNIT_S = 6.8e-3
 
 # A mixture of experts' host floor (cost.moe_host_floor): Megatron-Core's dropless MoE layer waits once a layer for the
 # tokens per expert on the host (a device-to-host sync), so the host's issue time of each layer's kernels is not
