@@ -134,6 +134,9 @@ CAPACITY_ONLY |= {"mbridge-moe-25.11-qwen3-30B-a3b-h100"}
 # NeMo 25.07's 405B on 128 GB200 (forty-eighth round): its two distributed-optimizer instances (dp_replicate 2) shard
 # the Megatron-FSDP state over 64 ranks, not 128: 95-100 % of the GPU in memory.py
 CAPACITY_ONLY |= {"nemo-25.07-llama3.1-405B-gb200"}
+# Megatron-LM's MoE recipe of Qwen3-235B on 128 GB200 (partial CUDA graphs; forty-ninth round): with its YAML's fp32
+# gradient reduction (--bf16 without --grad-reduce-in-bf16: fp32 main gradients) it fits the GPU, not its 5 % headroom
+CAPACITY_ONLY |= {"megatron-moerecipes-qwen3-235b-a22b-gb200-mxfp8-128-partialcg"}
 
 
 # rows evaluated at their published layout although memory.py puts it over the GPU's capacity (the GB200
@@ -166,8 +169,9 @@ CAPACITY_ONLY |= {"mbridge-moe-25.11-deepseek-v3-gb200"}
 # its 5 % headroom (97.5 %); with their bf16 moments (thirty-second round) they fit inside it, as the others of 26.02+
 # the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts its recomputation of RMSNorm and MLA's
 # up projections since the twenty-eighth round, but not its FP8 caching of the MoE activations, and puts PP 16
-# DualPipe's ~32 in-flight micro-batches at 2.1x the GPU (2.8x before) -- priced at the published layout all the same,
-# the miss in memory stated here
+# DualPipe's ~32 in-flight micro-batches at 2.0x the GPU (2.1x before the forty-ninth round priced the report's bf16
+# Adam moments and its recomputed MoE SwiGLU, 2.8x before the twenty-eighth) -- priced at the published layout all the
+# same, the miss in memory stated here
 OVER_MEMORY_REPORT = {"deepseek-v3-paper-2048"}
 # Megatron-Bridge's 26.02.01 NVFP4 rows (twenty-seventh round) at the table's layouts where its recipe (v0.3.1) has
 # another: Llama 3 70B on the GB300 at TP 1 x PP 1 (the preset: PP 4, VP 5; 568 GiB in memory.py), Llama 3.1 405B on
@@ -254,7 +258,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     for n in OVER_MEMORY_REPORT:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
-        assert p.row.get("evaluate_unfit") and 2 * cap < p.plan.memory.total < 2.5 * cap
+        assert p.row.get("evaluate_unfit") and 1.9 * cap < p.plan.memory.total < 2.1 * cap
     for n in OVER_MEMORY_MLA:  # over by less than 25 % (their recipes' module recomputation counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
@@ -434,7 +438,11 @@ def test_rows_say_how_their_loss_ran():
               "oellm-",  # OpenEuroLLM's oellm_32b_dense.yaml: cross_entropy_fusion_impl te (forty-seventh round)
               "torchtitan-llama3.1-8b-h200-",  # torchtitan's --training.compile compiles the loss (47th round)
               # MLPerf's 8B config_common_8b.sh: CE_FUSION_IMPL=te (v6.0 all; v5.1 where read: below; 47th round)
-              "mlperf-6.0-llama3.1-8b-", "mlperf-5.1-nvfp4-llama3.1-8B-nvidia-", "mlperf-5.1-nvfp4-llama3.1-8B-dell-")
+              "mlperf-6.0-llama3.1-8b-", "mlperf-5.1-nvfp4-llama3.1-8B-nvidia-", "mlperf-5.1-nvfp4-llama3.1-8B-dell-",
+              # the v5.1 partners' NVFP4 8B configs source the same file (their logs print `cross_entropy_fusion_impl:
+              # te`, Lenovo's configs alone; forty-ninth round, a blind audit)
+              "mlperf-5.1-nvfp4-llama3.1-8B-lenovo-", "mlperf-5.1-nvfp4-llama3.1-8B-nebius-",
+              "mlperf-5.1-nvfp4-llama3.1-8B-oracle-", "mlperf-5.1-nvfp4-llama3.1-8B-supermicro-")
     # AMD's MLPerf v5.1 code as its partners ran it: as AMD's own rows (forty-sixth round)
     # dgxc-benchmarking v25.04, NeMo 2 at d2b21556, before NeMo's performance scripts took TE's (forty-sixth round)
     fused = ("nemo-25.02-", "nemo-longseq-b200-", "mlperf-5.0-", "mlperf-5.1-", "mlperf-6.0-llama", "amd-mlperf-5.1-",
@@ -650,7 +658,8 @@ def test_moe_host_floor_is_the_declared_fit():
     a, b = validation.fit_moe_host()
     assert abs(a - hardware.MOE_HOST_S[0]) < 1e-5 and abs(b - hardware.MOE_HOST_S[1]) < 1e-6
     graphed = [r for r in ROWS if r.get("cuda_graphs") == "full_iteration"]
-    assert len(graphed) == 30 and not any(validation.host_floored(r) for r in graphed)  # 20 + MLPerf v6.0 DeepSeek-V3 (10)
+    # 20 + MLPerf v6.0 DeepSeek-V3 (10) + Megatron-Bridge 25.11's dense 8B rows (3; forty-ninth round: no MoE layers)
+    assert len(graphed) == 33 and not any(validation.host_floored(r) for r in graphed)
     assert all(validation.cluster_of(r).moe_host_s == (0.0, 0.0) for r in graphed)
     assert not any(validation.host_floored(r) for r in ROWS if r["name"].startswith(("automodel", "deepseek-v3-paper")))
     assert validation.cluster_of(cal[0]).moe_host_s == hardware.MOE_HOST_S
@@ -984,8 +993,10 @@ def test_software_cli_table():
         assert validation.main(["--software", "--json", "--rows", "narayanan2021-t1-"]) == 0
     out = json.loads(buf.getvalue())
     fields = {f["field"]: f for f in out["by_field"]}
-    # what those ten rows state: no FlashAttention, gradients after the backward, blocking sends where pipelined
-    assert set(fields) == {"flash_attention", "overlap_grad_reduce", "p2p_blocking", "megatron"}
+    # what those ten rows state: no FlashAttention, how their DDP reduced the gradients (PyTorch's DDP behind the
+    # backward in its buckets without a pipeline, Megatron-LM's local DDP as one bucket after it with one: the sc21
+    # scripts, forty-ninth round), blocking sends where pipelined
+    assert set(fields) == {"flash_attention", "overlap_grad_reduce", "dp_bucket_params", "p2p_blocking", "megatron"}
     assert fields["p2p_blocking"]["rows"] == sum(r["fixed"]["pp"] > 1 for r in ROWS
                                                  if r["name"].startswith("narayanan2021-t1-")) == 6
     assert all(f["rows"] == 10 for k, f in fields.items() if k != "p2p_blocking")
