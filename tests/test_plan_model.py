@@ -1459,6 +1459,24 @@ def test_dp_buckets_take_megatron_cores_size():
                                    chunked and s != lists[r][0]) for s in lists[r][1:]]
             assert all(len(b) == 1 for b in later)
             assert cluster is cl or len(first) > 1  # 1e7: under a layer's parameters, the first chunk bucketed
+    # a rank without the pipeline's first stage: every chunk one bucket, its first too, at any size (Megatron-Core's
+    # DDP: `if disable_bucketing or pp_rank > 0`; issue 12's forty-ninth round); pipeline rank 0 keeps its first
+    # chunk bucketed, and FSDP (not chunked) buckets every chunk by layer
+    from par3d.plan.cost import chunk_whole
+
+    for sched, pp, v in (("1f1b", 4, 1), ("interleaved", 4, 2), ("zb-v", 4, 2)):
+        for stages in rank_stage_lists(sched, pp, v):
+            for s in stages:
+                assert chunk_whole(True, stages, s) == (0 not in stages or s != stages[0])
+                assert not chunk_whole(False, stages, s)
+    small = replace(cl, dp_bucket_params=1e7)  # under a layer's parameters: one bucket a layer where bucketed
+    c1 = Choice(8, 4, 32, 1, 8, "1f1b", 1, "none", 1, True, 1)
+    bucket, chunked = dp_bucket(small, c1)
+    lay4 = layout(model, 4)
+    for r, stages in enumerate(rank_stage_lists("1f1b", 4, 1)):
+        got = stage_buckets(model, c1, lay4, stages[0], 0.0, 1.0, 0.0, 1.0, bucket,
+                            chunk_whole(chunked, stages, stages[0]))
+        assert (len(got) == 1) == (r > 0) and (r > 0 or len(got) >= lay4.layers[0])
     # the search's bound never exceeds the tail the schedule charges, with buckets merged
     for sched, pp, v in (("1f1b", 1, 1), ("1f1b", 4, 1), ("interleaved", 4, 2), ("zb-h1", 4, 1), ("zb-v", 4, 2)):
         for dp, zero in ((32, 1), (256 // pp, 2), (8, 0)):

@@ -1981,19 +1981,25 @@ def stage_buckets(model: ModelSpec, c: Choice, lay: Layout, s: int, b_start: flo
 _SMALLEST: dict[tuple, float] = {}
 
 
+def chunk_whole(chunked: bool, stages: tuple[int, ...], s: int) -> bool:
+    """Whether stage `s` of a rank holding `stages` is one DP gradient bucket (`dp_bucket`'s second value given as
+    `chunked`): every chunk after the rank's first, and every chunk of a rank that does not hold the pipeline's
+    first stage -- Megatron-Core's DDP, `if disable_bucketing or pp_rank > 0: self.bucket_size = None`."""
+    return chunked and (0 not in stages or s != stages[0])
+
+
 def _smallest_bucket(model: ModelSpec, c: Choice, lay: Layout, stages: tuple[int, ...], bucket: float,
-                     chunked: bool, first_whole: bool = False) -> float:
+                     chunked: bool) -> float:
     """The fewest parameters of any gradient bucket of a rank holding `stages` (`stage_buckets`' counts, which read
-    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min.
-    `first_whole`: the rank's first chunk is one bucket too (`dp_bucket`: a rank past the pipeline's first)."""
-    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked, first_whole)
+    only the model, the layout and c's tp, expert shards and pp -- not the times): kept per those, as the same min."""
+    key = (model, c.tp, c.expert_shards, c.pp, lay.layers, stages, bucket, chunked)
     hit = _SMALLEST.get(key)
     if hit is None:
         if len(_SMALLEST) >= 65536:  # bounded, as the module's lru_caches are
             _SMALLEST.clear()
         hit = _SMALLEST[key] = min(n for s in stages
                                    for *_, n in stage_buckets(model, c, lay, s, 0.0, 0.0, 0.0, 0.0, bucket,
-                                                              chunked and (first_whole or s != stages[0])))
+                                                              chunk_whole(chunked, stages, s)))
     return hit
 
 
@@ -2076,7 +2082,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             for s in lists[r]:
                 d, e, f0 = mk.grad_dur[s], mk.grad_end[s], mk.first_f[s]
                 items += stage_buckets(model, c, lay, s, e - d, d, f0, st.f[s], bucket,
-                                        chunked and (not has0 or s != lists[r][0]))
+                                        chunk_whole(chunked, lists[r], s))
             ready = sorted((t, red * n * per) for t, _, n in items)
             need = sorted((t, gather * n * per) for _, t, n in items)
             exposed = reduce_exposed([t for t, _ in ready], [x for _, x in ready], end, sigma) if overlap_red else red
@@ -2094,7 +2100,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
                 x_gather = gather_exposed([t for t, _ in need], [x for _, x in need], 0.0)
             if overlap_red:
                 exposed = sigma * red + (1 - sigma) * x_red
-                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked, not has0)
+                smallest = _smallest_bucket(model, c, lay, lists[r], bucket, chunked)
                 last_rank = min(last_rank, sigma * red + (1 - sigma) * red * smallest * per)
             else:
                 exposed = red
