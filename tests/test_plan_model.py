@@ -1060,8 +1060,8 @@ def test_a_calibrated_gpu_with_its_own_sustained_rate_needs_no_borrowed_ratio():
     peak, mamf, _ = gt.TABLE["gb300"]["bf16"]
     borrowed = calibrated_gemm_share([(8e12, mamf)], peak, "gb300", "bf16")
     assert borrowed == pytest.approx(DEVICES["gb300"].gemm["bf16"])
-    # a GB300 that holds its MAMF (its fitted ratio, 0.9663, is above the training factor: any held rate much below
-    # MAMF would price it slower than the borrowed ratio does)
+    # a GB300 that holds its MAMF (its fitted ratio, 0.9875, is below the BF16 training factor, 0.997: a measured hold
+    # at MAMF prices it a little faster than the fitted ratio does; any held rate much below MAMF, slower)
     held = calibrated_gemm_share([(8e12, mamf)], peak, "gb300", "bf16", sustained_tflops=mamf)
     assert held == pytest.approx(mamf / peak * gt.training_factor("bf16") * gt.STEP_SHARE) and held > borrowed
 
