@@ -212,7 +212,8 @@ def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
     """--ep-dispatch dedup (DeepEP, HybridEP): across nodes each token crosses the NICs once per remote node holding
     one of its experts -- m·(1 - (1 - 1/m)^k) nodes of the m it may use, (N-1)/N of them remote -- and is forwarded
     over NVLink; group-limited routing bounds m (DeepSeek-V3: 4 of 8 groups, a group per node at EP 64 over 8 nodes);
-    --ep-dispatch-fp8 halves the forward dispatch's bytes.  Inside one node nothing changes."""
+    --ep-dispatch-fp8 halves the forward dispatch's bytes.  Inside one node only the rows per token change (one per
+    destination rank, `compute.ep_destination_ranks`, not one per routed copy)."""
     from par3d.plan.cost import ep_remote_nodes
 
     ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
@@ -230,13 +231,44 @@ def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
     assert fp8[0] < dedup[0] < plain[0] and fp8[1] == pytest.approx(dedup[1]) and dedup[1] < plain[1]
     # the NIC bytes: each token's remote copies, h elements of 2 bytes, once per remote node
     tokens, nic = 4096, cl.inter.beta * NIC_EFF
-    one = comm.all_to_all(tokens * 8 * 7168 * 2.0, 64, cl, ep_remote_nodes(ds, cl, c), tokens * 7168 * 2.0)
-    assert one.beta == pytest.approx(max(63 / 64 * tokens * 8 * 7168 * 2.0 / (cl.intra.beta * nvlink_eff(
+    rows = compute.ep_destination_ranks(ds, 64)
+    one = comm.all_to_all(tokens * rows * 7168 * 2.0, 64, cl, ep_remote_nodes(ds, cl, c), tokens * 7168 * 2.0)
+    assert one.beta == pytest.approx(max(63 / 64 * tokens * rows * 7168 * 2.0 / (cl.intra.beta * nvlink_eff(
         cl.intra.name, "p2p")), ep_remote_nodes(ds, cl, c) * tokens * 7168 * 2.0 / nic))
+    assert dedup[1] == pytest.approx(2 * one.total)  # the backward: the two gradients' exchanges, 16-bit
+    # --moe-dispatcher flex is the same dispatch: its node-level scheme too (DeepEP internode, HybridEP multi-node)
+    assert ep_exchange(ds, replace(cl, moe_dispatcher="flex"), c) == pytest.approx(dedup)
     inside = Choice(1, 16, 128, 1, 120, "dualpipe-v", 2, ep=8, zero_stage=1)
-    assert ep_exchange(ds, replace(cl, ep_dispatch="dedup"), inside) == pytest.approx(ep_exchange(ds, cl, inside))
+    in8 = compute.ep_destination_ranks(ds, 8)
+    assert ep_exchange(ds, cl, inside)[1] == pytest.approx(2 * comm.all_to_all(tokens * 8 * 7168 * 2.0, 8, cl).total)
+    assert ep_exchange(ds, replace(cl, ep_dispatch="dedup"), inside)[1] == pytest.approx(
+        2 * comm.all_to_all(tokens * in8 * 7168 * 2.0, 8, cl).total)
     with pytest.raises(ValueError, match="--router-groups 8 --router-group-topk 8"):
         resolve_model("llama3-8b", experts=64, top_k=4, route_groups=8, route_group_topk=8)
+
+
+def test_ep_destination_ranks_counts_distinct_ranks():
+    """The rows the flex dispatcher sends per token (issue 12's fiftieth round): the distinct EP ranks holding one of
+    its k experts, experts drawn without replacement -- ep·(1 - C(E - E/ep, k) / C(E, k)); one expert per rank gives
+    exactly k; never more than k or ep; group-limited routing draws only from the token's groups' ranks."""
+    from math import comb
+
+    mixtral = resolve_model("mixtral-8x7b")
+    assert compute.ep_destination_ranks(mixtral, 8) == pytest.approx(2.0)
+    assert compute.ep_destination_ranks(mixtral, 1) == 1.0
+    qwen3 = resolve_model("qwen3-30b-a3b")
+    for ep in (2, 8, 32, 128):
+        e, k = 128, 8
+        want = ep * (1 - comb(e - e // ep, k) / comb(e, k))
+        assert compute.ep_destination_ranks(qwen3, ep) == pytest.approx(want)
+        assert compute.ep_destination_ranks(qwen3, ep) <= min(k, ep)
+    ds = resolve_model("deepseek-v3")
+    # EP 8: a group a rank, the token's 4 groups on 4 ranks, its 8 experts among their 128: at most 4 ranks
+    assert compute.ep_destination_ranks(ds, 8) == pytest.approx(4 * (1 - comb(96, 8) / comb(128, 8)))
+    # EP 64: a group spans 8 ranks; 32 ranks hold the token's groups, 4 experts each
+    assert compute.ep_destination_ranks(ds, 64) == pytest.approx(32 * (1 - comb(124, 8) / comb(128, 8)))
+    free = replace(ds, route_groups=0, route_group_topk=0)
+    assert compute.ep_destination_ranks(ds, 64) < compute.ep_destination_ranks(free, 64)
 
 
 def memory_layer_bytes(model, rec: str) -> float:
@@ -642,20 +674,27 @@ def test_alltoall_dispatcher_resorts_the_received_tokens(qwen, capsys):
     """Megatron-Core's alltoall dispatcher sorts the k·T copies a rank receives by local expert after the dispatch
     and back before the combine (token_dispatcher.py's "Permutation 2", only with more than one local expert): a read
     and a write of them each, 4·k·T·h bytes more in the forward's routing.  The flex dispatcher (DeepEP, HybridEP;
-    what --ep-dispatch dedup implies) has no such pass, nor does one expert per rank or ep 1."""
+    what --ep-dispatch dedup implies) has no such pass, nor does one expert per rank or ep 1; instead it permutes the
+    D·T rows a rank receives (one per destination rank, `compute.ep_destination_ranks`) where the alltoall dispatcher
+    permutes its T own tokens: 2·(D - 1)·T·h bytes more than that (issue 12's fiftieth round)."""
     b, tok, h, k = 1, qwen.seq_len, qwen.hidden, qwen.top_k
-    base = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 8)["route"]
-    resort = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 8, True)["route"]
+    mb = compute.module_elementwise_bytes
+    base = mb(qwen, b, 1, False, "bf16", 8)["route"]
+    resort = mb(qwen, b, 1, False, "bf16", 8, "alltoall")["route"]
     assert resort - base == pytest.approx(4 * k * tok * h * 2)
-    one_each = compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 128, True)["route"]
-    assert one_each == pytest.approx(compute.module_elementwise_bytes(qwen, b, 1, False, "bf16", 128)["route"])
+    one_each = mb(qwen, b, 1, False, "bf16", 128, "alltoall")["route"]
+    assert one_each == pytest.approx(mb(qwen, b, 1, False, "bf16", 128)["route"])
+    d_rows = compute.ep_destination_ranks(qwen, 8)
+    assert 1 < d_rows < k
+    assert mb(qwen, b, 1, False, "bf16", 8, "flex")["route"] - base == pytest.approx(2 * (d_rows - 1) * tok * h * 2)
+    assert mb(qwen, b, 1, False, "bf16", 1, "flex")["route"] == pytest.approx(mb(qwen, b, 1, False, "bf16", 1)["route"])
     cl = make_cluster("h100-sxm", 16, dtype="bf16")
     assert cl.dispatcher == "alltoall" and replace(cl, ep_dispatch="dedup").dispatcher == "flex"
     assert replace(cl, ep_dispatch="dedup", moe_dispatcher="alltoall").dispatcher == "alltoall"
     c = Choice(1, 1, 16, 1, 4, "1f1b", 1, "none", 1, False, 1, 1, 0, 8)
     a2a = stage_times(qwen, cl, c)
     flex = stage_times(qwen, replace(cl, moe_dispatcher="flex"), c)
-    layer_gap = (4 * k * tok * h * 2) / (cl.device.mem_bw * cl.device.mem_eff)
+    layer_gap = (4 * k * tok * h * 2 - 2 * (d_rows - 1) * tok * h * 2) / (cl.device.mem_bw * cl.device.mem_eff)
     assert a2a.f_compute[0] - flex.f_compute[0] == pytest.approx(qwen.layers * layer_gap, rel=1e-6)
     no_ep = replace(c, ep=1)
     assert stage_times(qwen, cl, no_ep).f == stage_times(qwen, replace(cl, moe_dispatcher="flex"), no_ep).f

@@ -19,7 +19,8 @@ def test_docs_quote_the_layer_bench():
 def test_alltoall_dispatcher_slower_than_flex_where_experts_share_a_rank():
     """DeepSeek-V3's proxy (4 experts per rank): measured, the alltoall case is slower than both flex cases each way,
     and so is the model (its second permutation); Mixtral's (1 expert per rank): no such pass, the model prices the
-    dispatchers alike, and the measured alltoall and HybridEP cases are within 1 % of each other."""
+    alltoall dispatcher has no such pass and the flex one permutes its D = 2 received rows a token rather than its one
+    token (issue 12's fiftieth round), so the model prices flex a little slower, as both flex cases measured."""
     cases = {c.name: c for c in moe_layers.CASES}
     pred = {n: moe_layers.predict(c) for n, c in cases.items()}
     for flex in ("deepseek_deepep_tp1ep8_bf16", "deepseek_hybridep_tp1ep8_bf16"):
@@ -27,9 +28,10 @@ def test_alltoall_dispatcher_slower_than_flex_where_experts_share_a_rank():
         assert a2a.forward_ms > f.forward_ms and a2a.backward_ms > f.backward_ms
         assert pred["deepseek_a2a_tp1ep8_bf16"][0] > pred[flex][0]
         assert pred["deepseek_a2a_tp1ep8_bf16"][1] > pred[flex][1]
-    assert pred["mixtral_a2a_tp1ep8_bf16"] == pred["mixtral_hybridep_tp1ep8_bf16"]
-    m_a, m_h = cases["mixtral_a2a_tp1ep8_bf16"], cases["mixtral_hybridep_tp1ep8_bf16"]
-    assert abs(m_a.forward_ms / m_h.forward_ms - 1) < 0.01 and abs(m_a.backward_ms / m_h.backward_ms - 1) < 0.01
+    for flex in ("mixtral_deepep_tp1ep8_bf16", "mixtral_hybridep_tp1ep8_bf16"):
+        m_a, m_f = cases["mixtral_a2a_tp1ep8_bf16"], cases[flex]
+        assert m_f.forward_ms > m_a.forward_ms and m_f.backward_ms > m_a.backward_ms
+        assert pred[flex][0] > pred["mixtral_a2a_tp1ep8_bf16"][0] and pred[flex][1] > pred["mixtral_a2a_tp1ep8_bf16"][1]
 
 
 def test_every_case_inside_its_first_band():

@@ -59,6 +59,7 @@ In the **table** kernel model (catalogue GPUs by default):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -291,7 +292,7 @@ def seed_gemm_flops(model: ModelSpec, tokens: int, tp: int) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16",
-                      fp8_current: bool = False, fp8_block: str = "", ep: int = 1, ep_resort: bool = False,
+                      fp8_current: bool = False, fp8_block: str = "", ep: int = 1, dispatcher: str = "",
                       etp: int = 1) -> float:
     """HBM bytes the non-GEMM kernels of one layer's forward move on one TP rank (table model).
 
@@ -305,8 +306,8 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = 
     A mixture-of-experts layer's MLP part (models.ModelSpec.moe): the router's fp32 softmax and top-k over the
     rank's b·s/tp tokens × E logits (read + write 4 B each), the permutation of each token into its top_k copies
     and back (read T, write k·T; read k·T, weigh, write T: 2·(1 + k)·T·h), the activation over the k·T routed
-    rows at the expert width, and a shared expert's activation as a dense MLP's; `ep_resort` (Megatron-Core's
-    alltoall dispatcher) its second permutation (`module_elementwise_bytes`).
+    rows at the expert width, and a shared expert's activation as a dense MLP's; the `dispatcher`'s own passes
+    (`module_elementwise_bytes`).
     """
     d = act_bytes(dtype)
     s, h, t = model.seq_len, model.hidden, tp
@@ -315,7 +316,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = 
     drop = 1.0 if model.bias else 0.0
     # the two norms, the activation(s), a mixture of experts' routing (module_elementwise_bytes: what the recomputation
     # modules re-run)
-    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort, etp).values())
+    by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, dispatcher, etp).values())
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     if model.moe:
         k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
@@ -472,7 +473,7 @@ def op_shares(model: ModelSpec) -> dict[str, float]:
 @lru_cache(maxsize=8192)
 def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: bool = False,
                 flash: bool = False, fp8_current: bool = False, cross_entropy: str = "unfused",
-                fp8_block: str = "", ep: int = 1, ep_resort: bool = False, etp: int = 1,
+                fp8_block: str = "", ep: int = 1, dispatcher: str = "", etp: int = 1,
                 eager: bool = False) -> LayerTimes:
     """One layer's forward on one TP rank; the backward is priced as twice it.  `eager`: the non-GEMM kernels are
     par3d's own runtime's, eager PyTorch (plan/eager.py), not Megatron-Core's fused ones (`elementwise_bytes`)."""
@@ -515,7 +516,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         fwd_b, bwd_b = block_bytes(model, b, tp, sp, act_bytes(dtype))
         nbytes = (fwd_b + bwd_b) / 3
     else:  # (the scores' softmax and dropout without FlashAttention: with the core, below)
-        nbytes = elementwise_bytes(model, b, tp, sp, dtype, fp8_current, fp8_block, ep, ep_resort, etp)
+        nbytes = elementwise_bytes(model, b, tp, sp, dtype, fp8_current, fp8_block, ep, dispatcher, etp)
     elem = nbytes / (dev.mem_bw * dev.mem_eff)
     if not flash:  # the scores' softmax and dropout, forward and backward (`scores_backward_bytes`), a third of them in
         # the forward as the step's backward is twice it, so their step total is exact (a full recomputation then
@@ -531,7 +532,7 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
     head_dtype = ATTN_DTYPE.get(dtype, dtype)
     op = sum(times[k] * f for k, f in shares.items()) + elem
     bw = dev.mem_bw * dev.mem_eff
-    parts = module_elementwise_bytes(model, b, tp, sp, dtype, ep, ep_resort, etp)
+    parts = module_elementwise_bytes(model, b, tp, sp, dtype, ep, dispatcher, etp)
     # each module: its GEMMs (`module_gemms`) and the traffic it re-runs
     redo = {"mlp": parts["act"], "moe": parts["route"] + parts["act"] + parts["shared_act"],
             "shared_experts": parts["shared_act"]}
@@ -547,19 +548,23 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
 
 
 def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16", ep: int = 1,
-                             ep_resort: bool = False, etp: int = 1) -> dict[str, float]:
+                             dispatcher: str = "", etp: int = 1) -> dict[str, float]:
     """The parts of `elementwise_bytes` a selective-recomputation module re-runs (HBM bytes, one layer's forward on
     one TP rank; `elementwise_bytes` adds them up): the two norms (read + write T·h each), the MLP's activation
     (GeLU: read + write; SwiGLU: read 2, write 1 per output element; a mixture of experts': the routed copies'), a
     shared expert's activation, a mixture of experts' routing (the router's fp32 softmax and top-k, 4 B read + write
     per logit; the permutation into the experts' order and back, 2·(1 + k)·T·h).
 
-    `ep_resort`: Megatron-Core's alltoall dispatcher, which with more than one local expert (E/ep > 1) sorts the
-    k·T routed copies a rank receives by local expert after the dispatch and back before the combine
-    (token_dispatcher.py's "Permutation 2" / "Unpermutation 2", `sort_chunks_by_idxs`): a read and a write of
-    them each, 4·k·T·h more.  The flex dispatcher (DeepEP, HybridEP) permutes the received tokens once, by expert,
-    and has no such pass.  With expert tensor parallelism (`etp`) it sorts the copies gathered from the etp group,
-    etp times as many."""
+    `dispatcher` (Megatron-Core's token dispatcher, "" where there is no expert parallelism):
+    "alltoall" permutes each token into its k copies before the all-to-all and back after it (the 2·(1 + k)·T·h
+    above) and, with more than one local expert (E/ep > 1), also sorts the k·T copies a rank receives by local expert
+    after the dispatch and back before the combine (token_dispatcher.py's "Permutation 2" / "Unpermutation 2",
+    `sort_chunks_by_idxs`): a read and a write of them each, 4·k·T·h more; with expert tensor parallelism (`etp`)
+    it sorts the copies gathered from the etp group, etp times as many.  "flex" (DeepEP, HybridEP) sends the
+    token's rows unpermuted, one per destination rank, and then permutes the D·T rows a rank receives (D =
+    `ep_destination_ranks`) into the k·T per-expert rows and back before the combine (MoEFlexTokenDispatcher's
+    dispatch_postprocess / combine_preprocess, a separate `permute` / `unpermute` after and before the
+    communication kernels: issue 12's fiftieth round): 2·(D + k)·T·h."""
     d = act_bytes(dtype)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0
@@ -569,10 +574,42 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
         k = model.top_k
         out["act"] = act * tok / t * k * model.expert_ffn * d
         out["shared_act"] = act * tok * model.shared_ffn / t * d
-        out["route"] = 8.0 * tok / t * model.experts + 2 * (1 + k) * tok / t * h * d
-        if ep_resort and model.experts // ep > 1:
+        rows_in = ep_destination_ranks(model, ep) if dispatcher == "flex" and ep > 1 else 1.0
+        out["route"] = 8.0 * tok / t * model.experts + 2 * (rows_in + k) * tok / t * h * d
+        if dispatcher == "alltoall" and model.experts // ep > 1:
             out["route"] += 4 * k * tok / t * h * d * etp
     return out
+
+
+def _none_drawn(pool: float, held: float, k: int) -> float:
+    """The chance that k distinct experts drawn uniformly from `pool` include none of the `held` a rank holds
+    (hypergeometric; real-valued pools through lgamma)."""
+    if held <= 0 or k <= 0:
+        return 1.0
+    if pool - held < k:
+        return 0.0
+    return math.exp(math.lgamma(pool - held + 1) - math.lgamma(pool - held - k + 1)
+                    - math.lgamma(pool + 1) + math.lgamma(pool - k + 1))
+
+
+def ep_destination_ranks(model: ModelSpec, ep: int) -> float:
+    """The expected number of distinct EP ranks a token's top_k routed copies land on (balanced routing: the k
+    experts drawn uniformly without replacement, E/ep on each rank): ep·(1 - C(E - E/ep, k) / C(E, k)).  With
+    group-limited routing (models.ModelSpec.route_groups / route_group_topk: DeepSeek-V3's 8 groups, 4 per token) only
+    the experts of the token's groups are drawn from, over the ranks holding them.  What the flex dispatcher
+    (DeepEP, HybridEP) sends per token: one row to each such rank, not one per copy."""
+    e, k = float(model.experts), model.top_k
+    if ep <= 1 or e <= 0 or k <= 0:
+        return 1.0
+    ranks, pool = float(ep), e
+    g, gk = model.route_groups, model.route_group_topk
+    if g and gk and gk < g:
+        pool = e * gk / g
+        if ep >= g:  # each group spans ep/g ranks
+            ranks = ep * gk / g
+        else:  # each rank holds g/ep groups: the ranks holding at least one of the token's gk groups
+            ranks = ep * (1.0 - _none_drawn(float(g), g / ep, gk))
+    return min(float(k), ranks * (1.0 - _none_drawn(pool, pool / ranks, k)))
 
 
 def model_flops_per_sequence(model: ModelSpec) -> float:

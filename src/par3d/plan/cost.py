@@ -94,6 +94,7 @@ from .compute import (
     MODULE_ABBREV,
     Gemm,
     LayerTimes,
+    ep_destination_ranks,
     gemm_time,
     layer_gemms,
     layer_times,
@@ -822,7 +823,7 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, cp: int, sp: bool = False,
                    flash: bool = False, fp8_current: bool = False, ring: bool = True,
                    cross_entropy: str = "unfused", fp8_block: str = "", ep: int = 1,
-                   heads: bool = False, ep_resort: bool = False, etp: int = 1, eager: bool = False) -> LayerTimes:
+                   heads: bool = False, dispatcher: str = "", etp: int = 1, eager: bool = False) -> LayerTimes:
     """Layer times on one CP rank: projections and MLP on b·s/cp tokens; the attention core of
     s/cp queries against all s keys = cp blocks of the (s/cp)² core.  The ring (`ring`, the table
     model) adds what Transformer Engine's ring attention moves besides its kernels (`cp_ring_bytes`)
@@ -830,13 +831,13 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
     instead one kernel over all s tokens for 1/cp of this TP rank's heads -- the same FLOPs, at the
     kernel's share for s tokens rather than s/cp."""
     lt = layer_times(local_model(model, cp), dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                     cross_entropy, fp8_block, ep, ep_resort, etp, eager)
+                     cross_entropy, fp8_block, ep, dispatcher, etp, eager)
     if cp == 1:
         return lt
     if heads:
         if flash and dev.kernel_model == "table":  # type: ignore[attr-defined]
             whole = layer_times(model, dev, dtype, b, tp, sp, flash, fp8_current,  # type: ignore[arg-type]
-                                cross_entropy, fp8_block, ep, ep_resort, etp, eager)
+                                cross_entropy, fp8_block, ep, dispatcher, etp, eager)
             core = (whole.core - KERNEL_S) / cp + KERNEL_S
         else:  # the flat kernel model: the core's FLOPs at the one efficiency, as the ring's
             core = lt.core * cp
@@ -866,10 +867,12 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     DeepEP's FP8 dispatch, with a 4-byte fp32 scale per 128 elements: its per-token-group quantization); the
     backward moves gradients, 16-bit.
 
-    `cluster.ep_dispatch` "dedup" (DeepEP, HybridEP: Megatron-Core's flex dispatcher) sends a token once to each
-    remote node holding any of its experts and forwards it inside that node over NVLink: the NICs carry
-    `remote_nodes` copies of each token (`ep_remote_nodes`) rather than every copy bound for another node (the
-    "alltoall" dispatcher's, the default).
+    The flex dispatcher (`cluster.dispatcher` "flex": DeepEP, HybridEP; `cluster.ep_dispatch` "dedup" implies it)
+    sends a token one row per destination rank, not one per routed copy (`compute.ep_destination_ranks`: DeepEP's
+    recv_x and HybridEP's buffers hold a row per (token, rank), the rank's experts' copies made by the permute after
+    it; issue 12's fiftieth round), and crosses nodes once per remote node holding any of its experts, forwarded
+    inside that node over NVLink: the NICs carry `remote_nodes` copies of each token (`ep_remote_nodes`) rather than
+    every copy bound for another node (the "alltoall" dispatcher's, the default).
 
     Expert tensor parallelism (`c.etp` > 1; Megatron-Core's MoEAlltoAllTokenDispatcher with an expert-TP group):
     the all-to-all runs over the EP group, whose members are etp ranks apart (the expert-TP ranks innermost), then
@@ -880,10 +883,13 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
         return 0.0, 0.0
     tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
     copies = tokens * model.top_k * model.hidden  # elements of every routed copy of this rank's tokens
-    remote = ep_remote_nodes(model, cluster, c) if cluster.ep_dispatch == "dedup" and c.ep > 1 else None
+    flex = cluster.dispatcher == "flex" and c.ep > 1
+    # the flex dispatcher sends one row per destination rank, not per copy (issue 12's fiftieth round)
+    sent = tokens * ep_destination_ranks(model, c.ep) * model.hidden if flex else copies
+    remote = ep_remote_nodes(model, cluster, c) if flex else None
 
     def a2a(b: float) -> float:
-        return comm.all_to_all(copies * b, c.ep, cluster, remote, tokens * model.hidden * b, stride=c.etp).total
+        return comm.all_to_all(sent * b, c.ep, cluster, remote, tokens * model.hidden * b, stride=c.etp).total
 
     disp = a2a(1.0 + 4.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
     fwd, bwd = disp + a2a(2.0), 2 * a2a(2.0)
@@ -1188,7 +1194,7 @@ def choice_layer_times(model: ModelSpec, cluster: Cluster, c: Choice) -> LayerTi
     return cp_layer_times(model, cluster.device, cluster.dtype, c.micro_batch, c.tp, c.cp, c.sequence_parallel,
                           blockwise_attention(cluster, c), cluster.fp8_current, cluster.cp_comm == "ring",
                           cluster.cross_entropy, cluster.fp8_block, c.ep, cluster.cp_comm == "a2a",
-                          c.ep > 1 and cluster.dispatcher == "alltoall", c.etp, cluster.elementwise == "eager")
+                          cluster.dispatcher if c.ep > 1 else "", c.etp, cluster.elementwise == "eager")
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:

@@ -158,8 +158,9 @@ FSDP_UNIT_S = 6.8e-3
 # grouped GEMM "multi-stream + cuBLAS": launches and quantizations per expert, ibid. §1).  **Fitted** (issue 12's
 # thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
 # it; one pair for every GPU and host CPU (x86 and Grace alike).  0.459 ms a routed expert until issue 12's forty-seventh
-# round, whose refit of the H100's sustained ratios moved the training factor its B300 / GB200 rows are priced with.
-MOE_HOST_S = (4.91e-3, 0.458e-3)
+# round, whose refit of the H100's sustained ratios moved the training factor its B300 / GB200 rows are priced with
+# (0.458 from it), and again since the fiftieth round priced the flex dispatcher's rows per destination rank.
+MOE_HOST_S = (4.91e-3, 0.459e-3)
 CUDA_GRAPHS = ("full_iteration", "partial", "none")  # what a run captures in CUDA graphs (`--cuda-graphs`)
 # Muon (`Cluster.optimizer`): the optimizers the planner prices, how a TP-split matrix is orthogonalized, and the
 # Newton-Schulz steps per update -- 5 quintic steps, Megatron-Core's `muon_num_ns_steps` default and Megatron-Bridge's
@@ -724,12 +725,14 @@ class Cluster:
     moe_host_s: tuple[float, float] = (0.0, 0.0)
     # how a mixture of experts' tokens cross nodes (cost.ep_exchange): "alltoall" (Megatron-Core's alltoall dispatcher:
     # every copy bound for another node crosses the NICs) or "dedup" (DeepEP, HybridEP -- the flex dispatcher: once
-    # per remote node, forwarded inside it over NVLink); and whether the forward dispatch moves FP8 tokens
+    # per remote node, forwarded inside it over NVLink; moe_dispatcher "flex" prices it so too, as its code runs);
+    # and whether the forward dispatch moves FP8 tokens
     ep_dispatch: str = "alltoall"
     ep_dispatch_fp8: bool = False
     # which of Megatron-Core's token dispatchers runs the MoE layers (cost.choice_layer_times): "alltoall" sorts the
     # copies a rank receives by local expert after the dispatch and back before the combine (its "Permutation 2",
-    # compute.module_elementwise_bytes), "flex" (DeepEP, HybridEP) permutes them once; "" follows ep_dispatch
+    # compute.module_elementwise_bytes), "flex" (DeepEP, HybridEP) sends a row per destination rank and permutes the
+    # rows received into the experts' copies (compute.ep_destination_ranks); "" follows ep_dispatch
     # (dedup is the flex dispatcher's scheme) -- `dispatcher`
     moe_dispatcher: str = ""
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead

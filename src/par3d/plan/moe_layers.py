@@ -42,10 +42,12 @@ class Case:
     dispatcher: str  # "alltoall" or "flex" (Megatron-Core's token dispatchers)
     forward_ms: float  # measured (baseline.json)
     backward_ms: float
+    route_groups: int = 0  # group-limited routing (test_cases.py's moe_router_num_groups / moe_router_group_topk)
+    route_group_topk: int = 0
 
 
 _MIX = dict(hidden=4096, expert_ffn=14336, experts=8, top_k=2, shared_ffn=0)
-_DS = dict(hidden=7168, expert_ffn=2048, experts=32, top_k=8, shared_ffn=2048)
+_DS = dict(hidden=7168, expert_ffn=2048, experts=32, top_k=8, shared_ffn=2048, route_groups=8, route_group_topk=4)
 CASES = (
     Case("mixtral_a2a_tp1ep8_bf16", **_MIX, dispatcher="alltoall", forward_ms=4.3269, backward_ms=7.6843),
     Case("mixtral_deepep_tp1ep8_bf16", **_MIX, dispatcher="flex", forward_ms=4.6356, backward_ms=7.8544),
@@ -61,7 +63,8 @@ def model_of(case: Case) -> ModelSpec:
     return ModelSpec(case.name, layers=1, hidden=case.hidden, heads=8, seq_len=4096, vocab=32000,
                      ffn_hidden=case.expert_ffn, experts=case.experts, top_k=case.top_k,
                      moe_ffn_hidden=case.expert_ffn, shared_ffn=case.shared_ffn, gated=False, tied=False,
-                     learned_pos=False, bias=False, norm="rms")
+                     learned_pos=False, bias=False, norm="rms", route_groups=case.route_groups,
+                     route_group_topk=case.route_group_topk)
 
 
 def predict(case: Case) -> tuple[float, float]:
