@@ -269,6 +269,24 @@ def test_ep_destination_ranks_counts_distinct_ranks():
     assert compute.ep_destination_ranks(ds, 64) == pytest.approx(32 * (1 - comb(124, 8) / comb(128, 8)))
     free = replace(ds, route_groups=0, route_group_topk=0)
     assert compute.ep_destination_ranks(ds, 64) < compute.ep_destination_ranks(free, 64)
+    # NeMo AutoModel's FakeBalancedGate (--router-consecutive): token i's experts are i·k ... i·k + k - 1, so 8 of 128
+    # experts at 16 a rank sit on one rank; of 256 at 4 a rank on two; of 384 at 12 a rank on one or two (4/3)
+    run = replace(free, route_consecutive=True)
+    assert compute.ep_destination_ranks(replace(qwen3, route_consecutive=True), 8) == 1.0
+    assert compute.ep_destination_ranks(run, 64) == 2.0
+    assert compute.ep_destination_ranks(replace(resolve_model("kimi-k2"), route_consecutive=True), 32) == \
+        pytest.approx(4 / 3)
+    # across nodes: EP 64 over eight 8-GPU nodes, a node's 32 experts hold the run, remote 7/8 of the time
+    from par3d.plan.cost import ep_remote_nodes
+
+    cl = make_cluster("h100-sxm", 256, dtype="bf16")
+    assert ep_remote_nodes(run, cl, Choice(1, 4, 64, 1, 8, "1f1b", 1, ep=64, zero_stage=1)) == pytest.approx(7 / 8)
+    from par3d.plan.models import ModelError
+
+    with pytest.raises(ModelError, match="--router-consecutive with --router-groups 8"):
+        resolve_model("deepseek-v3", route_consecutive=True)
+    with pytest.raises(ModelError, match="--router-consecutive describe a mixture of experts"):
+        resolve_model("llama3-8b", route_consecutive=True)
 
 
 def memory_layer_bytes(model, rec: str) -> float:

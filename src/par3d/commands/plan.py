@@ -166,6 +166,10 @@ def register(sub) -> None:
     g.add_argument("--router-group-topk", type=_int_at_least(1), default=None, metavar="M",
                    help="each token's experts come from at most M groups (DeepSeek-V3 4; topk_group): bounds the nodes "
                         "its copies reach when the EP group spans nodes (with --ep-dispatch dedup)")
+    g.add_argument("--router-consecutive", action="store_true", default=None,
+                   help="a benchmark's balanced router that gives token i the k consecutive experts i*k ... i*k+k-1 "
+                        "(NeMo AutoModel's fake_balanced_gate): its copies reach as few EP ranks and nodes as the "
+                        "experts' order allows")
     g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
@@ -795,7 +799,7 @@ def _run(args: argparse.Namespace) -> int:
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
                               args.router_groups, args.router_group_topk, args.moe_step, args.sliding_window,
-                              args.attention_chunk, args.global_every, args.qk_norm)
+                              args.attention_chunk, args.global_every, args.qk_norm, args.router_consecutive)
     except ModelError as e:
         raise UsageError(str(e)) from None
     if args.pipeline_layout:

@@ -592,15 +592,29 @@ def _none_drawn(pool: float, held: float, k: int) -> float:
                     - math.lgamma(pool + 1) + math.lgamma(pool - k + 1))
 
 
+def consecutive_spans(experts: int, k: int, block: float) -> float:
+    """The mean number of `block`-wide runs of experts (a rank's, or a node's) that k consecutive experts starting at
+    i·k mod E touch, over the E / gcd(E, k) starts a balanced stream of tokens cycles through."""
+    starts = experts // math.gcd(experts, k)
+    total = 0
+    for i in range(starts):
+        s = (i * k) % experts
+        total += len({int(((s + j) % experts) // block) for j in range(k)})
+    return total / starts
+
+
 def ep_destination_ranks(model: ModelSpec, ep: int) -> float:
     """The expected number of distinct EP ranks a token's top_k routed copies land on (balanced routing: the k
     experts drawn uniformly without replacement, E/ep on each rank): ep·(1 - C(E - E/ep, k) / C(E, k)).  With
     group-limited routing (models.ModelSpec.route_groups / route_group_topk: DeepSeek-V3's 8 groups, 4 per token) only
-    the experts of the token's groups are drawn from, over the ranks holding them.  What the flex dispatcher
+    the experts of the token's groups are drawn from, over the ranks holding them; a router that gives each token
+    consecutive experts (models.ModelSpec.route_consecutive) reaches the ranks its run spans.  What the flex dispatcher
     (DeepEP, HybridEP) sends per token: one row to each such rank, not one per copy."""
     e, k = float(model.experts), model.top_k
     if ep <= 1 or e <= 0 or k <= 0:
         return 1.0
+    if model.route_consecutive:  # k consecutive experts (models.ModelSpec.route_consecutive), E/ep a rank
+        return consecutive_spans(model.experts, k, model.experts / ep)
     ranks, pool = float(ep), e
     g, gk = model.route_groups, model.route_group_topk
     if g and gk and gk < g:

@@ -94,6 +94,7 @@ from .compute import (
     MODULE_ABBREV,
     Gemm,
     LayerTimes,
+    consecutive_spans,
     ep_destination_ranks,
     gemm_time,
     layer_gemms,
@@ -928,6 +929,9 @@ def ep_remote_nodes(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     nodes = -(-c.ep // g)
     if nodes <= 1:
         return 0.0
+    if model.route_consecutive:  # the nodes a token's run of k consecutive experts spans, E/nodes a node
+        distinct = consecutive_spans(model.experts, model.top_k, model.experts / nodes)
+        return distinct * (nodes - 1) / nodes
     m = float(nodes)
     if model.route_groups and model.route_group_topk:
         m = min(m, model.route_group_topk * max(1.0, nodes / model.route_groups))

@@ -98,6 +98,10 @@ class ModelSpec:
     # config.json's n_group / topk_group): bounds the nodes a token's copies reach (cost.ep_remote_nodes)
     route_groups: int = 0
     route_group_topk: int = 0
+    # a benchmark's balanced router that gives each token k consecutive experts (NeMo AutoModel's FakeBalancedGate:
+    # token i's experts are i·k … i·k + k - 1 mod E), so its copies land on as few ranks and nodes as the experts' layout
+    # allows (compute.ep_destination_ranks, cost.ep_remote_nodes); `--router-consecutive`
+    route_consecutive: bool = False
     # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
     # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
     kv_lora: int = 0  # the K/V latent's rank (0: not MLA)
@@ -774,7 +778,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   mtp_layers: int | None = None, route_groups: int | None = None,
                   route_group_topk: int | None = None, moe_step: int | None = None, window: int | None = None,
                   attn_chunk: int | None = None, global_every: int | None = None,
-                  qk_norm: bool | None = None) -> ModelSpec:
+                  qk_norm: bool | None = None, route_consecutive: bool | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -810,7 +814,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       route_groups=route_groups, route_group_topk=route_group_topk,
                                       moe_step=moe_step, window=window, attn_chunk=attn_chunk,
                                       global_every=0 if attn_chunk == 0 and global_every is None else global_every,
-                                      qk_norm=qk_norm).items()
+                                      qk_norm=qk_norm, route_consecutive=route_consecutive).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -831,7 +835,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
                          route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
                          moe_step=moe_step or 1, window=window or 0, attn_chunk=attn_chunk or 0,
-                         global_every=global_every or 0, qk_norm=bool(qk_norm))
+                         global_every=global_every or 0, qk_norm=bool(qk_norm),
+                         route_consecutive=bool(route_consecutive))
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
@@ -871,11 +876,15 @@ def validate_moe(spec: ModelSpec) -> None:
     MoE fields."""
     if spec.experts == 0:
         if (spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers
-                or spec.route_groups or spec.route_group_topk or spec.moe_step != 1):
+                or spec.route_groups or spec.route_group_topk or spec.moe_step != 1 or spec.route_consecutive):
             raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers/--moe-step/--router-groups/"
-                             "--router-group-topk describe a mixture of experts: give --experts N (N >= 2 routed "
-                             "experts per layer) too")
+                             "--router-group-topk/--router-consecutive describe a mixture of experts: give --experts N "
+                             "(N >= 2 routed experts per layer) too")
         return
+    if spec.route_consecutive and (spec.route_groups or spec.route_group_topk):
+        raise ModelError(f"--router-consecutive with --router-groups {spec.route_groups} --router-group-topk "
+                         f"{spec.route_group_topk}: a router that gives each token consecutive experts (AutoModel's "
+                         "FakeBalancedGate) applies no group limit; drop one of them")
     if spec.route_groups or spec.route_group_topk:
         if not (1 <= spec.route_group_topk < spec.route_groups and spec.experts % spec.route_groups == 0):
             raise ModelError(f"--router-groups {spec.route_groups} --router-group-topk {spec.route_group_topk}: each "
