@@ -244,6 +244,11 @@ def register(sub) -> None:
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
                         "turns it on for bf16), FSDP reduce_dtype=float32 (torchtitan's default), Llama 3 "
                         "(default: off, gradients reduced in the training dtype, as NVIDIA's perf recipes do)")
+    g.add_argument("--deepspeed-bf16-optimizer", action="store_true", default=False,
+                   help="DeepSpeed's BF16_Optimizer (bf16 with ZeRO stage 0 in the DeepSpeed config, its own ZeRO-1; "
+                        "BLOOM-176B): each micro-batch's gradients added into a full fp32 buffer (6 B per parameter "
+                        "held), then all-reduced in bf16 over DP, the updated bf16 shards all-gathered; plan with "
+                        "--zero-stage 1")
     g.add_argument("--p2p-blocking", choices=P2P_BLOCKING, default="none",
                    help="whether the pipeline's point-to-point sends hold the sending GPU until delivered: none "
                         "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
@@ -566,7 +571,7 @@ def _cluster(args: argparse.Namespace):
     from par3d.plan.hardware import moe_host_of
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
-                  grad_reduce_fp32=args.grad_reduce_in_fp32,
+                  grad_reduce_fp32=args.grad_reduce_in_fp32, bf16_optimizer=args.deepspeed_bf16_optimizer,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp, fsdp_version=args.fsdp_version or 2,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
                   p2p_blocking=args.p2p_blocking,
@@ -611,6 +616,13 @@ def _cluster(args: argparse.Namespace):
         raise UsageError("--fsdp with --zero-stage 1: PyTorch FSDP shards the optimizer state only with the "
                          "gradients (SHARD_GRAD_OP = 2) or everything (FULL_SHARD = 3); use --zero-stage 2 or 3, "
                          "0 for DDP, or drop --fsdp")
+    if args.deepspeed_bf16_optimizer and args.zero_stage != 1:
+        given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
+        raise UsageError(f"--deepspeed-bf16-optimizer {given}: DeepSpeed's BF16_Optimizer shards the optimizer state "
+                         "as ZeRO-1 does and nothing else (the search's other stages are not it); add --zero-stage 1")
+    if args.deepspeed_bf16_optimizer and (args.fsdp or cl.dtype != "bf16"):
+        raise UsageError("--deepspeed-bf16-optimizer: it is DeepSpeed's bf16 optimizer; use --dtype bf16 and drop "
+                         "--fsdp")
     if args.fsdp and not cl.hier:
         raise UsageError("--fsdp: its per-unit cost is fitted on GPU clusters and the calibrated host's or flat "
                          "model has no place for it; use a catalogue --gpu without --efficiency, or drop --fsdp")

@@ -129,6 +129,19 @@ ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v + bf16 grad (14 B); write 
 # 4), its norm for clipping (read 4), fused Adam (read master, grad, m, v: 16; write master, m, v: 12),
 # copy the master to the 16-bit weight (read 4, write 2), zero the gradient buffer (write 4).
 OPTIMIZER_STEP_BYTES = 4 + 4 + 4 + 4 + 16 + 12 + 4 + 2 + 4
+# DeepSpeed's BF16_Optimizer (Cluster.bf16_optimizer; DeepSpeed's olruwase/bf16-updates branch, 77b649d1 ... 93e9307d,
+# which BLOOM-176B ran: runtime/bf16_optimizer.py, runtime/pipe/engine.py, runtime/engine.py), HBM bytes per parameter:
+# each micro-batch's backward ends by adding the bf16 gradients into the full fp32 buffer (update_hp_grads:
+# `.to(torch.float32)` reads 2 B and writes 4, `add_` reads 4 + 4 and writes 4); the step's reduction casts the fp32
+# buffer to bf16 (read 4, write 2), scales it by 1/dp (read 2, write 2) and copies it back (read 2, write 4) around a
+# bf16 all-reduce; the optimizer reads the full fp32 gradients for the norm (4) and zeroes them (4), and runs fused Adam
+# (28) and the copy to the bf16 weights (read 4, write 2) on the rank's 1/dp shard.  Not priced: the tied embedding's
+# fp32 all-reduce between the first and last stage, a host sync per parameter tensor for the norm, and the clipping
+# pass when the norm exceeds the clip (issue 12's fiftieth round)
+BF16_OPTIMIZER_ACCUM_BYTES = 2 + 4 + 4 + 4 + 4
+BF16_OPTIMIZER_CAST_BYTES = 4 + 2 + 2 + 2 + 2 + 4
+BF16_OPTIMIZER_FULL_BYTES = 4 + 4
+BF16_OPTIMIZER_SHARD_BYTES = 28 + 4 + 2
 
 
 @dataclass(frozen=True)
@@ -1296,7 +1309,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
         fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
-        bc = 2 * fc
+        bc = 2 * fc + bf16_optimizer_accumulation(cluster, home.params / len(home.layers))
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
         rd = min(nd, nr)
         br = (nr - rd) * rec + rd * recd
@@ -1640,6 +1653,8 @@ def schedule_marks(st: StageTimes, c: Choice) -> tuple[float, Marks]:
 def memory_accounting(opts: Options, cluster: Cluster) -> str:
     """The state accounting memory.py counts: fp32 gradient reduction keeps fp32 (main) gradients,
     4 B per parameter, as Megatron's accounting does."""
+    if cluster.bf16_optimizer:  # DeepSpeed's BF16_Optimizer: its full fp32 gradient buffer beside the bf16 grads
+        return "bf16_optimizer"
     return "megatron" if cluster.grad_reduce_fp32 else opts.memory_accounting
 
 
@@ -2058,6 +2073,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     sigma = cluster.device.sigma
     split = c.schedule in SPLIT_BACKWARD
     overlap_red, overlap_gather = cluster.overlap_grad_reduce, cluster.overlap_param_gather
+    if cluster.bf16_optimizer:  # DeepSpeed's BF16_Optimizer reduces after the backward and gathers after its step
+        overlap_red = overlap_gather = False
     lay = layout(model, c.pp * c.virtual_stages)
     bucket, chunked = dp_bucket(cluster, c)
     worst = 0.0
@@ -2074,8 +2091,9 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         dense, experts = shape.params - shape.expert_params, shape.expert_params
         hit = costs.get((dense, experts))
         if hit is None:
-            red = (grad_collective(cluster, c, "all_reduce", gbytes * dense) if c.zero_stage == 0
-                   else sharded_grad_reduce(cluster, c, gbytes * dense))
+            red = (grad_collective(cluster, c, "all_reduce", gbytes * dense)
+                   if c.zero_stage == 0 or cluster.bf16_optimizer else sharded_grad_reduce(cluster, c, gbytes * dense))
+            red += bf16_optimizer_casts(cluster, shape.params)
             gather = (grad_collective(cluster, c, "all_gather", wbytes * dense, group="shard")  # updated weights
                       if c.zero_stage >= 1 else 0.0)
             if experts:  # a mixture of experts' routed experts: over the ranks holding the same experts
@@ -2165,7 +2183,9 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
             if c.zero_stage == 0:
                 red, gather = comm.all_reduce(gbytes * dense, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
             else:
-                red = flat_sharded_reduce(c, gbytes * dense, lk.grad)
+                red = (comm.all_reduce(gbytes * dense, ng, lk.grad).total  # type: ignore[arg-type]
+                       if cluster.bf16_optimizer else flat_sharded_reduce(c, gbytes * dense, lk.grad))
+                red += bf16_optimizer_casts(cluster, shape.params)
                 gather = comm.all_gather(wbytes * dense, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
             if experts:
                 red += expert_grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter",
@@ -2182,6 +2202,25 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
     return worst
 
 
+def bf16_optimizer_accumulation(cluster: Cluster, params: float) -> float:
+    """Seconds DeepSpeed's BF16_Optimizer adds to each micro-batch's backward of a stage of `params` parameters on
+    this rank: its bf16 gradients added into the full fp32 buffer (BF16_OPTIMIZER_ACCUM_BYTES); 0 for any other
+    optimizer."""
+    if not cluster.bf16_optimizer:
+        return 0.0
+    dev = cluster.device
+    return BF16_OPTIMIZER_ACCUM_BYTES * params / (dev.mem_bw * dev.mem_eff)
+
+
+def bf16_optimizer_casts(cluster: Cluster, params: float) -> float:
+    """Seconds of DeepSpeed's BF16_Optimizer's casts around its DP all-reduce (the fp32 buffer to bf16, the 1/dp
+    scale, back to fp32: BF16_OPTIMIZER_CAST_BYTES over the rank's `params`), serial with it; 0 otherwise."""
+    if not cluster.bf16_optimizer:
+        return 0.0
+    dev = cluster.device
+    return BF16_OPTIMIZER_CAST_BYTES * params / (dev.mem_bw * dev.mem_eff)
+
+
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     """The optimizer step on the busiest rank: its HBM traffic over the parameters it updates (ZeRO shards them:
     Megatron-Core's distributed optimizer, and Muon's layer-wise one) and, under Muon, the Newton-Schulz work
@@ -2195,6 +2234,9 @@ def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     ns = newton_schulz_seconds(model, cluster, c) if cluster.optimizer == "muon" else 0.0
     f = cluster.offload_optimizer
     host = offloaded_step_seconds(cluster, f * params) if f else 0.0
+    if cluster.bf16_optimizer:  # DeepSpeed's BF16_Optimizer: two passes over the full fp32 gradients, Adam over the shard
+        full = max(s.params for s in shapes)
+        return (BF16_OPTIMIZER_FULL_BYTES * full + BF16_OPTIMIZER_SHARD_BYTES * params) / (dev.mem_bw * dev.mem_eff)
     if dev.kernel_model == "table":
         return OPTIMIZER_STEP_BYTES * (1.0 - f) * params / (dev.mem_bw * dev.mem_eff) + ns + host
     return ADAM_BYTES_PER_PARAM * (1.0 - f) * params / dev.mem_bw + ns + host

@@ -683,6 +683,11 @@ class Cluster:
     # `reduce_dtype=torch.float32` (torchtitan's default), Llama 3's FSDP (Grattafiori et al. 2024 §3.3.4);
     # False: in the training dtype, 2 B per gradient (the seed's count; NVIDIA's perf recipes)
     grad_reduce_fp32: bool = False
+    # DeepSpeed's BF16_Optimizer (bf16 with the config's ZeRO stage 0: "it implements its own zero stage 1
+    # equivalent"; BLOOM-176B's run): each micro-batch's bf16 gradients added into a full fp32 buffer, the bf16
+    # gradients all-reduced (not reduce-scattered) over DP after the backward, the updated bf16 shards all-gathered
+    # (cost.bf16_optimizer_accumulation, cost.optimizer_time, memory "bf16_optimizer" accounting)
+    bf16_optimizer: bool = False
     # what ZeRO-3 gathers as one unit: "layer" (par3d's runtime, PyTorch FSDP wrapping each block:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
     # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
@@ -863,7 +868,7 @@ class Cluster:
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "dtype": self.dtype,
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
-            "grad_reduce_fp32": self.grad_reduce_fp32,
+            "grad_reduce_fp32": self.grad_reduce_fp32, "bf16_optimizer": self.bf16_optimizer,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "fsdp_version": self.fsdp_version,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,

@@ -136,7 +136,9 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "see
     if dtype == "fp32":
         w, g, o = 4.0, 4.0, (4.0 if optimizer == "muon" else 8.0)
     else:
-        w, g = 2.0, (4.0 if accounting == "megatron" else 2.0)
+        # Megatron's fp32 main gradients; DeepSpeed's BF16_Optimizer's full fp32 buffer beside the bf16 .grad it adds
+        # each micro-batch's gradients from (bf16_optimizer.py's fp32_groups_gradients_flat: "not sharded")
+        w, g = 2.0, {"megatron": 4.0, "bf16_optimizer": 6.0}.get(accounting, 2.0)
         o = MUON_BYTES if optimizer == "muon" else OPTIMIZER_BYTES[optimizer_dtype]
     if zero >= 1:
         o /= dp

@@ -92,7 +92,7 @@ SOFTWARE_FIELDS: tuple[str, ...] = (
     "flash_attention", "attention_kernel", "cross_entropy", "grad_reduce_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "p2p_blocking", "tp_comm_overlap", "tp_overlap_pipeline", "ep_comm_overlap", "cuda_graphs",
     "fp8_param_gather", "dp_bucket_params", "zero3_unit", "cp_comm", "ep_dispatch", "ep_dispatch_fp8",
-    "moe_dispatcher", "fsdp_version")
+    "moe_dispatcher", "fsdp_version", "bf16_optimizer")
 DESCRIBED = "software_described"  # the key `undescribed` sets False: Megatron's split and MoE host floor not applied
 
 
@@ -205,6 +205,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     return replace(cl, overlap_grad_reduce=bool(row.get("overlap_grad_reduce", True)),
                    overlap_param_gather=bool(row.get("overlap_param_gather", True)),
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
+                   bf16_optimizer=bool(row.get("bf16_optimizer", False)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
                    fsdp=bool(row.get("fsdp", False)),
                    # a row names FSDP2 where its software ran fully_shard; the older rows ran FlatParameter FSDP
