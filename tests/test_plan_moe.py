@@ -95,6 +95,48 @@ def test_ep_exchange_is_priced_per_layer_and_overlap_hides_it(qwen):
     assert plan.to_dict()["ep"] == 32 and "ep_comm" in plan.to_dict()["breakdown_s"]
 
 
+def test_a2a_overlap_pairs_sub_modules_in_the_steady_phase(qwen):
+    """Megatron-Core's 1F1B A2A overlap (issue 12's fiftieth round, model_chunk_schedule_plan.py): a forward layer of
+    one micro-batch beside a backward layer of another, each all-to-all hidden behind the sub-module its schedule
+    pairs it with (A's dispatch behind B's experts' gradients, B's gradient dispatch behind A's experts, A's combine
+    behind B's attention gradients, the next gradient combine behind A's next attention), only in the steady phase:
+    the warm-up's forward-only layers expose everything, the cool-down's backward-only ones what outlasts the delayed
+    weight gradients."""
+    from par3d.plan.compute import LayerTimes
+    from par3d.plan.cost import a2a_overlap_exposed, a2a_paired_share
+
+    # the paired share: pp 4, v 2, m 16 -- rank 0 warms up 2·3 + 4 + 1 = 11 of its 32 chunk steps, the last 5
+    c = Choice(1, 4, 16, 1, 16, "interleaved", 2, ep=8)
+    assert a2a_paired_share(c, 0) == pytest.approx(21 / 32) and a2a_paired_share(c, 3) == pytest.approx(27 / 32)
+    assert a2a_paired_share(c) == pytest.approx(sum(a2a_paired_share(c, r) for r in range(4)) / 4)
+    assert a2a_paired_share(Choice(1, 1, 8, 1, 8, ep=8)) == pytest.approx(7 / 8)
+    assert a2a_paired_share(Choice(1, 1, 8, 1, 1, ep=8)) == 0.0
+    # a layer of 3 ms: experts 1 ms, the rest 2 ms
+    lt = LayerTimes(3e-3, 0.0, 0.0, 0.0, 0.0, 0.0, modules=(("moe", 1e-3),))
+    sigma = 0.2
+    small = (0.5e-3,) * 4  # every exchange fits its window: only the slowdown of the hidden 2 ms
+    f, b = a2a_overlap_exposed(lt, small, sigma, 1.0)
+    assert f + b == pytest.approx(sigma * 2e-3) and f == pytest.approx(b)
+    # a dispatch of 4 ms outlasts both its windows (B's 2 ms of expert gradients, then A's 1 ms experts)
+    big = (4e-3, 0.5e-3, 4e-3, 0.5e-3)
+    t_y = max(max(2e-3, 4e-3) + 1e-3, max(1e-3, 4e-3) + 4e-3)  # 8 ms
+    t_x = max(max(4e-3, 0.5e-3) + 2e-3, max(2e-3, 0.5e-3) + 0.5e-3)  # 6 ms
+    exposed = t_x + t_y - 9e-3
+    f, b = a2a_overlap_exposed(lt, big, sigma, 1.0)
+    assert f + b == pytest.approx(exposed + sigma * (9e-3 - exposed))
+    # unpaired: the forward exposes both exchanges, the backward what outlasts the delayed weight gradients
+    f, b = a2a_overlap_exposed(lt, big, sigma, 0.0)
+    assert (f, b) == pytest.approx((4.5e-3, 3e-3))
+    # in the step: a plan with the overlap is never slower per stage than without, and the early ranks expose more
+    cl = replace(make_cluster("h100-sxm", 64, dtype="bf16"), ep_comm_overlap=True)
+    c = Choice(1, 4, 16, 1, 16, "interleaved", 2, ep=8)
+    st = stage_times(qwen, cl, c)
+    plain = stage_times(qwen, replace(cl, ep_comm_overlap=False), c)
+    assert all(a <= b + 1e-12 for a, b in zip(st.ep_comm, plain.ep_comm))
+    early, late = (sum(ep_exchange(qwen, cl, c, a2a_paired_share(c, r))) for r in (0, 3))
+    assert early > late > 0.0
+
+
 def test_expert_parallel_memory(qwen):
     """Each rank holds E/ep experts; ZeRO shards the experts' states over the ranks holding the same experts
     (tp x cp x dp / ep of them), the rest over dp x cp: with 8 ranks, ep 8 holds an eighth of the experts' weights

@@ -870,14 +870,16 @@ def cp_layer_times(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, c
                    core_flops=lt.core_flops * cp)
 
 
-def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float]:
+def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice, share: float | None = None) -> tuple[float, float]:
     """One mixture-of-experts layer's token all-to-alls over the EP group, (forward, backward), exposed: the
     dispatch of this rank's b·s/(cp·tp) tokens × top_k copies of h elements and the combine of as many back
     (forward), the same two for their gradients (backward) -- Megatron-Core's alltoall and flex (DeepEP,
     HybridEP) dispatchers.  Exposed, unless `cluster.ep_comm_overlap` (Megatron-Core's
-    `overlap_moe_expert_parallel_comm`): then each all-to-all runs beside another micro-batch's computation of
-    the same layer and only what outlasts it, and the slowdown σ of the shared part, is added
-    (`overlapped`).  In 16 bits, but the forward dispatch in 8 under `cluster.ep_dispatch_fp8` (DeepSeek-V3's,
+    `overlap_moe_expert_parallel_comm`): then, on Megatron's schedules (1F1B, interleaved), each all-to-all runs
+    beside the sub-module of another micro-batch's layer that its schedule pairs it with (`a2a_overlap_exposed`,
+    in the paired share `share` of the steps, `a2a_paired_share` of the ranks by default); on another schedule
+    (DualPipe-V) beside that micro-batch's whole layer, only what outlasts it and the slowdown σ of the shared part
+    added (`overlapped`).  In 16 bits, but the forward dispatch in 8 under `cluster.ep_dispatch_fp8` (DeepSeek-V3's,
     DeepEP's FP8 dispatch, with a 4-byte fp32 scale per 128 elements: its per-token-group quantization); the
     backward moves gradients, 16-bit.
 
@@ -905,17 +907,71 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     def a2a(b: float) -> float:
         return comm.all_to_all(sent * b, c.ep, cluster, remote, tokens * model.hidden * b, stride=c.etp).total
 
-    disp = a2a(1.0 + 4.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
-    fwd, bwd = disp + a2a(2.0), 2 * a2a(2.0)
+    # the four exchanges: forward dispatch and combine, backward the combine's gradient (first) and the dispatch's
+    d_f = a2a(1.0 + 4.0 / 128) if cluster.ep_dispatch_fp8 else a2a(2.0)
+    c_f = d_b = c_b = a2a(2.0)
     if c.etp > 1:  # the gathered copies: etp times this rank's received ones (balanced: as many as it sent)
         etp_ag16 = comm.collective("all_gather", 2.0 * copies * c.etp, c.etp, 1, cluster).total
         etp_32 = comm.collective("reduce_scatter", 4.0 * copies * c.etp, c.etp, 1, cluster).total
-        fwd, bwd = fwd + etp_ag16 + etp_32, bwd + etp_ag16 + etp_32
+        d_f, c_f, d_b, c_b = d_f + etp_ag16, c_f + etp_32, d_b + etp_ag16, c_b + etp_32
+    fwd, bwd = d_f + c_f, d_b + c_b
     if not cluster.ep_comm_overlap:
         return fwd, bwd
-    f = choice_layer_times(model, cluster, c).fwd
+    lt = choice_layer_times(model, cluster, c)
     sigma = cluster.device.sigma
-    return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
+    if c.schedule not in ("1f1b", "interleaved"):  # another framework's pairing (DualPipe's): one layer's compute
+        f = lt.fwd
+        return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
+    return a2a_overlap_exposed(lt, (d_f, c_f, d_b, c_b), sigma, a2a_paired_share(c) if share is None else share)
+
+
+def a2a_overlap_exposed(lt: LayerTimes, comms: tuple[float, float, float, float], sigma: float,
+                        share: float) -> tuple[float, float]:
+    """One MoE layer's exposed all-to-all time (forward, backward) under Megatron-Core's 1F1B A2A overlap
+    (`overlap_moe_expert_parallel_comm`; Megatron-Bridge's `moe_a2a_overlap`, which also delays the weight gradients),
+    as its schedule pairs one micro-batch A's forward layer with another's, B's, backward layer
+    (models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run, at the Megatron-Core pins of
+    Megatron-Bridge v0.4-v0.5 and Megatron-LM's MoE recipes; issue 12's fiftieth round): A's dispatch runs beside B's
+    experts' data and weight gradients, B's gradient dispatch beside A's experts, A's combine beside B's attention
+    node's gradients, the next layer's gradient combine beside A's next attention node -- two meeting points a layer:
+
+        T_Y = max(max(2 Mf, Df) + Mf, max(Mf, Df) + Db),   T_X = max(max(2 Af, Cf) + Af, max(Af, Cf) + Cb)
+
+    Mf the routed experts' forward (`LayerTimes.modules`' "moe"), Af the rest of the layer (attention, norms, shared
+    experts, router), each backward half data and half weight gradient; exposed: T_X + T_Y − 3(Af + Mf), and the
+    slowdown σ of the communication hidden.  Only the schedule's steady phase pairs layers (`a2a_paired_share`); the
+    warm-up's forward-only layers expose Df + Cf, the cool-down's backward-only ones max(0, Db − Mf) + max(0, Cb − Af).
+    Spread per micro-batch as the share says, the paired exposure split between forward and backward as their
+    communication is."""
+    d_f, c_f, d_b, c_b = comms
+    m_f = dict(lt.modules).get("moe", 0.0)
+    a_f = max(0.0, lt.fwd - m_f)
+    t_y = max(max(2 * m_f, d_f) + m_f, max(m_f, d_f) + d_b)
+    t_x = max(max(2 * a_f, c_f) + a_f, max(a_f, c_f) + c_b)
+    total = d_f + c_f + d_b + c_b
+    exposed = max(0.0, t_x + t_y - 3 * (a_f + m_f))
+    paired = exposed + sigma * max(0.0, total - exposed)
+    fwd_share = (d_f + c_f) / total if total > 0 else 0.5
+    fwd_u, bwd_u = d_f + c_f, max(0.0, d_b - m_f) + max(0.0, c_b - a_f)
+    return (share * paired * fwd_share + (1 - share) * fwd_u,
+            share * paired * (1 - fwd_share) + (1 - share) * bwd_u)
+
+
+def a2a_paired_share(c: Choice, rank: int | None = None) -> float:
+    """The share of a pipeline rank's layer steps the 1F1B A2A overlap pairs (a forward beside a backward): all but
+    the first micro-batch's forward and the last's backward without a pipeline (combined_1f1b.py's
+    combined_1f1b_schedule_for_no_pipelining); with one, all but the warm-up's W chunk steps of m·v, W = 2(pp − r − 1)
+    + (v − 1)·pp + 1 (schedules.py's interleaved warm-up, its "+ 1" added under the overlap; Megatron-Core requires
+    virtual stages with it, plain 1F1B's pp − r − 1 + 1 taken otherwise).  `rank` None: the mean over the ranks."""
+    m, v, pp = max(1, c.microbatches), max(1, c.virtual_stages), c.pp
+    if pp <= 1:
+        return (m - 1) / m
+    ranks = range(pp) if rank is None else (rank,)
+    out = 0.0
+    for r in ranks:
+        warm = 2 * (pp - r - 1) + (v - 1) * pp + 1 if v > 1 else pp - r
+        out += 1.0 - min(m * v, warm) / (m * v)
+    return out / len(ranks)
 
 
 def moe_host_floor(model: ModelSpec, cluster: Cluster, c: Choice, gpu_f: float, gpu_b: float) -> tuple[float, float]:
@@ -1301,7 +1357,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
         nd = lay.dense_of(s)  # the stage's leading dense layers (a mixture of experts'), then n - nd MoE layers
-        key = (n, nd, lay.embed[s], lay.head[s], chunk_params)
+        # the 1F1B A2A overlap pairs only the steady phase's layers, fewer on the early pipeline ranks
+        ov_share = (a2a_paired_share(c, rank_of[s]) if cluster.ep_comm_overlap and model.moe
+                    and c.schedule in ("1f1b", "interleaved") else None)
+        key = (n, nd, lay.embed[s], lay.head[s], chunk_params, ov_share)
         row = seen.get(key)
         if row is not None:
             rows.append(row)
@@ -1316,7 +1375,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f_tp = nm * tp_layer + nd * tpd + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = nm * tp_layer_b + nd * tpd_b + (nr - rd) * rec_comm + rd * recd_comm
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
-        f_ep, b_ep = nm * epf, nm * epb + (nr - rd) * rec_ep
+        epf_s, epb_s = (epf, epb) if ov_share is None else ep_exchange(model, cluster, c, ov_share)
+        f_ep, b_ep = nm * epf_s, nm * epb_s + (nr - rd) * rec_ep
         if mtp:  # each module's layer: its TP collectives and its all-to-alls
             f_tp, b_tp = f_tp + model.mtp_layers * tp_layer, b_tp + model.mtp_layers * tp_layer_b
             f_ep, b_ep = f_ep + model.mtp_layers * epf, b_ep + model.mtp_layers * epb
@@ -1368,8 +1428,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         # activation offloading (no pipeline: the one stage holds every layer)
         off_f, off_b = offload_exposed(model, cluster, c, lt.fwd + tp_layer, 2 * lt.fwd + tp_layer_b)
         # a MoE layer waits for its host where the host issues its kernels slower than the GPU runs them
-        hf, hb = moe_host_floor(model, cluster, c, lt.fwd + tp_layer + cpf + epf,
-                                2 * lt.fwd + (nr - rd) / max(1, nm) * (rec + rec_comm + rec_ep) + tp_layer_b + cpb + epb)
+        hf, hb = moe_host_floor(model, cluster, c, lt.fwd + tp_layer + cpf + epf_s,
+                                2 * lt.fwd + (nr - rd) / max(1, nm) * (rec + rec_comm + rec_ep) + tp_layer_b + cpb + epb_s)
         hf, hb = nm * hf, nm * hb
         f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
         b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
@@ -2097,8 +2157,8 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
             gather = (grad_collective(cluster, c, "all_gather", wbytes * dense, group="shard")  # updated weights
                       if c.zero_stage >= 1 else 0.0)
             if experts:  # a mixture of experts' routed experts: over the ranks holding the same experts
-                red += expert_grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter",
-                                              gbytes * experts)
+                whole = c.zero_stage == 0 or cluster.bf16_optimizer
+                red += expert_grad_collective(cluster, c, "all_reduce" if whole else "reduce_scatter", gbytes * experts)
                 if c.zero_stage >= 1:
                     gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
             hit = costs[(dense, experts)] = (red, gather)
