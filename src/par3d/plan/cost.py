@@ -895,8 +895,24 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice, share: float | No
     the copies received are all-gathered over the etp group before the experts (16-bit) and their outputs
     reduce-scattered over it after them, in fp32 (`hidden_states.to(self.probs.dtype)`); backward the transposes
     (a 16-bit reduce-scatter, an fp32 all-gather).  Zero for a dense model and ep = etp = 1."""
+    d_f, c_f, d_b, c_b = ep_exchanges(model, cluster, c)
+    fwd, bwd = d_f + c_f, d_b + c_b
+    if not cluster.ep_comm_overlap or fwd + bwd == 0.0:
+        return fwd, bwd
+    lt = choice_layer_times(model, cluster, c)
+    sigma = cluster.device.sigma
+    if c.schedule not in A2A_OVERLAP_SCHEDULES:  # another framework's pairing (DualPipe's): one layer's compute
+        f = lt.fwd
+        return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
+    return a2a_overlap_exposed(lt, (d_f, c_f, d_b, c_b), sigma, a2a_paired_share(c) if share is None else share)
+
+
+def ep_exchanges(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float, float, float]:
+    """One MoE layer's four token exchanges, each whole (`ep_exchange` prices what of them is exposed): the forward's
+    dispatch and combine, the backward's gradient combine (first) and gradient dispatch; zeros for a dense model and
+    ep = etp = 1."""
     if not model.moe or (c.ep <= 1 and c.etp <= 1):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
     copies = tokens * model.top_k * model.hidden  # elements of every routed copy of this rank's tokens
     flex = cluster.dispatcher == "flex" and c.ep > 1
@@ -914,15 +930,11 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice, share: float | No
         etp_ag16 = comm.collective("all_gather", 2.0 * copies * c.etp, c.etp, 1, cluster).total
         etp_32 = comm.collective("reduce_scatter", 4.0 * copies * c.etp, c.etp, 1, cluster).total
         d_f, c_f, d_b, c_b = d_f + etp_ag16, c_f + etp_32, d_b + etp_ag16, c_b + etp_32
-    fwd, bwd = d_f + c_f, d_b + c_b
-    if not cluster.ep_comm_overlap:
-        return fwd, bwd
-    lt = choice_layer_times(model, cluster, c)
-    sigma = cluster.device.sigma
-    if c.schedule not in ("1f1b", "interleaved"):  # another framework's pairing (DualPipe's): one layer's compute
-        f = lt.fwd
-        return overlapped(f, fwd, sigma) - f, overlapped(2 * f, bwd, sigma) - 2 * f
-    return a2a_overlap_exposed(lt, (d_f, c_f, d_b, c_b), sigma, a2a_paired_share(c) if share is None else share)
+    return d_f, c_f, d_b, c_b
+
+
+# Megatron's schedules, whose 1F1B A2A overlap pairs sub-modules (`a2a_overlap_exposed`); others pair whole layers
+A2A_OVERLAP_SCHEDULES = ("1f1b", "interleaved")
 
 
 def a2a_overlap_exposed(lt: LayerTimes, comms: tuple[float, float, float, float], sigma: float,
@@ -1351,15 +1363,17 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     rows: list[tuple[float, ...]] = []  # each stage's, in order
     z3_units: tuple[tuple[float, ...], ...] | None = None
     z3_pairs: dict[bool, tuple[float, float]] = {}  # ZeRO-3's per-layer gather and reduce, the same in every stage
+    # the 1F1B A2A overlap pairs only the steady phase's layers, fewer on the early pipeline ranks: the four exchanges
+    # once, their exposure at each rank's paired share
+    ep_paired = (ep_exchanges(model, cluster, c) if cluster.ep_comm_overlap and model.moe
+                 and c.schedule in A2A_OVERLAP_SCHEDULES else None)
     # the head's forward with multi-token prediction's: the same for every stage, priced once
     head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
         nd = lay.dense_of(s)  # the stage's leading dense layers (a mixture of experts'), then n - nd MoE layers
-        # the 1F1B A2A overlap pairs only the steady phase's layers, fewer on the early pipeline ranks
-        ov_share = (a2a_paired_share(c, rank_of[s]) if cluster.ep_comm_overlap and model.moe
-                    and c.schedule in ("1f1b", "interleaved") else None)
+        ov_share = a2a_paired_share(c, rank_of[s]) if ep_paired is not None else None
         key = (n, nd, lay.embed[s], lay.head[s], chunk_params, ov_share)
         row = seen.get(key)
         if row is not None:
@@ -1375,7 +1389,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f_tp = nm * tp_layer + nd * tpd + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = nm * tp_layer_b + nd * tpd_b + (nr - rd) * rec_comm + rd * recd_comm
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
-        epf_s, epb_s = (epf, epb) if ov_share is None else ep_exchange(model, cluster, c, ov_share)
+        epf_s, epb_s = (epf, epb) if ep_paired is None else a2a_overlap_exposed(lt, ep_paired, dev.sigma, ov_share)
         f_ep, b_ep = nm * epf_s, nm * epb_s + (nr - rd) * rec_ep
         if mtp:  # each module's layer: its TP collectives and its all-to-alls
             f_tp, b_tp = f_tp + model.mtp_layers * tp_layer, b_tp + model.mtp_layers * tp_layer_b
@@ -2266,19 +2280,21 @@ def bf16_optimizer_accumulation(cluster: Cluster, params: float) -> float:
     """Seconds DeepSpeed's BF16_Optimizer adds to each micro-batch's backward of a stage of `params` parameters on
     this rank: its bf16 gradients added into the full fp32 buffer (BF16_OPTIMIZER_ACCUM_BYTES); 0 for any other
     optimizer."""
-    if not cluster.bf16_optimizer:
-        return 0.0
-    dev = cluster.device
-    return BF16_OPTIMIZER_ACCUM_BYTES * params / (dev.mem_bw * dev.mem_eff)
+    return _bf16_optimizer_pass(cluster, BF16_OPTIMIZER_ACCUM_BYTES, params)
 
 
 def bf16_optimizer_casts(cluster: Cluster, params: float) -> float:
     """Seconds of DeepSpeed's BF16_Optimizer's casts around its DP all-reduce (the fp32 buffer to bf16, the 1/dp
     scale, back to fp32: BF16_OPTIMIZER_CAST_BYTES over the rank's `params`), serial with it; 0 otherwise."""
+    return _bf16_optimizer_pass(cluster, BF16_OPTIMIZER_CAST_BYTES, params)
+
+
+def _bf16_optimizer_pass(cluster: Cluster, per_param: float, params: float) -> float:
+    """Seconds of a BF16_Optimizer pass moving `per_param` HBM bytes over `params` parameters; 0 without it."""
     if not cluster.bf16_optimizer:
         return 0.0
     dev = cluster.device
-    return BF16_OPTIMIZER_CAST_BYTES * params / (dev.mem_bw * dev.mem_eff)
+    return per_param * params / (dev.mem_bw * dev.mem_eff)
 
 
 def optimizer_time(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
