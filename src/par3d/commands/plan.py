@@ -249,6 +249,14 @@ def register(sub) -> None:
                         "BLOOM-176B): each micro-batch's gradients added into a full fp32 buffer (6 B per parameter "
                         "held), then all-reduced in bf16 over DP, the updated bf16 shards all-gathered; plan with "
                         "--zero-stage 1")
+    g.add_argument("--zero1-all-reduce", action="store_true", default=False,
+                   help="ZeRO-1 reduces the gradients with a full all-reduce over DP, not a reduce-scatter, then "
+                        "all-gathers the updated weights (Aleph Alpha's scaling; DeepSpeed ZeRO-1 with "
+                        "reduce_scatter false); plan with --zero-stage 1 (default: ZeRO-1/2 reduce-scatter)")
+    g.add_argument("--grad-reduce-cast", action="store_true", default=False,
+                   help="the gradients stay in the training dtype and are cast to fp32 bucket by bucket for their "
+                        "DP reduction and copied back (Aleph Alpha's scaling): 4 B per gradient on the wire, 2 B "
+                        "held, unlike --grad-reduce-in-fp32's fp32 main gradients (default: off)")
     g.add_argument("--p2p-blocking", choices=P2P_BLOCKING, default="none",
                    help="whether the pipeline's point-to-point sends hold the sending GPU until delivered: none "
                         "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
@@ -321,7 +329,9 @@ def register(sub) -> None:
                         "PyTorch's F.cross_entropy on fp32 logits, 48 B), fused (28 B: Megatron-Core "
                         "--cross-entropy-loss-fusion, native; NeMo 2's default) or kernel (10 B: one fused "
                         "kernel pair, Transformer Engine's parallel cross entropy as Megatron-Bridge's perf "
-                        "recipes set it, flash-attn's CrossEntropyLoss) (default: %(default)s)")
+                        "recipes set it, flash-attn's CrossEntropyLoss) or gathered (52 B over the whole "
+                        "vocabulary on every TP rank after an all-gather of the logits: Aleph Alpha's scaling) "
+                        "(default: %(default)s)")
     g.add_argument("--elementwise", choices=("fused", "eager"), default=None,
                    help="whose non-GEMM kernels (norms, rotary, activation, residuals) a step runs: fused "
                         "(Megatron-Core / Transformer Engine's fused kernels, what published runs use) or eager "
@@ -572,6 +582,7 @@ def _cluster(args: argparse.Namespace):
 
     cl = _replace(cl, overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                   grad_reduce_fp32=args.grad_reduce_in_fp32, bf16_optimizer=args.deepspeed_bf16_optimizer,
+                  zero1_all_reduce=args.zero1_all_reduce, grad_reduce_cast=args.grad_reduce_cast,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp, fsdp_version=args.fsdp_version or 2,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
                   p2p_blocking=args.p2p_blocking,
@@ -620,6 +631,13 @@ def _cluster(args: argparse.Namespace):
         given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
         raise UsageError(f"--deepspeed-bf16-optimizer {given}: DeepSpeed's BF16_Optimizer shards the optimizer state "
                          "as ZeRO-1 does and nothing else (the search's other stages are not it); add --zero-stage 1")
+    if args.zero1_all_reduce and args.zero_stage != 1:
+        given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
+        raise UsageError(f"--zero1-all-reduce {given}: it says how ZeRO-1 reduces its gradients; add --zero-stage 1 "
+                         "or drop --zero1-all-reduce")
+    if args.grad_reduce_cast and args.grad_reduce_in_fp32:
+        raise UsageError("--grad-reduce-cast with --grad-reduce-in-fp32: the gradients are held either in the "
+                         "training dtype (cast for the reduction) or in fp32; keep one")
     if args.deepspeed_bf16_optimizer and (args.fsdp or cl.dtype != "bf16"):
         raise UsageError("--deepspeed-bf16-optimizer: it is DeepSpeed's bf16 optimizer; use --dtype bf16 and drop "
                          "--fsdp")

@@ -54,7 +54,11 @@ In the **table** kernel model (catalogue GPUs by default):
     forward: Transformer Engine's parallel cross entropy (`cross_entropy_fusion_impl = "te"`, which
     Megatron-Bridge's and NeMo's performance scripts set, NeMo's since v2.3): a max/sum pass (read 2), a loss-and-gradient
     pass (2 + 2), the backward's scaling (2 + 2); flash-attn's CrossEntropyLoss (llm-foundry's default
-    `fused_crossentropy`) moves 6 B and is priced as this class.
+    `fused_crossentropy`) moves 6 B and is priced as this class;
+  * "gathered", 52 B over the whole vocabulary — the output layer's vocabulary shards all-gathered to every TP rank
+    before an unfused loss, which each TP rank then runs on all V entries (Aleph Alpha's scaling: its LM head is a
+    ColumnParallelLinear without `parallel_output`, whose forward concatenates the shards; issue 12's fifty-first
+    round); the gather is priced with the head's TP collectives (cost.stage_times).  At TP 1 it is "unfused".
 """
 
 from __future__ import annotations
@@ -89,8 +93,14 @@ GEMM_FIXED_S = 6e-6
 # ones are not extrapolated faster than that rate (no measurement beyond K = 4,096 in the table).
 GEMM_K_REF = 4096
 # HBM bytes per logit that the loss moves, forward + backward, per implementation (see the module docstring)
-LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0}
+LOSS_BYTES: dict[str, float] = {"unfused": 52.0, "fused": 28.0, "kernel": 10.0, "gathered": 52.0}
 CROSS_ENTROPY = tuple(LOSS_BYTES)
+
+
+def loss_vocab(vocab: int, tp: int, cross_entropy: str = "unfused") -> int:
+    """The vocabulary entries of each logit row one TP rank's loss runs over: its shard, ⌈V/tp⌉, for a vocab-parallel
+    cross entropy; all V where the logits are gathered to every TP rank first ("gathered")."""
+    return vocab if cross_entropy == "gathered" else -(-vocab // tp)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5 + 1 / 16}  # NVFP4: E2M1 + E4M3/16
 # the dtype the fused attention kernel runs in: fp8 training (Transformer Engine, as NeMo/Megatron-Bridge
@@ -447,9 +457,10 @@ class LayerTimes:
 
 
 def loss_time(model: ModelSpec, dev: Device, b: int, tp: int, cross_entropy: str = "unfused") -> float:
-    """The loss's cross-entropy over one micro-batch's logits (b·s·V/tp on this rank), forward and backward: its
+    """The loss's cross-entropy over one micro-batch's logits (b·s·V/tp on this rank, b·s·V gathered), forward and backward: its
     implementation's HBM bytes per logit (`LOSS_BYTES`) at the GPU's elementwise share of HBM (table model)."""
-    return LOSS_BYTES[cross_entropy] * b * model.seq_len * -(-model.vocab // tp) / (dev.mem_bw * dev.mem_eff)
+    return LOSS_BYTES[cross_entropy] * b * model.seq_len * loss_vocab(model.vocab, tp, cross_entropy) / (
+        dev.mem_bw * dev.mem_eff)
 
 
 def op_shares(model: ModelSpec) -> dict[str, float]:

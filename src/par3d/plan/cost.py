@@ -142,6 +142,11 @@ BF16_OPTIMIZER_ACCUM_BYTES = 2 + 4 + 4 + 4 + 4
 BF16_OPTIMIZER_CAST_BYTES = 4 + 2 + 2 + 2 + 2 + 4
 BF16_OPTIMIZER_FULL_BYTES = 4 + 4
 BF16_OPTIMIZER_SHARD_BYTES = 28 + 4 + 2
+# A bf16 gradient's round trip through an fp32 bucket for its reduction (Cluster.grad_reduce_cast; Aleph Alpha's scaling
+# 737f855, src/scaling/core/optimizer/allreduce.py, issue 12's fifty-first round), HBM bytes per parameter: the bucket
+# flattened (read 2, write 2), scaled by 1/dp in place (2 + 2), cast to fp32 (2 + 4), after the all-reduce copied back
+# into the bf16 flat tensor (4 + 2) and from it into each gradient (2 + 2)
+GRAD_CAST_BYTES = 4 + 4 + 6 + 6 + 4
 
 
 @dataclass(frozen=True)
@@ -589,6 +594,16 @@ def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object, gemm
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
 
 
+def logits_gather(cluster: Cluster, c: Choice, nbytes: float, link: object) -> float:
+    """The all-gather over the TP group of the output layer's vocabulary shards, `nbytes` gathered (Aleph Alpha's
+    scaling's ColumnParallelLinear without `parallel_output`: `all_concat`; its backward a local split)."""
+    if c.tp <= 1:
+        return 0.0
+    if not cluster.hier:
+        return comm.all_gather(nbytes, c.tp, link).total  # type: ignore[arg-type]
+    return comm.collective("all_gather", nbytes, c.tp, 1, cluster).total
+
+
 def tp_collective_small(cluster: Cluster, c: Choice) -> float:
     """One all-reduce of a 4-byte scalar (an FP8 amax) over the TP group: its latency."""
     if c.tp <= 1:
@@ -687,8 +702,15 @@ def grad_collective(cluster: Cluster, c: Choice, kind: str, nbytes: float, per_g
 def grad_bytes(cluster: Cluster) -> float:
     """Bytes per gradient element in the DP/CP (and K/V replica) reductions: the training dtype's 2 B
     (the seed's count), or 4 B where the framework reduces in fp32 (`Cluster.grad_reduce_fp32`:
-    Megatron-Core's `grad_reduce_in_fp32`, FSDP's `reduce_dtype=float32`) or trains in fp32."""
-    return 4.0 if cluster.dtype == "fp32" or cluster.grad_reduce_fp32 else 2.0
+    Megatron-Core's `grad_reduce_in_fp32`, FSDP's `reduce_dtype=float32`; `Cluster.grad_reduce_cast`: bf16
+    gradients cast to fp32 for the collective) or trains in fp32."""
+    return 4.0 if cluster.dtype == "fp32" or cluster.grad_reduce_fp32 or cluster.grad_reduce_cast else 2.0
+
+
+def grads_all_reduced(cluster: Cluster, c: Choice) -> bool:
+    """Whether the DP gradient reduction is a full all-reduce: ZeRO-0 (DDP), DeepSpeed's BF16_Optimizer, and ZeRO-1
+    as `Cluster.zero1_all_reduce` runs it; ZeRO-1/2 otherwise reduce-scatter (ZeRO-3 reduces inside the stages)."""
+    return c.zero_stage == 0 or cluster.bf16_optimizer or (cluster.zero1_all_reduce and c.zero_stage == 1)
 
 
 def sharded_grad_reduce(cluster: Cluster, c: Choice, nbytes: float, per_gpu_nic: bool = False) -> float:
@@ -1337,7 +1359,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     moe_kind = kind(model)
     lt, tp_layer, tp_layer_b, rec, rec_comm, rec_ep, epf, epb = moe_kind
     ltd, tpd, tpd_b, recd, recd_comm, _, _, _ = kind(model.dense_variant()) if model.dense_count else moe_kind
-    ce = 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp)
+    # the head's loss: a vocab-parallel cross entropy's three small all-reduces (max, sum, target logit) or, with the
+    # logits gathered to every TP rank (compute.loss_vocab), the all-gather of the bf16 vocabulary shards
+    ce = (logits_gather(cluster, c, ACT_BYTES[dtype] * c.micro_batch * s_local * model.vocab, lk.tp)
+          if cluster.cross_entropy == "gathered" else 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp))
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
     if c.cp > 1 and cluster.cp_comm == "all-gather":  # Llama 3: gather K/V, scatter dK/dV, exposed
@@ -2165,13 +2190,13 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         dense, experts = shape.params - shape.expert_params, shape.expert_params
         hit = costs.get((dense, experts))
         if hit is None:
+            whole = grads_all_reduced(cluster, c)
             red = (grad_collective(cluster, c, "all_reduce", gbytes * dense)
-                   if c.zero_stage == 0 or cluster.bf16_optimizer else sharded_grad_reduce(cluster, c, gbytes * dense))
-            red += bf16_optimizer_casts(cluster, shape.params)
+                   if whole else sharded_grad_reduce(cluster, c, gbytes * dense))
+            red += reduction_passes(cluster, shape.params)
             gather = (grad_collective(cluster, c, "all_gather", wbytes * dense, group="shard")  # updated weights
                       if c.zero_stage >= 1 else 0.0)
             if experts:  # a mixture of experts' routed experts: over the ranks holding the same experts
-                whole = c.zero_stage == 0 or cluster.bf16_optimizer
                 red += expert_grad_collective(cluster, c, "all_reduce" if whole else "reduce_scatter", gbytes * experts)
                 if c.zero_stage >= 1:
                     gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
@@ -2258,11 +2283,11 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
                 red, gather = comm.all_reduce(gbytes * dense, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
             else:
                 red = (comm.all_reduce(gbytes * dense, ng, lk.grad).total  # type: ignore[arg-type]
-                       if cluster.bf16_optimizer else flat_sharded_reduce(c, gbytes * dense, lk.grad))
-                red += bf16_optimizer_casts(cluster, shape.params)
+                       if grads_all_reduced(cluster, c) else flat_sharded_reduce(c, gbytes * dense, lk.grad))
+                red += reduction_passes(cluster, shape.params)
                 gather = comm.all_gather(wbytes * dense, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
             if experts:
-                red += expert_grad_collective(cluster, c, "all_reduce" if c.zero_stage == 0 else "reduce_scatter",
+                red += expert_grad_collective(cluster, c, "all_reduce" if grads_all_reduced(cluster, c) else "reduce_scatter",
                                               gbytes * experts)
                 if c.zero_stage >= 1:
                     gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
@@ -2287,6 +2312,15 @@ def bf16_optimizer_casts(cluster: Cluster, params: float) -> float:
     """Seconds of DeepSpeed's BF16_Optimizer's casts around its DP all-reduce (the fp32 buffer to bf16, the 1/dp
     scale, back to fp32: BF16_OPTIMIZER_CAST_BYTES over the rank's `params`), serial with it; 0 otherwise."""
     return _bf16_optimizer_pass(cluster, BF16_OPTIMIZER_CAST_BYTES, params)
+
+
+def reduction_passes(cluster: Cluster, params: float) -> float:
+    """Seconds of the HBM passes serial with a rank's DP gradient reduction over its `params` parameters: DeepSpeed's
+    BF16_Optimizer's casts (`bf16_optimizer_casts`) and, under `Cluster.grad_reduce_cast`, the bf16 gradients'
+    round trip through an fp32 bucket (GRAD_CAST_BYTES)."""
+    dev = cluster.device
+    cast = GRAD_CAST_BYTES * params / (dev.mem_bw * dev.mem_eff) if cluster.grad_reduce_cast else 0.0
+    return bf16_optimizer_casts(cluster, params) + cast
 
 
 def _bf16_optimizer_pass(cluster: Cluster, per_param: float, params: float) -> float:

@@ -688,6 +688,16 @@ class Cluster:
     # gradients all-reduced (not reduce-scattered) over DP after the backward, the updated bf16 shards all-gathered
     # (cost.bf16_optimizer_accumulation, cost.optimizer_time, memory "bf16_optimizer" accounting)
     bf16_optimizer: bool = False
+    # ZeRO-1 whose gradient reduction is a full all-reduce over DP after the backward, not a reduce-scatter, each rank
+    # then stepping its shard and all-gathering the updated weights (Aleph Alpha's scaling: optimizer.py's
+    # `allreduce_gradients` under `zero`, allreduce.py's `allreduce_no_retain`; DeepSpeed's ZeRO-1 with
+    # `reduce_scatter: false` moves the same bytes); False: ZeRO-1/2 reduce-scatter their gradients
+    zero1_all_reduce: bool = False
+    # the gradients are held in the training dtype and cast to fp32 bucket by bucket for their reduction, then copied
+    # back (Aleph Alpha's scaling: allreduce.py's flatten, 1/dp scale, `tensor.to(torch.float32)`, all-reduce and two
+    # copies back): 4 B a gradient in the collective, 2 B held (unlike `grad_reduce_fp32`'s fp32 main gradients), the
+    # passes serial with it (cost.GRAD_CAST_BYTES)
+    grad_reduce_cast: bool = False
     # what ZeRO-3 gathers as one unit: "layer" (par3d's runtime, PyTorch FSDP wrapping each block:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
     # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
@@ -869,6 +879,7 @@ class Cluster:
             "nics_per_node": self.nics, "flash_attention": self.flash, "kernel_model": d.kernel_model,
             "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
             "grad_reduce_fp32": self.grad_reduce_fp32, "bf16_optimizer": self.bf16_optimizer,
+            "zero1_all_reduce": self.zero1_all_reduce, "grad_reduce_cast": self.grad_reduce_cast,
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "fsdp_version": self.fsdp_version,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,

@@ -61,7 +61,8 @@ loss, per token per vocab entry, /t with vocab-parallel CE, as the loss's implem
 (`LOGIT_MEMORY`, `Cluster.cross_entropy`, compute.LOSS_BYTES): 6 B where an fp32 copy is made (2 B bf16 logits +
 4 B fp32 softmax: Megatron-Core's unfused and native-fused cross entropy, PyTorch's F.cross_entropy on fp32
 logits), 2 B where one fused kernel keeps the bf16 logits and writes the gradient into them (Transformer Engine's
-parallel cross entropy; flash-attn's CrossEntropyLoss keeps the logits and a per-row log-sum-exp).
+parallel cross entropy; flash-attn's CrossEntropyLoss keeps the logits and a per-row log-sum-exp); the whole
+vocabulary's, 6 B, not /t, where the logits are gathered to every TP rank ("gathered").
 
 "other" = a documented allowance for what the formulas above do not count:
     1 GiB fixed (CUDA context ~0.5 GiB, cuBLAS workspaces, NCCL buffers)
@@ -235,11 +236,12 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)
-LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0}
+LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0, "gathered": 6.0}
 
 
 def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1, cross_entropy: str = "unfused") -> float:
-    return LOGIT_MEMORY[cross_entropy] * b * model.seq_len / cp * model.vocab / tp
+    return LOGIT_MEMORY[cross_entropy] * b * model.seq_len / cp * (model.vocab if cross_entropy == "gathered"
+                                                                  else model.vocab / tp)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ SOFTWARE_FIELDS: tuple[str, ...] = (
     "flash_attention", "attention_kernel", "cross_entropy", "grad_reduce_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "p2p_blocking", "tp_comm_overlap", "tp_overlap_pipeline", "ep_comm_overlap", "cuda_graphs",
     "fp8_param_gather", "dp_bucket_params", "zero3_unit", "cp_comm", "ep_dispatch", "ep_dispatch_fp8",
-    "moe_dispatcher", "fsdp_version", "bf16_optimizer")
+    "moe_dispatcher", "fsdp_version", "bf16_optimizer", "zero1_all_reduce", "grad_reduce_cast")
 DESCRIBED = "software_described"  # the key `undescribed` sets False: Megatron's split and MoE host floor not applied
 
 
@@ -182,6 +182,11 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
     if str(row.get("moe_dispatcher", "alltoall")) not in MOE_DISPATCHERS:
         raise ValueError(f"{row['name']}: moe_dispatcher {row['moe_dispatcher']!r}: choose one of "
                          f"{', '.join(MOE_DISPATCHERS)}")
+    if row.get("zero1_all_reduce") and dict(row.get("fixed", {})).get("zero_stage") != 1:
+        raise ValueError(f"{row['name']}: zero1_all_reduce needs fixed zero_stage 1 (it says how ZeRO-1 reduces)")
+    if row.get("grad_reduce_cast") and row.get("grad_reduce_fp32"):
+        raise ValueError(f"{row['name']}: grad_reduce_cast with grad_reduce_fp32: the gradients are held either in "
+                         "the training dtype (cast) or in fp32; keep one")
     if str(row.get("p2p_blocking", "none")) not in P2P_BLOCKING:
         raise ValueError(f"{row['name']}: p2p_blocking {row['p2p_blocking']!r}: choose one of {', '.join(P2P_BLOCKING)}")
     # a row's dtype "nvfp4" is FP8 training with NVFP4's recipe (`--dtype nvfp4`: hardware.FP8_SCALINGS)
@@ -206,6 +211,8 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    overlap_param_gather=bool(row.get("overlap_param_gather", True)),
                    grad_reduce_fp32=bool(row.get("grad_reduce_fp32", False)),
                    bf16_optimizer=bool(row.get("bf16_optimizer", False)),
+                   zero1_all_reduce=bool(row.get("zero1_all_reduce", False)),
+                   grad_reduce_cast=bool(row.get("grad_reduce_cast", False)),
                    zero3_unit=str(row.get("zero3_unit", "layer")),
                    fsdp=bool(row.get("fsdp", False)),
                    # a row names FSDP2 where its software ran fully_shard; the older rows ran FlatParameter FSDP
