@@ -933,6 +933,11 @@ def test_layout_pairs_are_two_layouts_of_one_run(predictions):
                   pred(120, 130, fixed={"tp": 2, "pp": 1}, dtype="fp8"),  # another dtype
                   pred(120, 130, fixed={"tp": 2, "pp": 1}, source="Doc B, Table 1")):  # another document
         assert validation.layout_pairs([slow, other]) == []
+    # the pipeline cut is part of the layout, and pricing a layout memory.py refuses is the row's own word: neither
+    # makes another run (issue 12's fifty-first round; until then a row that stated its cut formed no pairs)
+    cut = pred(120, 130, fixed={"tp": 1, "pp": 2}, pipeline_layout=[17, 15], evaluate_unfit=True)
+    assert [(a.row["name"], b.row["name"]) for a, b in validation.layout_pairs([slow, cut])] == \
+        [(cut.row["name"], slow.row["name"])]
     # three layouts of one run: the pick is the one predicted fastest, its regret how much slower it measured
     third = pred(140, 120, fixed={"tp": 4, "pp": 1})
     [(pick, best, regret)] = validation.layout_picks([slow, fast, third])

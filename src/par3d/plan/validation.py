@@ -746,7 +746,10 @@ def summary_groups(preds: list[Prediction]) -> list[tuple[str, list[Prediction]]
 # measured; the rows' errors alone do not say whether it does (two rows each 8 % off in opposite directions can
 # swap).  Chosen before the rows that form most pairs (BLOOM's layout trials, issue 12's fortieth round) were priced.
 ORDER_MARGIN = DEFAULT_BOUND
-_OWN_WORDS = frozenset({"name", "source", "published", "assumed", "note", "bound", "fixed"})
+# the row fields that are not the run: its own words, its layout (`fixed`, and `pipeline_layout`, the cut of its pipeline)
+# and `evaluate_unfit` (to price the published layout memory.py refuses); `_layout_groups` keys runs on the rest
+_OWN_WORDS = frozenset({"name", "source", "published", "assumed", "note", "bound", "fixed", "pipeline_layout",
+                        "evaluate_unfit"})
 
 
 def _document(source: str) -> str:
