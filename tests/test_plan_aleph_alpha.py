@@ -125,3 +125,30 @@ def test_validation_schema_refuses_contradictions():
     ok = cluster_of({"name": "x", "gpu": "a100-80gb", "gpus": 8, "fixed": {"tp": 1, "pp": 1, "zero_stage": 1},
                      "zero1_all_reduce": True, "grad_reduce_cast": True, "cross_entropy": "gathered"})
     assert ok.zero1_all_reduce and ok.grad_reduce_cast and ok.cross_entropy == "gathered"
+
+
+def test_hagemann_rows_state_the_scaling_facts_and_its_uniform_cut():
+    """Hagemann et al.'s rows take every communication fact Aleph Alpha's scaling determines (fifty-first round), and
+    each pipelined row's cut is scaling's pipe_partition_uniform over [embedding, L layers, final norm, head]:
+    L + 3 items, ⌊(L + 3)/pp⌋ a stage, the remainder one each to the first stages."""
+    import tomllib
+    from pathlib import Path
+
+    import par3d.plan.validation as validation
+
+    rows = [r for r in tomllib.loads(Path(validation.__file__).with_name("validation.toml").read_text())["row"]
+            if r["name"].startswith("hagemann23-")]
+    assert len(rows) == 93
+    for r in rows:
+        assert r["zero1_all_reduce"] and r["grad_reduce_cast"] and r["cross_entropy"] == "gathered", r["name"]
+        layers, pp = r["model"]["layers"], r["fixed"]["pp"]
+        if pp == 1:
+            assert "pipeline_layout" not in r
+            continue
+        base, extra = divmod(layers + 3, pp)
+        sizes = [base + (1 if k < extra else 0) for k in range(pp)]
+        starts = [sum(sizes[:k]) for k in range(pp)]
+        want = [sum(1 for i in range(a, a + n) if 1 <= i <= layers) for a, n in zip(starts, sizes)]
+        assert r["pipeline_layout"] == want, r["name"]
+    assert {tuple(r["pipeline_layout"]) for r in rows if r["fixed"]["pp"] == 4 and r["model"]["layers"] == 60} == \
+        {(15, 16, 16, 13)}
