@@ -111,6 +111,12 @@ def test_cli_flags_and_refusals(capsys):
                  "gathered", "--tp", "2", "--pp", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["hardware"]["zero1_all_reduce"] is True and out["hardware"]["grad_reduce_cast"] is True
+    # the software line says so, as the flags set it
+    assert main([*base, "--zero-stage", "1", "--zero1-all-reduce", "--grad-reduce-cast", "--no-overlap-grad-reduce",
+                 "--cross-entropy", "gathered", "--tp", "2", "--pp", "2"]) == 0
+    said = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("software: "))
+    assert ("gradients all-reduced (ZeRO-1 too) in fp32, cast from bf16 after the backward" in said
+            and "cross-entropy gathered" in said and "--zero1-all-reduce" in said)
 
 
 def test_validation_schema_refuses_contradictions():

@@ -1295,10 +1295,12 @@ def software_evidence_of(cluster) -> dict | None:
 def software_summary(cluster) -> str:
     """The software facts a plan is priced with, in words: what a framework does that the model prices and a flag
     sets (validation.SOFTWARE_FIELDS's commonest; the attention kernel is on the cluster line)."""
-    grads = "fp32" if cluster.grad_reduce_fp32 else ("fp16" if cluster.dtype == "fp16" else "bf16")
+    grads = ("fp32" if cluster.grad_reduce_fp32 else "fp32, cast from bf16" if cluster.grad_reduce_cast
+             else "fp16" if cluster.dtype == "fp16" else "bf16")
     sends = {"none": "pipeline sends posted", "1f1b": "1F1B's pipeline sends blocking",
              "all": "pipeline sends blocking"}[cluster.p2p_blocking]
-    return (f"{sends}, gradients reduced in {grads} "
+    how = "all-reduced (ZeRO-1 too)" if cluster.zero1_all_reduce else "reduced"
+    return (f"{sends}, gradients {how} in {grads} "
             f"{'behind' if cluster.overlap_grad_reduce else 'after'} the backward, ZeRO's parameter gathers "
             f"{'behind compute' if cluster.overlap_param_gather else 'exposed'}, cross-entropy {cluster.cross_entropy}, "
             f"TP communication {'overlapped' if cluster.tp_comm_overlap else 'exposed'}")
@@ -1307,8 +1309,9 @@ def software_summary(cluster) -> str:
 def _software_lines(cluster) -> list[str]:
     """What the plan assumes the training software does, and -- where the GPU's evidence applies -- how much the
     validation set's figures owe to stating it (docs/planner.md section 9, forty-fourth round)."""
-    out = [f"software: {software_summary(cluster)} (--p2p-blocking, --grad-reduce-in-fp32, --no-overlap-grad-reduce, "
-           "--no-overlap-param-gather, --cross-entropy, --tp-comm-overlap: say what your framework does)"]
+    out = [f"software: {software_summary(cluster)} (--p2p-blocking, --grad-reduce-in-fp32, --grad-reduce-cast, "
+           "--zero1-all-reduce, --no-overlap-grad-reduce, --no-overlap-param-gather, --cross-entropy, "
+           "--tp-comm-overlap: say what your framework does)"]
     ev = software_evidence_of(cluster)
     if ev is not None:
         d, u = ev["software/described"], ev["software/defaults"]
