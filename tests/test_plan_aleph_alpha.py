@@ -114,9 +114,20 @@ def test_cli_flags_and_refusals(capsys):
     # the software line says so, as the flags set it
     assert main([*base, "--zero-stage", "1", "--zero1-all-reduce", "--grad-reduce-cast", "--no-overlap-grad-reduce",
                  "--cross-entropy", "gathered", "--tp", "2", "--pp", "2"]) == 0
-    said = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("software: "))
+    text = capsys.readouterr().out
+    said = next(line for line in text.splitlines() if line.startswith("software: "))
     assert ("gradients all-reduced (ZeRO-1 too) in fp32, cast from bf16 after the backward" in said
             and "cross-entropy gathered" in said and "--zero1-all-reduce" in said)
+    # --explain counts the whole vocabulary's logits on the TP rank, twice the vocab-parallel loss's at TP 2
+    import re
+
+    counts = {}
+    for ce in ("gathered", "unfused"):
+        assert main([*base, "--zero-stage", "1", "--tp", "2", "--pp", "2", "--cross-entropy", ce, "--explain"]) == 0
+        m = re.search(rf"--cross-entropy {ce}\): 52 B per logit x T·V(/tp)? = (\d+)M logits", capsys.readouterr().out)
+        assert m is not None and (m.group(1) is None) == (ce == "gathered")
+        counts[ce] = int(m.group(2))
+    assert abs(counts["gathered"] - 2 * counts["unfused"]) <= 1
 
 
 def test_validation_schema_refuses_contradictions():

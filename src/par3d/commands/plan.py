@@ -1154,7 +1154,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"{best.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {best.mfu:.1%}, simulated bubble "
                f"{best.bubble_fraction:.1%} of wall time")
     # -- the seed's accounting at this plan's micro-batch and tp --
-    from par3d.plan.compute import layer_times, loss_time, roofline
+    from par3d.plan.compute import layer_times, loss_time, loss_vocab, roofline
     from par3d.plan.cost import layer_accounting, local_model
 
     c = best.choice
@@ -1192,10 +1192,12 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    f"(docs/planner.md §1)" + (" -- in FP8: cuDNN's measured FP8/BF16 speed-up included (§4)"
                                               if cluster.fp8_attention else ""))
     if dev.kernel_model == "table":  # the loss as the step prices it: bytes per logit by its implementation (§4)
-        logits = la.tokens * -(-model.vocab // c.tp)
+        gathered = cluster.cross_entropy == "gathered"  # the logits gathered to every TP rank: all V on each
+        logits = la.tokens * loss_vocab(model.vocab, c.tp, cluster.cross_entropy)
         loss = loss_time(local, dev, c.micro_batch, c.tp, cluster.cross_entropy)
         out.append(f"  loss (last stage; --cross-entropy {cluster.cross_entropy}): {LOSS_BYTES[cluster.cross_entropy]:g} B "
-                   f"per logit x T·V/tp = {logits / 1e6:.0f}M logits -> {_ms(loss)} per micro-batch, forward and "
+                   f"per logit x T·V{'' if gathered else '/tp'} = {logits / 1e6:.0f}M logits -> {_ms(loss)} per "
+                   "micro-batch, forward and "
                    f"backward, at {dev.mem_eff:.0%} of HBM (docs/planner.md §4)")
     if c.cp > 1:
         out.append(_cp_line(model, cluster, c))
