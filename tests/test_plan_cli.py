@@ -882,7 +882,7 @@ def test_cross_entropy_flag_prices_the_loss_kernels(capsys):
             "--no-tied-embeddings", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--tp", "1",
             "--pp", "1", "--cp", "1", "--micro-batch", "4", "--zero-stage", "1", "--recompute", "none", "--top", "1",
             "--json"]
-    assert set(LOGIT_MEMORY) == set(CROSS_ENTROPY) == {"unfused", "fused", "kernel"}  # one set of names
+    assert set(LOGIT_MEMORY) == set(CROSS_ENTROPY) == {"unfused", "fused", "kernel", "gathered"}  # one set of names
     steps, acts = {}, {}
     for ce in ("unfused", "fused", "kernel"):
         rc, out, _ = run(capsys, *base, *(("--cross-entropy", ce) if ce != "unfused" else ()))
