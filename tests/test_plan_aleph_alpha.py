@@ -89,7 +89,7 @@ def test_gathered_logits_run_the_whole_vocabulary_on_every_tp_rank(setting):
     # loss's three small all-reduces
     assert a.f[0] == b.f[0] and a.tp_comm[0] == b.tp_comm[0]
     small = 3 * cost.tp_collective(plain, c, 4.0 * c.micro_batch * model.seq_len, cost.links(plain, c).tp)
-    gather = cost.logits_gather(plain, c, 2.0 * c.micro_batch * model.seq_len * model.vocab, cost.links(plain, c).tp)
+    gather = cost.tp_all_gather(plain, c, 2.0 * c.micro_batch * model.seq_len * model.vocab, cost.links(plain, c).tp)
     assert gather > 10 * small > 0
     assert b.tp_comm[1] - a.tp_comm[1] == pytest.approx(gather - small, rel=1e-9)
     extra_loss = (loss_time(model, dev, 1, 2, "gathered") - loss_time(model, dev, 1, 2, "unfused")) / 3

@@ -263,6 +263,11 @@ def register(sub) -> None:
                         "Bridge: the non-interleaved 1F1B waits on each send, the interleaved schedule overlaps them "
                         "with overlap_p2p_comm), all (DeepSpeed's pipeline engine; Megatron-LM before 2023 or with "
                         "--no-overlap-p2p-communication); default: none")
+    g.add_argument("--p2p-partitioned", action="store_true", default=False,
+                   help="the pipeline's boundary tensors cross as the sender's 1/tp slice and are rebuilt by an "
+                        "all-gather over TP, three a boundary a micro-batch (DeepSpeed's pipeline engine at TP > 1, "
+                        "Megatron-DeepSpeed's BLOOM, MT-NLG, GPT-NeoX); plans with sequence parallelism are priced "
+                        "without it: use --no-sequence-parallel (default: off)")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
                         "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
@@ -585,7 +590,7 @@ def _cluster(args: argparse.Namespace):
                   zero1_all_reduce=args.zero1_all_reduce, grad_reduce_cast=args.grad_reduce_cast,
                   zero3_unit=args.zero3_unit, fsdp=args.fsdp, fsdp_version=args.fsdp_version or 2,
                   tp_comm_overlap=args.tp_comm_overlap, ep_comm_overlap=args.ep_comm_overlap,
-                  p2p_blocking=args.p2p_blocking,
+                  p2p_blocking=args.p2p_blocking, p2p_partitioned=args.p2p_partitioned,
                   moe_host_s=moe_host_of(args.cuda_graphs),
                   ep_dispatch=args.ep_dispatch, ep_dispatch_fp8=args.ep_dispatch_fp8,
                   moe_dispatcher=args.moe_dispatcher or "", fp8_scaling=args.fp8_scaling,
@@ -635,6 +640,9 @@ def _cluster(args: argparse.Namespace):
         given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
         raise UsageError(f"--zero1-all-reduce {given}: it says how ZeRO-1 reduces its gradients; add --zero-stage 1 "
                          "or drop --zero1-all-reduce")
+    if args.p2p_partitioned and args.sequence_parallel:
+        raise UsageError("--p2p-partitioned with --sequence-parallel: DeepSpeed's pipeline engine partitions whole "
+                         "boundary tensors, and a sequence-parallel one is not modelled so; use --no-sequence-parallel")
     if args.grad_reduce_cast and args.grad_reduce_in_fp32:
         raise UsageError("--grad-reduce-cast with --grad-reduce-in-fp32: the gradients are held either in the "
                          "training dtype (cast for the reduction) or in fp32; keep one")

@@ -594,9 +594,10 @@ def tp_collective(cluster: Cluster, c: Choice, nbytes: float, link: object, gemm
     return comm.collective("all_reduce", nbytes, c.tp, 1, cluster).total
 
 
-def logits_gather(cluster: Cluster, c: Choice, nbytes: float, link: object) -> float:
-    """The all-gather over the TP group of the output layer's vocabulary shards, `nbytes` gathered (Aleph Alpha's
-    scaling's ColumnParallelLinear without `parallel_output`: `all_concat`; its backward a local split)."""
+def tp_all_gather(cluster: Cluster, c: Choice, nbytes: float, link: object) -> float:
+    """One all-gather over the TP group, `nbytes` gathered: the output layer's vocabulary shards (Aleph Alpha's
+    scaling's ColumnParallelLinear without `parallel_output`: `all_concat`; its backward a local split), a pipeline
+    boundary's partitioned tensor (DeepSpeed's pipeline engine: `Cluster.p2p_partitioned`)."""
     if c.tp <= 1:
         return 0.0
     if not cluster.hier:
@@ -1361,8 +1362,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     ltd, tpd, tpd_b, recd, recd_comm, _, _, _ = kind(model.dense_variant()) if model.dense_count else moe_kind
     # the head's loss: a vocab-parallel cross entropy's three small all-reduces (max, sum, target logit) or, with the
     # logits gathered to every TP rank (compute.loss_vocab), the all-gather of the bf16 vocabulary shards
-    ce = (logits_gather(cluster, c, ACT_BYTES[dtype] * c.micro_batch * s_local * model.vocab, lk.tp)
+    ce = (tp_all_gather(cluster, c, ACT_BYTES[dtype] * c.micro_batch * s_local * model.vocab, lk.tp)
           if cluster.cross_entropy == "gathered" else 3 * tp_collective(cluster, c, 4.0 * c.micro_batch * s_local, lk.tp))
+    partitioned = cluster.p2p_partitioned and c.tp > 1 and c.pp > 1 and not c.sequence_parallel
+    part_gather = tp_all_gather(cluster, c, act, lk.tp) if partitioned else 0.0
     prof = cluster.profile
     eager = prof is not None and not hier  # a calibrated host running par3d's eager runtime
     if c.cp > 1 and cluster.cp_comm == "all-gather":  # Llama 3: gather K/V, scatter dK/dV, exposed
@@ -1413,6 +1416,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         br = (nr - rd) * rec + rd * recd
         f_tp = nm * tp_layer + nd * tpd + (ar / 2 if lay.embed[s] else 0.0) + (ce if lay.head[s] else 0.0)
         b_tp = nm * tp_layer_b + nd * tpd_b + (nr - rd) * rec_comm + rd * recd_comm
+        if partitioned:  # the input gathered in the forward; the output and its gradient gathered in the backward
+            f_tp += part_gather if not lay.embed[s] else 0.0  # every stage but the first receives
+            b_tp += 2 * part_gather if not lay.head[s] else 0.0  # every stage but the last sends
         f_cp, b_cp = n * cpf, n * cpb + nr * cpr
         epf_s, epb_s = (epf, epb) if ep_paired is None else a2a_overlap_exposed(lt, ep_paired, dev.sigma, ov_share)
         f_ep, b_ep = nm * epf_s, nm * epb_s + (nr - rd) * rec_ep
@@ -1483,6 +1489,10 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
                          out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), zip(*rows)):
         lst.extend(col)
     boundary = act / (c.tp if c.sequence_parallel else 1)
+    # DeepSpeed's pipeline engine at TP > 1 sends each boundary tensor as the sender's 1/tp slice and rebuilds it with
+    # an all-gather over TP (`Cluster.p2p_partitioned`; the gathers are in the stages' TP time above)
+    if partitioned:
+        boundary = act / c.tp
     if c.pp <= 1:
         out.transfer = 0.0
     elif hier:

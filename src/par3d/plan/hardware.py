@@ -730,6 +730,11 @@ class Cluster:
     # each call, the interleaved schedule overlaps them, overlap_p2p_comm), "all" (DeepSpeed's pipeline engine,
     # Megatron-LM before overlap_p2p_comm)
     p2p_blocking: str = "none"
+    # the pipeline's boundary tensors cross as the sender's 1/tp slice and are rebuilt by an all-gather over TP: the
+    # receiving stage's forward gathers its input, the sending stage's backward its output and the gradient it receives
+    # (DeepSpeed's pipeline engine at TP > 1: runtime/pipe/engine.py's PartitionedTensor, `is_pipe_partitioned =
+    # is_model_parallel` from 65c2f974d, 2020, through 2022; without sequence parallelism)
+    p2p_partitioned: bool = False
     # a mixture of experts' token all-to-alls overlapped with compute (Megatron-Core's
     # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
     # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
@@ -883,7 +888,7 @@ class Cluster:
             "zero3_unit": self.zero3_unit, "fsdp": self.fsdp, "fsdp_unit_ms": self.fsdp_unit_s * 1e3,
             "fsdp_version": self.fsdp_version,
             "tp_comm_overlap": self.tp_comm_overlap, "ep_comm_overlap": self.ep_comm_overlap,
-            "p2p_blocking": self.p2p_blocking,
+            "p2p_blocking": self.p2p_blocking, "p2p_partitioned": self.p2p_partitioned,
             "moe_host_ms": [x * 1e3 for x in self.moe_host_s],
             "ep_dispatch": self.ep_dispatch, "ep_dispatch_fp8": self.ep_dispatch_fp8, "moe_dispatcher": self.dispatcher,
             "cp_comm": self.cp_comm, "optimizer": self.optimizer, "muon_tp_mode": self.muon_tp_mode,

@@ -92,7 +92,7 @@ SOFTWARE_FIELDS: tuple[str, ...] = (
     "flash_attention", "attention_kernel", "cross_entropy", "grad_reduce_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "p2p_blocking", "tp_comm_overlap", "tp_overlap_pipeline", "ep_comm_overlap", "cuda_graphs",
     "fp8_param_gather", "dp_bucket_params", "zero3_unit", "cp_comm", "ep_dispatch", "ep_dispatch_fp8",
-    "moe_dispatcher", "fsdp_version", "bf16_optimizer", "zero1_all_reduce", "grad_reduce_cast")
+    "moe_dispatcher", "fsdp_version", "bf16_optimizer", "zero1_all_reduce", "grad_reduce_cast", "p2p_partitioned")
 DESCRIBED = "software_described"  # the key `undescribed` sets False: Megatron's split and MoE host floor not applied
 
 
@@ -184,6 +184,9 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                          f"{', '.join(MOE_DISPATCHERS)}")
     if row.get("zero1_all_reduce") and dict(row.get("fixed", {})).get("zero_stage") != 1:
         raise ValueError(f"{row['name']}: zero1_all_reduce needs fixed zero_stage 1 (it says how ZeRO-1 reduces)")
+    if row.get("p2p_partitioned") and dict(row.get("fixed", {})).get("sequence_parallel"):
+        raise ValueError(f"{row['name']}: p2p_partitioned with sequence_parallel: DeepSpeed's pipeline engine partitions "
+                         "whole boundary tensors; a sequence-parallel one is not modelled so")
     if row.get("grad_reduce_cast") and row.get("grad_reduce_fp32"):
         raise ValueError(f"{row['name']}: grad_reduce_cast with grad_reduce_fp32: the gradients are held either in "
                          "the training dtype (cast) or in fp32; keep one")
@@ -219,6 +222,7 @@ def cluster_of(row: dict[str, Any]) -> Cluster:
                    fsdp_version=int(row.get("fsdp_version", 1)),
                    tp_comm_overlap=bool(row.get("tp_comm_overlap", False)),
                    p2p_blocking=str(row.get("p2p_blocking", "none")),
+                   p2p_partitioned=bool(row.get("p2p_partitioned", False)),
                    ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
                    moe_host_s=host,
                    ep_dispatch=str(row.get("ep_dispatch", "alltoall")),
