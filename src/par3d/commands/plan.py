@@ -632,12 +632,12 @@ def _cluster(args: argparse.Namespace):
         raise UsageError("--fsdp with --zero-stage 1: PyTorch FSDP shards the optimizer state only with the "
                          "gradients (SHARD_GRAD_OP = 2) or everything (FULL_SHARD = 3); use --zero-stage 2 or 3, "
                          "0 for DDP, or drop --fsdp")
+    # flags that describe ZeRO-1 alone: the search's other stages are not what they say
+    given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
     if args.deepspeed_bf16_optimizer and args.zero_stage != 1:
-        given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
         raise UsageError(f"--deepspeed-bf16-optimizer {given}: DeepSpeed's BF16_Optimizer shards the optimizer state "
                          "as ZeRO-1 does and nothing else (the search's other stages are not it); add --zero-stage 1")
     if args.zero1_all_reduce and args.zero_stage != 1:
-        given = f"with --zero-stage {args.zero_stage}" if args.zero_stage is not None else "without --zero-stage 1"
         raise UsageError(f"--zero1-all-reduce {given}: it says how ZeRO-1 reduces its gradients; add --zero-stage 1 "
                          "or drop --zero1-all-reduce")
     if args.p2p_partitioned and args.sequence_parallel:

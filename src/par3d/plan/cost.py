@@ -2190,6 +2190,7 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
     last_rank = float("inf")  # split schedules' bound: the least a rank ending the step exposes
     costs: dict[tuple[float, float], tuple[float, float]] = {}  # ranks of equal shape reduce alike (the search's speed)
     bounded: set[tuple[float, tuple[int, ...], bool]] = set()  # the bound: ranks alike in these expose alike
+    whole = grads_all_reduced(cluster, c)  # an all-reduce, or ZeRO's reduce-scatter
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
         has0 = 0 in lists[r]
@@ -2200,7 +2201,6 @@ def _dp_tail_bucketed(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTi
         dense, experts = shape.params - shape.expert_params, shape.expert_params
         hit = costs.get((dense, experts))
         if hit is None:
-            whole = grads_all_reduced(cluster, c)
             red = (grad_collective(cluster, c, "all_reduce", gbytes * dense)
                    if whole else sharded_grad_reduce(cluster, c, gbytes * dense))
             red += reduction_passes(cluster, shape.params)
@@ -2278,6 +2278,7 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
     eager = c.zero_stage > 0 and cluster.profile is not None and bool(cluster.profile.collectives)
     worst = 0.0
     costs: dict[tuple[float, bool, bool], tuple[float, float]] = {}  # ranks alike reduce alike
+    whole = grads_all_reduced(cluster, c)  # an all-reduce, or ZeRO's reduce-scatter
     for r, shape in enumerate(shapes):
         g = gbytes * shape.params
         key = (g, eager and r == 0, eager and shape.head)  # ZeRO-2's units depend on embedding / head
@@ -2293,12 +2294,11 @@ def _dp_tail(model: ModelSpec, cluster: Cluster, c: Choice, st: StageTimes,
                 red, gather = comm.all_reduce(gbytes * dense, ng, lk.grad).total, 0.0  # type: ignore[arg-type]
             else:
                 red = (comm.all_reduce(gbytes * dense, ng, lk.grad).total  # type: ignore[arg-type]
-                       if grads_all_reduced(cluster, c) else flat_sharded_reduce(c, gbytes * dense, lk.grad))
+                       if whole else flat_sharded_reduce(c, gbytes * dense, lk.grad))
                 red += reduction_passes(cluster, shape.params)
                 gather = comm.all_gather(wbytes * dense, c.zero_shards, lk.grad).total  # type: ignore[arg-type]  # updated weights
             if experts:
-                red += expert_grad_collective(cluster, c, "all_reduce" if grads_all_reduced(cluster, c) else "reduce_scatter",
-                                              gbytes * experts)
+                red += expert_grad_collective(cluster, c, "all_reduce" if whole else "reduce_scatter", gbytes * experts)
                 if c.zero_stage >= 1:
                     gather += expert_grad_collective(cluster, c, "all_gather", wbytes * experts)
         costs[key] = (red, gather)
