@@ -12,6 +12,7 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
+from par3d.plan.frameworks import FRAMEWORKS, framework_names, get_framework
 from par3d.plan.hardware import (
     ATTENTION_KERNELS,
     CUDA_GRAPHS,
@@ -207,9 +208,15 @@ def register(sub) -> None:
     g.add_argument("--nic-bw", type=_positive_float, default=None, metavar="GBPS",
                    help="bandwidth of one NIC, one direction, GB/s (default: 25 HDR for A100, 50 NDR for "
                         "H100/H200/B200)")
-    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
-                   help="FlashAttention on GPUs that have it (default); --no-flash-attention prices the "
-                        "unfused attention (s² scores written, softmax and dropout over them) and stores them")
+    g.add_argument("--framework", choices=framework_names(), default="par3d",
+                   help="the software that will run the plan, as its own performance configurations set what the "
+                        "planner prices (plan/frameworks.py; every flag below still overrides it): "
+                        + "; ".join(f"{f.name}: {f.summary}" for f in FRAMEWORKS.values())
+                        + " (default: %(default)s)")
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="FlashAttention on GPUs that have it (default, but off with --framework megatron-lm-2021 or "
+                        "deepspeed); --no-flash-attention prices the unfused attention (s² scores written, softmax "
+                        "and dropout over them) and stores them")
     g.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=None,
                    help="the attention kernel to price: fa1 (FlashAttention-1, A100 only, ~30 %% of peak), fa2 "
                         "(FlashAttention-2, ~60 %% of peak on A100, ~35 %% on H100), fa3 "
@@ -224,11 +231,11 @@ def register(sub) -> None:
                         "reduce-scattered after it, both exposed, as Llama 3 does) or a2a (DeepSpeed-Ulysses, "
                         "Megatron-Core's cp_comm_type a2a: Q, K, V all-to-all'd from sequence shards to head shards "
                         "and the output back, exposed; each TP rank's heads must divide by cp) (default: %(default)s)")
-    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
                    help="the framework reduces DP gradients bucket by bucket during the backward (default: "
                         "PyTorch DDP/FSDP, Megatron-LM --overlap-grad-reduce); --no-overlap-grad-reduce: after "
                         "it (Megatron-LM before 2023, DeepSpeed's default)")
-    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=None,
                    help="ZeRO-1/2: the updated weights' all-gather runs one bucket ahead of the next step's "
                         "forward (default: Megatron-Core --overlap-param-gather, as NeMo's and Megatron-Bridge's "
                         "recipes set it); --no-overlap-param-gather: after the optimizer, exposed (Megatron-LM's "
@@ -239,7 +246,7 @@ def register(sub) -> None:
                         "DDP's bucket_cap_mb x 2^20 / 2 B, NeMo 2's 128 Mi; 0 = one bucket per layer; a rank's later "
                         "virtual-pipeline chunks stay one bucket each, as Megatron-Core builds them (default: "
                         "Megatron-Core's DDP, max(4e7, 1e6 x DP x CP); with --fsdp one bucket per layer)")
-    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=False,
+    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction, default=None,
                    help="the framework reduces DP gradients in fp32 and keeps fp32 main gradients (4 B per "
                         "parameter, twice the reduction's bytes): Megatron-Core --grad-reduce-in-fp32 (Megatron-LM "
                         "turns it on for bf16), FSDP reduce_dtype=float32 (torchtitan's default), Llama 3 "
@@ -257,18 +264,18 @@ def register(sub) -> None:
                    help="the gradients stay in the training dtype and are cast to fp32 bucket by bucket for their "
                         "DP reduction and copied back (Aleph Alpha's scaling): 4 B per gradient on the wire, 2 B "
                         "held, unlike --grad-reduce-in-fp32's fp32 main gradients (default: off)")
-    g.add_argument("--p2p-blocking", choices=P2P_BLOCKING, default="none",
+    g.add_argument("--p2p-blocking", choices=P2P_BLOCKING, default=None,
                    help="whether the pipeline's point-to-point sends hold the sending GPU until delivered: none "
                         "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
                         "Bridge: the non-interleaved 1F1B waits on each send, the interleaved schedule overlaps them "
                         "with overlap_p2p_comm), all (DeepSpeed's pipeline engine; Megatron-LM before 2023 or with "
                         "--no-overlap-p2p-communication); default: none")
-    g.add_argument("--p2p-partitioned", action="store_true", default=False,
+    g.add_argument("--p2p-partitioned", action=argparse.BooleanOptionalAction, default=None,
                    help="the pipeline's boundary tensors cross as the sender's 1/tp slice and are rebuilt by an "
                         "all-gather over TP, three a boundary a micro-batch (DeepSpeed's pipeline engine at TP > 1, "
                         "Megatron-DeepSpeed's BLOOM, MT-NLG, GPT-NeoX); plans with sequence parallelism are priced "
                         "without it: use --no-sequence-parallel (default: off)")
-    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=False,
+    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
                         "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
                         "sequence parallelism): each all-gather hides under the GEMM that consumes it, each "
@@ -278,13 +285,13 @@ def register(sub) -> None:
                    help="a mixture of experts: overlap each layer's token all-to-alls (dispatch, combine) with "
                         "another micro-batch's computation (Megatron-Core overlap_moe_expert_parallel_comm, "
                         "DualPipe-style), at the overlap slowdown; default: off, every all-to-all exposed")
-    g.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="full_iteration",
+    g.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default=None,
                    help="a mixture of experts run on Megatron-Core: what CUDA graphs capture.  Its dropless MoE layers "
                         "wait for the host once a layer (the tokens per expert), so without whole-iteration graphs "
                         "(partial: Transformer Engine's per-layer scopes; none) each MoE layer takes at least the "
                         "host's issue time of its kernels, a fitted 4.9 ms + 0.46 ms per routed expert on the rank "
                         "(forward + backward; docs/planner.md §6); full_iteration: no such floor (default: "
-                        "%(default)s, the GPU's work alone)")
+                        "full_iteration, the GPU's work alone; none with a Megatron --framework)")
     g.add_argument("--ep-dispatch", choices=("alltoall", "dedup"), default="alltoall",
                    help="a mixture of experts' tokens across nodes: alltoall (Megatron-Core's alltoall dispatcher, every "
                         "copy bound for another node crosses the NICs) or dedup (DeepEP / HybridEP, the flex dispatcher: "
@@ -323,12 +330,12 @@ def register(sub) -> None:
                         "fp8_dot_product_attention, Megatron-Core --fp8-dot-product-attention): cuDNN's measured "
                         "FP8/BF16 speed-up at each sequence length (B200, GB200, B300, GB300; e.g. 1.22x on a B200 "
                         "at 8,192 tokens) (default: BF16 attention)")
-    g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
+    g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=None,
                    help="with --dtype fp8, the distributed optimizer (ZeRO-1/2) gathers updated weights as fp8 "
                         "copies, 1 B each, as Megatron-Core's fp8_param_gather does (on in NeMo 2's and "
                         "Megatron-Bridge's FP8 presets and MLPerf's NeMo configs); with --dtype nvfp4 as NVFP4 "
                         "copies, 0.5625 B (fp4_param_gather); default: bf16 gathers, 2 B")
-    g.add_argument("--cross-entropy", choices=CROSS_ENTROPY, default="unfused",
+    g.add_argument("--cross-entropy", choices=CROSS_ENTROPY, default=None,
                    help="how the loss's cross-entropy over the logits runs, priced as the HBM bytes its kernels "
                         "move per logit: unfused (52 B: Megatron-Core's default VocabParallelCrossEntropy; "
                         "PyTorch's F.cross_entropy on fp32 logits, 48 B), fused (28 B: Megatron-Core "
@@ -336,14 +343,14 @@ def register(sub) -> None:
                         "kernel pair, Transformer Engine's parallel cross entropy as Megatron-Bridge's perf "
                         "recipes set it, flash-attn's CrossEntropyLoss) or gathered (52 B over the whole "
                         "vocabulary on every TP rank after an all-gather of the logits: Aleph Alpha's scaling) "
-                        "(default: %(default)s)")
+                        "(default: unfused, or the --framework's)")
     g.add_argument("--elementwise", choices=("fused", "eager"), default=None,
                    help="whose non-GEMM kernels (norms, rotary, activation, residuals) a step runs: fused "
                         "(Megatron-Core / Transformer Engine's fused kernels, what published runs use) or eager "
                         "(par3d train's own model, each line a PyTorch kernel, RMSNorm and rotary in fp32: "
                         "plan/eager.py) (default: what the --hardware file says, which `par3d calibrate` "
                         "on a GPU writes as eager; fused otherwise)")
-    g.add_argument("--zero3-unit", choices=("layer", "submodule"), default="layer",
+    g.add_argument("--zero3-unit", choices=("layer", "submodule"), default=None,
                    help="what ZeRO-3 gathers at a time: a whole layer, prefetched one layer ahead, its rings "
                         "over the node's NICs (default: par3d, PyTorch FSDP) or each weight matrix by its "
                         "sub-module's hook, one matrix ahead, at one NIC per GPU (submodule: DeepSpeed's ZeRO-3 "
@@ -508,6 +515,41 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"par3d plan: error: {e}", file=sys.stderr)
         return 2
+
+
+# par3d's own value of each flag a --framework sets (their argparse default is None, so that a flag given wins over
+# the framework, and the framework over these)
+_SOFTWARE_DEFAULTS = {"flash_attention": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+                      "grad_reduce_in_fp32": False, "p2p_blocking": "none", "p2p_partitioned": False,
+                      "tp_comm_overlap": False, "cuda_graphs": "full_iteration", "fp8_param_gather": False,
+                      "cross_entropy": "unfused", "zero3_unit": "layer"}
+_DEST_OF_FIELD = {"grad_reduce_fp32": "grad_reduce_in_fp32"}  # a Cluster field whose flag is named otherwise
+
+
+def apply_framework(args: argparse.Namespace) -> None:
+    """Fill the software flags the user left unset: from --framework's facts (plan/frameworks.py), then par3d's
+    defaults; sets `args.megatron_split` (Megatron-Core's pipeline split where no --pipeline-layout is given)."""
+    fw = get_framework(args.framework)
+    facts = fw.resolve(args.dtype)
+    if args.sequence_parallel:  # DeepSpeed's partitioned boundaries are not modelled beside sequence parallelism
+        facts.pop("p2p_partitioned", None)
+    if args.fsdp:  # PyTorch FSDP wraps whole layers: DeepSpeed's sub-module gathers are not what runs
+        facts.pop("zero3_unit", None)
+    if args.schedules is None and args.schedule is None and fw.schedules is not None:  # the schedules it has
+        args.schedules = fw.schedules
+    if args.sequence_parallel is None and not fw.sequence_parallel:  # a framework without it: not searched
+        args.sequence_parallel = False
+    version = facts.pop("fsdp_version", None)
+    if args.fsdp and args.fsdp_version is None and version is not None:
+        args.fsdp_version = version
+    for name, value in facts.items():
+        dest = _DEST_OF_FIELD.get(name, name)
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    for dest, value in _SOFTWARE_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    args.megatron_split = fw.megatron_split
 
 
 def _cluster(args: argparse.Namespace):
@@ -840,8 +882,13 @@ def _run(args: argparse.Namespace) -> int:
                               args.attention_chunk, args.global_every, args.qk_norm, args.router_consecutive)
     except ModelError as e:
         raise UsageError(str(e)) from None
+    apply_framework(args)
     if args.pipeline_layout:
         model = _with_layout(model, args)
+    elif args.megatron_split:  # the framework cuts the pipeline as Megatron-Core does (cost.megatron_split)
+        from dataclasses import replace
+
+        model = replace(model, partition="megatron")
     cluster = _cluster(args)
     if args.optimizer == "muon" and args.optimizer_dtype != "fp32":
         raise UsageError(f"--optimizer-dtype {args.optimizer_dtype} with --optimizer muon: the state dtypes set Adam's "
@@ -931,6 +978,8 @@ def _run(args: argparse.Namespace) -> int:
                # the whole set scored with its rows' software described and with the planner's defaults in its
                # place (validation.software_figures; None where the GPU's evidence does not apply)
                "software_evidence": software_evidence_of(cluster),
+               # the --framework whose facts filled the software flags left unset (plan/frameworks.py)
+               "framework": args.framework,
                "search": {"considered": res.considered, "simulated": res.simulated,
                           "rejected": dict(res.rejected)}}
         print(json.dumps(out, indent=2))
@@ -1096,7 +1145,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
                    f"{bi:g} --tw {bw:g}")
     out.append(_evidence_line(cluster, model.moe))
-    out += _software_lines(cluster)
+    out += _software_lines(cluster, getattr(args, "framework", "par3d"))
     if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
         out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "
                    "without them waits for its host each MoE layer: --cuda-graphs partial|none (docs/planner.md §6)")
@@ -1316,18 +1365,25 @@ def software_summary(cluster) -> str:
             f"TP communication {'overlapped' if cluster.tp_comm_overlap else 'exposed'}")
 
 
-def _software_lines(cluster) -> list[str]:
+def _software_lines(cluster, framework: str = "par3d") -> list[str]:
     """What the plan assumes the training software does, and -- where the GPU's evidence applies -- how much the
     validation set's figures owe to stating it (docs/planner.md section 9, forty-fourth round)."""
-    out = [f"software: {software_summary(cluster)} (--p2p-blocking, --grad-reduce-in-fp32, --grad-reduce-cast, "
-           "--zero1-all-reduce, --no-overlap-grad-reduce, --no-overlap-param-gather, --cross-entropy, "
-           "--tp-comm-overlap: say what your framework does)"]
+    named = framework != "par3d"
+    out = [f"software: {'--framework ' + framework + ': ' if named else ''}{software_summary(cluster)} "
+           + ("(--framework names the software that will run the plan: "
+              f"{', '.join(n for n in FRAMEWORKS if n != 'par3d')}; or say what it does: " if not named else "(")
+           + "--p2p-blocking, --grad-reduce-in-fp32, --grad-reduce-cast, --zero1-all-reduce, "
+           "--no-overlap-grad-reduce, --no-overlap-param-gather, --cross-entropy, --tp-comm-overlap)"]
     ev = software_evidence_of(cluster)
     if ev is not None:
         d, u = ev["software/described"], ev["software/defaults"]
+        f = ev.get("software/framework")
         out.append(f"          the published runs priced from their model, cluster and layout alone (every such "
                    f"flag at its default): {u['within_10pct']} of {u['rows']} within ±10 % (median |error| "
-                   f"{u['median_abs_error_pct']:.1f} %); with each run's software stated: {d['within_10pct']} "
+                   f"{u['median_abs_error_pct']:.1f} %)"
+                   + (f"; with only their framework named: {f['within_10pct']} ({f['median_abs_error_pct']:.1f} %)"
+                      if f is not None else "")
+                   + f"; with each run's software stated: {d['within_10pct']} "
                    f"({d['median_abs_error_pct']:.1f} %) — docs/planner.md §9")
     return out
 

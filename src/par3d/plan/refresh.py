@@ -146,16 +146,18 @@ def rewrite_rows(text: str, updates: dict[str, tuple[float | None, str | None]])
 
 
 def generated_blocks(preds: list[Any], loo_data: dict[str, Any] | None,
-                     plain: list[Any] | None = None) -> dict[str, tuple[str, str]]:
-    """Each generated block: (the doc it is in, relative to the checkout; its text).  `plain`: the rows priced
-    `undescribed` already (evidence.json needs them too), so the software table does not price them again."""
+                     plain: list[Any] | None = None, named: list[Any] | None = None) -> dict[str, tuple[str, str]]:
+    """Each generated block: (the doc it is in, relative to the checkout; its text).  `plain`, `named`: the rows priced
+    `undescribed` and `named` already (evidence.json needs them too), so the software table does not price them
+    again."""
     from . import moe_layers
     from . import validation as v
 
     bodies = {
         "validation-table": v.table(preds) + "\n\n" + v.summary(preds),
         "validation-by-gpu": v.by_gpu(preds),
-        "validation-software": v.software_table(preds, whole=None if plain is None else v.software_figures(preds, plain)),
+        "validation-software": v.software_table(
+            preds, whole=None if plain is None or named is None else v.software_figures(preds, plain, named)),
         "moe-layers": moe_layers.table(),
     }
     if loo_data is not None:
@@ -169,14 +171,15 @@ def generated_blocks(preds: list[Any], loo_data: dict[str, Any] | None,
 
 def refresh(root: str, preds: list[Any], loo_data: dict[str, Any] | None, before: dict[str, float] | None,
             round_name: str | None, reason: str | None, write: bool,
-            say: Callable[[str], None] = print, plain: list[Any] | None = None) -> list[str]:
+            say: Callable[[str], None] = print, plain: list[Any] | None = None,
+            named: list[Any] | None = None) -> list[str]:
     """Bring the docs' generated blocks and the rows' bounds and notes in step with `preds`.  Returns what is
     (with `write`: was) stale, one line each; with `write` False nothing is written."""
     from . import validation as v
 
     stale: list[str] = []
     docs: dict[str, str] = {}
-    for name, (doc, body) in generated_blocks(preds, loo_data, plain).items():
+    for name, (doc, body) in generated_blocks(preds, loo_data, plain, named).items():
         path = os.path.join(root, doc)
         text = docs.get(path)
         if text is None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from .compute import CROSS_ENTROPY, attention_core_flops_per_sequence, model_flops_per_sequence
 from .cost import Choice, Options, Plan, evaluate
+from .frameworks import get_framework
 from .gemm_table import family_of
 from .hardware import (
     EP_DISPATCHES,
@@ -73,7 +74,10 @@ MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc
 
 def megatron_row(row: dict[str, Any]) -> bool:
     """Whether a row ran on Megatron-LM, Megatron-Core, NeMo or Megatron-Bridge (`MEGATRON_FAMILY`, by its name) and
-    is priced so (not a row `undescribed` left without its software)."""
+    is priced so (not a row `undescribed` left without its software); a row priced by its framework's name alone
+    (`named`): whether that framework splits its pipeline as Megatron-Core does."""
+    if FRAMEWORK in row:
+        return get_framework(str(row[FRAMEWORK])).megatron_split
     return str(row["name"]).split("-")[0] in MEGATRON_FAMILY and bool(row.get(DESCRIBED, True))
 
 
@@ -103,6 +107,70 @@ def undescribed(row: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in row.items() if k not in SOFTWARE_FIELDS}, DESCRIBED: False}
 
 
+# ---- the same runs with only their framework named (issue 12's fifty-third round) ---------------------------
+#
+# `par3d plan --framework NAME` sets the software facts of a named framework (frameworks.py) where no flag does.
+# `named` is a row as a user who names its framework, and nothing else of its software, would give it: the row
+# `undescribed`, then its framework's facts.  Which framework ran a row is read from its source, by the row's name
+# (the first word, or the first two where one source ran two): written before the figure was first scored.  Rows of
+# software no preset describes (Aleph Alpha's scaling, InternLM, PaddlePaddle, nanotron, ...) stay at par3d's defaults.
+FRAMEWORK = "framework"  # the key `named` sets: frameworks.FRAMEWORKS's name
+FRAMEWORK_OF_SOURCE: dict[str, str] = {
+    **dict.fromkeys(("narayanan2021", "korthikanti2022", "megascale", "nemo-22.08"), "megatron-lm-2021"),
+    **dict.fromkeys(("megatron", "zb", "vocabpar25", "flagperf", "moefold", "mcoremoe", "oellm", "apertus", "fp8lm"),
+                    "megatron-lm"),
+    **dict.fromkeys(("nemo", "dgxc", "mbridge", "mlperf", "nemotron4"), "nemo"),
+    **dict.fromkeys(("bloom", "mtnlg", "glm", "gpt", "mds4sci"), "deepspeed"),
+    **dict.fromkeys(("torchtitan", "olmo"), "torchtitan"),
+    **dict.fromkeys(("llmfoundry", "llmfoundry23"), "llm-foundry"),
+    **dict.fromkeys(("maxtext", "jaxtoolbox"), "maxtext"),
+}
+# MLPerf's two AMD submissions ran AMD's own Megatron-LM fork, not NeMo: no preset describes it; Table 2's PTD-P
+# rows are Megatron-LM's, its ZeRO-3 rows DeepSpeed's
+_NO_FRAMEWORK_ROWS = ("mlperf-5.1-llama3.1-8B-amd-",)
+_FRAMEWORK_OF_ROW = {"narayanan2021-t2-ptd": "megatron-lm-2021", "narayanan2021-t2-zero3": "deepspeed"}
+
+
+def framework_of(row: dict[str, Any]) -> str | None:
+    """The preset (frameworks.FRAMEWORKS) of the software that ran a row, by its source; None for software no preset
+    describes."""
+    name = str(row["name"])
+    if name.startswith(_NO_FRAMEWORK_ROWS):
+        return None
+    for prefix, fw in _FRAMEWORK_OF_ROW.items():
+        if name.startswith(prefix):
+            return fw
+    words = name.split("-")
+    return FRAMEWORK_OF_SOURCE.get("-".join(words[:2])) or FRAMEWORK_OF_SOURCE.get(words[0])
+
+
+def named(row: dict[str, Any]) -> dict[str, Any]:
+    """The row priced from its model, cluster, precision, batch and layout and its framework's name alone: `undescribed`,
+    then the framework's facts (frameworks.Framework.resolve) as row fields; a row of no preset's framework as
+    `undescribed`.  DeepSpeed's partitioned boundaries are left out where the row runs sequence parallelism, as
+    `par3d plan --framework deepspeed --sequence-parallel` leaves them out; a row that leaves its schedule to the
+    search searches the framework's schedules, as `par3d plan` does."""
+    plain = undescribed(row)
+    name = framework_of(row)
+    if name is None:
+        return plain
+    fw = get_framework(name)
+    facts = fw.resolve(str(row.get("dtype", "bf16")))
+    fixed = dict(row.get("fixed", {}))
+    if fixed.get("sequence_parallel"):
+        facts.pop("p2p_partitioned", None)
+    if fw.schedules is not None and "schedules" not in row and "schedule" not in fixed:  # the schedules it has
+        facts["schedules"] = list(fw.schedules)
+    if not fw.sequence_parallel and "sequence_parallel" not in fixed:  # a framework without it
+        facts["fixed"] = {**fixed, "sequence_parallel": False}
+    return {**plain, **facts, FRAMEWORK: name}
+
+
+def predict_named(row: dict[str, Any]) -> Prediction | None:
+    """`predict` of the `named` row; None where its published layout finds no plan so."""
+    return _predict_or_none(named(row))
+
+
 def _predict_or_none(row: dict[str, Any]) -> Prediction | None:
     """`predict`, or None where the row's published layout finds no plan (`predict_on`'s ValueError)."""
     try:
@@ -117,17 +185,23 @@ def predict_undescribed(row: dict[str, Any]) -> Prediction | None:
     return _predict_or_none(undescribed(row))
 
 
-def software_figures(preds: list[Prediction], plain: list[Prediction | None]) -> dict[str, dict[str, float | int]]:
-    """The set scored with each row's software described (`preds`) and without it (`plain`, the same rows in order):
-    rows, rows priced, within ±10 % (a row without a plan is not within) and the median |error| of the priced rows."""
+def software_figures(preds: list[Prediction], plain: list[Prediction | None],
+                     named: list[Prediction | None] | None = None) -> dict[str, dict[str, float | int]]:
+    """The set scored with each row's software described (`preds`), without it (`plain`, the same rows in order) and,
+    given `named` (the rows `named`, in order), with only its framework's name: rows, rows priced, within ±10 % (a row
+    without a plan is not within) and the median |error| of the priced rows."""
     def stats(ps: list[Prediction | None]) -> dict[str, float | int]:
         errs = [abs(p.error) for p in ps if p is not None]
         return {"rows": len(ps), "priced": len(errs), "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
                 "median_abs_error_pct": round(100 * median(errs), 1)}
-    return {SOFTWARE_KEYS[0]: stats(list(preds)), SOFTWARE_KEYS[1]: stats(plain)}
+    out = {SOFTWARE_KEYS[0]: stats(list(preds)), SOFTWARE_KEYS[1]: stats(plain)}
+    if named is not None:
+        out[SOFTWARE_KEYS[2]] = stats(named)
+    return out
 
 
-SOFTWARE_KEYS = ("software/described", "software/defaults")  # evidence.json's entries of `software_figures`
+# evidence.json's entries of `software_figures`: as described, at par3d's defaults, with the framework named
+SOFTWARE_KEYS = ("software/described", "software/defaults", "software/framework")
 
 
 def software_by_field(preds: list[Prediction]) -> list[dict[str, Any]]:
@@ -919,13 +993,14 @@ RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (n
 NOT_A_GPU = ("regime/", "ranking/", "software/")  # evidence.json's entries that are not a GPU's and dtype's
 
 
-def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None
-             ) -> dict[str, dict[str, float | int]]:
+def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None,
+             named: list[Prediction | None] | None = None) -> dict[str, dict[str, float | int]]:
     """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
     decimal) of the model on the published runs of that GPU and dtype (dense models; a mixture of experts' runs
     apart, as "gpu/dtype/moe": another part of the model, scored apart); per "regime/NAME" the same over the
     rows whose priced configuration falls in that regime (`REGIMES`); with `plain` (the rows `undescribed`,
-    in order), the whole set with and without its software (`software_figures`)."""
+    in order) and `named` (the rows `named`), the whole set with and without its software and with its framework
+    named (`software_figures`)."""
     groups: dict[str, list[float]] = {}
     for p in preds:
         key = _evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
@@ -946,7 +1021,7 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
                             "mean_regret_pct": round(100 * mean, 1), "max_regret_pct": round(100 * top, 1),
                             "pairs": pairs, "pairs_ordered": ordered}
     if plain is not None:
-        out.update(software_figures(preds, plain))
+        out.update(software_figures(preds, plain, named))
     return out
 
 
@@ -959,8 +1034,9 @@ def evidence_dtype(dtype: str) -> str:
     return "bf16" if dtype == "fp16" else dtype
 
 
-def evidence_json(preds: list[Prediction], plain: list[Prediction | None] | None = None) -> str:
-    return json.dumps(evidence(preds, plain), indent=1, sort_keys=True) + "\n"
+def evidence_json(preds: list[Prediction], plain: list[Prediction | None] | None = None,
+                  named: list[Prediction | None] | None = None) -> str:
+    return json.dumps(evidence(preds, plain, named), indent=1, sort_keys=True) + "\n"
 
 
 @cache
@@ -996,8 +1072,8 @@ def ranking_evidence() -> dict[str, float | int] | None:
 
 
 def software_evidence() -> dict[str, dict[str, float | int]] | None:
-    """The stored `software_figures` (evidence.json): the whole set scored with and without its software facts;
-    None if absent."""
+    """The stored `software_figures` (evidence.json): the whole set scored with and without its software facts and
+    with its framework named; None if absent."""
     ev = stored_evidence()
     return {k: ev[k] for k in SOFTWARE_KEYS} if all(k in ev for k in SOFTWARE_KEYS) else None
 
@@ -1015,7 +1091,8 @@ def software_table(preds: list[Prediction], fields: list[dict[str, Any]] | None 
     if fields is None:
         fields = software_by_field(preds)
     if whole is None:
-        whole = software_figures(preds, [predict_undescribed(p.row) for p in preds])
+        whole = software_figures(preds, [predict_undescribed(p.row) for p in preds],
+                                 [predict_named(p.row) for p in preds])
     d, u = whole[SOFTWARE_KEYS[0]], whole[SOFTWARE_KEYS[1]]
     out = ["| software fact left out | rows stating it | without a plan | within ±10 % | median |error| |",
            "|---|---:|---:|---:|---:|",
@@ -1025,6 +1102,10 @@ def software_table(preds: list[Prediction], fields: list[dict[str, Any]] | None 
                    f"| {f['median_abs_error_pct']:.1f} % |")
     out.append(f"| all of them | {u['rows']} | {u['rows'] - u['priced']} | {u['within_10pct']} "
                f"| {u['median_abs_error_pct']:.1f} % |")
+    n = whole.get(SOFTWARE_KEYS[2])
+    if n is not None:  # all of them, then each row's framework's preset in their place (`named`, --framework)
+        out.append(f"| all of them, the framework named (`--framework`) | {n['rows']} | {n['rows'] - n['priced']} "
+                   f"| {n['within_10pct']} | {n['median_abs_error_pct']:.1f} % |")
     return "\n".join(out)
 
 
@@ -1141,13 +1222,13 @@ def main(argv: list[str] | None = None) -> int:
     preds = [predict(r) for r in chosen]
     if args.evidence:  # rewrite evidence.json (what `par3d plan` quotes)
         with open(EVIDENCE_PATH, "w", encoding="utf-8") as fh:
-            fh.write(evidence_json(preds, [predict_undescribed(r) for r in chosen]))
+            fh.write(evidence_json(preds, [predict_undescribed(r) for r in chosen], [predict_named(r) for r in chosen]))
         _evidence_file.cache_clear()
         print(f"wrote {EVIDENCE_PATH}")
         return 0
     if args.software:  # the software facts' worth (docs/planner.md section 9, forty-fourth round)
         fields = software_by_field(preds)
-        whole = software_figures(preds, [predict_undescribed(r) for r in chosen])
+        whole = software_figures(preds, [predict_undescribed(r) for r in chosen], [predict_named(r) for r in chosen])
         if args.json:
             print(json.dumps({"by_field": fields, **whole}, indent=1))
             return 0
@@ -1176,7 +1257,8 @@ def _refresh(args: argparse.Namespace) -> int:
     every = rows()
     preds = [predict(r) for r in every]
     plain = [predict_undescribed(r) for r in every]
-    ev = evidence_json(preds, plain)
+    named_preds = [predict_named(r) for r in every]
+    ev = evidence_json(preds, plain, named_preds)
     with open(EVIDENCE_PATH, encoding="utf-8") as fh:
         ev_stale = fh.read() != ev
     data = loo.run(lambda msg: print(f"  refitting {msg}", file=sys.stderr, flush=True))
@@ -1185,7 +1267,7 @@ def _refresh(args: argparse.Namespace) -> int:
         loo_stale = fh.read() != loo_text
     try:  # nothing is written before every row's new bound and note is known
         stale = refresh.refresh(root, preds, data, before, args.round, args.reason, write=not args.check,
-                                plain=plain)
+                                plain=plain, named=named_preds)
     except ValueError as exc:
         print(f"--refresh: {exc}; nothing written", file=sys.stderr)
         return 2
