@@ -32,6 +32,12 @@ def undescribed_predictions():
     return [validation.predict_undescribed(r) for r in ROWS]
 
 
+@pytest.fixture(scope="module")
+def named_predictions():
+    """Every row priced with only its framework named (validation.named), in ROWS' order (None: no plan)."""
+    return [validation.predict_named(r) for r in ROWS]
+
+
 def test_the_set_holds_the_named_runs():
     names = {r["name"] for r in ROWS}
     assert sum(n.startswith("narayanan2021-t1-") for n in names) == 10  # all ten rows of Table 1
@@ -677,14 +683,14 @@ def test_step_share_is_the_declared_fit():
     assert all(validation.in_sample(r) for r in ROWS if r["name"].startswith(validation.IN_SAMPLE_PREFIX))
 
 
-def test_evidence_file_is_the_scripts_output(predictions, undescribed_predictions):
+def test_evidence_file_is_the_scripts_output(predictions, undescribed_predictions, named_predictions):
     """src/par3d/plan/evidence.json, what `par3d plan` quotes beside a prediction, is `python -m
     par3d.plan.validation --evidence` on the current model and validation set (regenerate it when either
     changes)."""
     preds = [predictions[r["name"]] for r in ROWS]
     with open(validation.EVIDENCE_PATH, encoding="utf-8") as fh:
-        assert fh.read() == validation.evidence_json(preds, undescribed_predictions)
-    ev = validation.evidence(preds, undescribed_predictions)
+        assert fh.read() == validation.evidence_json(preds, undescribed_predictions, named_predictions)
+    ev = validation.evidence(preds, undescribed_predictions, named_predictions)
     soft = {k: ev.pop(k) for k in validation.SOFTWARE_KEYS}  # the whole set, not a GPU's
     assert soft["software/described"]["within_10pct"] == sum(abs(p.error) <= 0.10 for p in preds)
     assert sum(int(v["rows"]) for k, v in ev.items() if not k.startswith(validation.NOT_A_GPU)) == len(ROWS)
@@ -959,7 +965,7 @@ def test_layout_pairs_are_two_layouts_of_one_run(predictions):
             f"mean {sum(regrets) / len(regrets):.1%}, max {regrets[-1]:.1%}") in text
 
 
-def test_the_set_without_its_software(predictions, undescribed_predictions):
+def test_the_set_without_its_software(predictions, undescribed_predictions, named_predictions):
     """What stating each row's software buys (issue 12's forty-fourth round): `undescribed` drops exactly the
     software facts (validation.SOFTWARE_FIELDS) and Megatron-Core's split and host floor, keeps the model, cluster,
     precision, batch and layout; the set priced so is scored as evidence.json stores it, and docs/planner.md and the
@@ -980,14 +986,20 @@ def test_the_set_without_its_software(predictions, undescribed_predictions):
     for r in plain[:3]:
         q = validation.predict_undescribed(r)
         assert q is not None and q.value == predictions[r["name"]].value
-    figures = validation.software_figures([predictions[r["name"]] for r in ROWS], undescribed_predictions)
+    figures = validation.software_figures([predictions[r["name"]] for r in ROWS], undescribed_predictions,
+                                          named_predictions)
     assert figures == validation.software_evidence()
-    d, u = figures["software/described"], figures["software/defaults"]
+    d, u, n = figures["software/described"], figures["software/defaults"], figures["software/framework"]
     assert u["within_10pct"] < d["within_10pct"] and u["priced"] <= u["rows"] == d["rows"] == len(ROWS)
+    # naming the framework gives back part of what stating each fact does (fifty-third round)
+    assert u["within_10pct"] < n["within_10pct"] < d["within_10pct"] and n["rows"] == len(ROWS)
     quote = f"{u['within_10pct']} of {u['rows']} within ±10 % (median |error| {u['median_abs_error_pct']:.1f} %)"
+    named_quote = f"{n['within_10pct']} of {n['rows']} within ±10 % (median |error| {n['median_abs_error_pct']:.1f} %)"
     for doc in ("README.md", "docs/planner.md"):
         with open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8") as fh:
-            assert quote in fh.read(), doc
+            text = fh.read()
+        assert quote in text, doc
+        assert " ".join(named_quote.split()) in " ".join(text.split()), doc
 
 
 def test_software_cli_table():

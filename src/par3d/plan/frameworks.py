@@ -50,15 +50,16 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron-lm", "Megatron-LM on Megatron-Core (2023 on), as its performance scripts run it: blocking sends in "
         "non-interleaved 1F1B, Megatron-Core's pipeline split, fp32 gradient reduction in bf16, overlapped DP "
-        "reduction and parameter gather, the vocab-parallel (unfused) loss",
+        "reduction and parameter gather, TP communication overlapped (with sequence parallelism), the vocab-parallel "
+        "(unfused) loss",
         facts={"p2p_blocking": "1f1b", "overlap_grad_reduce": True, "overlap_param_gather": True,
-               "cross_entropy": "unfused", "cuda_graphs": "none"},
+               "tp_comm_overlap": True, "cross_entropy": "unfused", "cuda_graphs": "none"},
         bf16_facts={"grad_reduce_fp32": True},
         megatron_split=True, schedules=("1f1b", "interleaved"),
         source="Megatron-LM arguments.py (bf16 sets accumulate_allreduce_grads_in_fp32), "
                "core/pipeline_parallel/schedules.py (non-interleaved 1F1B waits on each send), "
                "core/transformer/transformer_block.py's default split; the r0.8 GPT scaling table's "
-               "--overlap-grad-reduce --overlap-param-gather (docs/planner.md §5, §6, §7)"),
+               "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (docs/planner.md §5, §6, §7)"),
     Framework(
         "megatron-lm-2021", "Megatron-LM v2-v3 (2021-22; NeMo 1.x on Apex alike): no FlashAttention, every pipeline "
         "send blocking, DP gradients all-reduced after the backward, weights gathered after the step, fp32 gradient "

@@ -34,6 +34,7 @@ BLOCKS = {
     "validation-table": "docs/planner.md",  # validation.table + summary: `python -m par3d.plan.validation`
     "validation-by-gpu": "docs/planner.md",  # validation.by_gpu, printed below them
     "validation-software": "docs/planner.md",  # --software's table
+    "validation-frameworks": "docs/planner.md",  # --software's second table, by framework preset
     "leave-one-out": "docs/planner.md",  # --leave-one-out's two tables
     "leave-one-out-swap": "docs/planner.md",
     "moe-layers": "docs/planner_rounds.md",  # `python -m par3d.plan.moe_layers`
@@ -158,6 +159,9 @@ def generated_blocks(preds: list[Any], loo_data: dict[str, Any] | None,
         "validation-by-gpu": v.by_gpu(preds),
         "validation-software": v.software_table(
             preds, whole=None if plain is None or named is None else v.software_figures(preds, plain, named)),
+        "validation-frameworks": v.framework_table(
+            preds, plain if plain is not None else [v.predict_undescribed(p.row) for p in preds],
+            named if named is not None else [v.predict_named(p.row) for p in preds]),
         "moe-layers": moe_layers.table(),
     }
     if loo_data is not None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from .compute import CROSS_ENTROPY, attention_core_flops_per_sequence, model_flops_per_sequence
 from .cost import Choice, Options, Plan, evaluate
-from .frameworks import get_framework
+from .frameworks import FRAMEWORKS, get_framework
 from .gemm_table import family_of
 from .hardware import (
     EP_DISPATCHES,
@@ -1109,6 +1109,27 @@ def software_table(preds: list[Prediction], fields: list[dict[str, Any]] | None 
     return "\n".join(out)
 
 
+def framework_table(preds: list[Prediction], plain: list[Prediction | None], named: list[Prediction | None]) -> str:
+    """The markdown table below `--software`'s (docs/planner.md section 9, fifty-third round): for each framework
+    preset (`framework_of`; "none" for software no preset describes), its rows within ±10 % as described, at par3d's
+    defaults and with only the framework named (`par3d plan --framework`)."""
+    groups: dict[str, list[tuple[Prediction, Prediction | None, Prediction | None]]] = {}
+    for p, u, n in zip(preds, plain, named, strict=True):
+        groups.setdefault(framework_of(p.row) or "none", []).append((p, u, n))
+
+    def within(ps: list[Prediction | None]) -> int:
+        return sum(q is not None and abs(q.error) <= DEFAULT_BOUND for q in ps)
+
+    out = ["| framework (`--framework`) | rows | within ±10 %: as described | at par3d's defaults "
+           "| the framework named |", "|---|---:|---:|---:|---:|"]
+    order = [*(f for f in FRAMEWORKS if f in groups), "none"]
+    for name in (f for f in order if f in groups):
+        g = groups[name]
+        out.append(f"| {'`' + name + '`' if name != 'none' else 'none of them'} | {len(g)} "
+                   f"| {within([t[0] for t in g])} | {within([t[1] for t in g])} | {within([t[2] for t in g])} |")
+    return "\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m par3d.plan.validation",
@@ -1228,11 +1249,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.software:  # the software facts' worth (docs/planner.md section 9, forty-fourth round)
         fields = software_by_field(preds)
-        whole = software_figures(preds, [predict_undescribed(r) for r in chosen], [predict_named(r) for r in chosen])
+        plain, named_preds = [predict_undescribed(r) for r in chosen], [predict_named(r) for r in chosen]
+        whole = software_figures(preds, plain, named_preds)
         if args.json:
             print(json.dumps({"by_field": fields, **whole}, indent=1))
             return 0
         print(software_table(preds, fields, whole))
+        print("\n" + framework_table(preds, plain, named_preds))
         return 0
     if args.json:
         print(report_json(preds))
