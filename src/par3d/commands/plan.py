@@ -269,12 +269,12 @@ def register(sub) -> None:
                         "(par3d's runtime posts each send and waits later), 1f1b (Megatron-Core, NeMo, Megatron-"
                         "Bridge: the non-interleaved 1F1B waits on each send, the interleaved schedule overlaps them "
                         "with overlap_p2p_comm), all (DeepSpeed's pipeline engine; Megatron-LM before 2023 or with "
-                        "--no-overlap-p2p-communication); default: none")
+                        "--no-overlap-p2p-communication); default: none, or the --framework's")
     g.add_argument("--p2p-partitioned", action=argparse.BooleanOptionalAction, default=None,
                    help="the pipeline's boundary tensors cross as the sender's 1/tp slice and are rebuilt by an "
                         "all-gather over TP, three a boundary a micro-batch (DeepSpeed's pipeline engine at TP > 1, "
                         "Megatron-DeepSpeed's BLOOM, MT-NLG, GPT-NeoX); plans with sequence parallelism are priced "
-                        "without it: use --no-sequence-parallel (default: off)")
+                        "without it: use --no-sequence-parallel (default: off; on with --framework deepspeed)")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap the TP collectives with the GEMMs next to them (Megatron-Core tp_comm_overlap, "
                         "Transformer Engine userbuffers, as NeMo/Megatron-Bridge's H100 recipes run it; needs "
