@@ -163,8 +163,9 @@ OVER_MEMORY_OFFLOAD = {f"mbridge-{rel}-llama3-70B-{g}" for rel in ("25.11", "26.
 # module by module (`recompute_modules`), which memory.py counts since the twenty-eighth round (a dense layer's MLP
 # only where it outweighs the MoE layers: every layer is counted at the larger of the two); these are still 5-21 %
 # over the GPUs they ran on (the heaviest rank priced in full since the twenty-fourth round)
+# (25.11's GB200 MXFP8 run fits since the fifty-fourth round read its release's recomputation of MLA's up projections)
 OVER_MEMORY_MLA = {f"mbridge-moe-{rel}-deepseek-v3-{g}" for rel, gs in (
-    ("25.11", ("gb200-mxfp8",)), ("26.02", ("gb300",)), ("26.02.01", ("gb300",)), ("26.04", ("gb200", "gb300")),
+    ("26.02", ("gb300",)), ("26.02.01", ("gb300",)), ("26.04", ("gb200", "gb300")),
     ("26.04.01", ("b200", "gb200", "gb300"))) for g in gs}
 # with the recipes' bf16 Adam moments priced (thirty-second round: 8 B, 6 B for BF16) 25.11's BF16 run on the GB200 fits
 # the GPU, not its 5 % headroom; with the recipes' own pipeline layouts (the same round) 26.04.01's and 26.06's B300
