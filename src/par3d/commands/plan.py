@@ -12,7 +12,7 @@ import sys
 
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, LOSS_BYTES, RECOMPUTE_MODULES, modules_recompute
-from par3d.plan.frameworks import FRAMEWORKS, framework_names, get_framework
+from par3d.plan.frameworks import FRAMEWORKS, get_framework
 from par3d.plan.hardware import (
     ATTENTION_KERNELS,
     CUDA_GRAPHS,
@@ -208,7 +208,7 @@ def register(sub) -> None:
     g.add_argument("--nic-bw", type=_positive_float, default=None, metavar="GBPS",
                    help="bandwidth of one NIC, one direction, GB/s (default: 25 HDR for A100, 50 NDR for "
                         "H100/H200/B200)")
-    g.add_argument("--framework", choices=framework_names(), default="par3d",
+    g.add_argument("--framework", choices=tuple(FRAMEWORKS), default="par3d",
                    help="the software that will run the plan, as its own performance configurations set what the "
                         "planner prices (plan/frameworks.py; every flag below still overrides it): "
                         + "; ".join(f"{f.name}: {f.summary}" for f in FRAMEWORKS.values())
@@ -517,24 +517,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-# par3d's own value of each flag a --framework sets (their argparse default is None, so that a flag given wins over
-# the framework, and the framework over these)
-_SOFTWARE_DEFAULTS = {"flash_attention": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
-                      "grad_reduce_in_fp32": False, "p2p_blocking": "none", "p2p_partitioned": False,
-                      "tp_comm_overlap": False, "cuda_graphs": "full_iteration", "fp8_param_gather": False,
-                      "cross_entropy": "unfused", "zero3_unit": "layer"}
-_DEST_OF_FIELD = {"grad_reduce_fp32": "grad_reduce_in_fp32"}  # a Cluster field whose flag is named otherwise
+# the flags a --framework sets, by the Cluster field each sets (their argparse default is None, so that a flag given
+# wins over the framework, and the framework over par3d's own value: the Cluster field's default)
+_FLAG_OF_FIELD = {"flash_attention": "flash_attention", "overlap_grad_reduce": "overlap_grad_reduce",
+                  "overlap_param_gather": "overlap_param_gather", "grad_reduce_fp32": "grad_reduce_in_fp32",
+                  "p2p_blocking": "p2p_blocking", "p2p_partitioned": "p2p_partitioned",
+                  "tp_comm_overlap": "tp_comm_overlap", "fp8_param_gather": "fp8_param_gather",
+                  "cross_entropy": "cross_entropy", "zero3_unit": "zero3_unit"}
 
 
 def apply_framework(args: argparse.Namespace) -> None:
     """Fill the software flags the user left unset: from --framework's facts (plan/frameworks.py), then par3d's
     defaults; sets `args.megatron_split` (Megatron-Core's pipeline split where no --pipeline-layout is given)."""
+    from dataclasses import fields
+
+    from par3d.plan.hardware import Cluster
+
     fw = get_framework(args.framework)
-    facts = fw.resolve(args.dtype)
-    if args.sequence_parallel:  # DeepSpeed's partitioned boundaries are not modelled beside sequence parallelism
-        facts.pop("p2p_partitioned", None)
-    if args.fsdp:  # PyTorch FSDP wraps whole layers: DeepSpeed's sub-module gathers are not what runs
-        facts.pop("zero3_unit", None)
+    facts = fw.resolve(args.dtype, sequence_parallel=bool(args.sequence_parallel), fsdp=args.fsdp)
     if args.schedules is None and args.schedule is None and fw.schedules is not None:  # the schedules it has
         args.schedules = fw.schedules
     if args.sequence_parallel is None and not fw.sequence_parallel:  # a framework without it: not searched
@@ -542,13 +542,16 @@ def apply_framework(args: argparse.Namespace) -> None:
     version = facts.pop("fsdp_version", None)
     if args.fsdp and args.fsdp_version is None and version is not None:
         args.fsdp_version = version
+    if args.cuda_graphs is None:  # not a Cluster field: it sets the MoE host floor (hardware.moe_host_of)
+        args.cuda_graphs = facts.pop("cuda_graphs", "full_iteration")
     for name, value in facts.items():
-        dest = _DEST_OF_FIELD.get(name, name)
+        dest = _FLAG_OF_FIELD.get(name, name)
         if getattr(args, dest) is None:
             setattr(args, dest, value)
-    for dest, value in _SOFTWARE_DEFAULTS.items():
+    defaults = {f.name: f.default for f in fields(Cluster)}
+    for name, dest in _FLAG_OF_FIELD.items():
         if getattr(args, dest) is None:
-            setattr(args, dest, value)
+            setattr(args, dest, defaults[name])
     args.megatron_split = fw.megatron_split
 
 

@@ -1488,11 +1488,9 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     for lst, col in zip((out.f, out.b, out.bi, out.bw, out.f_compute, out.b_compute, out.b_recompute, out.tp_comm,
                          out.cp_comm, out.zero3, out.offload, out.ep_comm, out.host), zip(*rows)):
         lst.extend(col)
-    boundary = act / (c.tp if c.sequence_parallel else 1)
-    # DeepSpeed's pipeline engine at TP > 1 sends each boundary tensor as the sender's 1/tp slice and rebuilds it with
-    # an all-gather over TP (`Cluster.p2p_partitioned`; the gathers are in the stages' TP time above)
-    if partitioned:
-        boundary = act / c.tp
+    # a sequence-parallel boundary is the rank's 1/tp slice; so is DeepSpeed's pipeline engine's at TP > 1, rebuilt
+    # with an all-gather over TP (`Cluster.p2p_partitioned`; the gathers are in the stages' TP time above)
+    boundary = act / (c.tp if c.sequence_parallel or partitioned else 1)
     if c.pp <= 1:
         out.transfer = 0.0
     elif hier:
@@ -2328,15 +2326,17 @@ def reduction_passes(cluster: Cluster, params: float) -> float:
     """Seconds of the HBM passes serial with a rank's DP gradient reduction over its `params` parameters: DeepSpeed's
     BF16_Optimizer's casts (`bf16_optimizer_casts`) and, under `Cluster.grad_reduce_cast`, the bf16 gradients'
     round trip through an fp32 bucket (GRAD_CAST_BYTES)."""
-    dev = cluster.device
-    cast = GRAD_CAST_BYTES * params / (dev.mem_bw * dev.mem_eff) if cluster.grad_reduce_cast else 0.0
+    cast = _hbm_pass(cluster, GRAD_CAST_BYTES, params) if cluster.grad_reduce_cast else 0.0
     return bf16_optimizer_casts(cluster, params) + cast
 
 
 def _bf16_optimizer_pass(cluster: Cluster, per_param: float, params: float) -> float:
     """Seconds of a BF16_Optimizer pass moving `per_param` HBM bytes over `params` parameters; 0 without it."""
-    if not cluster.bf16_optimizer:
-        return 0.0
+    return _hbm_pass(cluster, per_param, params) if cluster.bf16_optimizer else 0.0
+
+
+def _hbm_pass(cluster: Cluster, per_param: float, params: float) -> float:
+    """Seconds of an elementwise pass moving `per_param` HBM bytes over `params` parameters."""
     dev = cluster.device
     return per_param * params / (dev.mem_bw * dev.mem_eff)
 

@@ -32,13 +32,19 @@ class Framework:
     sequence_parallel: bool = True  # whether it has Megatron's sequence parallelism (False: the search keeps it off)
     source: str = ""
 
-    def resolve(self, dtype: str) -> dict[str, Any]:
-        """The Cluster fields this framework sets for a run in `dtype` (bf16, fp16, fp8, nvfp4, fp32)."""
+    def resolve(self, dtype: str, sequence_parallel: bool = False, fsdp: bool = False) -> dict[str, Any]:
+        """The Cluster fields this framework sets for a run in `dtype` (bf16, fp16, fp8, nvfp4, fp32).  A fact that
+        cannot hold beside a choice the user fixed gives way: DeepSpeed's partitioned boundaries beside sequence
+        parallelism (not modelled together), its sub-module ZeRO-3 gathers beside PyTorch FSDP (whole layers)."""
         out = dict(self.facts)
         if dtype == "bf16":
             out.update(self.bf16_facts)
         if dtype in ("fp8", "nvfp4"):
             out.update(self.fp8_facts)
+        if sequence_parallel:
+            out.pop("p2p_partitioned", None)
+        if fsdp:
+            out.pop("zero3_unit", None)
         return out
 
 
@@ -114,10 +120,6 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
                "cross_entropy": "unfused"},
         source="MaxText's and JAX-Toolbox's configs as the validation rows read them (docs/planner.md §9)"),
 )}
-
-
-def framework_names() -> tuple[str, ...]:
-    return tuple(FRAMEWORKS)
 
 
 def get_framework(name: str) -> Framework:

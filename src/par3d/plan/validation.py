@@ -155,10 +155,9 @@ def named(row: dict[str, Any]) -> dict[str, Any]:
     if name is None:
         return plain
     fw = get_framework(name)
-    facts = fw.resolve(str(row.get("dtype", "bf16")))
     fixed = dict(row.get("fixed", {}))
-    if fixed.get("sequence_parallel"):
-        facts.pop("p2p_partitioned", None)
+    facts = fw.resolve(str(row.get("dtype", "bf16")), sequence_parallel=bool(fixed.get("sequence_parallel")),
+                       fsdp=bool(row.get("fsdp")))
     if fw.schedules is not None and "schedules" not in row and "schedule" not in fixed:  # the schedules it has
         facts["schedules"] = list(fw.schedules)
     if not fw.sequence_parallel and "sequence_parallel" not in fixed:  # a framework without it
@@ -1122,8 +1121,7 @@ def framework_table(preds: list[Prediction], plain: list[Prediction | None], nam
 
     out = ["| framework (`--framework`) | rows | within ±10 %: as described | at par3d's defaults "
            "| the framework named |", "|---|---:|---:|---:|---:|"]
-    order = [*(f for f in FRAMEWORKS if f in groups), "none"]
-    for name in (f for f in order if f in groups):
+    for name in [f for f in (*FRAMEWORKS, "none") if f in groups]:
         g = groups[name]
         out.append(f"| {'`' + name + '`' if name != 'none' else 'none of them'} | {len(g)} "
                    f"| {within([t[0] for t in g])} | {within([t[1] for t in g])} | {within([t[2] for t in g])} |")
