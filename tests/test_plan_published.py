@@ -491,6 +491,26 @@ def test_rows_that_ran_flashattention_1_say_so():
             assert r["gpu"].startswith("a100") and r.get("flash_attention", True)
 
 
+def test_rows_run_the_dispatcher_their_assumptions_name():
+    """A row's `assumed` text and its fields say the same thing about its MoE layers' token exchange (issue 12's
+    fifty-fifth round found one row whose field ran the flex dispatcher its text and its recipe did not, and one whose
+    text named a dispatcher its field and its recipe did not): where the text names one dispatcher, the row runs it;
+    where it says the exchange is exposed or overlapped, `ep_comm_overlap` agrees."""
+    checked = 0
+    for r in ROWS:
+        said = str(r.get("assumed", ""))
+        flex = "flex dispatcher" in said and "alltoall dispatcher" not in said
+        alltoall = "alltoall dispatcher" in said and "flex dispatcher" not in said
+        if flex or alltoall:
+            checked += 1
+            assert (r.get("moe_dispatcher") == "flex") == flex, r["name"]
+        if "16-bit tokens, exposed" in said:
+            assert not r.get("ep_comm_overlap"), r["name"]
+        if "overlapped with compute (moe_a2a_overlap)" in said:
+            assert r.get("ep_comm_overlap"), r["name"]
+    assert checked >= 50  # the Megatron-Bridge MoE rows state their dispatcher
+
+
 def test_rows_p2p_blocking_follow_their_software():
     """Each row's `p2p_blocking` follows validation.toml's header (issue 12's forty-third round: read from the
     frameworks' code, docs/planner.md section 5), by source, on every row with a pipeline, so that a row cannot pick
@@ -964,6 +984,43 @@ def test_layout_pairs_are_two_layouts_of_one_run(predictions):
     assert (f"runs measured at three or more layouts: {len(picks)}; the planner's pick the measured fastest in "
             f"{sum(r == 0 for r in regrets)}, its regret median {median(regrets):.1%}, "
             f"mean {sum(regrets) / len(regrets):.1%}, max {regrets[-1]:.1%}") in text
+
+
+def test_repeats_are_priced_alike_and_bound_the_misses(predictions):
+    """Rows that state the same inputs (issue 12's fifty-fifth round: one run published in several releases, on alike
+    servers, or re-run another day) are one group, priced to the same number -- the model reads nothing else -- so
+    the spread of their published values is error no prediction of those inputs removes; `forced_misses` counts it."""
+    base = {"source": "Doc A", "model": "llama3-8b", "gpu": "h100-sxm", "gpus": 8, "global_batch": 64,
+            "metric": "tokens", "fixed": {"tp": 1, "pp": 1}}
+    any_plan = next(iter(predictions.values())).plan
+
+    def pred(published: float, **change: object) -> validation.Prediction:
+        return validation.Prediction(row={**base, "name": f"r{published}", "published": published, **change},
+                                     plan=any_plan, value=100.0, fits=True)
+
+    a, b = pred(100), pred(120, source="Doc B", note="re-run", assumed="as A", bound=0.3)
+    assert [[p.row["name"] for p in g] for g in validation.repeat_groups([a, b])] == [["r100", "r120"]]
+    for other in (pred(120, gpus=16), pred(120, dtype="fp8"), pred(120, fixed={"tp": 2, "pp": 1})):
+        assert validation.repeat_groups([a, other]) == []  # another input: another run
+    # bands [0.9x, 1.1x]: 100 and 122 share 109.8..110, 100 and 123 share nothing; three spread wide leave two out
+    assert validation.forced_misses([100, 122]) == 0 and validation.forced_misses([100, 123]) == 1
+    assert validation.forced_misses([100, 150, 200]) == 2 and validation.forced_misses([100, 105, 180, 190]) == 2
+    preds = list(predictions.values())
+    groups = validation.repeat_groups(preds)
+    assert len(groups) >= 50  # Megatron-Bridge's releases repeat their recipes
+    for g in groups:  # priced alike: a row's words and source never reach the model
+        assert len({p.value for p in g}) == 1, [p.row["name"] for p in g]
+    s = validation.repeat_stats(preds)
+    assert s is not None and s["groups"] == len(groups) and s["forced_misses"] <= s["rows"] - s["within_10pct"]
+    assert validation.repeats_line(preds) in validation.summary(preds)
+    doc = _repo_text("docs/planner.md").replace("\n", " ")  # section 9's paragraph quotes the figures as they stand
+    assert (f"{s['groups']} runs ({s['rows']} rows) are published more than once: their values spread a median "
+            f"{s['spread_median_pct']} %") in doc
+    assert f"only **{s['forced_misses']}** of the {s['rows']} lies outside" in doc
+    readme = " ".join(_repo_text("README.md").split())  # and README's bullet
+    assert (f"{s['rows']} rows are {s['groups']} runs published more than once" in readme
+            and f"a median {s['scatter_median_pct']} % from their run's median — only {s['forced_misses']} of the "
+                f"{s['rows']} is out of ±10 %" in readme)
 
 
 def test_the_set_without_its_software(predictions, undescribed_predictions, named_predictions):

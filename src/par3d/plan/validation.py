@@ -889,6 +889,62 @@ def _pick_stats(preds: list[Prediction]) -> tuple[int, int, float, float, float]
     return len(regrets), sum(r == 0 for r in regrets), median(regrets), sum(regrets) / len(regrets), regrets[-1]
 
 
+# ---- repeats: rows that state the same inputs (issue 12's fifty-fifth round) ------------------------------------
+#
+# Some runs were published more than once at inputs their rows state alike: Megatron-Bridge's tables repeat a recipe
+# in each container release, MLPerf's submitters ran one system size on alike servers, BLOOM's trials re-ran a layout
+# on another day.  The model prices such rows alike -- it reads only what they state -- so the spread of their
+# published values is error no model of these inputs can remove: a floor under "every row within ±10 %", measured on
+# the set itself rather than argued.
+_NOT_INPUTS = frozenset({"name", "source", "published", "assumed", "note", "bound", "evaluate_unfit"})
+
+
+def repeat_groups(preds: list[Prediction]) -> list[list[Prediction]]:
+    """The groups of two or more rows whose every priced field is equal: only their name, source, words and published
+    value differ."""
+    groups: dict[str, list[Prediction]] = {}
+    for p in preds:
+        key = json.dumps({k: v for k, v in p.row.items() if k not in _NOT_INPUTS}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(p)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def forced_misses(published: list[float], bound: float = DEFAULT_BOUND) -> int:
+    """How many of `published` (one run's repeats) any single prediction misses by more than `bound`: all but the
+    most of them whose bands [(1 − bound)·x, (1 + bound)·x] share a point (a band's edge, where the most overlap)."""
+    bands = [((1 - bound) * x, (1 + bound) * x) for x in published]
+    return len(bands) - max(sum(lo <= edge <= hi for lo, hi in bands) for band in bands for edge in band)
+
+
+def repeat_stats(preds: list[Prediction]) -> dict[str, float | int] | None:
+    """`repeat_groups` summed up: groups, rows, the spread of a group's published values (largest / smallest − 1:
+    median and largest), each row's distance from its group's median published value (median: the sources' own
+    scatter), groups spread wider than twice the bound, and the misses at ±10 % no prediction of these inputs can
+    avoid (`forced_misses`); None without repeats."""
+    groups = repeat_groups(preds)
+    if not groups:
+        return None
+    pubs = [[float(p.row["published"]) for p in g] for g in groups]
+    spreads = sorted(max(x) / min(x) - 1 for x in pubs)
+    scatter = [abs(v / median(x) - 1) for x in pubs for v in x]
+    return {"groups": len(groups), "rows": sum(len(g) for g in groups), "spread_median_pct": round(100 * median(spreads), 1),
+            "spread_max_pct": round(100 * spreads[-1], 1), "scatter_median_pct": round(100 * median(scatter), 1),
+            "wider_than_2x_bound": sum(s > 2 * DEFAULT_BOUND for s in spreads),
+            "forced_misses": sum(forced_misses(x) for x in pubs),
+            "within_10pct": sum(abs(p.error) <= DEFAULT_BOUND for g in groups for p in g)}
+
+
+def repeats_line(preds: list[Prediction]) -> str:
+    """The summary line of `repeat_stats` (the table's last line, docs/planner.md section 9)."""
+    s = repeat_stats(preds)
+    if s is None:
+        return ""
+    return (f"repeats (rows stating the same inputs, priced alike): {s['groups']} runs, {s['rows']} rows; their published "
+            f"values spread a median {s['spread_median_pct']}% (max {s['spread_max_pct']}%), each a median "
+            f"{s['scatter_median_pct']}% from its run's median; {s['forced_misses']} of them outside ±10 % of any one "
+            f"prediction; {s['within_10pct']} within ±10 % here")
+
+
 def summary(preds: list[Prediction]) -> str:
     """The lines under the table: rows, how many within ±10 %, median and largest |error| for each of
     `summary_groups`."""
@@ -910,6 +966,8 @@ def summary(preds: list[Prediction]) -> str:
         runs, fastest, med, mean, top = stats
         lines.append(f"runs measured at three or more layouts: {runs}; the planner's pick the measured fastest in "
                      f"{fastest}, its regret median {med:.1%}, mean {mean:.1%}, max {top:.1%}")
+    if repeats_line(preds):
+        lines.append(repeats_line(preds))
     return "\n".join(lines)
 
 
@@ -937,6 +995,8 @@ def report_json(preds: list[Prediction]) -> str:
                        "layout_picks": [{"pick": pick.row["name"], "fastest": best.row["name"],
                                          "regret_pct": round(100 * regret, 1)}
                                         for pick, best, regret in layout_picks(preds)],
+                       "repeats": {**(repeat_stats(preds) or {}),
+                                   "runs": [[p.row["name"] for p in g] for g in repeat_groups(preds)]},
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
