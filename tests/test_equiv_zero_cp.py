@@ -172,7 +172,7 @@ def test_zero_stages_shrink_what_they_shard(world):
 def test_zero3_gathers_each_unit_once_per_pass_even_under_full_recompute(world):
     """Stage 3 gathers a unit before its forward and once before its backward; under full recomputation
     the rerun forward uses the weights that backward gather brought (the unit's hooks are on its module,
-    the rerun calls its inner forward) -- what plan/cost.py prices.  8 blocks + embedding + head = 10
+    the rerun calls its inner forward) -- what plan/parallel_comm.py prices.  8 blocks + embedding + head = 10
     units, one micro-batch per step: 20 all-gathers."""
     r0 = next(r for r in world if "dp2_zero3" in r and r["dp2_zero3"].get("rank") == 0)
     calls = {n: r0[n]["comm_per_step"][0]["comm"]["dp"]["all_gather"]["calls"]

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from par3d.cli import main
-from par3d.plan import cost
+from par3d.plan import dp_tail, parallel_comm, plan_memory, stage_layout
 from par3d.plan.compute import LOSS_BYTES, loss_time, loss_vocab
 from par3d.plan.cost import Choice, Options, evaluate, stage_times
 from par3d.plan.hardware import make_cluster
@@ -37,38 +37,38 @@ def setting():
 def test_which_reductions_are_all_reduces(setting):
     _, plain, c = setting
     aa = replace(plain, zero1_all_reduce=True)
-    assert not cost.grads_all_reduced(plain, c)
-    assert cost.grads_all_reduced(aa, c)
-    assert cost.grads_all_reduced(plain, replace(c, zero_stage=0))
+    assert not parallel_comm.grads_all_reduced(plain, c)
+    assert parallel_comm.grads_all_reduced(aa, c)
+    assert parallel_comm.grads_all_reduced(plain, replace(c, zero_stage=0))
     # the flag says how ZeRO-1 reduces: ZeRO-2 still reduce-scatters
-    assert not cost.grads_all_reduced(aa, replace(c, zero_stage=2))
+    assert not parallel_comm.grads_all_reduced(aa, replace(c, zero_stage=2))
 
 
 def test_cast_doubles_the_wire_bytes_but_not_the_held_gradients(setting):
     _, plain, _ = setting
     cast = replace(plain, grad_reduce_cast=True)
-    assert cost.grad_bytes(plain) == 2.0 and cost.grad_bytes(cast) == 4.0
+    assert parallel_comm.grad_bytes(plain) == 2.0 and parallel_comm.grad_bytes(cast) == 4.0
     # Megatron's fp32 main gradients are held at 4 B; a cast for the collective holds the training dtype's 2 B
-    assert cost.memory_accounting(Options(), replace(plain, grad_reduce_fp32=True)) == "megatron"
-    assert cost.memory_accounting(Options(), cast) == Options().memory_accounting
+    assert plan_memory.memory_accounting(Options(), replace(plain, grad_reduce_fp32=True)) == "megatron"
+    assert plan_memory.memory_accounting(Options(), cast) == Options().memory_accounting
     dev = plain.device
-    assert cost.reduction_passes(cast, 1e9) == pytest.approx(24.0 * 1e9 / (dev.mem_bw * dev.mem_eff))
-    assert cost.reduction_passes(plain, 1e9) == 0.0
+    assert dp_tail.reduction_passes(cast, 1e9) == pytest.approx(24.0 * 1e9 / (dev.mem_bw * dev.mem_eff))
+    assert dp_tail.reduction_passes(plain, 1e9) == 0.0
 
 
 def test_the_tail_is_an_fp32_all_reduce_with_its_casts_and_the_bf16_gather(setting):
     model, plain, c = setting
     aa = replace(plain, zero1_all_reduce=True, grad_reduce_cast=True)
-    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
+    shapes = stage_layout.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     bw = aa.device.mem_bw * aa.device.mem_eff
     # nothing overlapped (the rows' software reduces after the backward): the tail is the busiest rank's whole
     # reduction and gather
-    want = max(cost.grad_collective(aa, c, "all_reduce", 4.0 * s.params) + 24.0 * s.params / bw
-               + cost.grad_collective(aa, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes)
-    assert cost._dp_tail_bucketed(model, aa, c, stage_times(model, aa, c)) == pytest.approx(want, rel=1e-6)
-    zero1 = max(cost.sharded_grad_reduce(plain, c, 2.0 * s.params)
-                + cost.grad_collective(plain, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes)
-    assert cost._dp_tail_bucketed(model, plain, c, stage_times(model, plain, c)) == pytest.approx(zero1, rel=1e-6)
+    want = max(parallel_comm.grad_collective(aa, c, "all_reduce", 4.0 * s.params) + 24.0 * s.params / bw
+               + parallel_comm.grad_collective(aa, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes)
+    assert dp_tail._dp_tail_bucketed(model, aa, c, stage_times(model, aa, c)) == pytest.approx(want, rel=1e-6)
+    zero1 = max(parallel_comm.sharded_grad_reduce(plain, c, 2.0 * s.params)
+                + parallel_comm.grad_collective(plain, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes)
+    assert dp_tail._dp_tail_bucketed(model, plain, c, stage_times(model, plain, c)) == pytest.approx(zero1, rel=1e-6)
     assert want > 2 * zero1  # twice the bytes of a reduce-scatter, in 4 B elements
     assert evaluate(model, aa, c).step_time > evaluate(model, plain, c).step_time
     # the same memory: the gradients are held in bf16 either way
@@ -88,8 +88,8 @@ def test_gathered_logits_run_the_whole_vocabulary_on_every_tp_rank(setting):
     # the head's stage alone changes: the loss over all V, and the logits' all-gather in place of the vocab-parallel
     # loss's three small all-reduces
     assert a.f[0] == b.f[0] and a.tp_comm[0] == b.tp_comm[0]
-    small = 3 * cost.tp_collective(plain, c, 4.0 * c.micro_batch * model.seq_len, cost.links(plain, c).tp)
-    gather = cost.tp_all_gather(plain, c, 2.0 * c.micro_batch * model.seq_len * model.vocab, cost.links(plain, c).tp)
+    small = 3 * parallel_comm.tp_collective(plain, c, 4.0 * c.micro_batch * model.seq_len, parallel_comm.links(plain, c).tp)
+    gather = parallel_comm.tp_all_gather(plain, c, 2.0 * c.micro_batch * model.seq_len * model.vocab, parallel_comm.links(plain, c).tp)
     assert gather > 10 * small > 0
     assert b.tp_comm[1] - a.tp_comm[1] == pytest.approx(gather - small, rel=1e-9)
     extra_loss = (loss_time(model, dev, 1, 2, "gathered") - loss_time(model, dev, 1, 2, "unfused")) / 3

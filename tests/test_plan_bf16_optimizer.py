@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from par3d.cli import main
-from par3d.plan import cost
+from par3d.plan import dp_tail, parallel_comm, plan_memory, stage_layout
 from par3d.plan.cost import Choice, Options, evaluate, stage_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import state_bytes_per_param
@@ -32,7 +32,7 @@ def setting():
 def test_memory_holds_the_full_fp32_buffer_beside_the_bf16_grads():
     assert state_bytes_per_param("bf16", 1, 8, "bf16_optimizer") == (2.0, 6.0, 12.0 / 8)
     assert state_bytes_per_param("bf16", 1, 8, "seed") == (2.0, 2.0, 12.0 / 8)
-    assert cost.memory_accounting(Options(), replace(make_cluster("a100-80gb", 8), bf16_optimizer=True)) == \
+    assert plan_memory.memory_accounting(Options(), replace(make_cluster("a100-80gb", 8), bf16_optimizer=True)) == \
         "bf16_optimizer"
 
 
@@ -40,33 +40,33 @@ def test_each_micro_batch_adds_its_gradients_into_the_fp32_buffer(setting):
     model, plain, bf16, c = setting
     a, b = stage_times(model, plain, c), stage_times(model, bf16, c)
     assert a.f == b.f
-    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
+    shapes = stage_layout.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     dev = bf16.device
     for s in range(c.pp):
         want = 18.0 * shapes[s].params / (dev.mem_bw * dev.mem_eff)
         assert b.b[s] - a.b[s] == pytest.approx(want, rel=1e-9)
-    assert cost.bf16_optimizer_accumulation(plain, 1e9) == 0.0
+    assert dp_tail.bf16_optimizer_accumulation(plain, 1e9) == 0.0
 
 
 def test_all_reduce_with_casts_and_the_optimizer_passes(setting):
     model, plain, bf16, c = setting
-    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
+    shapes = stage_layout.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule, c.expert_shards)
     dev = bf16.device
     bw = dev.mem_bw * dev.mem_eff
     full = max(s.params for s in shapes)
     shard = max(s.params / c.zero_shards for s in shapes)
-    assert cost.optimizer_time(model, bf16, c) == pytest.approx((8.0 * full + 34.0 * shard) / bw)
-    assert cost.optimizer_time(model, plain, c) == pytest.approx(cost.OPTIMIZER_STEP_BYTES * shard / bw)
+    assert dp_tail.optimizer_time(model, bf16, c) == pytest.approx((8.0 * full + 34.0 * shard) / bw)
+    assert dp_tail.optimizer_time(model, plain, c) == pytest.approx(dp_tail.OPTIMIZER_STEP_BYTES * shard / bw)
     # the reduction: an all-reduce of the bf16 gradients where ZeRO-1 reduce-scatters them, plus the casts around it;
     # nothing overlapped (the tail without marks is the rank's whole reduction and gather)
     st = stage_times(model, bf16, c)
-    tail = cost._dp_tail_bucketed(model, bf16, c, st)
-    per_rank = [cost.grad_collective(bf16, c, "all_reduce", 2.0 * s.params) + 16.0 * s.params / bw
-                + cost.grad_collective(bf16, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes]
+    tail = dp_tail._dp_tail_bucketed(model, bf16, c, st)
+    per_rank = [parallel_comm.grad_collective(bf16, c, "all_reduce", 2.0 * s.params) + 16.0 * s.params / bw
+                + parallel_comm.grad_collective(bf16, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes]
     assert tail == pytest.approx(max(per_rank), rel=1e-6)
-    zero1 = [cost.sharded_grad_reduce(plain, c, 2.0 * s.params)
-             + cost.grad_collective(plain, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes]
-    assert cost._dp_tail_bucketed(model, plain, c, stage_times(model, plain, c)) == pytest.approx(max(zero1), rel=1e-6)
+    zero1 = [parallel_comm.sharded_grad_reduce(plain, c, 2.0 * s.params)
+             + parallel_comm.grad_collective(plain, c, "all_gather", 2.0 * s.params, group="shard") for s in shapes]
+    assert dp_tail._dp_tail_bucketed(model, plain, c, stage_times(model, plain, c)) == pytest.approx(max(zero1), rel=1e-6)
     # and so the step is slower, with the same layout
     assert evaluate(model, bf16, c).step_time > evaluate(model, plain, c).step_time
 

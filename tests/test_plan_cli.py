@@ -190,9 +190,10 @@ def test_nothing_fits(capsys):
 def test_nearest_unfit_is_the_least_memory():
     from collections import Counter
 
-    from par3d.plan.cost import Choice, memory
+    from par3d.plan.cost import Choice
     from par3d.plan.hardware import make_cluster
     from par3d.plan.models import CATALOGUE
+    from par3d.plan.plan_memory import memory
     from par3d.plan.search import Fixed, Limits, enumerate_choices, search
 
     model, cl = CATALOGUE["gpt3-175b"], make_cluster("a100-40gb", 16)
@@ -524,9 +525,10 @@ def test_tp_overlap_exposed_bounds():
     from dataclasses import replace
 
     from par3d.plan.compute import gemm_time, layer_gemms
-    from par3d.plan.cost import TP_OVERLAP_GEMMS, Choice, tp_overlap_exposed
+    from par3d.plan.cost import Choice
     from par3d.plan.hardware import make_cluster
     from par3d.plan.models import CATALOGUE
+    from par3d.plan.parallel_comm import TP_OVERLAP_GEMMS, tp_overlap_exposed
 
     model, cl = CATALOGUE["llama3-70b"], make_cluster("h100-sxm", 64, 8, dtype="fp8")
     c = Choice(4, 8, 2, 1, 128, "interleaved", 5, "none", 1, True, 1)
@@ -549,9 +551,10 @@ def test_tp_overlap_backward_bulk():
     from dataclasses import replace
 
     from par3d.plan.compute import gemm_time, layer_gemms
-    from par3d.plan.cost import Choice, overlapped, tp_overlap_exposed
+    from par3d.plan.cost import Choice
     from par3d.plan.hardware import make_cluster
     from par3d.plan.models import CATALOGUE
+    from par3d.plan.parallel_comm import overlapped, tp_overlap_exposed
 
     model, cl = CATALOGUE["llama3-70b"], make_cluster("h100-sxm", 64, 8, dtype="bf16")
     c = Choice(4, 8, 2, 1, 128, "interleaved", 5, "none", 1, True, 1)
@@ -608,14 +611,8 @@ def test_offload_optimizer(capsys):
     the step copies F of the fp32 gradients down and the weights up over the host link and runs Adam on the host's
     DRAM (hardware.HOST_MEM, line rate, shared by the GPUs behind it), pipelined: the slowest of the three.  With
     nothing fitting, the fix names it where it makes a plan fit; GPUs without a host figure and Muon are refused."""
-    from par3d.plan.cost import (
-        HOST_ADAM_BYTES,
-        OFFLOAD_COPY_BYTES,
-        Choice,
-        evaluate,
-        offloaded_step_seconds,
-        optimizer_time,
-    )
+    from par3d.plan.cost import Choice, evaluate
+    from par3d.plan.dp_tail import HOST_ADAM_BYTES, OFFLOAD_COPY_BYTES, offloaded_step_seconds, optimizer_time
     from par3d.plan.hardware import HOST_MEM, NVLINK4_EFF, make_cluster
     from par3d.plan.models import resolve_model
 
@@ -744,7 +741,7 @@ def test_nvfp4_precision(capsys):
     than MXFP8's and tensor-scaled FP8's; the casts cost NVFP4_CAST_OVER_MXFP8 times MXFP8's traffic; the saved GEMM
     inputs are 0.5625 B copies (less memory than fp8's 1 B); fp4 weight gathers move 0.5625 B a weight; the plan quotes
     the gpu/nvfp4 evidence; --fp8-scaling other than nvfp4 beside it is refused."""
-    from par3d.plan import cost, gemm_table, validation
+    from par3d.plan import gemm_table, parallel_comm, validation
     from par3d.plan.compute import Gemm, elementwise_bytes, gemm_time
     from par3d.plan.hardware import DEVICES, make_cluster
     from par3d.plan.memory import layer_activation_bytes
@@ -783,8 +780,8 @@ def test_nvfp4_precision(capsys):
     assert (layer_activation_bytes(m, 1, t, True, "none", "nvfp4")
             < layer_activation_bytes(m, 1, t, True, "none", "fp8"))
     nvc = replace(make_cluster("gb200", 64, dtype="fp8"), fp8_scaling="nvfp4", fp8_param_gather=True)
-    assert cost.weight_bytes(nvc) == pytest.approx(0.5625) and nvc.precision == "nvfp4"
-    assert cost.weight_bytes(replace(nvc, fp8_scaling="current")) == 1.0
+    assert parallel_comm.weight_bytes(nvc) == pytest.approx(0.5625) and nvc.precision == "nvfp4"
+    assert parallel_comm.weight_bytes(replace(nvc, fp8_scaling="current")) == 1.0
     rc, out, _ = run(capsys, *[a for a in base if a != "--json"], "--dtype", "nvfp4")
     assert rc == 0 and "nvfp4 peak" in out and "gb200 nvfp4" in out
     rc, _, err = run(capsys, *[a if a != "gb200" else "h100-sxm" for a in base], "--dtype", "nvfp4")
@@ -802,14 +799,15 @@ def test_nvfp4_precision(capsys):
 
 def test_fp8_quantized_sequence_parallel_gathers():
     """Transformer Engine gathers a sequence-parallel GEMM input (and the row-parallel output gradients) as its quantized
-    copy (issue 12's twenty-eighth round, cost.GATHERED_INPUT_BYTES): under FP8 a TP pair's all-gather moves 1 B an
+    copy (issue 12's twenty-eighth round, parallel_comm.GATHERED_INPUT_BYTES): under FP8 a TP pair's all-gather moves 1 B an
     element, MXFP8's 1 + 1/32, while the reduce-scatter stays bf16; bf16 training and collectives that feed no GEMM
     are unchanged; under userbuffers overlap the smaller gathers expose no more than bf16-sized ones."""
     from dataclasses import replace
 
-    from par3d.plan.cost import GATHERED_INPUT_BYTES, Choice, links, tp_collective, tp_overlap_exposed
+    from par3d.plan.cost import Choice
     from par3d.plan.hardware import make_cluster
     from par3d.plan.models import CATALOGUE
+    from par3d.plan.parallel_comm import GATHERED_INPUT_BYTES, links, tp_collective, tp_overlap_exposed
 
     c = Choice(tp=8, pp=1, dp=1, micro_batch=1, microbatches=1, schedule="1f1b", virtual_stages=1,
                recompute="none", zero_stage=1, sequence_parallel=True)
@@ -925,9 +923,10 @@ def test_tp_overlap_pipeline_method():
     from dataclasses import replace
 
     from par3d.plan.compute import gemm_time, layer_gemms
-    from par3d.plan.cost import Choice, tp_overlap_exposed
+    from par3d.plan.cost import Choice
     from par3d.plan.hardware import make_cluster
     from par3d.plan.models import CATALOGUE
+    from par3d.plan.parallel_comm import tp_overlap_exposed
 
     model = CATALOGUE["llama3-70b"]
     ring = replace(make_cluster("h100-sxm", 64, 8, dtype="fp8"), tp_comm_overlap=True)

@@ -14,7 +14,7 @@ import pytest
 
 import par3d.plan.validation as validation
 from par3d.cli import main
-from par3d.plan import cost
+from par3d.plan import cost, parallel_comm
 from par3d.plan.cost import Choice, evaluate, stage_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import resolve_model
@@ -35,10 +35,10 @@ def test_the_hop_carries_a_slice_and_three_gathers_rebuild_it(setting):
     model, plain, part, c = setting
     a, b = stage_times(model, plain, c), stage_times(model, part, c)
     act = c.micro_batch * model.seq_len * model.hidden * 2.0
-    assert b.transfer == pytest.approx(cost.comm.send_recv(act / c.tp, cost.strides(c)[2], part,
+    assert b.transfer == pytest.approx(cost.comm.send_recv(act / c.tp, parallel_comm.strides(c)[2], part,
                                                            c.tp * c.cp * c.pp).total, rel=1e-12)
     assert b.transfer < a.transfer / 2
-    gather = cost.tp_all_gather(part, c, act, cost.links(part, c).tp)
+    gather = parallel_comm.tp_all_gather(part, c, act, parallel_comm.links(part, c).tp)
     assert gather > 0
     last = c.pp - 1
     # the TP time of each stage: +1 gather forward where the stage receives, +2 backward where it sends

@@ -13,9 +13,9 @@ import pytest
 
 from par3d.cli import main
 from par3d.plan import validation
-from par3d.plan.cost import megatron_split
 from par3d.plan.frameworks import FRAMEWORKS, get_framework
 from par3d.plan.hardware import Cluster
+from par3d.plan.stage_layout import megatron_split
 
 ROWS = {str(r["name"]): r for r in validation.rows()}
 
@@ -108,7 +108,7 @@ def test_fsdp_version_and_attention_kernel_of_torchtitan(capsys):
 
 
 def test_megatron_frameworks_split_the_pipeline_as_megatron_core(capsys):
-    """Megatron-LM and NeMo cut the layers evenly over the chunks (cost.megatron_split), where par3d's balanced cut
+    """Megatron-LM and NeMo cut the layers evenly over the chunks (stage_layout.megatron_split), where par3d's balanced cut
     gives the stage holding the LM head fewer."""
     args = ["--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512", "--tp", "2",
             "--pp", "4", "--cp", "1", "--schedule", "1f1b", "--dtype", "fp8"]

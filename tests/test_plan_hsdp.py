@@ -9,18 +9,12 @@ import pytest
 from test_plan_cli import run  # `par3d plan` in-process: (rc, stdout, stderr)
 
 from par3d.plan import comm
-from par3d.plan.cost import (
-    Choice,
-    dp_tail,
-    evaluate,
-    grad_collective,
-    memory,
-    optimizer_time,
-    sharded_grad_reduce,
-    stage_times,
-)
+from par3d.plan.cost import Choice, evaluate, stage_times
+from par3d.plan.dp_tail import dp_tail, optimizer_time
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import CATALOGUE
+from par3d.plan.parallel_comm import grad_collective, sharded_grad_reduce
+from par3d.plan.plan_memory import memory
 from par3d.plan.search import Fixed, Limits, PlanError, search
 
 MODEL = CATALOGUE["llama2-7b"]

@@ -9,10 +9,11 @@ import pytest
 
 from par3d.pipeline.schedules import build, check, schedule_placement
 from par3d.plan import comm
-from par3d.plan.cost import Choice, Options, evaluate, peak_inflight
+from par3d.plan.cost import Choice, Options, evaluate
 from par3d.plan.hardware import LINKS, make_cluster
 from par3d.plan.memory import layer_activation_bytes, state_bytes_per_param
 from par3d.plan.models import CATALOGUE, ModelSpec, resolve_model
+from par3d.plan.stage_layout import peak_inflight
 
 
 def test_catalogue_sizes():
@@ -123,7 +124,8 @@ def test_muon_state_and_newton_schulz():
     matrix, m <= n -- at the bf16 GEMM rate, shared over the data-parallel group with ZeRO >= 1 and done whole on
     every TP rank in the duplicated mode (after an fp32 gather over TP)."""
     from par3d.plan import compute
-    from par3d.plan.cost import newton_schulz_seconds, optimizer_time, rank_shapes
+    from par3d.plan.dp_tail import newton_schulz_seconds, optimizer_time
+    from par3d.plan.stage_layout import rank_shapes
 
     assert state_bytes_per_param("bf16", 0, 8, optimizer="muon") == (2, 2, 8)
     assert state_bytes_per_param("bf16", 1, 4, optimizer="muon") == (2, 2, 2)
@@ -233,7 +235,8 @@ def test_replicated_kv_gradients_are_all_reduced():
     in the DP tail, on the TP links); tp <= kv_heads: nothing to sum."""
     from dataclasses import replace
 
-    from par3d.plan.cost import dp_tail, kv_replica_reduce, stage_times
+    from par3d.plan.cost import stage_times
+    from par3d.plan.dp_tail import dp_tail, kv_replica_reduce
 
     m = replace(CATALOGUE["llama3-70b"], layers=8, seq_len=2048)  # 64 heads, 8 K/V heads, no bias
     cl = replace(make_cluster("h100-sxm", 16, 8), overlap_grad_reduce=False)
@@ -260,7 +263,8 @@ def test_context_parallel_by_all_gather_is_exposed():
     it, both on the critical path (a ring hides its hops behind the remote blocks' attention)."""
     from dataclasses import replace
 
-    from par3d.plan.cost import cp_all_gather, stage_times
+    from par3d.plan.cost import stage_times
+    from par3d.plan.cp_ep_comm import cp_all_gather
 
     m = replace(CATALOGUE["llama3-405b"], layers=16, seq_len=131072)
     ring = make_cluster("h100-sxm", 2048, 8)
@@ -283,7 +287,8 @@ def test_context_parallel_by_all_to_all_ulysses():
     """DeepSpeed-Ulysses (--cp-comm a2a): per layer Q/K/V and the output all-to-all'd between sequence and head
     shards (the gradients likewise), exposed; the attention one kernel over all s tokens with heads/(tp·cp) heads --
     the ring's FLOPs, at the kernel's share for s tokens; GQA's K/V heads replicated up to cp."""
-    from par3d.plan.cost import cp_all_to_all, cp_layer_times, stage_times, ulysses_error, ulysses_kv_heads
+    from par3d.plan.cost import stage_times
+    from par3d.plan.cp_ep_comm import cp_all_to_all, cp_layer_times, ulysses_error, ulysses_kv_heads
     from par3d.plan.hardware import NIC_EFF
     from par3d.plan.search import Fixed, PlanError, search
 
@@ -418,7 +423,8 @@ def test_context_parallel_memory_and_time():
     assert b.to_dict()["cp"] == 2 and a.to_dict()["cp"] == 1
     assert sum(b.breakdown.values()) == pytest.approx(b.step_time, rel=1e-9)
     # cp over nodes (tp 8 fills a node): the ring's K/V exchange is priced on InfiniBand
-    from par3d.plan.cost import links, stage_times
+    from par3d.plan.cost import stage_times
+    from par3d.plan.parallel_comm import links
 
     assert links(cl, cp2).cp is cl.inter and links(cl, Choice(2, 1, 8, 1, 8, cp=4)).cp is cl.intra
     slow = make_cluster("h100-sxm", 64, inter_bw_gbps=0.5)
@@ -494,7 +500,7 @@ def marks_of(events, n_stages):
 
 
 def test_counted_peaks_are_the_checkers():
-    from par3d.plan.cost import counted_peaks
+    from par3d.plan.stage_layout import counted_peaks
 
     for p in range(1, 13):
         for m in range(1, 3 * p + 1):
@@ -572,7 +578,8 @@ def test_collectives_priced_by_their_bottleneck():
 
 
 def test_overlap_costs_something():
-    from par3d.plan.cost import _zero3_exposed, bucketed_tail, overlapped
+    from par3d.plan.dp_tail import bucketed_tail
+    from par3d.plan.parallel_comm import _zero3_exposed, overlapped
 
     assert overlapped(1.0, 0.5, 0.1) == pytest.approx(1.05)
     f, fb = _zero3_exposed(10, 1.0, 2.0, 0.5, 0.5, 0.1)
@@ -583,8 +590,8 @@ def test_overlap_costs_something():
 
 
 def test_buckets_queue_behind_the_schedule():
-    """The DP tail's two queues (cost.reduce_exposed, cost.gather_exposed), by hand."""
-    from par3d.plan.cost import bucketed_tail, gather_exposed, reduce_exposed
+    """The DP tail's two queues (dp_tail.reduce_exposed, dp_tail.gather_exposed), by hand."""
+    from par3d.plan.dp_tail import bucketed_tail, gather_exposed, reduce_exposed
 
     # buckets ready 1 s apart, 0.5 s each: all but the last hide; 2 s each: the network is the bottleneck
     ready = [float(k + 1) for k in range(10)]
@@ -611,7 +618,8 @@ def test_dp_tail_reads_the_schedule():
     what `evaluate` charges."""
     from dataclasses import replace
 
-    from par3d.plan.cost import dp_tail, schedule_marks, stage_times
+    from par3d.plan.cost import schedule_marks, stage_times
+    from par3d.plan.dp_tail import dp_tail
 
     model = CATALOGUE["gpt3-175b"]
     on = make_cluster("h100-sxm", 1024, 8)
@@ -643,7 +651,7 @@ def test_dp_tail_reads_the_schedule():
 
 
 def test_deepspeed_zero3_prefetches_one_submodule_ahead():
-    from par3d.plan.cost import prefetch_timeline
+    from par3d.plan.parallel_comm import prefetch_timeline
 
     # comm-bound: the network never idles, so the step is the first gather + all gathers + the last RS
     assert prefetch_timeline([(1.0, 2.0, 0.0)] * 4, 0.0) == pytest.approx(8.0 + 1.0)
@@ -759,14 +767,14 @@ def live_layers_walked(sched: list, p: int, layers_of_stage: list[int]) -> list[
 
 
 def test_interleaved_live_layers_counted_chunk_by_chunk():
-    """cost.peak_layers on the interleaved schedule = the built schedule walked with each chunk's own layer
+    """stage_layout.peak_layers on the interleaved schedule = the built schedule walked with each chunk's own layer
     count (uneven chunks, empty ones included), at the full m although it counts on min(m, 3p); with equal
     chunks it is the checker's count times the layers per chunk."""
     import random
 
     from par3d.pipeline.schedules import interleaved
-    from par3d.plan.cost import peak_layers
     from par3d.plan.memory import RankShape
+    from par3d.plan.stage_layout import peak_layers
 
     rng = random.Random(12)
     checked = 0
@@ -834,8 +842,8 @@ def test_attention_share_follows_the_sequence_length_where_measured():
     interpolated in log2(tokens), flat beyond the ends; one share elsewhere; a CP rank's blocks are priced at
     their own length (the local model's), so CP 2 at 8K tokens runs its attention at the 4K share."""
     from par3d.plan.compute import layer_times
-    from par3d.plan.cost import local_model
     from par3d.plan.hardware import B200_CUDNN_CURVE, DEVICES, with_attention_kernel
+    from par3d.plan.parallel_comm import local_model
 
     b = DEVICES["b200"]
     for seq, share in B200_CUDNN_CURVE:
@@ -1010,7 +1018,9 @@ def test_fp32_gradient_reduction_doubles_the_reduced_bytes_and_keeps_fp32_gradie
     weights' all-gather (ZeRO-1/2) still moves the training dtype's 2 B."""
     from dataclasses import replace
 
-    from par3d.plan.cost import _dp_tail_bucketed, grad_bytes, stage_times, weight_bytes
+    from par3d.plan.cost import stage_times
+    from par3d.plan.dp_tail import _dp_tail_bucketed
+    from par3d.plan.parallel_comm import grad_bytes, weight_bytes
 
     model = CATALOGUE["llama2-7b"]
     base = replace(make_cluster("h100-sxm", 64, 8), overlap_grad_reduce=False)  # the whole reduction exposed
@@ -1091,10 +1101,11 @@ def test_activation_offloading_frees_layers_and_waits_for_slow_copies():
     the forward and again in the backward; the search keeps to pp = 1 and no recomputation, as Megatron-Core."""
     from dataclasses import replace
 
-    from par3d.plan.cost import Choice, evaluate, offload_exposed
+    from par3d.plan.cost import Choice, evaluate
     from par3d.plan.hardware import LINKS, NVLINK4_EFF
     from par3d.plan.memory import FRAGMENTATION, layer_activation_bytes
     from par3d.plan.models import resolve_model
+    from par3d.plan.plan_memory import offload_exposed
     from par3d.plan.search import Fixed, search
 
     model = resolve_model("llama3-70b")
@@ -1120,12 +1131,12 @@ def test_activation_offloading_frees_layers_and_waits_for_slow_copies():
 
 
 def test_cp_ring_copies_and_merges():
-    """Transformer Engine's ring attention moves bytes besides its kernels (cost.cp_ring_bytes, counted
+    """Transformer Engine's ring attention moves bytes besides its kernels (cp_ep_comm.cp_ring_bytes, counted
     from AttnFuncWithCP): at CP 2, forward 2.5 kv + 6.75 q, backward 10.375 kv + 6 q; they grow with the
     ring; the layer pays a third of them in its forward (backward = 2 × forward) plus one launch per
     extra attention kernel, while CP 1 and the all-gather CP (Llama 3) pay nothing of it."""
     from par3d.plan.compute import KERNEL_S
-    from par3d.plan.cost import cp_layer_times, cp_ring_bytes
+    from par3d.plan.cp_ep_comm import cp_layer_times, cp_ring_bytes
     from par3d.plan.hardware import get_device
 
     assert cp_ring_bytes(6.0, 2.0, 2) == pytest.approx((2.5 * 2 + 6.75 * 6, 10.375 * 2 + 6 * 6))
@@ -1150,8 +1161,8 @@ def test_runtime_memory_prediction_counts_interleaved_chunks(tmp_path):
     times one layer's bytes."""
     from par3d.config import RunConfig
     from par3d.pipeline.schedules import interleaved
-    from par3d.plan.cost import layout
     from par3d.plan.memory import layer_activation_bytes
+    from par3d.plan.stage_layout import layout
     from par3d.predict import model_spec, predict_memory
 
     cfg = RunConfig.from_dict({"model": {"layers": 7}, "parallel": {"pp": 2, "schedule": "interleaved",
@@ -1272,7 +1283,7 @@ def test_deepseek_v3_and_kimi_k2_from_config_json(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(ds))
     m = resolve_model(str(p))
-    assert (m.route_groups, m.route_group_topk) == (8, 4)  # group-limited routing (cost.ep_remote_nodes)
+    assert (m.route_groups, m.route_group_topk) == (8, 4)  # group-limited routing (cp_ep_comm.ep_remote_nodes)
     assert (m.kv_lora, m.q_lora, m.rope_dim, m.head_dim, m.v_head_dim, m.kv) == (512, 1536, 64, 128, 128, 128)
     assert (m.dense_layers, m.moe_layers, m.shared_ffn, m.expert_ffn) == (3, 58, 2048, 2048)
     assert m.params() / 1e9 == pytest.approx(671, abs=0.5) and m.active_params() / 1e9 == pytest.approx(37.5, abs=0.5)
@@ -1364,10 +1375,11 @@ def test_attention_keeps_the_in_step_share_its_gemms_keep():
 
 @pytest.mark.parametrize("name,tp,pp", [("llama3-8b", 1, 1), ("gpt3-175b", 4, 4), ("megatron-1t", 8, 8)])
 def test_dp_buckets_follow_megatron_cores_order(name, tp, pp):
-    """cost.stage_buckets (issue 12's nineteenth round): over a rank's stages the buckets hold exactly the rank's
+    """dp_tail.stage_buckets (issue 12's nineteenth round): over a rank's stages the buckets hold exactly the rank's
     parameters; the embedding's is ready last in its stage's backward and needed first in its forward, the
     head's ready first and needed last; each layer bucket holds one layer's parameters."""
-    from par3d.plan.cost import layout, rank_shapes, rank_stage_lists, stage_buckets
+    from par3d.plan.dp_tail import stage_buckets
+    from par3d.plan.stage_layout import layout, rank_shapes, rank_stage_lists
 
     model = CATALOGUE[name]
     c = Choice(tp=tp, pp=pp, dp=8, micro_batch=1, microbatches=8, schedule="1f1b", virtual_stages=1,
@@ -1389,22 +1401,15 @@ def test_dp_buckets_follow_megatron_cores_order(name, tp, pp):
 
 
 def test_dp_buckets_take_megatron_cores_size():
-    """cost.dp_bucket / stage_buckets (issue 12's twenty-fifth round): Megatron-Core's DDP fills buckets of
+    """dp_tail.dp_bucket / stage_buckets (issue 12's twenty-fifth round): Megatron-Core's DDP fills buckets of
     max(4e7, 1e6 x DP x CP) parameters in the backward's order and builds a rank's later model chunks as one bucket
     each; FSDP keeps one bucket per layer and --dp-bucket-params sets the size.  Parameters are conserved, each bucket
     closes at the first member that reaches the size, a bucket is ready with its last member and needed with its
     first, the exposed tail of a one-micro-batch step grows with DP (larger buckets) where per-layer buckets keep it
     flat, and the search's bound stays under the schedule's tail."""
-    from par3d.plan.cost import (
-        dp_bucket,
-        dp_tail,
-        layout,
-        rank_shapes,
-        rank_stage_lists,
-        schedule_marks,
-        stage_buckets,
-        stage_times,
-    )
+    from par3d.plan.cost import schedule_marks, stage_times
+    from par3d.plan.dp_tail import dp_bucket, dp_tail, stage_buckets
+    from par3d.plan.stage_layout import layout, rank_shapes, rank_stage_lists
 
     model = CATALOGUE["llama3-8b"]
     cl = make_cluster("h100-sxm", 1024, 8)
@@ -1462,7 +1467,7 @@ def test_dp_buckets_take_megatron_cores_size():
     # a rank without the pipeline's first stage: every chunk one bucket, its first too, at any size (Megatron-Core's
     # DDP: `if disable_bucketing or pp_rank > 0`; issue 12's forty-ninth round); pipeline rank 0 keeps its first
     # chunk bucketed, and FSDP (not chunked) buckets every chunk by layer
-    from par3d.plan.cost import chunk_whole
+    from par3d.plan.dp_tail import chunk_whole
 
     for sched, pp, v in (("1f1b", 4, 1), ("interleaved", 4, 2), ("zb-v", 4, 2)):
         for stages in rank_stage_lists(sched, pp, v):
@@ -1534,8 +1539,8 @@ def test_pipeline_layout_cuts_the_model_as_given(capsys):
     the planner's own partition prices the same plan; a lopsided cut is slower and heavier; the JSON names every plan's chunk layers; bad layouts are refused by name
     before the search."""
     from par3d.cli import main
-    from par3d.plan.cost import layout
     from par3d.plan.models import split_error
+    from par3d.plan.stage_layout import layout
 
     model = CATALOGUE["llama3-70b"]
     cut = replace(model, pipeline_split=(20, 20, 20, 20))

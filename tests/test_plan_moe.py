@@ -12,9 +12,11 @@ import pytest
 
 from par3d.cli import main
 from par3d.plan import comm, compute
-from par3d.plan.cost import Choice, ep_exchange, evaluate, memory, stage_times
+from par3d.plan.cost import Choice, evaluate, stage_times
+from par3d.plan.cp_ep_comm import ep_exchange
 from par3d.plan.hardware import NIC_EFF, make_cluster, nvlink_eff
 from par3d.plan.models import resolve_model
+from par3d.plan.plan_memory import memory
 from par3d.plan.search import Fixed, PlanError, search
 
 # Qwen3-30B-A3B as Megatron-Bridge's provider gives it (validation.toml's MoE rows)
@@ -103,7 +105,7 @@ def test_a2a_overlap_pairs_sub_modules_in_the_steady_phase(qwen):
     the warm-up's forward-only layers expose everything, the cool-down's backward-only ones what outlasts the delayed
     weight gradients."""
     from par3d.plan.compute import LayerTimes
-    from par3d.plan.cost import a2a_overlap_exposed, a2a_paired_share
+    from par3d.plan.cp_ep_comm import a2a_overlap_exposed, a2a_paired_share
 
     # the paired share: pp 4, v 2, m 16 -- rank 0 warms up 2·3 + 4 + 1 = 11 of its 32 chunk steps, the last 5
     c = Choice(1, 4, 16, 1, 16, "interleaved", 2, ep=8)
@@ -204,7 +206,8 @@ def test_mla_and_leading_dense_layers_stage_by_stage(tmp_path):
     cl = make_cluster("gb200", 64, dtype="fp8")
     c = Choice(1, 4, 16, 1, 16, ep=16, zero_stage=1)
     st = stage_times(ds, cl, c)
-    from par3d.plan.cost import choice_layer_times, layout, rank_shapes
+    from par3d.plan.cp_ep_comm import choice_layer_times
+    from par3d.plan.stage_layout import layout, rank_shapes
 
     lay = layout(ds, 4)
     assert lay.dense == (3, 0, 0, 0) and sum(lay.layers) == 61
@@ -235,7 +238,7 @@ def test_multi_token_prediction_rides_with_the_loss():
     ds0, ds1 = resolve_model(None, **base), resolve_model(None, **base, mtp_layers=1)
     h = 7168
     assert ds1.params() - ds0.params() == ds0.layer_params() + 2 * h * h + 2 * h
-    from par3d.plan.cost import layout
+    from par3d.plan.stage_layout import layout
 
     l0, l1 = layout(ds0, 16), layout(ds1, 16)
     assert sum(l1.layers) == sum(l0.layers) == 61 and l1.layers[-1] < l0.layers[-1]
@@ -256,7 +259,7 @@ def test_node_deduplicated_fp8_dispatch_and_group_limited_routing():
     over NVLink; group-limited routing bounds m (DeepSeek-V3: 4 of 8 groups, a group per node at EP 64 over 8 nodes);
     --ep-dispatch-fp8 halves the forward dispatch's bytes.  Inside one node only the rows per token change (one per
     destination rank, `compute.ep_destination_ranks`, not one per routed copy)."""
-    from par3d.plan.cost import ep_remote_nodes
+    from par3d.plan.cp_ep_comm import ep_remote_nodes
 
     ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
                        seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
@@ -319,7 +322,7 @@ def test_ep_destination_ranks_counts_distinct_ranks():
     assert compute.ep_destination_ranks(replace(resolve_model("kimi-k2"), route_consecutive=True), 32) == \
         pytest.approx(4 / 3)
     # across nodes: EP 64 over eight 8-GPU nodes, a node's 32 experts hold the run, remote 7/8 of the time
-    from par3d.plan.cost import ep_remote_nodes
+    from par3d.plan.cp_ep_comm import ep_remote_nodes
 
     cl = make_cluster("h100-sxm", 256, dtype="bf16")
     assert ep_remote_nodes(run, cl, Choice(1, 4, 64, 1, 8, "1f1b", 1, ep=64, zero_stage=1)) == pytest.approx(7 / 8)
@@ -345,9 +348,10 @@ def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
     (2) MoE with tp > 1 runs sequence parallelism, as Megatron-Core requires, and --no-sequence-parallel with it is
     refused; (3) HSDP replicas with experts are refused; (4) the leading dense layers' ffn must split over tp;
     (5) router groups on a dense model are refused; (6) the MTP projection runs on this rank's s/cp tokens."""
-    from par3d.plan.cost import _memory_scan, layout, mtp_forward, offloaded_live, rank_stage_lists
     from par3d.plan.memory import rank_memory
     from par3d.plan.models import ModelError
+    from par3d.plan.plan_memory import _memory_scan, offloaded_live
+    from par3d.plan.stage_layout import layout, mtp_forward, rank_stage_lists
 
     ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
                        seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
@@ -406,8 +410,8 @@ def test_mla_down_projections_and_latent_gathers_under_sequence_parallelism():
     projections on its s/tp tokens, keeps its shard of the latents, and the up projections all-gather the latents
     (q_lora + kv_lora + rope channels) instead of the hidden state: the down projections' FLOPs, the stored latents
     and the attention's TP time all shrink against the same layout without SP."""
-    from par3d.plan.cost import links, tp_collective
     from par3d.plan.memory import layer_activation_bytes
+    from par3d.plan.parallel_comm import links, tp_collective
 
     ds = resolve_model(None, layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280,
                        seq_len=4096, ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048,
@@ -427,7 +431,7 @@ def test_mla_down_projections_and_latent_gathers_under_sequence_parallelism():
     act = 4096 * 7168 * 2
     ar = tp_collective(cl, c, act, links(cl, c).tp)
     attn = tp_collective(cl, c, act * (7168 + 1536 + 512 + 64) / (2 * 7168), links(cl, c).tp)
-    from par3d.plan.cost import layout
+    from par3d.plan.stage_layout import layout
 
     n1 = layout(ds, 4).layers[1]  # MoE layers only: the attention's pair and the shared expert's, forward and backward
     assert attn < ar and st.tp_comm[1] == pytest.approx(n1 * 2 * (attn + ar))
@@ -436,7 +440,8 @@ def test_mla_down_projections_and_latent_gathers_under_sequence_parallelism():
 def test_multi_token_prediction_is_recomputed_as_every_layer():
     """Under full recomputation of every layer the MTP module's layer is recomputed too (memory.rank_memory stores
     it as a recomputed layer), its forward and its all-to-alls once more in the last stage's backward."""
-    from par3d.plan.cost import choice_layer_times, layout
+    from par3d.plan.cp_ep_comm import choice_layer_times
+    from par3d.plan.stage_layout import layout
 
     base = dict(layers=61, hidden=7168, heads=128, head_dim=128, gated=True, norm="rms", vocab=129280, seq_len=4096,
                 ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_ffn=2048, dense_layers=3,
@@ -461,7 +466,7 @@ def test_megatron_recompute_modules():
     "selective" is its default list (core_attn); each module re-runs its own forward in the backward -- MLA's up
     projections their two GEMMs, the routed experts' activation its HBM traffic, a MoE block its GEMMs, routing and
     all-to-alls -- and stops storing what it holds inside (Q/K/V; the activation's output; the whole block)."""
-    from par3d.plan.cost import choice_layer_times
+    from par3d.plan.cp_ep_comm import choice_layer_times
     from par3d.plan.memory import SAVED_CAST_BYTES, layer_activation_bytes
 
     assert compute.recompute_modules("selective") == {"core_attn"} and compute.recompute_modules("none") == set()
@@ -500,7 +505,7 @@ def test_megatron_recompute_modules():
     st_moe = stage_times(ds, cl, replace(c, recompute="selective:moe"))
     st_up = stage_times(ds, cl, replace(c, recompute="selective:mla_up_proj"))
     f, _ = ep_exchange(ds, cl, c)
-    from par3d.plan.cost import layout
+    from par3d.plan.stage_layout import layout
 
     n = layout(ds, 16).layers[1]  # the second stage holds MoE layers only
     assert st_moe.ep_comm[1] - st0.ep_comm[1] == pytest.approx(n * f)
@@ -555,8 +560,9 @@ def test_interleaved_moe_layers_llama4(tmp_path):
     (one layer in two MoE: layer u, from 1, when u % 2 == 0) -- at its model cards' sizes (Scout 109B with 17B active,
     Maverick 400B / 17B); a pipeline stage prices its own count of each kind; the 8K attention chunk is the default
     sequence; Qwen2-MoE's decoder_sparse_step is the same rule; --moe-step on the command line."""
-    from par3d.plan.cost import choice_layer_times, layout
+    from par3d.plan.cp_ep_comm import choice_layer_times
     from par3d.plan.models import ModelError
+    from par3d.plan.stage_layout import layout
 
     text = {"model_type": "llama4_text", "attention_chunk_size": 8192, "head_dim": 128, "hidden_act": "silu",
             "hidden_size": 5120, "interleave_moe_layer_step": 2, "intermediate_size": 8192,
@@ -620,7 +626,7 @@ def test_zero3_with_experts(qwen):
     ep spans them all (FSDP 8 x EP 8 on 8 GPUs: every rank owns its 16 experts whole) -- and reduce-scatters its
     gradients over the same groups; a rank's states shard so, and the two gathered layers it holds are its own E/ep
     experts' size, not all E experts'."""
-    from par3d.plan.cost import (
+    from par3d.plan.parallel_comm import (
         expert_grad_collective,
         grad_bytes,
         grad_collective,
@@ -645,7 +651,7 @@ def test_zero3_with_experts(qwen):
             assert c.expert_dp == 2 and ag > 2 * grad_collective(cl, c, "all_gather", 2.0 * dense, group="shard")
     c1, c3 = Choice(1, 1, 16, 1, 8, ep=8, zero_stage=1), Choice(1, 1, 16, 1, 8, ep=8, zero_stage=3)
     m1, m3 = memory(qwen, cl, c1)[0], memory(qwen, cl, c3)[0]
-    from par3d.plan.cost import rank_shapes
+    from par3d.plan.stage_layout import rank_shapes
 
     shape = rank_shapes(qwen, 1, 1, 1, "1f1b", 8)[0]  # the one stage: its dense part and its E/ep experts
     assert m1.weights == pytest.approx(2.0 * shape.params)
@@ -834,11 +840,12 @@ def test_expert_tensor_parallelism_is_searched(capsys):
     assert "  ep etp" in text and "etp=8" in text
 
 def test_moe_host_floor_is_the_longer_of_gpu_work_and_host_issue():
-    """cost.moe_host_floor: a MoE layer waits for its host only where the host's issue time (hardware.MOE_HOST_S:
+    """cp_ep_comm.moe_host_floor: a MoE layer waits for its host only where the host's issue time (hardware.MOE_HOST_S:
     fixed + per routed expert on the rank, a third forward, two thirds backward) exceeds its GPU work."""
     from dataclasses import replace
 
-    from par3d.plan.cost import Choice, moe_host_floor
+    from par3d.plan.cost import Choice
+    from par3d.plan.cp_ep_comm import moe_host_floor
     from par3d.plan.hardware import MOE_HOST_S, make_cluster
     from par3d.plan.models import CATALOGUE
 

@@ -88,7 +88,7 @@ def test_zero_bubble_runs_are_cut_as_their_fork_cuts_them():
     their chunks are Megatron-Core's split, which is that cut for every schedule the paper ran (1F1B and ZB-1p: a
     chunk a rank; interleaved: one layer a chunk, the first and last chunk the embedding and the head alone; ZB-V:
     2p chunks on the V).  Every run the paper measured at several schedules holds each schedule once."""
-    from par3d.plan.cost import layout
+    from par3d.plan.stage_layout import layout
 
     zb = [r for r in ROWS if r["name"].startswith(validation.ZB_PREFIX)]
     assert len(zb) == 103 and all(validation.megatron_row(r) and not validation.in_sample(r) for r in zb)
@@ -188,7 +188,7 @@ OVER_MEMORY_NVFP4 = {"mbridge-nvfp4-26.02.01-llama3-70B-gb300", "mbridge-nvfp4-2
 # the 8-GPU Qwen3-30B-A3B (EP 8 over 8 GPUs: each rank's experts unsharded) and Kimi K2 a few per cent over the H100
 OVER_MEMORY_FSDP_EP = {"automodel-qwen3-30B-a3b-h100-8", "automodel-kimi-k2-h100-256"}
 # ... and its DeepSeek-V3 on 256 GPUs at 99.9 % of the H100: the pipeline stage's weights and gradients kept gathered
-# through the step (cost.memory under --fsdp with PP)
+# through the step (plan_memory.memory under --fsdp with PP)
 CAPACITY_ONLY |= {"automodel-deepseek-v3-h100-256"}
 # FlagPerf's Llama 3 8B on one A800 node at PP 2 x DP 4 (forty-first round): its README reads 76 of 80 GB in use, and
 # memory.py puts it inside the GPU but not its 5 % headroom
@@ -197,7 +197,7 @@ CAPACITY_ONLY |= {"flagperf-llama3-8b-a800-1x8-pp2dp4tp1"}
 # DeepSeek-V3 on 512 H100 2.5 % over (its MLA recipe's recomputation counted, as the Megatron-Bridge rows above), and
 # Grok-1 on GB200 26-44 % over while the planner held each rank's experts whole; with their expert-tensor
 # parallelism 4 priced (thirty-second round: `etp = 4`, each rank a quarter of its experts) they fit; Llama 4 on 128
-# GB200 inside the headroom since its chunks are Megatron-Core's even split (thirty-third round: cost.megatron_split)
+# GB200 inside the headroom since its chunks are Megatron-Core's even split (thirty-third round: stage_layout.megatron_split)
 CAPACITY_ONLY |= {"dgxc-25.05-deepseek-v3-671B-bf16-gb200-128"}
 OVER_MEMORY_MLA |= {"dgxc-25.05-deepseek-v3-671B-bf16-h100-512"}
 # Megatron-LM's DeepSeek-V3 GB200 write-up (thirty-first round): over the GPU with its BF16 Adam moments priced since the

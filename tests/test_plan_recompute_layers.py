@@ -8,10 +8,12 @@ import json
 import pytest
 from test_plan_cli import run  # `par3d plan` in-process: (rc, stdout, stderr)
 
-from par3d.plan.cost import Choice, evaluate, layout, memory, stage_times
+from par3d.plan.cost import Choice, evaluate, stage_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import CATALOGUE
+from par3d.plan.plan_memory import memory
 from par3d.plan.search import Fixed, Limits, PlanError, search
+from par3d.plan.stage_layout import layout
 
 MODEL = CATALOGUE["llama3-70b"]  # 80 layers: 19, 21, 21, 19 per stage at pp 4 (the embedding and head weigh in)
 CLUSTER = make_cluster("h100-sxm", 64)

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from test_plan_cli import run
 
-from par3d.plan.cost import Choice, _evaluate_at, evaluate, layout, round_split
+from par3d.plan.cost import Choice, _evaluate_at, evaluate, round_split
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import CATALOGUE
+from par3d.plan.stage_layout import layout
 
 
 def _qwen():

@@ -17,19 +17,17 @@ from par3d.pipeline.simulate import simulate
 from par3d.plan.cost import (
     DEFAULT_OPTIONS,
     Choice,
-    dp_tail,
     durations_of,
-    layout,
     makespan_lower_bound,
-    optimizer_time,
-    rank_shapes,
     stage_times,
     straggler_factor,
 )
+from par3d.plan.dp_tail import dp_tail, optimizer_time
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import rank_memory
 from par3d.plan.models import CATALOGUE, ModelSpec
 from par3d.plan.search import RECOMPUTE_ORDER, Fixed, Limits, enumerate_choices, replicas, search
+from par3d.plan.stage_layout import layout, rank_shapes
 
 
 def exhaustive(model, cluster, batch, limits):
@@ -46,7 +44,7 @@ def exhaustive(model, cluster, batch, limits):
                 built = build(sched, pp, m, v)
                 peaks = check(built, pp, m, v).peak_inflight
                 shapes = rank_shapes(model, tp, pp, v, sched)
-                live = None  # interleaved: the built schedule walked chunk by chunk (cost.peak_layers)
+                live = None  # interleaved: the built schedule walked chunk by chunk (stage_layout.peak_layers)
                 if sched == "interleaved":
                     lay = layout(model, pp * v)
                     live = live_layers_walked(built, pp, list(lay.layers))
@@ -194,9 +192,10 @@ def test_fsdp_prices_its_units_under_zero_2_and_3_only():
     (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD), a third in the forward; ZeRO-0 (DDP) and one data-parallel rank
     are untouched; the search leaves out ZeRO-1, which FSDP has not; with pipeline parallelism ZeRO-3's collectives
     run once a step (issue 12's twenty-eighth round)."""
-    from par3d.plan.cost import Choice, layout, stage_times
+    from par3d.plan.cost import Choice, stage_times
     from par3d.plan.hardware import FSDP_UNIT_S
     from par3d.plan.search import Fixed, Limits, search
+    from par3d.plan.stage_layout import layout
 
     model = CATALOGUE["llama3-8b"]
     # FSDP1 (FlatParameter): the unit cost alone; FSDP2's copy-out is test_fsdp2_copies_each_gathered_layer_out's
@@ -209,7 +208,8 @@ def test_fsdp_prices_its_units_under_zero_2_and_3_only():
         assert b.f[0] == pytest.approx(a.f[0] + unit / 3) and b.b[0] == pytest.approx(a.b[0] + 2 * unit / 3), z
     # ZeRO-3 under pipeline parallelism: PyTorch's pipeline stages gather and reduce-scatter a stage once a step (no
     # reshard, no gradient sync between micro-batches), so its per-micro-batch share is 1/m of the plain ZeRO-3's
-    from par3d.plan.cost import _zero3_exposed, choice_layer_times, zero3_layer_collectives
+    from par3d.plan.cp_ep_comm import choice_layer_times
+    from par3d.plan.parallel_comm import _zero3_exposed, zero3_layer_collectives
 
     c = Choice(1, 2, 32, 1, 8, "1f1b", 1, "none", 3, False)
     n = layout(model, 2).layers[0]
@@ -231,7 +231,9 @@ def test_fsdp2_copies_each_gathered_layer_out():
     (foreach_all_gather_copy_out): under ZeRO-3 a stage's forward and backward each take n layers x the layer's 16-bit
     weights read and written at HBM rate more than FSDP1's; once a step, on the forward, under pipeline parallelism;
     nothing under ZeRO-2, FSDP1, one data-parallel rank or without --fsdp (issue 12's thirty-seventh round)."""
-    from par3d.plan.cost import Choice, fsdp2_copy_out, layout, stage_times
+    from par3d.plan.cost import Choice, stage_times
+    from par3d.plan.parallel_comm import fsdp2_copy_out
+    from par3d.plan.stage_layout import layout
 
     model = CATALOGUE["llama3-8b"]
     base = make_cluster("h100-sxm", 64, 8)
@@ -256,8 +258,10 @@ def test_block_recomputation_is_the_fewest_layers_that_fit():
     """Where a layout does not fit without recomputation, the search also prices Megatron's block method
     with the fewest layers per chunk that fit (N - 1 would not), and only then: a layout that fits as it
     is gets no block candidate; --recompute fixed or --emit-config's limits leave the block method out."""
-    from par3d.plan.cost import DEFAULT_OPTIONS, layout, memory
+    from par3d.plan.cost import DEFAULT_OPTIONS
+    from par3d.plan.plan_memory import memory
     from par3d.plan.search import Fixed, Limits, search
+    from par3d.plan.stage_layout import layout
 
     model, cluster = CATALOGUE["llama3-70b"], make_cluster("h100-sxm", 64)
     cap = DEFAULT_OPTIONS.capacity(cluster)
@@ -366,7 +370,8 @@ def test_fsdp_under_pipeline_parallelism_keeps_the_stage_gathered():
     """PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced between
     micro-batches (issue 12's twenty-eighth round): under --fsdp with PP a ZeRO-3 plan's memory is ZeRO-1's (the
     optimizer's state alone sharded), while without PP, or without --fsdp, ZeRO-3 shards the weights."""
-    from par3d.plan.cost import Choice, memory
+    from par3d.plan.cost import Choice
+    from par3d.plan.plan_memory import memory
 
     model = CATALOGUE["llama3-8b"]
     plain, fsdp = make_cluster("h100-sxm", 64, 8), replace(make_cluster("h100-sxm", 64, 8), fsdp=True)

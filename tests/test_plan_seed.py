@@ -7,10 +7,12 @@ import pytest
 from par3d.pipeline.schedules import build
 from par3d.pipeline.simulate import simulate
 from par3d.plan.compute import Gemm, roofline
-from par3d.plan.cost import Choice, layer_accounting, memory, rank_shapes
+from par3d.plan.cost import Choice, layer_accounting
 from par3d.plan.hardware import SEED_EFFICIENCY, make_cluster
 from par3d.plan.models import CATALOGUE
+from par3d.plan.plan_memory import memory
 from par3d.plan.search import Fixed, Limits, min_microbatches, search
+from par3d.plan.stage_layout import rank_shapes
 
 
 def seed_cluster(gpus: int):

@@ -26,21 +26,13 @@ from par3d.pipeline.schedules import (
     zero_bubble_v,
 )
 from par3d.pipeline.simulate import simulate
-from par3d.plan.cost import (
-    Choice,
-    durations_of,
-    evaluate,
-    layout,
-    memory,
-    rank_shapes,
-    rank_stage_lists,
-    stage_times,
-    zbv_times,
-)
+from par3d.plan.cost import Choice, durations_of, evaluate, stage_times, zbv_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import rank_memory
 from par3d.plan.models import CATALOGUE, ModelSpec
+from par3d.plan.plan_memory import memory
 from par3d.plan.search import Fixed, search
+from par3d.plan.stage_layout import layout, rank_shapes, rank_stage_lists
 
 # a Llama-style (untied) model small enough to search fast
 LLAMA = CATALOGUE["llama3-8b"]

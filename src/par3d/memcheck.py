@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 
 from par3d.config import RunConfig
-from par3d.plan import cost
+from par3d.plan import stage_layout
 from par3d.plan.hardware import GiB
 from par3d.plan.memory import FRAGMENTATION, rank_memory
 
@@ -57,7 +57,7 @@ def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
     dtype = "fp32" if cfg.train.dtype == "fp32" else "bf16"
-    shapes = cost.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
+    shapes = stage_layout.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     peaks = peak_inflight(cfg)  # a --schedule-csv file's own
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from par3d.config import RunConfig
-from par3d.plan import cost
+from par3d.plan import cost, stage_layout
 from par3d.plan.hardware import Cluster, HardwareFile, load_hardware_file
 from par3d.plan.models import ModelSpec
 from par3d.plan.profile import cluster_from_file
@@ -70,14 +70,14 @@ def schedule_name(cfg: RunConfig, strict: bool = True) -> str:
 
 def peak_inflight(cfg: RunConfig) -> tuple[int, ...]:
     """Every pipeline rank's peak of live micro-batch activations: the CSV's own (the checker's),
-    or the named schedule's (`plan/cost.py`)."""
+    or the named schedule's (`plan/stage_layout.py`)."""
     pc = cfg.parallel
     actions = _csv_schedule(cfg)
     if actions is not None:
         from par3d.pipeline.schedules import check
 
         return tuple(check(actions, pc.pp, int(pc.microbatches or 1), pc.virtual_stages).peak_inflight)
-    return cost.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)
+    return stage_layout.peak_inflight(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages)
 
 
 def choice(cfg: RunConfig, strict: bool = False) -> cost.Choice:
@@ -130,11 +130,11 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
         name, builders = schedule_name(cfg), True
     except ValueError:  # a CSV no builder makes: a schedule of its placement, its own peaks
         name, builders = schedule_name(cfg, strict=False), False
-    shapes = cost.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, name)
+    shapes = stage_layout.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, name)
     peaks = peak_inflight(cfg)
-    live = None  # the interleaved builder's live layers, chunk by chunk (cost.peak_layers)
+    live = None  # the interleaved builder's live layers, chunk by chunk (stage_layout.peak_layers)
     if builders and name == "interleaved" and pc.pp > 1:
-        live = cost.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
+        live = stage_layout.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
     mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
                      dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,

@@ -718,7 +718,7 @@ def _chunk_layers(model, plan) -> list[int]:
     """The layers of each pipeline chunk the plan is priced with, in model order (what --pipeline-layout takes, and
     Megatron-Core's per-stage layer counts): the round-wise cut where the planner chose it (`Plan.pipeline_layout`),
     else the model's own."""
-    from par3d.plan.cost import layout
+    from par3d.plan.stage_layout import layout
 
     c = plan.choice
     return list(plan.pipeline_layout or layout(model, c.pp * c.virtual_stages).layers)
@@ -871,8 +871,9 @@ def runtime_support() -> tuple[int, bool]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from par3d.plan.cost import Options, memory_accounting
+    from par3d.plan.cost import Options
     from par3d.plan.models import ModelError, resolve_model
+    from par3d.plan.plan_memory import memory_accounting
     from par3d.plan.search import Fixed, Limits, PlanError, search, suggest_fixes
 
     try:
@@ -888,7 +889,7 @@ def _run(args: argparse.Namespace) -> int:
     apply_framework(args)
     if args.pipeline_layout:
         model = _with_layout(model, args)
-    elif args.megatron_split:  # the framework cuts the pipeline as Megatron-Core does (cost.megatron_split)
+    elif args.megatron_split:  # the framework cuts the pipeline as Megatron-Core does (stage_layout.megatron_split)
         from dataclasses import replace
 
         model = replace(model, partition="megatron")
@@ -965,7 +966,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         evidence = evidence_of(cluster, model.moe)
         out = {"model": model.to_dict(), "hardware": cluster.to_dict(), "global_batch": args.global_batch,
-               # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (cost.memory_accounting)
+               # the accounting memory.py counted: fp32 gradient reduction keeps fp32 gradients (plan_memory.memory_accounting)
                "memory": {"accounting": memory_accounting(opts, cluster), "optimizer_dtype": opts.optimizer_dtype,
                           "headroom": opts.memory_headroom,
                           "usable_gib": opts.capacity(cluster) / 2**30},
@@ -1100,7 +1101,7 @@ def _seq_note(args) -> str:
 def render(model, cluster, args, res, explain: bool = False) -> str:
     from dataclasses import replace
 
-    from par3d.plan.cost import fsdp_unit_priced
+    from par3d.plan.choice import fsdp_unit_priced
     from par3d.plan.hardware import GB, TFLOPS, GiB, describe
 
     out = [f"model:    {model.summary()}",
@@ -1178,7 +1179,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  (stragglers: the slowest of {best.choice.gpus:,} GPUs sets the pace, their step times spread "
                    f"{cluster.step_spread:.1%}: --straggler-cv)")
     if b.get("dp_comm") and c.zero_stage < 3 and cluster.hier and cluster.overlap_grad_reduce:
-        from par3d.plan.cost import dp_bucket
+        from par3d.plan.dp_tail import dp_bucket
 
         size, chunked = dp_bucket(cluster, c)
         later = "; later virtual chunks one bucket each" if chunked and c.virtual_stages > 1 else ""
@@ -1190,12 +1191,12 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"  (dp_comm: gradients reduced behind the backward in {how}; what the last bucket leaves after "
                    f"the backward is exposed: --dp-bucket-params)")
     if fsdp_unit_priced(cluster, c):
-        from par3d.plan.cost import rank_shapes
+        from par3d.plan.stage_layout import rank_shapes
 
         units = max(sum(s.layers) for s in rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule))
         out.append(f"  (dp_comm holds PyTorch FSDP's unit cost: {units} layers x {c.microbatches} micro-batches x "
                    f"{cluster.fsdp_unit_s * 1e3:g} ms = {units * c.microbatches * cluster.fsdp_unit_s:.3f} s: --fsdp)")
-        from par3d.plan.cost import fsdp2_copy_out
+        from par3d.plan.parallel_comm import fsdp2_copy_out
 
         copy = fsdp2_copy_out(model, cluster, c, units, 0)
         if copy > 0:  # after each gather: forward and backward per micro-batch, once a step under PP
@@ -1215,7 +1216,8 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                f"{best.bubble_fraction:.1%} of wall time")
     # -- the seed's accounting at this plan's micro-batch and tp --
     from par3d.plan.compute import layer_times, loss_time, loss_vocab, roofline
-    from par3d.plan.cost import layer_accounting, local_model
+    from par3d.plan.cost import layer_accounting
+    from par3d.plan.parallel_comm import local_model
 
     c = best.choice
     la = layer_accounting(local_model(model, c.cp), cluster, c.micro_batch, c.tp)
@@ -1431,7 +1433,7 @@ def _ranking_lines(cluster, plans) -> list[str]:
 
 def _placement_line(c) -> str:
     """Which stages each pipeline rank holds, as the schedule places them (round-robin or the V)."""
-    from par3d.plan.cost import rank_stage_lists
+    from par3d.plan.stage_layout import rank_stage_lists
 
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     shown = [f"rank {r}: stages {', '.join(map(str, st))}" for r, st in enumerate(lists[:4])]
@@ -1456,22 +1458,23 @@ def _mesh_note(cluster, tp: int) -> str:
 def _cp_line(model, cluster, c) -> str:
     """The ring attention of one layer: K/V block, hops, the attention that hides them."""
     from par3d.plan import comm
-    from par3d.plan.cost import choice_layer_times, cp_exchange, links
+    from par3d.plan.cp_ep_comm import choice_layer_times, cp_exchange
     from par3d.plan.hardware import GB
     from par3d.plan.memory import ACT_BYTES
+    from par3d.plan.parallel_comm import links
 
     link = links(cluster, c).cp
     kv = c.micro_batch * (model.seq_len // c.cp) * 2 * model.kv_dim_per_rank(c.tp) * ACT_BYTES[cluster.dtype]
     where = 'inside a node' if link is cluster.intra else 'across nodes'
     if cluster.cp_comm == "all-gather":  # Llama 3's CP: gather all K/V, exposed
-        from par3d.plan.cost import cp_all_gather
+        from par3d.plan.cp_ep_comm import cp_all_gather
 
         ag, rs = cp_all_gather(model, cluster, c)
         return (f"  CP all-gather (cp = {c.cp}, {where}): K/V of all {model.seq_len} tokens "
                 f"{kv * c.cp / 1e6:.1f} MB gathered per layer forward ({_ms(ag)}), dK/dV reduce-scattered "
                 f"per layer backward ({_ms(rs)}), both exposed")
     if cluster.cp_comm == "a2a":  # DeepSpeed-Ulysses: heads for sequence, exposed
-        from par3d.plan.cost import cp_all_to_all, ulysses_kv_heads
+        from par3d.plan.cp_ep_comm import cp_all_to_all, ulysses_kv_heads
 
         fwd, bwd = cp_all_to_all(model, cluster, c)
         heads = model.heads // (c.tp * c.cp)

@@ -171,10 +171,10 @@ def all_to_all(nbytes: float, e: int, cluster, remote_nodes: float | None = None
     `remote_nodes` given (a node-deduplicating dispatch: DeepEP's and HybridEP's): each token crosses the NICs once
     per remote node its copies go to -- `remote_nodes` × `token_bytes` -- and is forwarded inside that node over
     NVLink, so NVLink carries every copy that leaves the GPU, (e - 1)/e of `nbytes`, and the NIC `remote_nodes`
-    copies of each token (cost.ep_remote_nodes counts them) instead of (e - g)/e of every copy.
+    copies of each token (cp_ep_comm.ep_remote_nodes counts them) instead of (e - g)/e of every copy.
 
     `stride`: the group's members are that many ranks apart (a context-parallel group, tp ranks apart in the
-    mesh: cost.cp_all_to_all), so a node holds gpus_per_node / stride of them (at least one)."""
+    mesh: cp_ep_comm.cp_all_to_all), so a node holds gpus_per_node / stride of them (at least one)."""
     if e <= 1:
         return ZERO
     from .hardware import NIC_EFF, mesh_share, nvlink_eff

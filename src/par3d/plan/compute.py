@@ -388,7 +388,7 @@ def scores_backward_bytes(model: ModelSpec, b: int, tp: int, d: float) -> float:
 # (memory.layer_activation_bytes) -- the attention core; MLA's Q and K/V up projections; the two norms; a dense
 # MLP; a mixture of experts' whole MoE block (router, dispatch, experts, combine: its all-to-alls again); the routed
 # experts' activation function; the shared experts.
-# (each with the short name the plan table's column shows, cost.Choice.recompute_label)
+# (each with the short name the plan table's column shows, choice.Choice.recompute_label)
 MODULE_ABBREV = {"core_attn": "attn", "mla_up_proj": "up", "layernorm": "ln", "mlp": "mlp", "moe": "moe",
                  "moe_act": "act", "shared_experts": "shx"}
 RECOMPUTE_MODULES = tuple(MODULE_ABBREV)

@@ -27,7 +27,7 @@ class Framework:
     facts: dict[str, Any] = field(default_factory=dict)  # Cluster field -> value, as its recipes run
     bf16_facts: dict[str, Any] = field(default_factory=dict)  # set only when training in bf16
     fp8_facts: dict[str, Any] = field(default_factory=dict)  # set only with --dtype fp8 / nvfp4
-    megatron_split: bool = False  # Megatron-Core's default pipeline split (cost.megatron_split) and MoE host floor
+    megatron_split: bool = False  # Megatron-Core's default pipeline split (stage_layout.megatron_split) and MoE host floor
     schedules: tuple[str, ...] | None = None  # the pipeline schedules it has (None: every one the planner knows)
     sequence_parallel: bool = True  # whether it has Megatron's sequence parallelism (False: the search keeps it off)
     source: str = ""

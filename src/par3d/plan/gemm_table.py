@@ -71,17 +71,17 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     true, which they had been priced without; 0.8426 and 0.8030 before issue 12's forty-fourth round refitted the step share, which they offset to the
     fourth digit; 0.8521 and 0.8120 before issue 12's forty-third round refitted the step share, which they offset: the
     H100's GEMM rate is as it was; 0.8556 and 0.8157 before issue 12's thirty-third round priced those rows' pipelines as Megatron-Core splits
-    them, cost.megatron_split; 0.8146 FP8 before its thirty-second round gave FP8 GEMMs a depth constant of their own, compute.depth_k0;
+    them, stage_layout.megatron_split; 0.8146 FP8 before its thirty-second round gave FP8 GEMMs a depth constant of their own, compute.depth_k0;
     0.8338 before issue 12's twenty-eighth round priced Transformer Engine's quantized sequence-parallel
-    all-gathers, cost.GATHERED_INPUT_BYTES; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
+    all-gathers, parallel_comm.GATHERED_INPUT_BYTES; 0.861 and 0.814 before issue 12's tenth round priced stragglers, `STEP_SPREAD`; 0.8007 before its
     thirteenth round priced the calibration rows' fp8 weight gathers, `fp8_param_gather`; 0.8415 and 0.7959
     before its sixteenth round gave attention the same in-step discount, hardware.attn_sustain_of; 0.8544 and
     0.8165 before its seventeenth round priced the loss's cross-entropy kernel by kernel, compute.LOSS_BYTES,
     which the calibration rows (then read as Megatron-Core's unfused loss) had carried in these ratios; 0.8591 and
     0.8288 before its nineteenth round gave GEMMs shallower than K = 4,096 their measured depth curve,
-    compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, cost.stage_buckets; 0.8476 and 0.8207
+    compute.GEMM_K0, and the embedding's gradient a DP bucket of its own, dp_tail.stage_buckets; 0.8476 and 0.8207
     before its twentieth set the overlap slowdown to a measured 18.9 %, hardware.OVERLAP_SLOWDOWN; 0.8560 and
-    0.8339 before its twenty-fifth sized the DP buckets as Megatron-Core's DDP does, cost.dp_bucket).  Those twelve
+    0.8339 before its twenty-fifth sized the DP buckets as Megatron-Core's DDP does, dp_tail.dp_bucket).  Those twelve
     rows are in sample; every other H100 row is held out.  What the FP8 number
     holds beyond the clock (TE's casts and amax bookkeeping as priced in compute.py may fall short) is
     not separated: it is the H100's FP8 step as the table's runs sustain it.  Reproduce with
@@ -111,8 +111,8 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     sustained clock, dtype-blind; the rows are FP8 and attention (BF16) moves with it -- so that Megatron-Bridge's
     first GB300 table (its three 25.11 rows: 8B, 70B, 405B; `validation.gb300_sustained_rows`, the rule fixed before
     the fit was first run) averages zero error: 0.9875 (0.9663 before issue 12's forty-ninth round's step share refit; 0.9336 before issue 12's forty-fourth round's step share refit; 0.9441 before its forty-third round's; 0.9453 before issue 12's twenty-eighth round priced the FP8 sequence-parallel
-    all-gathers quantized, cost.GATHERED_INPUT_BYTES; 0.9455 before issue 12's twenty-fifth round sized the DP
-    buckets, cost.dp_bucket).  Every later release's GB300 row, the MXFP8 ones and MLPerf's
+    all-gathers quantized, parallel_comm.GATHERED_INPUT_BYTES; 0.9455 before issue 12's twenty-fifth round sized the DP
+    buckets, dp_tail.dp_bucket).  Every later release's GB300 row, the MXFP8 ones and MLPerf's
     are held out; MLPerf v5.1's 8B runs on the GB300 disagree (one submission +7 %, another of the same config +17 %
     after the fit, within before it).
   * GH200 (the 96 GB module, `gh200`): **fitted** (issue 12's twenty-second round; `FITTED_SUSTAINED`).  No MSMF is
@@ -127,13 +127,13 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     rows' config: their loss Transformer Engine's cross-entropy kernel, not Megatron-Core's unfused one, their Q/K norms,
     and their pipeline cut 9 + 8 x 6 + 7 layers, not evenly; 0.6869 and 0.5943 before issue 12's forty-fourth round's step share
     refit; 0.6946 and 0.6010 before its forty-third round's; 0.6589 and 0.5223 before issue 12's thirty-third round priced
-    those rows' pipeline chunks as Megatron-Core splits them, cost.megatron_split, not by the planner's balanced
+    those rows' pipeline chunks as Megatron-Core splits them, stage_layout.megatron_split, not by the planner's balanced
     partition; 0.5217 FP8 before its thirty-second round gave FP8 GEMMs their own depth constant,
     compute.depth_k0; 0.6173 and 0.4868 before issue 12's thirty-first round read those
     rows' model TFLOP/s in Megatron-LM's own count, which halves the causal attention core since 8873b55, 2025-03-06:
     `validation.metric_value`; 0.4925 FP8 before issue 12's twenty-eighth round priced the FP8
-    sequence-parallel all-gathers quantized, cost.GATHERED_INPUT_BYTES; 0.6174 and 0.4927 before issue 12's twenty-fifth round sized
-    the DP buckets, cost.dp_bucket; fitted after BF16: attention's in-step discount moves with the
+    sequence-parallel all-gathers quantized, parallel_comm.GATHERED_INPUT_BYTES; 0.6174 and 0.4927 before issue 12's twenty-fifth round sized
+    the DP buckets, dp_tail.dp_bucket; fitted after BF16: attention's in-step discount moves with the
     BF16 ratio).  It holds what those modules sustain at their sites' power caps and what that stack's FP8 costs
     beyond its GEMMs, not a property of the die; Apertus's nine runs (Alps, another site and software) are the
     held-out test.  `gh200-144gb` (the HBM3e module, up to 1000 W, Bekman's measured unit) keeps the H200's measured

@@ -62,7 +62,7 @@ Achieved bandwidths (the `*_eff` factors):
 - InfiniBand/RoCE: one HDR NIC reaches its 24 GB/s line rate of 25 in the same thread; 4 NICs
   per node give 86-96 GB/s bus bandwidth of 100 across nodes (NVIDIA/nccl-tests issue #119) → 0.90.
 - `overlap_slowdown` σ = 0.189: compute that runs while a collective proceeds slows by this share
-  (cost.py: shared SMs, HBM and power).  **Cited, not fitted**: Lee et al., "Characterizing
+  (parallel_comm.py's `overlapped`: shared SMs, HBM and power).  **Cited, not fitted**: Lee et al., "Characterizing
   Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power
   Implications" (arXiv 2507.03114, 2025) measured an average computational slowdown of 18.9 % (at most
   40.0 %) against the same compute with no communication beside it, for GPT and LLaMA models on four
@@ -149,7 +149,7 @@ NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96
 # and micro-batches) refitted the step share, and with it those ratios.
 FSDP_UNIT_S = 6.8e-3
 
-# A mixture of experts' host floor (cost.moe_host_floor): Megatron-Core's dropless MoE layer waits once a layer for the
+# A mixture of experts' host floor (cp_ep_comm.moe_host_floor): Megatron-Core's dropless MoE layer waits once a layer for the
 # tokens per expert on the host (a device-to-host sync), so the host's issue time of each layer's kernels is not
 # hidden behind the previous layer's GPU work, and a layer takes the longer of the two unless whole iterations are
 # captured in CUDA graphs, which need no sync (Megatron-LM's "Optimizing DeepSeek-V3 Training Performance on NVIDIA
@@ -588,7 +588,7 @@ LINKS: dict[str, Link] = {
 # the Grace superchips' NVLink-C2C; PCIe Gen4 (A100) / Gen5 x16 on the x86 DGX/HGX nodes
 HOST_LINKS: dict[str, str] = {"gb200": "nvlink-c2c", "gb300": "nvlink-c2c", "a100-40gb": "pcie4", "a100-80gb": "pcie4",
                               "gh200": "nvlink-c2c-gh200", "gh200-144gb": "nvlink-c2c-gh200"}
-# the host's DRAM behind a GPU, what an offloaded optimizer step (`Cluster.offload_optimizer`, cost.optimizer_time)
+# the host's DRAM behind a GPU, what an offloaded optimizer step (`Cluster.offload_optimizer`, dp_tail.optimizer_time)
 # streams its states through: (GB/s at the memory's line rate -- channels x transfer rate x 8 B --, GPUs sharing it).
 # DGX A100: 2 x AMD EPYC 7742, 8 channels of DDR4-3200 each (AMD's 204.8 GB/s a socket); DGX H100 / H200: 2 x Xeon
 # Platinum 8480C, 8 of DDR5-4800 (307.2 GB/s a socket); DGX B200: 2 x Xeon Platinum 8570, 8 of DDR5-5600 (358.4 GB/s);
@@ -686,7 +686,7 @@ class Cluster:
     # DeepSpeed's BF16_Optimizer (bf16 with the config's ZeRO stage 0: "it implements its own zero stage 1
     # equivalent"; BLOOM-176B's run): each micro-batch's bf16 gradients added into a full fp32 buffer, the bf16
     # gradients all-reduced (not reduce-scattered) over DP after the backward, the updated bf16 shards all-gathered
-    # (cost.bf16_optimizer_accumulation, cost.optimizer_time, memory "bf16_optimizer" accounting)
+    # (dp_tail.bf16_optimizer_accumulation, dp_tail.optimizer_time, memory "bf16_optimizer" accounting)
     bf16_optimizer: bool = False
     # ZeRO-1 whose gradient reduction is a full all-reduce over DP after the backward, not a reduce-scatter, each rank
     # then stepping its shard and all-gathering the updated weights (Aleph Alpha's scaling: optimizer.py's
@@ -696,11 +696,11 @@ class Cluster:
     # the gradients are held in the training dtype and cast to fp32 bucket by bucket for their reduction, then copied
     # back (Aleph Alpha's scaling: allreduce.py's flatten, 1/dp scale, `tensor.to(torch.float32)`, all-reduce and two
     # copies back): 4 B a gradient in the collective, 2 B held (unlike `grad_reduce_fp32`'s fp32 main gradients), the
-    # passes serial with it (cost.GRAD_CAST_BYTES)
+    # passes serial with it (dp_tail.GRAD_CAST_BYTES)
     grad_reduce_cast: bool = False
     # what ZeRO-3 gathers as one unit: "layer" (par3d's runtime, PyTorch FSDP wrapping each block:
     # one transformer block, prefetched one block ahead) or "submodule" (DeepSpeed ZeRO-3: every
-    # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; cost.py)
+    # parametrised sub-module's hook fetches its own weights, one weight matrix ahead; parallel_comm.py)
     zero3_unit: str = "layer"
     # the data-parallel runtime is PyTorch FSDP (FULL_SHARD for ZeRO-3, SHARD_GRAD_OP for ZeRO-2, HSDP; FairScale's
     # FSDP before it), each transformer block one wrapped unit: under ZeRO-2/3 every unit costs FSDP_UNIT_S per
@@ -709,20 +709,20 @@ class Cluster:
     fsdp: bool = False
     fsdp_unit_s: float = FSDP_UNIT_S  # what each unit costs under `fsdp` (validation.fit_fsdp_unit varies it)
     # which PyTorch FSDP: 2 = fully_shard (torchtitan, NeMo AutoModel; PyTorch's current one), whose gathers land in a
-    # flat buffer copied out to the parameters on the compute stream (cost.fsdp2_copy_out); 1 = FullyShardedDataParallel's
+    # flat buffer copied out to the parameters on the compute stream (parallel_comm.fsdp2_copy_out); 1 = FullyShardedDataParallel's
     # FlatParameter (llm-foundry / Composer, fms-fsdp) or FairScale's, whose parameters are views of the gathered tensor
     fsdp_version: int = 2
     # activation offloading (Megatron-Core's cpu_offloading_num_layers): the activations of this many transformer
-    # layers go to host memory in the forward and come back in the backward, over `host` (cost.offload_exposed);
+    # layers go to host memory in the forward and come back in the backward, over `host` (plan_memory.offload_exposed);
     # Megatron-Core runs it without pipeline parallelism and without recomputation (the search keeps to those)
     offload_layers: int = 0
     # optimizer offloading (Megatron-Core's --optimizer-cpu-offload with --optimizer-offload-fraction; DeepSpeed's
     # offload_optimizer, the whole of it): this share of each rank's optimizer states lives in host memory and is
-    # stepped there (`HOST_MEM`), its fp32 gradients copied down and its fp32 weights back up (cost.optimizer_time)
+    # stepped there (`HOST_MEM`), its fp32 gradients copied down and its fp32 weights back up (dp_tail.optimizer_time)
     offload_optimizer: float = 0.0
     # Megatron-Core's TP communication overlap (`tp_comm_overlap`, Transformer Engine's userbuffers; needs
     # sequence parallelism): each TP all-gather runs in chunks under the GEMM that consumes it and each
-    # reduce-scatter under the GEMM that produces it (cost.tp_overlap_exposed).  Off by default, as in
+    # reduce-scatter under the GEMM that produces it (parallel_comm.tp_overlap_exposed).  Off by default, as in
     # Megatron-Core; NeMo / Megatron-Bridge's H100 recipes turn it on.
     tp_comm_overlap: bool = False
     # whether the pipeline's point-to-point sends hold their rank until delivered (cost.p2p_blocks): "none" (par3d's
@@ -737,19 +737,19 @@ class Cluster:
     p2p_partitioned: bool = False
     # a mixture of experts' token all-to-alls overlapped with compute (Megatron-Core's
     # `overlap_moe_expert_parallel_comm`, the "moe_a2a_overlap" of Megatron-Bridge's recipes: one micro-batch's
-    # dispatch and combine beside another's computation, DualPipe-style): cost.ep_exchange.  Off by default.
+    # dispatch and combine beside another's computation, DualPipe-style): cp_ep_comm.ep_exchange.  Off by default.
     ep_comm_overlap: bool = False
     # a mixture of experts' host floor, seconds per MoE layer forward + backward (fixed, per routed expert on the rank):
     # MOE_HOST_S where Megatron-Core runs without whole-iteration CUDA graphs (`--cuda-graphs partial|none`); (0, 0)
-    # -- none, the default -- where whole iterations are captured (cost.moe_host_floor)
+    # -- none, the default -- where whole iterations are captured (cp_ep_comm.moe_host_floor)
     moe_host_s: tuple[float, float] = (0.0, 0.0)
-    # how a mixture of experts' tokens cross nodes (cost.ep_exchange): "alltoall" (Megatron-Core's alltoall dispatcher:
+    # how a mixture of experts' tokens cross nodes (cp_ep_comm.ep_exchange): "alltoall" (Megatron-Core's alltoall dispatcher:
     # every copy bound for another node crosses the NICs) or "dedup" (DeepEP, HybridEP -- the flex dispatcher: once
     # per remote node, forwarded inside it over NVLink; moe_dispatcher "flex" prices it so too, as its code runs);
     # and whether the forward dispatch moves FP8 tokens
     ep_dispatch: str = "alltoall"
     ep_dispatch_fp8: bool = False
-    # which of Megatron-Core's token dispatchers runs the MoE layers (cost.choice_layer_times): "alltoall" sorts the
+    # which of Megatron-Core's token dispatchers runs the MoE layers (cp_ep_comm.choice_layer_times): "alltoall" sorts the
     # copies a rank receives by local expert after the dispatch and back before the combine (its "Permutation 2",
     # compute.module_elementwise_bytes), "flex" (DeepEP, HybridEP) sends a row per destination rank and permutes the
     # rows received into the experts' copies (compute.ep_destination_ranks); "" follows ep_dispatch
@@ -758,7 +758,7 @@ class Cluster:
     # forward reduce-scatters that Transformer Engine's userbuffers overlap by its "pipeline" method instead
     # of the ring exchange: (GEMM name as compute.layer_gemms calls it, num_sm, num_splits) -- the GEMM runs
     # in num_splits chunks on SMs − num_sm (`set_sm_margin`) while num_sm SMs reduce-scatter the previous
-    # chunk (cost.tp_overlap_exposed).  Empty: every forward collective by ring exchange (the backward: bulk and
+    # chunk (parallel_comm.tp_overlap_exposed).  Empty: every forward collective by ring exchange (the backward: bulk and
     # ring exchange, as every config runs it).  A recipe's userbuffers
     # config says which (e.g. NeMo-Framework-Launcher conf/training/tp_overlap/*.yaml: proj_fprop/fc2_fprop)
     tp_overlap_pipeline: tuple[tuple[str, int, int], ...] = ()
@@ -770,18 +770,18 @@ class Cluster:
     fp8_scaling: str = "delayed"
     # dtype fp8: ZeRO-1/2's gather of updated weights moves fp8 copies (1 B per weight; Megatron-Core's DDP
     # `fp8_param_gather`, set by NeMo 2's and Megatron-Bridge's FP8 precision presets and by MLPerf's NeMo
-    # configs, FP8_PARAM_GATHER / FP8_PARAMS) instead of bf16 (2 B, the default here: cost.weight_bytes)
+    # configs, FP8_PARAM_GATHER / FP8_PARAMS) instead of bf16 (2 B, the default here: parallel_comm.weight_bytes)
     fp8_param_gather: bool = False
-    # how context parallelism moves K/V (cost.py): "ring" passes blocks around the CP ring behind the
+    # how context parallelism moves K/V (cp_ep_comm.py): "ring" passes blocks around the CP ring behind the
     # attention (Liu et al. 2023; Megatron-LM); "all-gather" gathers every rank's K/V before the
     # attention and reduce-scatters dK/dV after it, both exposed (Llama 3, Grattafiori et al. 2024 §3.3.2);
     # "a2a" all-to-alls Q, K, V from sequence shards to head shards and the output back, exposed
-    # (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's cp_comm_type "a2a": cost.cp_all_to_all)
+    # (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's cp_comm_type "a2a": cp_ep_comm.cp_all_to_all)
     cp_comm: str = "ring"
-    # the optimizer of the weight matrices (memory.state_bytes_per_param, cost.optimizer_time): "adam" (mixed-precision
+    # the optimizer of the weight matrices (memory.state_bytes_per_param, dp_tail.optimizer_time): "adam" (mixed-precision
     # Adam / AdamW: fp32 master, m and v) or "muon" (Megatron-Core's Muon, `--optimizer muon` / Megatron-Bridge's
     # `dist_muon`: an fp32 momentum beside the fp32 master, each matrix's update orthogonalized by Newton-Schulz,
-    # cost.newton_schulz_seconds; the embedding and output layer on Adam, its `muon_scalar_optimizer` default).
+    # dp_tail.newton_schulz_seconds; the embedding and output layer on Adam, its `muon_scalar_optimizer` default).
     # `muon_tp_mode` how a TP-split matrix is orthogonalized: "blockwise" (each rank its shard: Megatron-Bridge's
     # recipes) or "duplicated" (every TP rank the whole matrix, gathered over TP: Megatron-Core's default)
     optimizer: str = "adam"
@@ -801,7 +801,7 @@ class Cluster:
     # one SKU, and per-step jitter); a synchronous step runs at its slowest GPU's pace (cost.straggler_factor).
     # None: gemm_table.STEP_SPREAD on hierarchical (catalogue-GPU) clusters, 0 on flat/calibrated ones
     straggler_cv: float | None = None
-    # parameters per DP gradient bucket (cost.dp_bucket, cost.stage_buckets): None, Megatron-Core's DDP default
+    # parameters per DP gradient bucket (dp_tail.dp_bucket, dp_tail.stage_buckets): None, Megatron-Core's DDP default
     # (max(4·10⁷, 10⁶ · dp·cp), a rank's later model chunks one bucket each; FSDP: one per layer); a number, buckets
     # of that size (DeepSpeed's reduce_bucket_size, PyTorch DDP's bucket_cap_mb / 2 B); 0, one bucket per layer
     dp_bucket_params: float | None = None

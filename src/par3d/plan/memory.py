@@ -23,7 +23,7 @@ Megatron-Core's precision-aware optimizer (`--use-precision-aware-optimizer`, Tr
 `"remainders-bf16-moments"` = 2 + 2 + 2 = 6 B where TE keeps only the 16 low bits of each fp32 master weight beside
 the bf16 one (`store_param_remainders`, Megatron-Core's default since core 0.13 with TE >= 2.1; it applies when TE
 holds the master copy: BF16 training or FP8 with delayed scaling -- with other FP8 recipes Megatron-Core holds an
-fp32 master, 4 B).  The optimizer step's HBM traffic (cost.py) is priced with fp32 states whatever this says.
+fp32 master, 4 B).  The optimizer step's HBM traffic (dp_tail.py) is priced with fp32 states whatever this says.
 fp8 weights: with Transformer Engine's fp8 primary weights (NeMo `fp8_params`, TE `fp8_model_init`) a
 GEMM weight is 1 B plus its cached 1 B transpose (Hopper's fp8 GEMMs take only TN), i.e. bf16's 2 B;
 without them TE also caches an fp8 copy and transpose of every GEMM weight beside the bf16 one
@@ -68,7 +68,7 @@ vocabulary's, 6 B, not /t, where the logits are gathered to every TP rank ("gath
     1 GiB fixed (CUDA context ~0.5 GiB, cuBLAS workspaces, NCCL buffers)
     + 10% of the activations (allocator fragmentation; PyTorch's caching allocator)
     + ZeRO-3: the gathered bf16 weights of two layers (the one computing and the one prefetched);
-      with DeepSpeed's sub-module units (`zero3_live`, cost.zero3_live_params) the two largest
+      with DeepSpeed's sub-module units (`zero3_live`, plan_memory.zero3_live_params) the two largest
       consecutive sub-modules' weights and one sub-module's full gradient before its reduce-scatter.
 """
 
@@ -154,7 +154,7 @@ def state_bytes_per_param(dtype: str, zero: int, dp: int, accounting: str = "see
 def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str,
                            dtype: str = "bf16", cp: int = 1, flash: bool = False, etp: int = 1) -> float:
     """Stored activations of one layer for one micro-batch on one TP rank (Korthikanti 2022), with
-    s/cp tokens per rank under context parallelism.  Expert tensor parallelism (`etp`, cost.Choice.etp) gathers
+    s/cp tokens per rank under context parallelism.  Expert tensor parallelism (`etp`, choice.Choice.etp) gathers
     etp times the routed copies onto each rank at 1/etp of the expert's width: the copies' fc1 inputs (h wide)
     are etp times as many; their width-wide activations as without it."""
     s_full, h, a, t = model.seq_len, model.hidden, model.heads, tp
@@ -266,7 +266,7 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
-    cost.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
+    stage_layout.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
     (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
     states = state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=accounting,
@@ -278,7 +278,7 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
 
 
 # `rank_memory` in two halves, each with what every pipeline rank of one configuration shares computed once: the
-# activations (which no ZeRO stage changes) and the states.  cost.memory prices several candidate ranks of each
+# activations (which no ZeRO stage changes) and the states.  plan_memory.memory prices several candidate ranks of each
 # configuration, and every ZeRO stage of one layout, from them; the same numbers in the same sums as rank_memory's.
 
 def activation_terms(model: ModelSpec, *, tp: int, b: int, sp: bool, recompute: str, dtype: str, cp: int = 1,
@@ -298,7 +298,7 @@ def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: 
                      inflight_layers: float | None = None, per_layer: float | None = None) -> tuple[float, float]:
     """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`."""
     layer, working, logits = terms
-    if per_layer is None:  # given: a chunk whose layers store differently (cost.partial_activation_bytes)
+    if per_layer is None:  # given: a chunk whose layers store differently (plan_memory.partial_activation_bytes)
         per_layer = layer
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)

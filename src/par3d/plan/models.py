@@ -18,7 +18,7 @@ head per rank — more K/V weights and activations per rank than kv_dim/tp.
 Mixture of experts (`experts` > 0; Shazeer et al. 2017, GShard, Switch; Mixtral, Qwen-MoE, OLMoE): every
 layer's MLP is a router (h·E) and E routed experts of width `moe_ffn_hidden` each (gated or not, as the model),
 of which each token runs `top_k`, plus an optional always-on shared expert of width `shared_ffn` (Qwen2-MoE,
-DeepSeek: n_shared × moe width).  Expert parallelism (`ep`, cost.Choice) places E/ep whole experts on each
+DeepSeek: n_shared × moe width).  Expert parallelism (`ep`, choice.Choice) places E/ep whole experts on each
 rank (Megatron-Core's expert-tensor-parallel size 1); the attention, norms, router and shared expert split over
 TP as a dense layer's do.  Leading dense layers (`dense_layers`: DeepSeek's first_k_dense_replace) and regularly
 interleaved ones (`moe_step`: Llama 4 Maverick's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step) have a
@@ -95,12 +95,12 @@ class ModelSpec:
     # kind, a projection of [norm(h); norm(embedding)] (2h -> h) and a second pass of the shared output head and loss
     mtp_layers: int = 0
     # group-limited routing (DeepSeek-V3: 256 experts in 8 groups, each token's experts in at most 4 of them;
-    # config.json's n_group / topk_group): bounds the nodes a token's copies reach (cost.ep_remote_nodes)
+    # config.json's n_group / topk_group): bounds the nodes a token's copies reach (cp_ep_comm.ep_remote_nodes)
     route_groups: int = 0
     route_group_topk: int = 0
     # a benchmark's balanced router that gives each token k consecutive experts (NeMo AutoModel's FakeBalancedGate:
     # token i's experts are i·k … i·k + k - 1 mod E), so its copies land on as few ranks and nodes as the experts' layout
-    # allows (compute.ep_destination_ranks, cost.ep_remote_nodes); `--router-consecutive`
+    # allows (compute.ep_destination_ranks, cp_ep_comm.ep_remote_nodes); `--router-consecutive`
     route_consecutive: bool = False
     # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
     # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
@@ -111,7 +111,7 @@ class ModelSpec:
     # the layers of each pipeline chunk in model order (pp × virtual stages of them; the first also holds the
     # embedding, the last the output head and loss), as Megatron-Core's TransformerConfig sets them
     # (pipeline_model_parallel_layout, num_layers_in_first/last_pipeline_stage); (): the planner's balanced
-    # partition (pipeline/partition.py).  `--pipeline-layout`; cost.layout reads it
+    # partition (pipeline/partition.py).  `--pipeline-layout`; stage_layout.layout reads it
     pipeline_split: tuple[int, ...] = ()
     # without a `pipeline_split`: how the layers are cut into chunks -- "balanced" (par3d's own partition, by cost:
     # pipeline/partition.py) or "megatron" (Megatron-Core's default, which Megatron-LM, NeMo and Megatron-Bridge runs

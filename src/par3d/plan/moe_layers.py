@@ -11,8 +11,8 @@ Transformer Engine's grouped GEMM and the permutation and router fusions, each w
 the flex dispatcher's two back ends (DeepEP, HybridEP).  `TransformerConfig`'s defaults make the experts plain
 GeLU MLPs (no gated unit).
 
-The planner prices the layer as a step would (`cost.choice_layer_times`' "moe" module: the router, the grouped
-GEMMs, a shared expert, the routing and activation traffic; plus `cost.ep_exchange`'s dispatch and combine): the
+The planner prices the layer as a step would (`cp_ep_comm.choice_layer_times`' "moe" module: the router, the grouped
+GEMMs, a shared expert, the routing and activation traffic; plus `cp_ep_comm.ep_exchange`'s dispatch and combine): the
 forward that, the backward twice its computation plus its all-to-alls (the step model's convention).  Only the BF16
 cases are priced: the FP8 ones run DeepSeek's blockwise recipe (1×128 / 128×128 scales), which par3d does not model.
 Nothing here set any constant (docs/planner_rounds.md, issue 12's thirtieth round).  `python -m par3d.plan.moe_layers` prints the
@@ -24,7 +24,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 
-from .cost import Choice, choice_layer_times, ep_exchange
+from .cost import Choice
+from .cp_ep_comm import choice_layer_times, ep_exchange
 from .hardware import make_cluster
 from .models import ModelSpec
 

@@ -11,7 +11,7 @@ time is accumulated per rank as `(start + t) - start` in start order, the makesp
 end, and the bubble is `1 - sum(busy) / (p · makespan)` (tests/test_plan_model.py compares them
 with `simulate` on every schedule).  Start times do not depend on which dependency-respecting order
 the actions are visited in, so the program uses a cheap topological order rather than the
-checker's; `cost.validate_schedule` still runs the full check on every reported plan.
+checker's; `stage_layout.validate_schedule` still runs the full check on every reported plan.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Program:
     dep2: tuple[int, ...]
     # per global stage, the action index of its first forward (micro-batch 0) and of its last
     # gradient-producing action (B, or BW for the split backwards): when its weights are first needed
-    # and when its gradients are final (cost.dp_tail's bucket timing)
+    # and when its gradients are final (dp_tail.dp_tail's bucket timing)
     first_f: tuple[int, ...] = ()
     last_grad: tuple[int, ...] = ()
     # per action, the stage boundary each dependency crossed (s: between global stages s and s + 1; -1: none, or

@@ -25,31 +25,25 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from .choice import recomputed_layers
 from .compute import RECOMPUTE_MODULES, modules_recompute, recompute_modules
 from .cost import (
     DEFAULT_OPTIONS,
-    SPLIT_BACKWARD,
     Choice,
     Options,
     Plan,
-    choice_layer_times,
-    dp_tail,
     evaluate,
-    layout,
     makespan_lower_bound,
-    memory,
-    mtp_forward,
-    optimizer_time,
     rank_busy,
-    rank_stage_lists,
-    recomputed_layers,
     stage_times,
     straggler_factor,
-    ulysses_error,
-    validate_schedule,
 )
+from .cp_ep_comm import choice_layer_times, ulysses_error
+from .dp_tail import dp_tail, optimizer_time
 from .hardware import Cluster
 from .models import ModelSpec
+from .plan_memory import memory
+from .stage_layout import SPLIT_BACKWARD, layout, mtp_forward, rank_stage_lists, validate_schedule
 
 SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe", "zb-v", "dualpipe-v")
 V_ORDER = ("zb-v", "dualpipe-v")  # two chunks per rank on the V (pipeline/schedules.py)
@@ -78,10 +72,10 @@ class Fixed:
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
     cp: int | None = None
-    dp_replicate: int | None = None  # HSDP replicas (cost.Choice.dp_replicate); None: searched
-    recompute_layers: int | None = None  # block-method full recomputation (cost.Choice.recompute_layers)
-    ep: int | None = None  # expert parallelism (a mixture of experts: cost.Choice.ep)
-    etp: int | None = None  # expert tensor parallelism (cost.Choice.etp); None: searched over 1 and tp (etp_choices)
+    dp_replicate: int | None = None  # HSDP replicas (choice.Choice.dp_replicate); None: searched
+    recompute_layers: int | None = None  # block-method full recomputation (choice.Choice.recompute_layers)
+    ep: int | None = None  # expert parallelism (a mixture of experts: choice.Choice.ep)
+    etp: int | None = None  # expert tensor parallelism (choice.Choice.etp); None: searched over 1 and tp (etp_choices)
 
 
 # The search tries context parallelism only while each CP rank keeps at least this many tokens of a
@@ -428,7 +422,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         if lazy:
                             _push_deferred(queue, c, mem, res, memo)
                             continue
-                        shared = z < (2 if cluster.fsdp else 3)  # (cost.fsdp_unit_priced: FSDP prices ZeRO-2 too)
+                        shared = z < (2 if cluster.fsdp else 3)  # (choice.fsdp_unit_priced: FSDP prices ZeRO-2 too)
                         if not shared or st is None:
                             st_z = memo.stage_times(c)
                             if shared:
@@ -679,7 +673,7 @@ class _Memo:
             return stage_times(self.model, self.cluster, c)
         key = (c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.recompute_layers, c.sequence_parallel,
                _placement(c), c.ep, c.etp) + ((c.dp, c.zero_stage, c.dp_replicate) if c.zero_stage >= 3 else ()) + (
-                   (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # cost.fsdp_unit_priced: ZeRO-2 and 3
+                   (c.zero_stage >= 2,) if self.cluster.fsdp else ())  # choice.fsdp_unit_priced: ZeRO-2 and 3
         hit = self.st.get(key)
         if hit is None:
             hit = self.st[key] = stage_times(self.model, self.cluster, c)

@@ -67,7 +67,7 @@ def rows(path: str = PATH) -> list[dict[str, Any]]:
 # and OpenEuroLLM train with Megatron-LM; the Zero Bubble paper's runs are its authors' Megatron-LM fork, whose
 # --allow-padding-num-layers gives the first and the last chunk one layer fewer, as Megatron-Core's split does when
 # layers + 2 divide).  Without a pipeline_layout their pipeline chunks are Megatron-Core's default split
-# (cost.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
+# (stage_layout.megatron_split), not the planner's balanced one (issue 12's thirty-third round).
 MEGATRON_FAMILY = ("narayanan2021", "korthikanti2022", "megatron", "nemo", "dgxc", "mbridge", "mlperf", "nemotron4",
                    "megascale", "apertus", "oellm", "zb", "fp8lm", "moefold", "mcoremoe", "vocabpar25")
 
@@ -480,7 +480,7 @@ MOE_HOST_CAL_PREFIX = "mbridge-moe-26.04-"
 
 
 def host_floored(row: dict[str, Any]) -> bool:
-    """Whether a row's MoE layers wait for their host (cost.moe_host_floor): Megatron-Core's dropless layers (a
+    """Whether a row's MoE layers wait for their host (cp_ep_comm.moe_host_floor): Megatron-Core's dropless layers (a
     Megatron-family row) without whole-iteration CUDA graphs (its `cuda_graphs`, "none" unless stated)."""
     return megatron_row(row) and row.get("cuda_graphs", "none") != "full_iteration"  # not for an `undescribed` row
 

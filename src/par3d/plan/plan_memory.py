@@ -1,0 +1,252 @@
+"""Memory per GPU of one configuration (`memory`): the weights' and optimizer states' share and the activations
+in flight on each rank under its schedule, from memory.py's primitives; activation offload's exposed copies."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .choice import DEFAULT_OPTIONS, Choice, Options
+from .compute import layer_gemms
+from .hardware import NVLINK4_EFF, Cluster
+from .memory import (
+    FRAGMENTATION,
+    MemoryBreakdown,
+    RankShape,
+    activation_terms,
+    layer_activation_bytes,
+    logits_bytes,
+    rank_activations,
+    rank_states,
+    state_bytes_per_param,
+    state_terms,
+)
+from .models import ModelSpec
+from .stage_layout import peak_inflight, peak_layers, rank_shapes
+
+# ---- memory --------------------------------------------------------------------------------------
+
+def memory_accounting(opts: Options, cluster: Cluster) -> str:
+    """The state accounting memory.py counts: fp32 gradient reduction keeps fp32 (main) gradients,
+    4 B per parameter, as Megatron's accounting does."""
+    if cluster.bf16_optimizer:  # DeepSpeed's BF16_Optimizer: its full fp32 gradient buffer beside the bf16 grads
+        return "bf16_optimizer"
+    return "megatron" if cluster.grad_reduce_fp32 else opts.memory_accounting
+
+
+def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str, cp: int, flash: bool,
+                             chunks: int, rec_layers: int, etp: int = 1) -> float:
+    """One layer's stored activations, averaged over a chunk of which the first `rec_layers` keep only their
+    input (full recomputation) and the rest keep everything (Megatron-LM's block method); the chunk is the
+    model's mean, layers / chunks (an embedding or head chunk is not told apart)."""
+    n = model.layers / chunks
+    full = layer_activation_bytes(model, b, tp, sp, "full", dtype, cp, flash, etp)
+    if rec_layers >= n:  # every layer: plain full recomputation
+        return full
+    none = layer_activation_bytes(model, b, tp, sp, "none", dtype, cp, flash, etp)
+    return (rec_layers * full + (n - rec_layers) * none) / n
+
+
+@lru_cache(maxsize=8192)
+def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
+                 b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0,
+                 cross_entropy: str = "unfused", ep: int = 1, etp: int = 1) -> tuple:
+    """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
+    ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
+    shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
+
+    def of_layer(k: ModelSpec) -> float:
+        if recompute == "full" and rec_layers > 0:
+            return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers, etp)
+        return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
+
+    per_layer = of_layer(model)
+    per_rank: tuple[float, ...] = ()
+    if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean (its dense
+        # and MoE layers counted over its chunks, `Layout.dense`); the larger of the two for the one-number estimate
+        dense = of_layer(model.dense_variant())
+        for shape in shapes:
+            n, nd = sum(shape.layers), shape.dense_layers
+            per_rank += (((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense),)
+        per_layer = max(per_layer, dense)
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank
+
+
+@lru_cache(maxsize=4096)
+def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int, ep: int = 1) -> tuple:
+    """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
+    shape, the schedule's peak in-flight micro-batches, the live layers at the peak and the heaviest ranks."""
+    shapes = rank_shapes(model, tp, pp, v, schedule, ep)
+    peaks = peak_inflight(schedule, pp, m, v)
+    live = _peak_layers(schedule, pp, m, v, shapes, peaks)
+    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep)
+
+
+def memory(model: ModelSpec, cluster: Cluster, c: Choice,
+           opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
+    """The heaviest rank's memory and that rank."""
+    # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
+    opts = opts or DEFAULT_OPTIONS
+    acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
+    # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
+    # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
+    # alone sharded
+    zero = 1 if cluster.fsdp and c.pp > 1 and c.zero_stage >= 3 else c.zero_stage
+    off = cluster.offload_optimizer
+    if model.moe or model.mtp_layers:
+        # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
+        # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
+        # are priced in full (their activations kept for every ZeRO stage: `_heavy_activations`); the first of equal
+        # totals (MemoryBreakdown.total's sum, in its order)
+        ranks = _heavy_activations(
+            model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+            c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp,
+            cluster.offload_layers)
+        states = _state_terms(model, cluster, c, opts, zero, acc)
+        best, arg, most = None, 0, 0.0
+        for r, shape, act, other in ranks:
+            w, g, o, a, oth = rank_states(states, shape, act, other)
+            if off:  # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
+                o = o * (1.0 - off)
+            total = w + g + o + a + oth
+            if best is None or total > most:
+                best, arg, most = (w, g, o, a, oth), r, total
+        return MemoryBreakdown(*best), arg  # type: ignore[misc]
+    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
+        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
+        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
+    o *= 1.0 - off
+    # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
+    # this picks the rank rank_memory would find heaviest
+    act_scale = 1.0 + FRAGMENTATION
+    arg, top = 0, -1.0
+    for r, params, units, head, _ in heavy:
+        est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
+        if est > top:
+            arg, top = r, est
+    states = _state_terms(model, cluster, c, opts, zero, acc)
+    acts = activation_terms(model, tp=c.tp, b=c.micro_batch, sp=c.sequence_parallel, recompute=c.recompute,
+                            dtype=cluster.precision, cp=c.cp, flash=flash, cross_entropy=cluster.cross_entropy, etp=c.etp)
+    act, other = rank_activations(acts, model.mtp_layers, shapes[arg], peaks[arg],
+                                  offloaded_live(live[arg], cluster.offload_layers, c),
+                                  per_rank[arg] if per_rank else per_layer if c.recompute_layers else None)
+    w, g, o, a, oth = rank_states(states, shapes[arg], act, other)
+    if off:  # (as above)
+        o = o * (1.0 - off)
+    return MemoryBreakdown(w, g, o, a, oth), arg
+
+
+def _state_terms(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options, zero: int, acc: str) -> tuple:
+    """memory.state_terms of choice `c` (its heaviest rank's states, as memory.rank_memory counts them)."""
+    return _states(model, cluster.precision, cluster.optimizer, cluster.zero3_unit, opts.optimizer_dtype, acc, zero,
+                   c.zero_stage, c.tp, c.dp // c.dp_replicate, c.cp, c.expert_dp, c.expert_shards)
+
+
+@lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few hundred (ZeRO stage, tp, dp, cp, ep) groups
+def _states(model: ModelSpec, dtype: str, optimizer: str, unit: str, optimizer_dtype: str, acc: str, zero: int,
+            zero_stage: int, tp: int, dp: int, cp: int, expert_dp: int, expert_shards: int) -> tuple:
+    """`_state_terms` from the fields it reads (the cluster's own -- its dtype, optimizer and ZeRO-3 unit -- so that
+    a cluster whose profile does not hash is keyed as well)."""
+    zero3_live = _zero3_live(model, unit, zero_stage, tp, expert_shards) if zero >= 3 else None
+    return state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=acc, zero3_live=zero3_live,
+                       optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
+
+
+@lru_cache(maxsize=8192)
+def _heavy_activations(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
+                       b: int, sp: bool, recompute: str, cp: int, rec_layers: int, cross_entropy: str, ep: int,
+                       etp: int, offload_layers: int) -> tuple[tuple[int, RankShape, float, float], ...]:
+    """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank that can be the heaviest
+    (`_heavy_ranks`): memory.rank_activations of `_memory_scan`'s figures, which no ZeRO stage changes -- the search
+    asks for every stage of one layout."""
+    shapes, peaks, per_layer, _, live, heavy, per_rank = _memory_scan(
+        model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, cross_entropy, ep, etp)
+    acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                            cross_entropy=cross_entropy, etp=etp)
+    shared = per_layer if rec_layers else None
+    return tuple((r, shapes[r], *rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
+                                                  _offloaded_live(live[r], offload_layers, pp),
+                                                  per_rank[r] if per_rank else shared))
+                 for r, *_ in heavy)
+
+
+def offloaded_live(live: float, n: int, c: Choice) -> float:
+    """Layers whose activations a rank holds at its peak when `n` layers are offloaded to host memory
+    (Megatron-Core's cpu_offloading_num_layers; one micro-batch in flight, no pipeline): the others, and two of
+    the offloaded -- the double buffer its offload handler copies through (the layer being copied out or in and
+    the next).  Unchanged without offloading or with a pipeline (which Megatron-Core's offloading does not run)."""
+    return _offloaded_live(live, n, c.pp)
+
+
+def _offloaded_live(live: float, n: int, pp: int) -> float:
+    if n <= 0 or pp > 1:
+        return live
+    return max(0.0, live - n) + min(n, 2)
+
+
+def offload_exposed(model: ModelSpec, cluster: Cluster, c: Choice, f_layer: float, b_layer: float) -> tuple[float, float]:
+    """Forward and backward time a micro-batch waits on activation offloading: each of the `offload_layers`
+    copies its stored activations (memory.layer_activation_bytes) to host memory while the next layer computes,
+    and back while the layer after it back-propagates; with two buffers a layer cannot start before the copy two
+    layers back is done, so each offloaded layer runs at the slower of its compute (`f_layer`, `b_layer`) and its
+    copy.  The copy runs on a copy engine over `Cluster.host` at NVLink rings' measured share of line rate
+    (hardware.NVLINK4_EFF, borrowed: no host-copy figure is cited) and takes no SM time."""
+    n = cluster.offload_layers
+    if n <= 0 or c.pp > 1:
+        return 0.0, 0.0
+    flash = cluster.flash
+    nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
+                                    c.cp, flash, c.etp)
+    host = cluster.host
+    copy = host.alpha + nbytes / (host.beta * NVLINK4_EFF)
+    return n * max(0.0, copy - f_layer), n * max(0.0, copy - b_layer)
+
+
+def zero3_live_params(model: ModelSpec, cluster: Cluster, c: Choice) -> float | None:
+    """Gathered parameters a rank holds at once under DeepSpeed-style ZeRO-3 (`submodule` units):
+    the sub-module computing and the one prefetched (the largest consecutive pair: the MLP's two
+    matrices) plus the full gradient of one sub-module before its reduce-scatter.  None: two layers
+    (memory.py's default for `layer` units; a mixture of experts' two layers hold E/ep experts each)."""
+    return _zero3_live(model, cluster.zero3_unit, c.zero_stage, c.tp, c.expert_shards)
+
+
+def _zero3_live(model: ModelSpec, unit: str, zero_stage: int, tp: int, expert_shards: int) -> float | None:
+    """`zero3_live_params` from what it reads of the cluster (`unit`, its ZeRO-3 unit) and of the choice."""
+    if zero_stage < 3:
+        return None
+    if unit != "submodule":  # two whole layers: a mixture of experts' with its E/ep routed experts
+        if not model.moe:
+            return None
+        dense = model.dense_variant().layer_params_per_rank(tp) if model.dense_count else 0.0
+        return 2 * max(model.layer_params_per_rank(tp, expert_shards), dense)
+    gs = {g.name: g for g in layer_gemms(model, 1, tp)}
+    w = [float(gs[k].k * gs[k].n) for k in ("qkv", "attn_out", "mlp_in", "mlp_out")]
+    pair = max(w[i] + w[(i + 1) % 4] for i in range(4))
+    return pair + max(w)
+
+
+@lru_cache(maxsize=8192)
+def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape, ...],
+                 peaks: tuple[int, ...]) -> tuple[float, ...]:
+    return peak_layers(schedule, p, min(m, 3 * p) if schedule == "interleaved" else m, v, shapes, peaks)
+
+
+@lru_cache(maxsize=8192)
+def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
+                 schedule: str | None = None, ep: int = 1) -> tuple[tuple[int, float, float, bool, float], ...]:
+    """(rank, parameters, in-flight layer units, holds the head, expert parameters) of the ranks that can be the heaviest
+    (`live`: each rank's peak of live layers, `peak_layers`).
+
+    A rank's memory rises with its dense parameters, its expert parameters, its in-flight layer units and
+    holding the head (the coefficients are >= 0, and rounding is monotone), and the scan keeps the first of equal
+    estimates, so a rank that an earlier rank matches or exceeds in all four never wins: dropping it changes no
+    answer.  Under 1F1B that leaves the first two ranks and the last."""
+    kept: list[tuple[int, float, float, bool, float]] = []
+    for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule, ep)):
+        row = (r, shape.params, live[r], shape.head, shape.expert_params)
+        # a mixture of experts: the dense and the expert parameters compared apart (their states shard over
+        # different groups, so neither total orders the ranks)
+        if not any(k[1] - k[4] >= row[1] - row[4] and k[4] >= row[4] and k[2] >= row[2] and (k[3] or not row[3])
+                   for k in kept):
+            kept.append(row)
+    return tuple(kept)
