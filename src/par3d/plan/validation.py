@@ -916,11 +916,11 @@ def forced_misses(published: list[float], bound: float = DEFAULT_BOUND) -> int:
     return len(bands) - max(sum(lo <= edge <= hi for lo, hi in bands) for band in bands for edge in band)
 
 
-def repeat_stats(preds: list[Prediction]) -> dict[str, float | int] | None:
+def repeat_stats(preds: list[Prediction]) -> dict[str, Any] | None:
     """`repeat_groups` summed up: groups, rows, the spread of a group's published values (largest / smallest − 1:
     median and largest), each row's distance from its group's median published value (median: the sources' own
-    scatter), groups spread wider than twice the bound, and the misses at ±10 % no prediction of these inputs can
-    avoid (`forced_misses`); None without repeats."""
+    scatter), groups spread wider than twice the bound, the misses at ±10 % no prediction of these inputs can
+    avoid (`forced_misses`) and the groups' row names (`runs`); None without repeats."""
     groups = repeat_groups(preds)
     if not groups:
         return None
@@ -931,7 +931,8 @@ def repeat_stats(preds: list[Prediction]) -> dict[str, float | int] | None:
             "spread_max_pct": round(100 * spreads[-1], 1), "scatter_median_pct": round(100 * median(scatter), 1),
             "wider_than_2x_bound": sum(s > 2 * DEFAULT_BOUND for s in spreads),
             "forced_misses": sum(forced_misses(x) for x in pubs),
-            "within_10pct": sum(abs(p.error) <= DEFAULT_BOUND for g in groups for p in g)}
+            "within_10pct": sum(abs(p.error) <= DEFAULT_BOUND for g in groups for p in g),
+            "runs": [[p.row["name"] for p in g] for g in groups]}
 
 
 def repeats_line(preds: list[Prediction]) -> str:
@@ -966,8 +967,9 @@ def summary(preds: list[Prediction]) -> str:
         runs, fastest, med, mean, top = stats
         lines.append(f"runs measured at three or more layouts: {runs}; the planner's pick the measured fastest in "
                      f"{fastest}, its regret median {med:.1%}, mean {mean:.1%}, max {top:.1%}")
-    if repeats_line(preds):
-        lines.append(repeats_line(preds))
+    repeats = repeats_line(preds)
+    if repeats:
+        lines.append(repeats)
     return "\n".join(lines)
 
 
@@ -995,8 +997,7 @@ def report_json(preds: list[Prediction]) -> str:
                        "layout_picks": [{"pick": pick.row["name"], "fastest": best.row["name"],
                                          "regret_pct": round(100 * regret, 1)}
                                         for pick, best, regret in layout_picks(preds)],
-                       "repeats": {**(repeat_stats(preds) or {}),
-                                   "runs": [[p.row["name"] for p in g] for g in repeat_groups(preds)]},
+                       "repeats": repeat_stats(preds) or {"runs": []},
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
