@@ -451,7 +451,7 @@ def test_p2p_blocking_flag(capsys):
     assert "p2p:" not in run(capsys, *text, "--schedule", "1f1b")[1]
     assert "holds its GPU until delivered (the 1F1B schedule" in run(capsys, *text, "--p2p-blocking", "1f1b")[1]
     # the software line says what the plan assumes, as the flags set it, and what stating it bought the set
-    from par3d.plan.validation import software_evidence
+    from par3d.plan.evidence import software_evidence
 
     plain = run(capsys, *text)[1]
     said = next(line for line in plain.splitlines() if line.startswith("software: "))
@@ -741,7 +741,7 @@ def test_nvfp4_precision(capsys):
     than MXFP8's and tensor-scaled FP8's; the casts cost NVFP4_CAST_OVER_MXFP8 times MXFP8's traffic; the saved GEMM
     inputs are 0.5625 B copies (less memory than fp8's 1 B); fp4 weight gathers move 0.5625 B a weight; the plan quotes
     the gpu/nvfp4 evidence; --fp8-scaling other than nvfp4 beside it is refused."""
-    from par3d.plan import gemm_table, parallel_comm, validation
+    from par3d.plan import calibration, gemm_table, parallel_comm, validation
     from par3d.plan.compute import Gemm, elementwise_bytes, gemm_time
     from par3d.plan.hardware import DEVICES, make_cluster
     from par3d.plan.memory import layer_activation_bytes
@@ -791,8 +791,8 @@ def test_nvfp4_precision(capsys):
     assert rc != 0 and "--dtype nvfp4: a100-80gb has no nvfp4 tensor cores" in err and "--gpu b200" in err
     rc, _, err = run(capsys, *base, "--dtype", "nvfp4", "--fp8-scaling", "current")
     assert rc != 0 and "--dtype nvfp4 with --fp8-scaling current" in err
-    row = next(r for r in validation.rows() if str(r["name"]).startswith(validation.MBRIDGE_NVFP4_PREFIX))
-    assert validation.in_sample(row) and validation.cluster_of(row).fp8_scaling == "nvfp4"
+    row = next(r for r in validation.rows() if str(r["name"]).startswith(calibration.MBRIDGE_NVFP4_PREFIX))
+    assert calibration.in_sample(row) and validation.cluster_of(row).fp8_scaling == "nvfp4"
     with pytest.raises(ValueError, match="needs Blackwell"):
         validation.cluster_of(dict(row, gpu="h100-sxm"))
 

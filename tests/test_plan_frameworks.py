@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 
 from par3d.cli import main
-from par3d.plan import validation
+from par3d.plan import evidence, validation
 from par3d.plan.frameworks import FRAMEWORKS, get_framework
 from par3d.plan.hardware import Cluster
 from par3d.plan.stage_layout import megatron_split
@@ -129,7 +129,7 @@ def test_software_line_names_the_framework(capsys):
     line = next(x for x in out.splitlines() if x.startswith("software:"))
     assert line.startswith("software: --framework megatron-lm-2021: pipeline sends blocking, gradients reduced in "
                            "fp32 after the backward")
-    f = validation.software_evidence()["software/framework"]
+    f = evidence.software_evidence()["software/framework"]
     assert f"with only their framework named: {f['within_10pct']} ({f['median_abs_error_pct']:.1f} %)" in out
     rc = main(["plan", *BASE, "--top", "1"])
     out = capsys.readouterr().out

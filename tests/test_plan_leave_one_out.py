@@ -11,8 +11,8 @@ import os
 
 import pytest
 
+from par3d.plan import calibration, validation
 from par3d.plan import leave_one_out as loo
-from par3d.plan import validation
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 STORED = loo.stored()
@@ -30,10 +30,10 @@ def test_every_fitted_row_is_refitted_once():
     assert len(names) == len(set(names))
     cal = {str(r["name"]) for c in loo.constants() for r in c.cal()}
     assert set(names) == cal
-    in_sample = {str(r["name"]) for r in validation.rows() if validation.in_sample(r)}
+    in_sample = {str(r["name"]) for r in validation.rows() if calibration.in_sample(r)}
     assert cal <= in_sample
     rest = in_sample - cal
-    assert rest and all(n.startswith(validation.MBRIDGE_NVFP4_PREFIX) for n in rest)
+    assert rest and all(n.startswith(calibration.MBRIDGE_NVFP4_PREFIX) for n in rest)
     assert STORED["summary"]["not_refitted"]["rows"] == len(rest)
 
 

@@ -971,7 +971,7 @@ def test_blackwell_ultra_b300_and_gb300_from_their_sources():
 
 def test_grace_hopper_gh200_from_its_sources():
     """GH200 (issue 12's twenty-second round): the H100's peaks, its own measured MAMF (Bekman: 828.6 BF16, 1535.0
-    FP8), the 96 GB HPC module's sustained ratios fitted to declared rows (validation.gh200_sustained_rows) and the
+    FP8), the 96 GB HPC module's sustained ratios fitted to declared rows (calibration.gh200_sustained_rows) and the
     144 GB module's the H200's (no MSMF of either), FlashAttention-3's Hopper share, 96 GB HBM3 at 4 TB/s or 144 GB
     HBM3e at 4.9 TB/s, four per node on NVLink 4 with one 200 Gb/s NIC each, NVLink-C2C to the host."""
     from par3d.plan import gemm_table as gt

@@ -13,7 +13,7 @@ from statistics import median
 
 import pytest
 
-from par3d.plan import validation
+from par3d.plan import calibration, evidence, validation, validation_report, validation_runs
 from par3d.plan.hardware import make_cluster
 from par3d.plan.models import CATALOGUE
 from par3d.plan.search import Fixed, Limits, search
@@ -46,11 +46,11 @@ def test_the_set_holds_the_named_runs():
     assert {"bloom-176B", "llama3-405B-8192", "llama3-405B-16384"} <= names
     assert sum(n.startswith("nemo-24.07-") for n in names) == 12  # NeMo 24.07's pre-training table, whole
     # dgxc-benchmarking v24.11.1: every column of its six dense H100 tables, BF16 and FP8 (5+6+6+8+5+5 GPU counts)
-    assert sum(n.startswith(validation.DGXC_PREFIX) for n in names) == 70
+    assert sum(n.startswith(calibration.DGXC_PREFIX) for n in names) == 70
     # MLPerf Training v3.1 GPT-3 175B: NVIDIA's seven Eos runs (512 ... 10,752 GPUs) and Azure's 10,752-GPU run
-    assert sum(n.startswith(validation.MLPERF_PREFIX) for n in names) == 8
+    assert sum(n.startswith(validation_report.MLPERF_PREFIX) for n in names) == 8
     # llm-foundry's "H100 80GB BF16 (Large Scale)" table, whole: six MPT models x 128 / 256 / 512 GPUs (FSDP)
-    assert sum(n.startswith(validation.LLMFOUNDRY_PREFIX) for n in names) == 18
+    assert sum(n.startswith(calibration.LLMFOUNDRY_PREFIX) for n in names) == 18
     assert {"fmsfsdp-llama2-34b-a100-128", "fmsfsdp-llama2-70b-a100-128"} <= names  # fms-fsdp's FSDP rows
     # the Nemotron-4 reports' own pre-training runs: every stage of each batch ramp (15B: Table 1, 340B: Table 2)
     assert {f"nemotron4-paper-15B-{g}" for g in (768, 1536, 2304)} <= names
@@ -64,19 +64,19 @@ def test_the_set_holds_the_named_runs():
                                                                "gb200-512")} <= names
     assert {f"dgxc-25.05-{m}-{d}-{g}" for m in ("grok1-314B", "llama4-maverick-400B") for d in ("bf16", "fp8")
             for g in ("gb200-128", "gb200-256", "gb200-512", "h100-512")} <= names
-    assert sum(n.startswith(validation.DGXC_2505_PREFIX) for n in names) == 45  # and its two H100 15B rows
+    assert sum(n.startswith(validation_report.DGXC_2505_PREFIX) for n in names) == 45  # and its two H100 15B rows
     # and v25.05's H100 405B and 340B rows, BF16 and FP8 (forty-sixth round)
     assert {f"dgxc-25.05-{m}-{d}-h100-{g}" for m, g in (("llama3.1-405B", 512), ("nemotron4-340B", 256))
             for d in ("bf16", "fp8")} <= names
     # MLPerf Training v5.0's Llama 3.1 405B: every submission on a catalogue GPU (5 H100, 2 H200, 7 GB200)
-    assert sum(n.startswith(validation.MLPERF5_PREFIX) for n in names) == 14
+    assert sum(n.startswith(validation_report.MLPERF5_PREFIX) for n in names) == 14
     # MLPerf Training v4.1's GPT-3 175B: every submission on a catalogue GPU whose logs carry step times
-    assert sum(n.startswith(validation.MLPERF41_PREFIX) for n in names) == 5
+    assert sum(n.startswith(validation_report.MLPERF41_PREFIX) for n in names) == 5
     # Megatron-LM's README table (seventeenth round) and NeMo Megatron 22.08's two scaling tables (eighteenth), whole
-    assert sum(n.startswith(validation.MEGATRON08_PREFIX) for n in names) == 11
+    assert sum(n.startswith(validation_report.MEGATRON08_PREFIX) for n in names) == 11
     assert {f"nemo-22.08-gpt3-5B-a100-{8 * n}" for n in (1, 2, 4, 8, 16, 32)} | {
         f"nemo-22.08-gpt3-175B-a100-{8 * n}" for n in (8, 16, 32, 64, 128)} == {
-        n for n in names if n.startswith(validation.NEMO2208_PREFIX)}
+        n for n in names if n.startswith(validation_report.NEMO2208_PREFIX)}
     for r in ROWS:
         assert r["source"] and r["published"] > 0 and r["metric"] in ("hardware", "model", "tokens")
         assert float(r.get("bound", 0.10)) == 0.10 or r.get("note"), f"{r['name']}: a miss needs a note"
@@ -90,8 +90,8 @@ def test_zero_bubble_runs_are_cut_as_their_fork_cuts_them():
     2p chunks on the V).  Every run the paper measured at several schedules holds each schedule once."""
     from par3d.plan.stage_layout import layout
 
-    zb = [r for r in ROWS if r["name"].startswith(validation.ZB_PREFIX)]
-    assert len(zb) == 103 and all(validation.megatron_row(r) and not validation.in_sample(r) for r in zb)
+    zb = [r for r in ROWS if r["name"].startswith(validation_report.ZB_PREFIX)]
+    assert len(zb) == 103 and all(validation.megatron_row(r) and not calibration.in_sample(r) for r in zb)
     for r in zb:
         f, model = r["fixed"], validation.model_of(r)
         chunks = f["pp"] * f.get("virtual_stages", 1)
@@ -227,7 +227,7 @@ ETP_ROWS = ({f"dgxc-25.05-grok1-314B-{d}-gb200-{g}" for d in ("bf16", "fp8") for
 def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions):
     # llm-foundry's 2023 tables (fifteenth round): eager MPT keeps another activation set than the Megatron one
     # memory.py counts, and its small models' large micro-batches exceed it; each such row says so in `assumed`
-    lf23 = {n: p for n, p in predictions.items() if n.startswith(validation.LLMFOUNDRY23_PREFIX)}
+    lf23 = {n: p for n, p in predictions.items() if n.startswith(validation_report.LLMFOUNDRY23_PREFIX)}
     lf23_capacity = {n for n, p in lf23.items() if "not inside the planner's 5 % headroom" in p.row["assumed"]}
     lf23_over = {n for n, p in lf23.items() if "over memory in memory.py" in p.row["assumed"]}
     assert {n for n, p in lf23.items() if not p.in_headroom and p.fits} == lf23_capacity
@@ -548,8 +548,8 @@ def test_docs_table_is_the_scripts_output(predictions):
 
     preds = [predictions[r["name"]] for r in ROWS]
     doc = _repo_text("docs/planner.md")
-    assert validation.table(preds) + "\n\n" + validation.summary(preds) in doc
-    assert validation.by_gpu(preds) in doc  # the by-GPU reading below it
+    assert validation_report.table(preds) + "\n\n" + validation_report.summary(preds) in doc
+    assert validation_report.by_gpu(preds) in doc  # the by-GPU reading below it
 
 
 def test_readme_quotes_the_validation_summary(predictions):
@@ -563,7 +563,7 @@ def test_readme_quotes_the_validation_summary(predictions):
     assert f"the {len(errs)} rows of `src/par3d/plan/validation.toml`" in text
     median = f"{errs[len(errs) // 2]:.1%}".replace("%", " %")
     assert f"{within} within ±10 %, median |error| {median}" in text
-    held = sorted(abs(p.error) for p in predictions.values() if not validation.in_sample(p.row))
+    held = sorted(abs(p.error) for p in predictions.values() if not calibration.in_sample(p.row))
     held_median = f"{held[len(held) // 2]:.1%}".replace("%", " %")
     assert f"held out: {sum(e <= validation.DEFAULT_BOUND for e in held)} within ±10 %, median |error| {held_median}" in text
     doc = " ".join(_repo_text("docs/planner.md").split())
@@ -572,7 +572,7 @@ def test_readme_quotes_the_validation_summary(predictions):
     assert f"{within} of {len(errs)} rows are within ±10 % (median |error| {median})" in doc
     assert (f"**Held out** (the other {len(held)}): {sum(e <= validation.DEFAULT_BOUND for e in held)} within, "
             f"median {held_median}") in doc
-    ins = sorted(abs(p.error) for p in predictions.values() if validation.in_sample(p.row))
+    ins = sorted(abs(p.error) for p in predictions.values() if calibration.in_sample(p.row))
     ins_median = f"{ins[len(ins) // 2]:.1%}".replace("%", " %")
     assert (f"**In sample** (the {len(ins)} rows of the table of constants above): "
             f"{sum(e <= validation.DEFAULT_BOUND for e in ins)} within, median {ins_median};") in doc
@@ -586,7 +586,7 @@ def test_readme_quotes_the_validation_summary(predictions):
     # the dense and mixture-of-experts rows apart, as the bullet splits them
     dense = part([p for p in predictions.values() if not validation.model_of(p.row).moe])
     moe = [p for p in predictions.values() if validation.model_of(p.row).moe]
-    moe_all, moe_held = part(moe), part([p for p in moe if not validation.in_sample(p.row)])
+    moe_all, moe_held = part(moe), part([p for p in moe if not calibration.in_sample(p.row)])
     assert (f"(the {dense[0]} dense rows: {dense[1]} within, {dense[2]}; the {moe_all[0]} mixture-of-experts rows: "
             f"{moe_all[1]} within, {moe_all[2]}, the {moe_held[0]} held out of them {moe_held[1]}, {moe_held[2]})") in text
 
@@ -595,15 +595,15 @@ def test_gh200_sustained_ratios_are_the_declared_fit():
     """The GH200's fitted ratios (issue 12's twenty-second round) come from OpenEuroLLM's 32-128-GPU runs alone,
     three per dtype, in sample; its larger runs, its production run and every Apertus row are held out (the fit
     itself is checked with the H100's below)."""
-    cal = validation.gh200_sustained_rows()
+    cal = calibration.gh200_sustained_rows()
     assert sorted((r["dtype"] if "dtype" in r else "bf16", r["gpus"]) for r in cal) == sorted(
         (d, g) for d in ("bf16", "fp8") for g in (32, 64, 128))
-    assert all(validation.in_sample(r) and r["gpu"] == "gh200" for r in cal)
+    assert all(calibration.in_sample(r) and r["gpu"] == "gh200" for r in cal)
     others = [r for r in ROWS if r["gpu"] == "gh200" and r not in cal]
-    assert len(others) == 20 and not any(validation.in_sample(r) for r in others)
+    assert len(others) == 20 and not any(calibration.in_sample(r) for r in others)
     assert {r["name"].split("-")[0] for r in others} == {"apertus", "oellm"}
-    assert validation.calibration_rows_of("gh200") == cal and all(
-        r["gpu"] == "h100-sxm" for r in validation.calibration_rows_of("h100"))
+    assert calibration.calibration_rows_of("gh200") == cal and all(
+        r["gpu"] == "h100-sxm" for r in calibration.calibration_rows_of("h100"))
 
 
 def test_gb300_sustained_ratio_is_the_declared_fit(predictions):
@@ -613,60 +613,60 @@ def test_gb300_sustained_ratio_is_the_declared_fit(predictions):
     ±10 % (they were all -14 ... -20 % at the B200's ratio)."""
     from par3d.plan import gemm_table
 
-    cal = validation.gb300_sustained_rows()
+    cal = calibration.gb300_sustained_rows()
     assert sorted(r["model"] for r in cal) == sorted(["llama3-8b", "llama3-70b", "llama3-405b"])
-    assert all(validation.in_sample(r) and r["gpu"] == "gb300" and r["name"].startswith("mbridge-25.11-") for r in cal)
-    assert validation.calibration_rows_of("gb300") == cal
+    assert all(calibration.in_sample(r) and r["gpu"] == "gb300" and r["name"].startswith("mbridge-25.11-") for r in cal)
+    assert calibration.calibration_rows_of("gb300") == cal
     assert "gb300" in gemm_table.SHARED_SUSTAINED and "gb300" not in gemm_table.SUSTAINED_FROM
-    fitted = validation.fit_sustained("gb300", "fp8")
+    fitted = calibration.fit_sustained("gb300", "fp8")
     assert fitted == pytest.approx(gemm_table.FITTED_SUSTAINED[("gb300", "fp8")], abs=5e-4)
-    assert validation.fit_sustained("gb300", "bf16") == pytest.approx(fitted, abs=1e-9)  # one ratio, all the rows
+    assert calibration.fit_sustained("gb300", "bf16") == pytest.approx(fitted, abs=1e-9)  # one ratio, all the rows
     held = [r for r in ROWS if r["gpu"] == "gb300" and r["name"].startswith("mbridge-")
-            and not r["name"].startswith((validation.MBRIDGE_MOE_PREFIX, validation.MBRIDGE_NVFP4_PREFIX))
+            and not r["name"].startswith((validation_report.MBRIDGE_MOE_PREFIX, calibration.MBRIDGE_NVFP4_PREFIX))
             and r not in cal]
-    assert len(held) == 14 and not any(validation.in_sample(r) for r in held)
+    assert len(held) == 14 and not any(calibration.in_sample(r) for r in held)
     assert all(abs(predictions[r["name"]].error) <= validation.DEFAULT_BOUND for r in held)
 
 
 def test_h100_sustained_ratios_are_the_declared_fit():
-    """gemm_table.FITTED_SUSTAINED holds what `validation.fit_sustained` gives on the declared calibration
+    """gemm_table.FITTED_SUSTAINED holds what `calibration.fit_sustained` gives on the declared calibration
     rows (the fewest-GPU column of each dgxc-benchmarking table, one per model and precision): the numbers
     are the fit's, not tuned by hand, and the fit saw no other row."""
     from par3d.plan import gemm_table
 
-    cal = validation.sustained_rows()
-    tables = {r["name"].rsplit("-", 1)[0] for r in ROWS if r["name"].startswith(validation.DGXC_PREFIX)}
+    cal = calibration.sustained_rows()
+    tables = {r["name"].rsplit("-", 1)[0] for r in ROWS if r["name"].startswith(calibration.DGXC_PREFIX)}
     assert len(cal) == len(tables) == 12
     for r in cal:
         same_table = [o for o in ROWS if o["name"].rsplit("-", 1)[0] == r["name"].rsplit("-", 1)[0]]
-        assert r["gpus"] == min(o["gpus"] for o in same_table) and validation.in_sample(r)
+        assert r["gpus"] == min(o["gpus"] for o in same_table) and calibration.in_sample(r)
     for (family, dtype), stored in gemm_table.FITTED_SUSTAINED.items():
-        assert abs(validation.fit_sustained(family, dtype) - stored) < 1e-4, (family, dtype)
+        assert abs(calibration.fit_sustained(family, dtype) - stored) < 1e-4, (family, dtype)
         assert gemm_table.sustained_ratio(family, dtype) == stored
 
 
 def test_fsdp_unit_cost_is_the_declared_fit():
-    """hardware.FSDP_UNIT_S is what `validation.fit_fsdp_unit` gives on llm-foundry's 18 rows (stored to 0.1 ms:
+    """hardware.FSDP_UNIT_S is what `calibration.fit_fsdp_unit` gives on llm-foundry's 18 rows (stored to 0.1 ms:
     the fit lies within 0.05 ms of it), those rows are in sample, every other row that runs PyTorch FSDP is held
     out, and the cost moves a prediction only where the row says FSDP ran."""
     from dataclasses import replace
 
     from par3d.plan import hardware
 
-    cal = validation.fsdp_rows()
-    assert len(cal) == 18 and all(r.get("fsdp") and validation.in_sample(r) for r in cal)
+    cal = calibration.fsdp_rows()
+    assert len(cal) == 18 and all(r.get("fsdp") and calibration.in_sample(r) for r in cal)
     held = [r for r in ROWS if r.get("fsdp") and r not in cal]
     assert {r["name"].split("-")[0] for r in held} == {"fmsfsdp", "torchtitan", "opt", "llmfoundry23", "automodel",
                                                      "llama1", "tinyllama", "olmo"}
-    assert not any(validation.in_sample(r) for r in held)
+    assert not any(calibration.in_sample(r) for r in held)
     # FSDP2 (fully_shard, priced with its copy-out) exactly where the source ran it: torchtitan's and NeMo AutoModel's
     # rows and OLMo-core's (fortieth round); the calibration rows and the other held-out ones ran FlatParameter FSDP or
     # FairScale's (the row default)
     fsdp2 = {r["name"] for r in ROWS if r.get("fsdp") and r.get("fsdp_version", 1) == 2}
     assert fsdp2 == {r["name"] for r in held if r["name"].split("-")[0] in ("torchtitan", "automodel", "olmo")}
     assert all(validation.cluster_of(r).fsdp_version == 1 for r in cal)
-    assert abs(validation.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
-    assert validation.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > validation.fsdp_mean_error(
+    assert abs(calibration.fit_fsdp_unit(tol=1e-6) - hardware.FSDP_UNIT_S) < 5e-5
+    assert calibration.fsdp_mean_error(hardware.FSDP_UNIT_S - 1e-4) > 0 > calibration.fsdp_mean_error(
         hardware.FSDP_UNIT_S + 1e-4)
     megatron = next(r for r in ROWS if r["name"] == "mbridge-25.11-llama3-8B-h100")  # Megatron-FSDP: no unit cost
     assert not megatron.get("fsdp")
@@ -676,16 +676,16 @@ def test_fsdp_unit_cost_is_the_declared_fit():
 
 
 def test_moe_host_floor_is_the_declared_fit():
-    """hardware.MOE_HOST_S is what `validation.fit_moe_host` gives on Megatron-Bridge's 26.04 MoE rows (stored to
+    """hardware.MOE_HOST_S is what `calibration.fit_moe_host` gives on Megatron-Bridge's 26.04 MoE rows (stored to
     0.01 ms and 0.001 ms a routed expert); those 14 rows are in sample, every other MoE row held out; the floor
     applies to Megatron-family rows without whole-iteration CUDA graphs only."""
     from par3d.plan import hardware
 
-    cal = validation.moe_host_rows()
-    assert len(cal) == 14 and all(validation.in_sample(r) and validation.host_floored(r) for r in cal)
+    cal = calibration.moe_host_rows()
+    assert len(cal) == 14 and all(calibration.in_sample(r) and validation.host_floored(r) for r in cal)
     moe_held = [r for r in ROWS if validation.model_of(r).moe and r not in cal]
-    assert not any(validation.in_sample(r) for r in moe_held)
-    a, b = validation.fit_moe_host()
+    assert not any(calibration.in_sample(r) for r in moe_held)
+    a, b = calibration.fit_moe_host()
     assert abs(a - hardware.MOE_HOST_S[0]) < 1e-5 and abs(b - hardware.MOE_HOST_S[1]) < 1e-6
     graphed = [r for r in ROWS if r.get("cuda_graphs") == "full_iteration"]
     # 20 + MLPerf v6.0 DeepSeek-V3 (10) + Megatron-Bridge 25.11's dense 8B rows (3; forty-ninth round: no MoE layers)
@@ -696,12 +696,12 @@ def test_moe_host_floor_is_the_declared_fit():
 
 
 def test_step_share_is_the_declared_fit():
-    """gemm_table.STEP_SHARE is what `validation.fit_step_share` gives on the ten Table 1 rows with the
+    """gemm_table.STEP_SHARE is what `calibration.fit_step_share` gives on the ten Table 1 rows with the
     straggler spread (gemm_table.STEP_SPREAD, cited, not fitted) in place: stored to three digits."""
     from par3d.plan import gemm_table
 
-    assert abs(validation.fit_step_share() - gemm_table.STEP_SHARE) < 5e-4
-    assert all(validation.in_sample(r) for r in ROWS if r["name"].startswith(validation.IN_SAMPLE_PREFIX))
+    assert abs(calibration.fit_step_share() - gemm_table.STEP_SHARE) < 5e-4
+    assert all(calibration.in_sample(r) for r in ROWS if r["name"].startswith(calibration.IN_SAMPLE_PREFIX))
 
 
 def test_evidence_file_is_the_scripts_output(predictions, undescribed_predictions, named_predictions):
@@ -709,16 +709,16 @@ def test_evidence_file_is_the_scripts_output(predictions, undescribed_prediction
     par3d.plan.validation --evidence` on the current model and validation set (regenerate it when either
     changes)."""
     preds = [predictions[r["name"]] for r in ROWS]
-    with open(validation.EVIDENCE_PATH, encoding="utf-8") as fh:
-        assert fh.read() == validation.evidence_json(preds, undescribed_predictions, named_predictions)
-    ev = validation.evidence(preds, undescribed_predictions, named_predictions)
-    soft = {k: ev.pop(k) for k in validation.SOFTWARE_KEYS}  # the whole set, not a GPU's
+    with open(evidence.EVIDENCE_PATH, encoding="utf-8") as fh:
+        assert fh.read() == evidence.evidence_json(preds, undescribed_predictions, named_predictions)
+    ev = evidence.evidence(preds, undescribed_predictions, named_predictions)
+    soft = {k: ev.pop(k) for k in evidence.SOFTWARE_KEYS}  # the whole set, not a GPU's
     assert soft["software/described"]["within_10pct"] == sum(abs(p.error) <= 0.10 for p in preds)
-    assert sum(int(v["rows"]) for k, v in ev.items() if not k.startswith(validation.NOT_A_GPU)) == len(ROWS)
-    for name, (_, rule) in validation.REGIMES.items():  # a regime counts the rows whose priced plan it matches
+    assert sum(int(v["rows"]) for k, v in ev.items() if not k.startswith(evidence.NOT_A_GPU)) == len(ROWS)
+    for name, (_, rule) in evidence.REGIMES.items():  # a regime counts the rows whose priced plan it matches
         assert ev[f"regime/{name}"]["rows"] == sum(rule(p.plan.choice, validation.cluster_of(p.row).fsdp)
                                                    for p in preds)
-    rank = ev.pop(validation.RANKING_KEY)  # the layout picks: regrets, not signed errors
+    rank = ev.pop(evidence.RANKING_KEY)  # the layout picks: regrets, not signed errors
     assert 0 <= rank["median_regret_pct"] <= rank["max_regret_pct"] and 0 <= rank["pick_fastest"] <= rank["runs"]
     assert 0 <= rank["mean_regret_pct"] <= rank["max_regret_pct"]
     assert 0 <= rank["pairs_ordered"] <= rank["pairs"]
@@ -736,13 +736,13 @@ def test_plan_reports_its_evidence(capsys):
     base = ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64"]
     assert main([*base, "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
-    h100 = validation.evidence_for("h100-sxm", "bf16")
+    h100 = evidence.evidence_for("h100-sxm", "bf16")
     assert h100 is not None and f"on {h100['rows']} published runs of h100-sxm bf16" in out
     # README's example of that line quotes the stored figures
     readme = " ".join(_repo_text("README.md").split())
     assert f"on {h100['rows']} published runs of h100-sxm bf16 … median {h100['median_error_pct']:+.1f} %" in readme
     assert main([*base, "--gpu", "h100", "--dtype", "fp8", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["evidence"] == validation.evidence_for("h100-sxm", "fp8")
+    assert json.loads(capsys.readouterr().out)["evidence"] == evidence.evidence_for("h100-sxm", "fp8")
     assert main([*base, "--gpu", "h100", "--attention-kernel", "fa2", "--json"]) == 0  # rows set the kernel too
     assert json.loads(capsys.readouterr().out)["evidence"] == h100
     assert main([*base, "--gpu", "h200"]) == 0
@@ -760,7 +760,7 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
 
     base = ["plan", "--model", "llama3-8b", "--seq-len", "2048", "--gpu", "h100", "--gpus", "128", "--tp", "1", "--pp", "1", "--cp", "1",
             "--micro-batch", "1", "--global-batch", "128"]
-    reg = validation.stored_evidence()["regime/one-microbatch-wide-dp-no-recompute"]
+    reg = evidence.stored_evidence()["regime/one-microbatch-wide-dp-no-recompute"]
     # the regime leans fast and holds the misses: its share within ±10 % well under the whole set's, its median
     # on the fast side, its largest miss fast by far more than its largest slow one (its misses: 15 fast, 1 slow;
     # since issue 12's nineteenth round sized the DP buckets, 69 % within against 84 %, median +1.5 %: the margins
@@ -801,7 +801,7 @@ def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
     slow side); the same plan without --fsdp, or at fewer micro-batches, does not."""
     from par3d.cli import main
 
-    reg = validation.stored_evidence()["regime/fsdp-many-microbatches"]
+    reg = evidence.stored_evidence()["regime/fsdp-many-microbatches"]
     assert float(reg["median_error_pct"]) < 0 and int(reg["rows"]) >= 16
     base = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--gpu", "h100", "--gpus", "8", "--tp", "1", "--pp",
             "1", "--cp", "1", "--zero-stage", "3", "--recompute", "none", "--micro-batch", "2"]
@@ -824,7 +824,7 @@ def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
 
 def test_plan_calls_close_plans_a_tie(capsys):
     """Where the nearest plan of another layout is nearer the best plan than the model's mean regret when choosing
-    among published layouts (validation.layout_picks), `par3d plan` names it and says the two are a tie at its
+    among published layouts (validation_runs.layout_picks), `par3d plan` names it and says the two are a tie at its
     resolution; `--json` carries the figures as evidence.json holds them; a farther runner-up, a single plan, or a
     description the set did not score, gets no line.  (Since the forty-second round's Zero Bubble runs the median
     regret is 1.7 %: the planner picked the measured fastest in 16 of 39 runs, 0.6 % before; since the forty-sixth
@@ -832,8 +832,8 @@ def test_plan_calls_close_plans_a_tie(capsys):
     their gaps, computed here, on either side of it.)"""
     from par3d.cli import main
 
-    rank_ev = validation.ranking_evidence()
-    picks = validation.layout_picks(list(validation.predict(r) for r in ROWS))
+    rank_ev = evidence.ranking_evidence()
+    picks = validation_runs.layout_picks(list(validation.predict(r) for r in ROWS))
     assert rank_ev is not None and rank_ev["runs"] == len(picks) and rank_ev["runs"] >= 16
     threshold = float(rank_ev["mean_regret_pct"])
     # the nearest plan of another layout: the ZeRO stage and sequence parallelism are not a layout (on one layout
@@ -913,13 +913,13 @@ def test_validation_report_json_and_flags(predictions, capsys):
     assert [r["name"] for r in out["rows"]] == [p.row["name"] for p in chosen] and len(chosen) > 40
     for got, p in zip(out["rows"], chosen, strict=True):
         assert got["error_pct"] == round(100 * p.error, 2) and got["published"] == float(p.row["published"])
-        assert got["layout"] == validation.layout_of(p.plan.choice) and got["in_sample"] is validation.in_sample(p.row)
+        assert got["layout"] == validation.layout_of(p.plan.choice) and got["in_sample"] is calibration.in_sample(p.row)
         assert got["within_10pct"] is (abs(p.error) <= validation.DEFAULT_BOUND)
     first = out["summary"][0]
     assert first["group"] == "all" and first["rows"] == len(chosen)
     assert f"{first['rows']} rows, {first['within_10pct']} within ±10%; median |error| {first['median_abs_error_pct']}%" \
-        in validation.summary(chosen)
-    assert out["by_gpu"] == validation.evidence(chosen)
+        in validation_report.summary(chosen)
+    assert out["by_gpu"] == evidence.evidence(chosen)
     assert validation.main(["--rows", "narayanan2021-t1-"]) == 0  # the text report, narrowed
     text = capsys.readouterr().out
     assert text.count("| narayanan2021-t1-") == 10 and "10 rows, " in text
@@ -953,32 +953,32 @@ def test_layout_pairs_are_two_layouts_of_one_run(predictions):
                                      plan=any_plan, value=value, fits=True)
 
     fast, slow = pred(120, 130, fixed={"tp": 2, "pp": 1}), pred(100, 100)
-    assert [(a.row["name"], b.row["name"]) for a, b in validation.layout_pairs([slow, fast])] == \
+    assert [(a.row["name"], b.row["name"]) for a, b in validation_runs.layout_pairs([slow, fast])] == \
         [(fast.row["name"], slow.row["name"])]
-    assert validation.ordering([slow, fast]) == (1, 1)
-    assert validation.ordering([pred(90, 130, fixed={"tp": 2, "pp": 1}), slow]) == (1, 0)  # predicted the wrong way
+    assert validation_runs.ordering([slow, fast]) == (1, 1)
+    assert validation_runs.ordering([pred(90, 130, fixed={"tp": 2, "pp": 1}), slow]) == (1, 0)  # predicted the wrong way
     for other in (pred(120, 105, fixed={"tp": 2, "pp": 1}),  # measured within 10 %: no pair
                   pred(120, 130),  # the same layout: no pair
                   pred(120, 130, fixed={"tp": 2, "pp": 1}, gpus=16),  # another GPU count
                   pred(120, 130, fixed={"tp": 2, "pp": 1}, dtype="fp8"),  # another dtype
                   pred(120, 130, fixed={"tp": 2, "pp": 1}, source="Doc B, Table 1")):  # another document
-        assert validation.layout_pairs([slow, other]) == []
+        assert validation_runs.layout_pairs([slow, other]) == []
     # the pipeline cut is part of the layout, and pricing a layout memory.py refuses is the row's own word: neither
     # makes another run (issue 12's fifty-first round; until then a row that stated its cut formed no pairs)
     cut = pred(120, 130, fixed={"tp": 1, "pp": 2}, pipeline_layout=[17, 15], evaluate_unfit=True)
-    assert [(a.row["name"], b.row["name"]) for a, b in validation.layout_pairs([slow, cut])] == \
+    assert [(a.row["name"], b.row["name"]) for a, b in validation_runs.layout_pairs([slow, cut])] == \
         [(cut.row["name"], slow.row["name"])]
     # three layouts of one run: the pick is the one predicted fastest, its regret how much slower it measured
     third = pred(140, 120, fixed={"tp": 4, "pp": 1})
-    [(pick, best, regret)] = validation.layout_picks([slow, fast, third])
+    [(pick, best, regret)] = validation_runs.layout_picks([slow, fast, third])
     assert pick is third and best is fast and regret == pytest.approx(1 - 120 / 130)
-    assert validation.layout_picks([slow, fast]) == []  # two layouts: no pick to score
+    assert validation_runs.layout_picks([slow, fast]) == []  # two layouts: no pick to score
     preds = list(predictions.values())
-    n, right = validation.ordering(preds)
+    n, right = validation_runs.ordering(preds)
     assert n >= 2 and 0 <= right <= n
-    text = validation.summary(preds)
+    text = validation_report.summary(preds)
     assert f"measured more than 10% apart): {n}, ordered as measured: {right}" in text
-    picks = validation.layout_picks(preds)
+    picks = validation_runs.layout_picks(preds)
     regrets = sorted(r for _, _, r in picks)
     assert picks and all(r >= 0 for r in regrets)
     assert (f"runs measured at three or more layouts: {len(picks)}; the planner's pick the measured fastest in "
@@ -999,20 +999,20 @@ def test_repeats_are_priced_alike_and_bound_the_misses(predictions):
                                      plan=any_plan, value=100.0, fits=True)
 
     a, b = pred(100), pred(120, source="Doc B", note="re-run", assumed="as A", bound=0.3)
-    assert [[p.row["name"] for p in g] for g in validation.repeat_groups([a, b])] == [["r100", "r120"]]
+    assert [[p.row["name"] for p in g] for g in validation_runs.repeat_groups([a, b])] == [["r100", "r120"]]
     for other in (pred(120, gpus=16), pred(120, dtype="fp8"), pred(120, fixed={"tp": 2, "pp": 1})):
-        assert validation.repeat_groups([a, other]) == []  # another input: another run
+        assert validation_runs.repeat_groups([a, other]) == []  # another input: another run
     # bands [0.9x, 1.1x]: 100 and 122 share 109.8..110, 100 and 123 share nothing; three spread wide leave two out
-    assert validation.forced_misses([100, 122]) == 0 and validation.forced_misses([100, 123]) == 1
-    assert validation.forced_misses([100, 150, 200]) == 2 and validation.forced_misses([100, 105, 180, 190]) == 2
+    assert validation_runs.forced_misses([100, 122]) == 0 and validation_runs.forced_misses([100, 123]) == 1
+    assert validation_runs.forced_misses([100, 150, 200]) == 2 and validation_runs.forced_misses([100, 105, 180, 190]) == 2
     preds = list(predictions.values())
-    groups = validation.repeat_groups(preds)
+    groups = validation_runs.repeat_groups(preds)
     assert len(groups) >= 50  # Megatron-Bridge's releases repeat their recipes
     for g in groups:  # priced alike: a row's words and source never reach the model
         assert len({p.value for p in g}) == 1, [p.row["name"] for p in g]
-    s = validation.repeat_stats(preds)
+    s = validation_runs.repeat_stats(preds)
     assert s is not None and s["groups"] == len(groups) and s["forced_misses"] <= s["rows"] - s["within_10pct"]
-    assert validation.repeats_line(preds) in validation.summary(preds)
+    assert validation_runs.repeats_line(preds) in validation_report.summary(preds)
     doc = _repo_text("docs/planner.md").replace("\n", " ")  # section 9's paragraph quotes the figures as they stand
     assert (f"{s['groups']} runs ({s['rows']} rows) are published more than once: their values spread a median "
             f"{s['spread_median_pct']} %") in doc
@@ -1044,9 +1044,9 @@ def test_the_set_without_its_software(predictions, undescribed_predictions, name
     for r in plain[:3]:
         q = validation.predict_undescribed(r)
         assert q is not None and q.value == predictions[r["name"]].value
-    figures = validation.software_figures([predictions[r["name"]] for r in ROWS], undescribed_predictions,
+    figures = evidence.software_figures([predictions[r["name"]] for r in ROWS], undescribed_predictions,
                                           named_predictions)
-    assert figures == validation.software_evidence()
+    assert figures == evidence.software_evidence()
     d, u, n = figures["software/described"], figures["software/defaults"], figures["software/framework"]
     assert u["within_10pct"] < d["within_10pct"] and u["priced"] <= u["rows"] == d["rows"] == len(ROWS)
     # naming the framework gives back part of what stating each fact does (fifty-third round)

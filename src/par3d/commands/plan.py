@@ -976,11 +976,11 @@ def _run(args: argparse.Namespace) -> int:
                          for p in res.plans],
                # the signed errors on the validation set's published runs of this GPU and dtype (None: none)
                "evidence": evidence,
-               # how well this model chose among the layouts of published runs (validation.layout_picks; None where
+               # how well this model chose among the layouts of published runs (validation_runs.layout_picks; None where
                # the GPU's evidence does not apply), as the ranking line reads it
                "ranking": ranking_evidence_of(cluster),
                # the whole set scored with its rows' software described and with the planner's defaults in its
-               # place (validation.software_figures; None where the GPU's evidence does not apply)
+               # place (evidence.software_figures; None where the GPU's evidence does not apply)
                "software_evidence": software_evidence_of(cluster),
                # the --framework whose facts filled the software flags left unset (plan/frameworks.py)
                "framework": args.framework,

@@ -267,13 +267,13 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
 
 
 def evidence_of(cluster, moe: bool = False) -> dict | None:
-    """How this model did on the published runs of the cluster's GPU and dtype (validation.evidence_for; of
+    """How this model did on the published runs of the cluster's GPU and dtype (evidence.evidence_for; of
     mixtures of experts where `moe`), for catalogue GPUs priced by the table model as the validation set prices
     them; None otherwise."""
     from dataclasses import fields
 
+    from par3d.plan.evidence import evidence_for
     from par3d.plan.hardware import DEVICES
-    from par3d.plan.validation import evidence_for
 
     dev, base = cluster.device, DEVICES.get(cluster.device.name)
     # the catalogue's description, up to the attention kernel (`--attention-kernel`, which rows set too); a
@@ -287,7 +287,7 @@ def evidence_of(cluster, moe: bool = False) -> dict | None:
 
 
 def _evidence_line(cluster, moe: bool = False) -> str:
-    from par3d.plan.validation import evidence_for
+    from par3d.plan.evidence import evidence_for
 
     ev = evidence_of(cluster, moe)
     what = f"{cluster.device.name} {cluster.precision}" + (" mixture-of-experts" if moe else "")
@@ -302,25 +302,25 @@ def _evidence_line(cluster, moe: bool = False) -> str:
 
 
 def regime_evidence_of(cluster, c) -> list[dict]:
-    """The validation regimes (validation.REGIMES) a plan falls in, with the model's errors there: only where
+    """The validation regimes (evidence.REGIMES) a plan falls in, with the model's errors there: only where
     the GPU's evidence applies (`evidence_of`: the catalogue description the set was priced with)."""
-    from par3d.plan.validation import regime_evidence
+    from par3d.plan.evidence import regime_evidence
 
     return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
 
 
 def ranking_evidence_of(cluster) -> dict | None:
-    """How well this model chose among published runs' layouts (validation.ranking_evidence): only where the GPU's
+    """How well this model chose among published runs' layouts (evidence.ranking_evidence): only where the GPU's
     evidence applies, as `regime_evidence_of`."""
-    from par3d.plan.validation import ranking_evidence
+    from par3d.plan.evidence import ranking_evidence
 
     return ranking_evidence() if evidence_of(cluster) is not None else None
 
 
 def software_evidence_of(cluster) -> dict | None:
-    """The validation set scored with its rows' software facts and without them (validation.software_evidence): only
+    """The validation set scored with its rows' software facts and without them (evidence.software_evidence): only
     where the GPU's evidence applies, as `regime_evidence_of`."""
-    from par3d.plan.validation import software_evidence
+    from par3d.plan.evidence import software_evidence
 
     return software_evidence() if evidence_of(cluster) is not None else None
 
@@ -379,7 +379,7 @@ def _layout_of(c) -> tuple:
 
 def _ranking_lines(cluster, plans) -> list[str]:
     """Where the nearest plan of another layout (`_layout_of`) is nearer the best plan than the model's measured
-    regret when choosing among published layouts (validation.layout_picks), a line saying the two are a tie at this
+    regret when choosing among published layouts (validation_runs.layout_picks), a line saying the two are a tie at this
     model's resolution -- only where the GPU's evidence applies (`evidence_of`)."""
     ev = ranking_evidence_of(cluster)
     if ev is None or len(plans) < 2:

@@ -62,7 +62,7 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     source came out fast (NeMo 24.07 +7.7 % on average, MLPerf v3.1 +11.4 %, dgxc-benchmarking +5.9 %;
     the A100 rows, whose ratio is a measured clock, +1 %).  Now it is set per dtype so that twelve declared
     calibration rows average zero error: the smallest-GPU-count column of each of dgxc-benchmarking
-    v24.11.1's six dense H100 tables, BF16 and FP8 (`validation.sustained_rows`, the rule chosen before
+    v24.11.1's six dense H100 tables, BF16 and FP8 (`calibration.sustained_rows`, the rule chosen before
     the fit was first run, and not changed after): 0.8852 BF16 (= 704 of MAMF 795), 0.8401 FP8 (= 1179 of
     1403; 0.8660 and 0.8219 before issue 12's forty-ninth round refitted the step share on Narayanan et al.'s Table 1
     rows as their scripts ran them, which these ratios offset, and read NeMo 1.0's Apex buckets (one a virtual-pipeline
@@ -109,7 +109,7 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     runs at 1400 W (its rack-planning figures; the GB200 at 1200 W, the B200 at 1000 W), and the tables run it 19-25 %
     faster than the GB200 at equal dense peaks and the same recipe (70B: the same layout).  Set as one number -- a
     sustained clock, dtype-blind; the rows are FP8 and attention (BF16) moves with it -- so that Megatron-Bridge's
-    first GB300 table (its three 25.11 rows: 8B, 70B, 405B; `validation.gb300_sustained_rows`, the rule fixed before
+    first GB300 table (its three 25.11 rows: 8B, 70B, 405B; `calibration.gb300_sustained_rows`, the rule fixed before
     the fit was first run) averages zero error: 0.9875 (0.9663 before issue 12's forty-ninth round's step share refit; 0.9336 before issue 12's forty-fourth round's step share refit; 0.9441 before its forty-third round's; 0.9453 before issue 12's twenty-eighth round priced the FP8 sequence-parallel
     all-gathers quantized, parallel_comm.GATHERED_INPUT_BYTES; 0.9455 before issue 12's twenty-fifth round sized the DP
     buckets, dp_tail.dp_bucket).  Every later release's GB300 row, the MXFP8 ones and MLPerf's
@@ -121,7 +121,7 @@ Every number has its source.  TFLOP/s are dense (no sparsity), 10^12 FLOP/s.
     H100's 700 W for its GPU alone (Apertus on CSCS Alps: "560 W power usage per Grace-Hopper module ... below the
     set power limit of 660 W", the Grace CPU and its LPDDR5X included).  Set per dtype, as the H100's, so that
     declared calibration rows average zero error: OpenEuroLLM's 32B strong-scaling runs on 32, 64 and 128 GH200 of
-    JUPITER (`validation.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
+    JUPITER (`calibration.gh200_sustained_rows`, three per dtype, 256+ micro-batches per step; the rule fixed before
     the fit was first run): 0.6662 BF16, 0.5671 FP8 (0.6521 and 0.5550 before issue 12's forty-ninth round's step share
     refit; 0.7109 and 0.6151 before issue 12's forty-seventh round read those
     rows' config: their loss Transformer Engine's cross-entropy kernel, not Megatron-Core's unfused one, their Q/K norms,
@@ -253,7 +253,7 @@ FITTED_SUSTAINED: dict[tuple[str, str], float] = {("h100", "bf16"): 0.8852, ("h1
                                                    ("gh200", "bf16"): 0.6662, ("gh200", "fp8"): 0.5671,
                                                    ("gb300", "bf16"): 0.9875, ("gb300", "fp8"): 0.9875}
 # families whose one fitted ratio holds for every dtype (a sustained clock: the calibration rows are of one dtype, and
-# attention, which runs in BF16, moves with it): the fit uses all their rows (validation.fit_sustained)
+# attention, which runs in BF16, moves with it): the fit uses all their rows (calibration.fit_sustained)
 SHARED_SUSTAINED: frozenset[str] = frozenset({"gb300"})
 
 
@@ -293,7 +293,7 @@ def sustained_ratio(family: str, dtype: str) -> float:
 
 def achievable_fraction(family: str, dtype: str, step_share: float | None = None) -> float | None:
     """The share of peak a large GEMM reaches inside a training step: mamf/peak × sustained ×
-    `STEP_SHARE` (`step_share` in its place: what validation.fit_step_share varies); None if unknown."""
+    `STEP_SHARE` (`step_share` in its place: what calibration.fit_step_share varies); None if unknown."""
     row = TABLE.get(family, {}).get(dtype)
     if row is None:
         return None

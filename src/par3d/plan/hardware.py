@@ -133,7 +133,7 @@ def mesh_share(link_name: str, members: int) -> float:
     return 1.0
 NIC_EFF = 0.90  # nccl-tests multi-node busbw / NIC line rate (issue #119: 86-96 of 100 GB/s)
 # PyTorch FSDP's cost per wrapped unit (one transformer block) per micro-batch beyond its collectives' time,
-# exposed in the step: **fitted** (issue 12's fifteenth round, `validation.fit_fsdp_unit`) so that the 18 rows
+# exposed in the step: **fitted** (issue 12's fifteenth round, `calibration.fit_fsdp_unit`) so that the 18 rows
 # of llm-foundry's large-scale H100 table (PyTorch FSDP, one micro-batch per step, 1B to 70B on 128 to 512
 # GPUs) average zero error; no measurement gives it.  What it stands for is not measured apart: the per-unit
 # hooks, the copies and casts around each gather and reduce-scatter, the rate limiter's waits.  Held out:
@@ -156,7 +156,7 @@ FSDP_UNIT_S = 6.8e-3
 # GB200 NVL72", §2 "CPU overhead", §2.3, §3.1: whole-iteration graphs worth "at least 10 %" more there).  The host
 # time of one MoE layer, forward and backward: MOE_HOST_S[0] + MOE_HOST_S[1] x the routed experts a rank holds (its
 # grouped GEMM "multi-stream + cuBLAS": launches and quantizations per expert, ibid. §1).  **Fitted** (issue 12's
-# thirty-fourth round, `validation.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
+# thirty-fourth round, `calibration.fit_moe_host`) to Megatron-Bridge's 26.04 MoE rows alone; no measurement gives
 # it; one pair for every GPU and host CPU (x86 and Grace alike).  0.459 ms a routed expert until issue 12's forty-seventh
 # round, whose refit of the H100's sustained ratios moved the training factor its B300 / GB200 rows are priced with
 # (0.458 from it), and again since the fiftieth round priced the flex dispatcher's rows per destination rank.
@@ -707,7 +707,7 @@ class Cluster:
     # micro-batch (cost.stage_times); ZeRO-0 is DDP, and the search skips ZeRO-1, which FSDP has not.
     # False: Megatron-Core's distributed optimizer or Megatron-FSDP, DeepSpeed
     fsdp: bool = False
-    fsdp_unit_s: float = FSDP_UNIT_S  # what each unit costs under `fsdp` (validation.fit_fsdp_unit varies it)
+    fsdp_unit_s: float = FSDP_UNIT_S  # what each unit costs under `fsdp` (calibration.fit_fsdp_unit varies it)
     # which PyTorch FSDP: 2 = fully_shard (torchtitan, NeMo AutoModel; PyTorch's current one), whose gathers land in a
     # flat buffer copied out to the parameters on the compute stream (parallel_comm.fsdp2_copy_out); 1 = FullyShardedDataParallel's
     # FlatParameter (llm-foundry / Composer, fms-fsdp) or FairScale's, whose parameters are views of the gathered tensor

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from statistics import median
 from typing import Any
 
-from . import compute, gemm_table
+from . import calibration, compute, evidence, gemm_table
 from . import validation as v
 from .hardware import FSDP_UNIT_S, MOE_HOST_S
 
@@ -48,18 +48,18 @@ class Constant:
 
 def _sustained(family: str, dtype: str) -> Constant:
     def error(ratio: float, row: dict[str, Any]) -> float:
-        return v.mean_error_at([row], *v.sustained_pricing(family, dtype, ratio))
+        return calibration.mean_error_at([row], *calibration.sustained_pricing(family, dtype, ratio))
 
     shared = family in gemm_table.SHARED_SUSTAINED
     return Constant(f"{family} sustained ratio" + ("" if shared else f" ({dtype})"),
                     gemm_table.FITTED_SUSTAINED[(family, dtype)],
-                    lambda: v.sustained_cal_rows(family, dtype),
-                    lambda cal: v.fit_sustained(family, dtype, cal=cal), error)
+                    lambda: calibration.sustained_cal_rows(family, dtype),
+                    lambda cal: calibration.fit_sustained(family, dtype, cal=cal), error)
 
 
 def _fsdp_unit() -> Constant:
-    return Constant("FSDP unit cost (s)", FSDP_UNIT_S, v.fsdp_rows, lambda cal: v.fit_fsdp_unit(cal=cal),
-                    lambda unit, row: v.fsdp_mean_error(unit, [row]))
+    return Constant("FSDP unit cost (s)", FSDP_UNIT_S, calibration.fsdp_rows, lambda cal: calibration.fit_fsdp_unit(cal=cal),
+                    lambda unit, row: calibration.fsdp_mean_error(unit, [row]))
 
 
 def _moe_error(host: tuple[float, float], row: dict[str, Any]) -> float:
@@ -68,17 +68,17 @@ def _moe_error(host: tuple[float, float], row: dict[str, Any]) -> float:
 
 def constants() -> list[Constant]:
     """Every fitted constant, in the order `--fit` derives them (a later fit holds the earlier ones fixed)."""
-    out = [Constant("step share", gemm_table.STEP_SHARE, v.step_share_rows,
-                    lambda cal: v.fit_step_share(cal=cal),
-                    lambda share, row: v.mean_error_at([row], *v.step_share_pricing(share)))]
+    out = [Constant("step share", gemm_table.STEP_SHARE, calibration.step_share_rows,
+                    lambda cal: calibration.fit_step_share(cal=cal),
+                    lambda share, row: calibration.mean_error_at([row], *calibration.step_share_pricing(share)))]
     for family, dtype in sorted(gemm_table.FITTED_SUSTAINED):
         if family in gemm_table.SHARED_SUSTAINED and dtype != "bf16":
             continue  # one ratio for every dtype: fitted once
         out.append(_sustained(family, dtype))
     out.append(_fsdp_unit())
     out.append(Constant("MoE host floor (s, s per routed expert)", MOE_HOST_S,
-                        lambda: [r for r in v.moe_host_rows() if v.host_floored(r)],
-                        lambda cal: v.fit_moe_host(cal), _moe_error))
+                        lambda: [r for r in calibration.moe_host_rows() if v.host_floored(r)],
+                        lambda cal: calibration.fit_moe_host(cal), _moe_error))
     return out
 
 
@@ -123,7 +123,7 @@ def summarise(results: list[LeftOut]) -> dict[str, Any]:
         per[name] = {"stored": _round(mine[0].stored), "refit_min": _round(lo), "refit_max": _round(hi),
                      "in_sample": _stats([r.in_sample_error for r in mine]),
                      "left_out": _stats([r.left_out_error for r in mine])}
-    nvfp4 = [r for r in v.rows() if str(r["name"]).startswith(v.MBRIDGE_NVFP4_PREFIX)]
+    nvfp4 = [r for r in v.rows() if str(r["name"]).startswith(calibration.MBRIDGE_NVFP4_PREFIX)]
     return {"constants": per,
             "all": {"in_sample": _stats([r.in_sample_error for r in results]),
                     "left_out": _stats([r.left_out_error for r in results])},
@@ -168,15 +168,15 @@ class Swap:
 
 def _ratio_swap(family: str, dtype: str) -> Swap:
     def pool() -> list[dict[str, Any]]:
-        return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == family and not v.in_sample(r)
-                and v.evidence_dtype(str(r.get("dtype", "bf16"))) == dtype and not v.model_of(r).moe]
+        return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == family and not calibration.in_sample(r)
+                and evidence.evidence_dtype(str(r.get("dtype", "bf16"))) == dtype and not v.model_of(r).moe]
 
     return Swap(f"{family.upper()} {dtype.upper()} ratio", _sustained(family, dtype), pool, (0.3, 1.0))
 
 
 def swaps() -> list[Swap]:
     fsdp = Swap("FSDP unit cost", _fsdp_unit(),
-                lambda: [r for r in v.rows() if r.get("fsdp") and not v.in_sample(r)], (0.0, 0.03))
+                lambda: [r for r in v.rows() if r.get("fsdp") and not calibration.in_sample(r)], (0.0, 0.03))
     return [_ratio_swap("h100", "bf16"), _ratio_swap("h100", "fp8"), _ratio_swap("gh200", "bf16"),
             _ratio_swap("gh200", "fp8"), fsdp]
 

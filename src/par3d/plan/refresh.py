@@ -31,8 +31,8 @@ from typing import Any
 
 # Each generated block and the doc (relative to the checkout) it sits in.
 BLOCKS = {
-    "validation-table": "docs/planner.md",  # validation.table + summary: `python -m par3d.plan.validation`
-    "validation-by-gpu": "docs/planner.md",  # validation.by_gpu, printed below them
+    "validation-table": "docs/planner.md",  # validation_report.table + summary: `python -m par3d.plan.validation`
+    "validation-by-gpu": "docs/planner.md",  # validation_report.by_gpu, printed below them
     "validation-software": "docs/planner.md",  # --software's table
     "validation-frameworks": "docs/planner.md",  # --software's second table, by framework preset
     "leave-one-out": "docs/planner.md",  # --leave-one-out's two tables
@@ -151,15 +151,15 @@ def generated_blocks(preds: list[Any], loo_data: dict[str, Any] | None,
     """Each generated block: (the doc it is in, relative to the checkout; its text).  `plain`, `named`: the rows priced
     `undescribed` and `named` already (evidence.json needs them too), so the software table does not price them
     again."""
-    from . import moe_layers
+    from . import evidence, moe_layers, validation_report
     from . import validation as v
 
     bodies = {
-        "validation-table": v.table(preds) + "\n\n" + v.summary(preds),
-        "validation-by-gpu": v.by_gpu(preds),
-        "validation-software": v.software_table(
-            preds, whole=None if plain is None or named is None else v.software_figures(preds, plain, named)),
-        "validation-frameworks": v.framework_table(
+        "validation-table": validation_report.table(preds) + "\n\n" + validation_report.summary(preds),
+        "validation-by-gpu": validation_report.by_gpu(preds),
+        "validation-software": validation_report.software_table(
+            preds, whole=None if plain is None or named is None else evidence.software_figures(preds, plain, named)),
+        "validation-frameworks": validation_report.framework_table(
             preds, plain if plain is not None else [v.predict_undescribed(p.row) for p in preds],
             named if named is not None else [v.predict_named(p.row) for p in preds]),
         "moe-layers": moe_layers.table(),

@@ -1,0 +1,160 @@
+"""The evidence behind a plan: evidence.json, the model's errors on the published runs of each GPU and dtype, of
+each regime it misses one way, of its layout picks and of the rows' software facts -- written by
+`python -m par3d.plan.validation --evidence` and read by `par3d plan` without a validation run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from functools import cache
+from statistics import median
+
+from .cost import Choice
+from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
+from .validation_runs import ordering, pick_stats
+
+
+def software_figures(preds: list[Prediction], plain: list[Prediction | None],
+                     named: list[Prediction | None] | None = None) -> dict[str, dict[str, float | int]]:
+    """The set scored with each row's software described (`preds`), without it (`plain`, the same rows in order) and,
+    given `named` (the rows `named`, in order), with only its framework's name: rows, rows priced, within ±10 % (a row
+    without a plan is not within) and the median |error| of the priced rows."""
+    def stats(ps: list[Prediction | None]) -> dict[str, float | int]:
+        errs = [abs(p.error) for p in ps if p is not None]
+        return {"rows": len(ps), "priced": len(errs), "within_10pct": sum(e <= DEFAULT_BOUND for e in errs),
+                "median_abs_error_pct": round(100 * median(errs), 1)}
+    out = {SOFTWARE_KEYS[0]: stats(list(preds)), SOFTWARE_KEYS[1]: stats(plain)}
+    if named is not None:
+        out[SOFTWARE_KEYS[2]] = stats(named)
+    return out
+
+
+# evidence.json's entries of `software_figures`: as described, at par3d's defaults, with the framework named
+SOFTWARE_KEYS = ("software/described", "software/defaults", "software/framework")
+
+
+# ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
+#
+# `par3d plan` prints, beside its prediction, the signed errors of every validation row of the same catalogue GPU
+# and dtype (docs/planner.md §9), read from evidence.json so that a plan costs no validation run; the file is
+# this module's output (`python -m par3d.plan.validation --evidence`) and a test keeps the two equal.
+EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
+
+
+#
+# Beside the GPU, a regime: a kind of plan whose published runs the model misses one way, across sources, by
+# more than its GPU's spread says (docs/planner.md §9, fourteenth round).  Read off the misses, so it is a
+# description of the set, not a prediction; `par3d plan` quotes it as a caveat on the plans it matches.
+# Each rule reads the plan's choice and whether the cluster runs PyTorch FSDP (`Cluster.fsdp`).  The second regime
+# was read off the fortieth round's misses (OLMo-core's eight FSDP2 rows at 16-256 micro-batches, all slow) and the
+# rows already in the set that share it; like the first, it describes the set.
+REGIMES: dict[str, tuple[str, Callable[[Choice, bool], bool]]] = {
+    "one-microbatch-wide-dp-no-recompute": (
+        "one micro-batch per step, ZeRO/data parallelism over >= 32 ranks (dp x cp), no recomputation",
+        lambda c, fsdp: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
+    "fsdp-many-microbatches": (
+        "PyTorch FSDP (--fsdp) at >= 16 micro-batches per step",
+        lambda c, fsdp: fsdp and c.microbatches >= 16),
+}
+
+
+def regimes_of(c: Choice, fsdp: bool = False) -> list[str]:
+    """The names of the REGIMES a configuration falls in (`fsdp`: the cluster runs PyTorch FSDP)."""
+    return [name for name, (_, rule) in REGIMES.items() if rule(c, fsdp)]
+
+
+RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
+NOT_A_GPU = ("regime/", "ranking/", "software/")  # evidence.json's entries that are not a GPU's and dtype's
+
+
+def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None,
+             named: list[Prediction | None] | None = None) -> dict[str, dict[str, float | int]]:
+    """Per "gpu/dtype": rows, rows within ±10 %, and the lowest, median and highest signed error (%, one
+    decimal) of the model on the published runs of that GPU and dtype (dense models; a mixture of experts' runs
+    apart, as "gpu/dtype/moe": another part of the model, scored apart); per "regime/NAME" the same over the
+    rows whose priced configuration falls in that regime (`REGIMES`); with `plain` (the rows `undescribed`,
+    in order) and `named` (the rows `named`), the whole set with and without its software and with its framework
+    named (`software_figures`)."""
+    groups: dict[str, list[float]] = {}
+    for p in preds:
+        key = evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
+        groups.setdefault(key, []).append(p.error)
+        for name in regimes_of(p.plan.choice, cluster_of(p.row).fsdp):
+            groups.setdefault(f"regime/{name}", []).append(p.error)
+    out: dict[str, dict[str, float | int]] = {}
+    for key, errs in sorted(groups.items()):
+        errs.sort()
+        out[key] = {"rows": len(errs), "within_10pct": sum(abs(e) <= DEFAULT_BOUND for e in errs),
+                    "min_error_pct": round(100 * errs[0], 1), "median_error_pct": round(100 * median(errs), 1),
+                    "max_error_pct": round(100 * errs[-1], 1)}
+    stats = pick_stats(preds)
+    if stats:  # how well the model chose among the layouts a team measured (`layout_picks`, `ordering`)
+        runs, fastest, med, mean, top = stats
+        pairs, ordered = ordering(preds)
+        out[RANKING_KEY] = {"runs": runs, "pick_fastest": fastest, "median_regret_pct": round(100 * med, 1),
+                            "mean_regret_pct": round(100 * mean, 1), "max_regret_pct": round(100 * top, 1),
+                            "pairs": pairs, "pairs_ordered": ordered}
+    if plain is not None:
+        out.update(software_figures(preds, plain, named))
+    return out
+
+
+def evidence_key(gpu: str, dtype: str, moe: bool) -> str:
+    return f"{gpu}/{evidence_dtype(dtype)}" + ("/moe" if moe else "")
+
+
+def evidence_dtype(dtype: str) -> str:
+    """fp16 and bf16 run the same tensor-core path at the same rate in the model: one group, "bf16"."""
+    return "bf16" if dtype == "fp16" else dtype
+
+
+def evidence_json(preds: list[Prediction], plain: list[Prediction | None] | None = None,
+                  named: list[Prediction | None] | None = None) -> str:
+    return json.dumps(evidence(preds, plain, named), indent=1, sort_keys=True) + "\n"
+
+
+@cache
+def evidence_file() -> dict[str, dict[str, float | int]]:
+    """evidence.json, read once a process (`par3d plan` asks for it per plan and per line); `main --evidence`, which
+    rewrites it, clears the cache."""
+    try:
+        with open(EVIDENCE_PATH, encoding="utf-8") as fh:
+            return dict(json.load(fh))
+    except FileNotFoundError:
+        return {}
+
+
+def stored_evidence() -> dict[str, dict[str, float | int]]:
+    """evidence.json as committed (empty if absent)."""
+    return dict(evidence_file())
+
+
+def regime_evidence(c: Choice, fsdp: bool = False) -> list[dict[str, object]]:
+    """The stored evidence of each regime a configuration falls in, with the regime's name and rule."""
+    out: list[dict[str, object]] = []
+    for name in regimes_of(c, fsdp):
+        ev = stored_evidence().get(f"regime/{name}")
+        if ev is not None:
+            out.append({"regime": name, "rule": REGIMES[name][0], **ev})
+    return out
+
+
+def ranking_evidence() -> dict[str, float | int] | None:
+    """The stored layout-pick figures (`layout_picks`, `ordering`): how often the model's pick among a run's measured
+    layouts was the fastest and how much slower it measured; None if the set has no run with three layouts."""
+    return stored_evidence().get(RANKING_KEY)
+
+
+def software_evidence() -> dict[str, dict[str, float | int]] | None:
+    """The stored `software_figures` (evidence.json): the whole set scored with and without its software facts and
+    with its framework named; None if absent."""
+    ev = stored_evidence()
+    return {k: ev[k] for k in SOFTWARE_KEYS} if all(k in ev for k in SOFTWARE_KEYS) else None
+
+
+def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:
+    """The stored evidence for a catalogue GPU and dtype (fp16 counted with bf16) -- of mixtures of experts where
+    `moe` --, None where the validation set has no row of it."""
+    return stored_evidence().get(evidence_key(gpu, dtype, moe))
