@@ -306,7 +306,7 @@ def regime_evidence_of(cluster, c) -> list[dict]:
     the GPU's evidence applies (`evidence_of`: the catalogue description the set was priced with)."""
     from par3d.plan.evidence import regime_evidence
 
-    return regime_evidence(c, cluster.fsdp) if evidence_of(cluster) is not None else []
+    return regime_evidence(c, cluster) if evidence_of(cluster) is not None else []
 
 
 def ranking_evidence_of(cluster) -> dict | None:

@@ -12,6 +12,7 @@ from functools import cache
 from statistics import median
 
 from .cost import Choice
+from .hardware import Cluster
 from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
 from .validation_runs import ordering, pick_stats
 
@@ -47,22 +48,31 @@ EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
 # Beside the GPU, a regime: a kind of plan whose published runs the model misses one way, across sources, by
 # more than its GPU's spread says (docs/planner.md §9, fourteenth round).  Read off the misses, so it is a
 # description of the set, not a prediction; `par3d plan` quotes it as a caveat on the plans it matches.
-# Each rule reads the plan's choice and whether the cluster runs PyTorch FSDP (`Cluster.fsdp`).  The second regime
-# was read off the fortieth round's misses (OLMo-core's eight FSDP2 rows at 16-256 micro-batches, all slow) and the
-# rows already in the set that share it; like the first, it describes the set.
-REGIMES: dict[str, tuple[str, Callable[[Choice, bool], bool]]] = {
+# Each rule reads the plan's choice and its cluster (whether it runs PyTorch FSDP, `Cluster.fsdp`; its NVLink domain,
+# `Cluster.gpus_per_node`).  The second regime was read off the fortieth round's misses (OLMo-core's eight FSDP2 rows
+# at 16-256 micro-batches, all slow) and the rows already in the set that share it; like the first, it describes the
+# set.  The third was read off the mixtures of experts' misses in issue 12's fifty-sixth round (Megatron-Bridge's
+# five Qwen3-235B-A22B rows on 32-way expert parallelism over H100 nodes, +14 ... +21 %, and the rows that share the
+# trait: dgxc-benchmarking's, NeMo AutoModel's, the Megatron MoE model zoo's and recipes' and DeepSeek-V3's own): an
+# expert-parallel group wider than a node's NVLink domain, so that the tokens' all-to-all crosses the NICs.  Nothing in
+# the model moved for it: no source measures how far below the NIC's rate those all-to-alls run.
+REGIMES: dict[str, tuple[str, Callable[[Choice, Cluster], bool]]] = {
     "one-microbatch-wide-dp-no-recompute": (
         "one micro-batch per step, ZeRO/data parallelism over >= 32 ranks (dp x cp), no recomputation",
-        lambda c, fsdp: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
+        lambda c, cluster: c.microbatches == 1 and c.dp * c.cp >= 32 and c.recompute == "none"),
     "fsdp-many-microbatches": (
         "PyTorch FSDP (--fsdp) at >= 16 micro-batches per step",
-        lambda c, fsdp: fsdp and c.microbatches >= 16),
+        lambda c, cluster: cluster.fsdp and c.microbatches >= 16),
+    "ep-across-nodes": (
+        "an expert-parallel group wider than a node's NVLink domain (--ep above the GPUs per node: the tokens' "
+        "all-to-all crosses the NICs)",
+        lambda c, cluster: c.ep > cluster.gpus_per_node),
 }
 
 
-def regimes_of(c: Choice, fsdp: bool = False) -> list[str]:
-    """The names of the REGIMES a configuration falls in (`fsdp`: the cluster runs PyTorch FSDP)."""
-    return [name for name, (_, rule) in REGIMES.items() if rule(c, fsdp)]
+def regimes_of(c: Choice, cluster: Cluster) -> list[str]:
+    """The names of the REGIMES a configuration falls in on `cluster`."""
+    return [name for name, (_, rule) in REGIMES.items() if rule(c, cluster)]
 
 
 RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
@@ -81,7 +91,7 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
     for p in preds:
         key = evidence_key(str(p.row["gpu"]), str(p.row.get("dtype", "bf16")), model_of(p.row).moe)
         groups.setdefault(key, []).append(p.error)
-        for name in regimes_of(p.plan.choice, cluster_of(p.row).fsdp):
+        for name in regimes_of(p.plan.choice, cluster_of(p.row)):
             groups.setdefault(f"regime/{name}", []).append(p.error)
     out: dict[str, dict[str, float | int]] = {}
     for key, errs in sorted(groups.items()):
@@ -131,10 +141,10 @@ def stored_evidence() -> dict[str, dict[str, float | int]]:
     return dict(evidence_file())
 
 
-def regime_evidence(c: Choice, fsdp: bool = False) -> list[dict[str, object]]:
-    """The stored evidence of each regime a configuration falls in, with the regime's name and rule."""
+def regime_evidence(c: Choice, cluster: Cluster) -> list[dict[str, object]]:
+    """The stored evidence of each regime a configuration falls in on `cluster`, with the regime's name and rule."""
     out: list[dict[str, object]] = []
-    for name in regimes_of(c, fsdp):
+    for name in regimes_of(c, cluster):
         ev = stored_evidence().get(f"regime/{name}")
         if ev is not None:
             out.append({"regime": name, "rule": REGIMES[name][0], **ev})
