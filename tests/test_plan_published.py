@@ -795,6 +795,21 @@ def test_plan_quotes_the_regime_it_falls_in(capsys):
         assert f"{reg['median_error_pct']} %" in text, doc
 
 
+def _assert_no_regime(capsys, main, *argvs: list[str]) -> None:
+    """Each `par3d plan ... --json` run prints plans that fall in no regime."""
+    for argv in argvs:
+        assert main(argv) == 0
+        assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
+
+
+def _assert_docs_quote_regime(reg: dict, phrase: str) -> None:
+    """README.md and docs/planner.md both quote a regime's rows (in `phrase`) and median as evidence.json holds them."""
+    for doc in ("README.md", "docs/planner.md"):
+        text = " ".join(_repo_text(doc).split())
+        assert f"{reg['rows']} {phrase}" in text, doc
+        assert f"median {reg['median_error_pct']:+.1f} %" in text.replace("−", "-"), doc
+
+
 def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
     """A PyTorch FSDP plan at >= 16 micro-batches per step (the regime of the fortieth round's OLMo-core misses)
     carries that regime's errors as a caveat that reads the plan as likely pessimistic (the regime's median is on the
@@ -812,14 +827,9 @@ def test_plan_quotes_the_fsdp_microbatch_regime(capsys):
     out = capsys.readouterr().out
     assert f"caveat: on {reg['rows']} published runs with PyTorch FSDP (--fsdp) at >= 16 micro-batches" in out
     assert "read this plan's speed as likely pessimistic" in out
-    for other in ([*base, "--global-batch", "512", "--json"],  # not FSDP
-                  [*base, "--fsdp", "--global-batch", "64", "--json"]):  # 4 micro-batches
-        assert main(other) == 0
-        assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
-    for doc in ("README.md", "docs/planner.md"):  # both quote the regime's figures as evidence.json holds them
-        text = " ".join(_repo_text(doc).split())
-        assert f"{reg['rows']} FSDP runs at 16 or more micro-batches a step" in text, doc
-        assert f"median {reg['median_error_pct']:+.1f} %" in text.replace("−", "-"), doc
+    _assert_no_regime(capsys, main, [*base, "--global-batch", "512", "--json"],  # not FSDP
+                      [*base, "--fsdp", "--global-batch", "64", "--json"])  # 4 micro-batches
+    _assert_docs_quote_regime(reg, "FSDP runs at 16 or more micro-batches a step")
 
 
 def test_plan_quotes_the_ep_across_nodes_regime(capsys):
@@ -842,14 +852,9 @@ def test_plan_quotes_the_ep_across_nodes_regime(capsys):
     out = capsys.readouterr().out
     assert f"caveat: on {reg['rows']} published runs with an expert-parallel group wider than a node" in out
     assert "read this plan's speed as likely optimistic" in out
-    for other in ([*base, "--gpu", "h100", "--ep", "8", "--json"],  # inside a node
-                  [*base, "--gpu", "gb200", "--ep", "16", "--json"]):  # inside an NVL72 domain
-        assert main(other) == 0
-        assert all(p["regimes"] == [] for p in json.loads(capsys.readouterr().out)["plans"])
-    for doc in ("README.md", "docs/planner.md"):  # both quote the regime's figures as evidence.json holds them
-        text = " ".join(_repo_text(doc).split())
-        assert f"{reg['rows']} runs whose expert-parallel group spans nodes" in text, doc
-        assert f"median {reg['median_error_pct']:+.1f} %" in text.replace("−", "-"), doc
+    _assert_no_regime(capsys, main, [*base, "--gpu", "h100", "--ep", "8", "--json"],  # inside a node
+                      [*base, "--gpu", "gb200", "--ep", "16", "--json"])  # inside an NVL72 domain
+    _assert_docs_quote_regime(reg, "runs whose expert-parallel group spans nodes")
 
 
 def test_plan_calls_close_plans_a_tie(capsys):
