@@ -128,6 +128,23 @@ def test_docs_quote_the_source_swap():
     assert loo.swap_table(STORED) in _doc("docs/planner.md")
 
 
+def test_a100_step_share_swap_reads_as_the_docs_say():
+    """The fifty-sixth round's reading of the step share swapped among the A100's sources holds for the stored swap:
+    six sources give 0.88-0.92, below the stored value fitted on Narayanan et al.'s rows, and each of those refits
+    scores the other held-out A100 rows better; BLOOM's trials, the largest source with Hagemann et al.'s, give a lower
+    one that scores them worse; docs/planner.md quotes the Zero Bubble refit's counts."""
+    swap = {e["source"]: e for e in STORED["source_swap"] if e["constant"] == "A100 step share"}
+    six = [e for e in swap.values() if 0.88 <= e["refit"] <= 0.925 and not e["at_bound"]]
+    assert len(six) == 6 and all(e["refit"] < e["stored"] for e in six)
+    assert all(e["with_refit"]["within_10pct"] > e["scored"]["within_10pct"] for e in six)
+    bloom = swap["bloom"]
+    assert bloom["refit"] < 0.88 and bloom["with_refit"]["within_10pct"] < bloom["scored"]["within_10pct"]
+    zb = swap["zb"]
+    doc = " ".join(_doc("docs/planner.md").split())
+    assert (f"the Zero Bubble refit {zb['with_refit']['within_10pct']} against {zb['scored']['within_10pct']}"
+            in doc)
+
+
 def test_command_writes_the_file_and_prints_tables_or_json(tmp_path, monkeypatch, capsys):
     """`--leave-one-out` writes what `run` returns to the file and prints the two tables; with `--json` the file's
     JSON (the refits replaced by the stored result, so the command's own plumbing is what is checked)."""

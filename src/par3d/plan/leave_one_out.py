@@ -13,7 +13,7 @@ Megatron-Bridge's 18 NVFP4 rows are in sample by a choice (the rule that prices 
 priced: gemm_table.py), not by a fit, so there is nothing to refit; they are counted apart.
 
 Leaving a row out keeps its source's other rows in the fit; `source_swap` asks what another source would have given
-the H100's and GH200's ratios and FSDP's unit cost (its comment states the rule).
+the H100's and GH200's ratios, FSDP's unit cost and the step share on the A100's rows (its comment states the rule).
 
 `python -m par3d.plan.validation --leave-one-out` refits (about a minute on two cores), writes
 `leave_one_out.json` beside this file and prints the table docs/planner.md section 9 quotes.
@@ -66,11 +66,15 @@ def _moe_error(host: tuple[float, float], row: dict[str, Any]) -> float:
     return v.predict_on(row, replace(v.cluster_of(row), moe_host_s=tuple(host))).error
 
 
+def _step_share() -> Constant:
+    return Constant("step share", gemm_table.STEP_SHARE, calibration.step_share_rows,
+                    lambda cal: calibration.fit_step_share(cal=cal),
+                    lambda share, row: calibration.mean_error_at([row], *calibration.step_share_pricing(share)))
+
+
 def constants() -> list[Constant]:
     """Every fitted constant, in the order `--fit` derives them (a later fit holds the earlier ones fixed)."""
-    out = [Constant("step share", gemm_table.STEP_SHARE, calibration.step_share_rows,
-                    lambda cal: calibration.fit_step_share(cal=cal),
-                    lambda share, row: calibration.mean_error_at([row], *calibration.step_share_pricing(share)))]
+    out = [_step_share()]
     for family, dtype in sorted(gemm_table.FITTED_SUSTAINED):
         if family in gemm_table.SHARED_SUSTAINED and dtype != "bf16":
             continue  # one ratio for every dtype: fitted once
@@ -139,8 +143,9 @@ def summarise(results: list[LeftOut]) -> dict[str, Any]:
 # source nor the stored calibration's (the stored source's other rows are left out of the score too, so neither fit
 # has seen a scored row's source) -- scored with it and with the stored value.  The pools: the H100's and the GH200's
 # sustained ratio of each dtype, the dense held-out rows of that GPU and dtype; FSDP's unit cost, the held-out rows that
-# ran PyTorch FSDP.  A refit at an end of its bisection's range (a ratio of 1.0: GEMMs at their burst rate; a unit cost
-# of 0 or 30 ms) is a source the constant cannot meet.  The rule (every source with at least SWAP_MIN_ROWS rows in the
+# ran PyTorch FSDP; the step share (fifty-sixth round, by the same rule, written down before its first run), the A100's
+# dense held-out rows.  A refit at an end of its bisection's range (a ratio of 1.0: GEMMs at their burst rate; a unit cost
+# of 0 or 30 ms; a step share of 0.8 or 1.1) is a source the constant cannot meet.  The rule (every source with at least SWAP_MIN_ROWS rows in the
 # pool; the stored calibration's own source not a candidate; none whose swap leaves no row to score) was fixed before
 # it was first run -- for the H100 ratios; the GH200's and FSDP's were added by the same rule after the H100's had been
 # read (the GH200's pool leaves nothing to score: its only other source is Apertus).
@@ -174,11 +179,22 @@ def _ratio_swap(family: str, dtype: str) -> Swap:
     return Swap(f"{family.upper()} {dtype.upper()} ratio", _sustained(family, dtype), pool, (0.3, 1.0))
 
 
+def _step_share_swap() -> Swap:
+    """The step share, swapped among the A100's sources (issue 12's fifty-sixth round, by the same rule): its stored
+    calibration is Narayanan et al.'s Megatron-LM runs, and the A100 is where it alone sets the GEMM rate (the other
+    fitted GPUs' ratios absorb it), so the pool is the A100's dense held-out rows, 40 and 80 GB, every dtype."""
+    def pool() -> list[dict[str, Any]]:
+        return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == "a100" and not calibration.in_sample(r)
+                and not v.model_of(r).moe]
+
+    return Swap("A100 step share", _step_share(), pool, (0.8, 1.1))
+
+
 def swaps() -> list[Swap]:
     fsdp = Swap("FSDP unit cost", _fsdp_unit(),
                 lambda: [r for r in v.rows() if r.get("fsdp") and not calibration.in_sample(r)], (0.0, 0.03))
     return [_ratio_swap("h100", "bf16"), _ratio_swap("h100", "fp8"), _ratio_swap("gh200", "bf16"),
-            _ratio_swap("gh200", "fp8"), fsdp]
+            _ratio_swap("gh200", "fp8"), fsdp, _step_share_swap()]
 
 
 def swap_entries(sw: Swap, only: list[str] | None = None,
@@ -218,7 +234,7 @@ def source_swap(progress: Callable[[str], None] | None = None) -> list[dict[str,
 
 
 def run(progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every constant's leave-one-out rows, their summary and the H100 source swap (what leave_one_out.json holds)."""
+    """Every constant's leave-one-out rows, their summary and the source swap (what leave_one_out.json holds)."""
     results = [r for c in constants() for r in left_out(c, progress)]
     return {"rows": [_row_json(r) for r in results], "summary": summarise(results),
             "source_swap": source_swap(progress)}
