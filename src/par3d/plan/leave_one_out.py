@@ -142,13 +142,14 @@ def summarise(results: list[LeftOut]) -> dict[str, Any]:
 # name prefix up to the first "-", so MLPerf's rounds are one source), and the pool's other rows -- from neither that
 # source nor the stored calibration's (the stored source's other rows are left out of the score too, so neither fit
 # has seen a scored row's source) -- scored with it and with the stored value.  The pools: the H100's and the GH200's
-# sustained ratio of each dtype, the dense held-out rows of that GPU and dtype; FSDP's unit cost, the held-out rows that
-# ran PyTorch FSDP; the step share (fifty-sixth round, by the same rule, written down before its first run), the A100's
-# dense held-out rows.  A refit at an end of its bisection's range (a ratio of 1.0: GEMMs at their burst rate; a unit cost
-# of 0 or 30 ms; a step share of 0.8 or 1.1) is a source the constant cannot meet.  The rule (every source with at least SWAP_MIN_ROWS rows in the
-# pool; the stored calibration's own source not a candidate; none whose swap leaves no row to score) was fixed before
-# it was first run -- for the H100 ratios; the GH200's and FSDP's were added by the same rule after the H100's had been
-# read (the GH200's pool leaves nothing to score: its only other source is Apertus).
+# sustained ratio of each dtype, the dense held-out rows of that GPU and dtype; FSDP's unit cost, the held-out rows
+# that ran PyTorch FSDP; the step share (fifty-sixth round, by the same rule, written down before its first run), the
+# A100's dense held-out rows.  A refit at an end of its bisection's range (a ratio of 1.0: GEMMs at their burst rate;
+# a unit cost of 0 or 30 ms; a step share of 0.8 or 1.1) is a source the constant cannot meet.  The rule (every source
+# with at least SWAP_MIN_ROWS rows in the pool; the stored calibration's own source not a candidate; none whose swap
+# leaves no row to score) was fixed before it was first run -- for the H100 ratios; the GH200's and FSDP's were added
+# by the same rule after the H100's had been read (the GH200's pool leaves nothing to score: its only other source is
+# Apertus).
 SWAP_MIN_ROWS = 4
 
 
