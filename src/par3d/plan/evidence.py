@@ -16,6 +16,13 @@ from .hardware import Cluster
 from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
 from .validation_runs import ordering, pick_stats
 
+# ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
+#
+# `par3d plan` prints, beside its prediction, the signed errors of every validation row of the same catalogue GPU
+# and dtype (docs/planner.md §9), read from evidence.json so that a plan costs no validation run; the file is
+# this module's output (`python -m par3d.plan.validation --evidence`) and a test keeps the two equal.
+EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
+
 
 def software_figures(preds: list[Prediction], plain: list[Prediction | None],
                      named: list[Prediction | None] | None = None) -> dict[str, dict[str, float | int]]:
@@ -36,15 +43,6 @@ def software_figures(preds: list[Prediction], plain: list[Prediction | None],
 SOFTWARE_KEYS = ("software/described", "software/defaults", "software/framework")
 
 
-# ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
-#
-# `par3d plan` prints, beside its prediction, the signed errors of every validation row of the same catalogue GPU
-# and dtype (docs/planner.md §9), read from evidence.json so that a plan costs no validation run; the file is
-# this module's output (`python -m par3d.plan.validation --evidence`) and a test keeps the two equal.
-EVIDENCE_PATH = os.path.join(os.path.dirname(__file__), "evidence.json")
-
-
-#
 # Beside the GPU, a regime: a kind of plan whose published runs the model misses one way, across sources, by
 # more than its GPU's spread says (docs/planner.md §9, fourteenth round).  Read off the misses, so it is a
 # description of the set, not a prediction; `par3d plan` quotes it as a caveat on the plans it matches.
