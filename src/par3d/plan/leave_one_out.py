@@ -1,6 +1,6 @@
 """Each fitted constant, refitted without each of its calibration rows in turn (issue 12's forty-fifth round).
 
-Six kinds of constant in the planner are fitted to declared rows of the validation set (validation.py's header
+Six kinds of constant in the planner are fitted to declared rows of the validation set (calibration.py's header
 comment names them): the step share (Narayanan et al. 2021 Table 1), the H100's, GH200's and GB300's sustained GEMM
 ratios (dgxc-benchmarking's, OpenEuroLLM's, Megatron-Bridge 25.11's rows), PyTorch FSDP's unit cost (llm-foundry's
 table) and the MoE host floor (Megatron-Bridge 26.04's MoE rows).  Those rows are in sample: their error says how
@@ -15,7 +15,7 @@ priced: gemm_table.py), not by a fit, so there is nothing to refit; they are cou
 Leaving a row out keeps its source's other rows in the fit; `source_swap` asks what another source would have given
 the H100's and GH200's ratios, FSDP's unit cost and the step share on the A100's rows (its comment states the rule).
 
-`python -m par3d.plan.validation --leave-one-out` refits (about a minute on two cores), writes
+`python -m par3d.plan.validation --leave-one-out` refits (about two minutes on two cores), writes
 `leave_one_out.json` beside this file and prints the table docs/planner.md section 9 quotes.
 """
 

@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="refit each fitted constant without each of its calibration rows in turn and price that "
                            "row with the refit (a prediction of a row the constant never saw), and the H100's ratios "
                            "on each other source's rows; writes src/par3d/plan/leave_one_out.json and prints the two "
-                           "tables docs/planner.md quotes (with --json: the file's JSON instead; about a minute)")
+                           "tables docs/planner.md quotes (with --json: the file's JSON instead; about two minutes)")
     parser.add_argument("--software", action="store_true",
                       help="what each software fact of the rows buys: the set re-priced without one fact at a time "
                            "(par3d's default in its place), and without all of them (a markdown table; with --json "
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "the other mixture-of-experts rows")
     what.add_argument("--refresh", action="store_true",
                       help="after a change to the rows or the model: price the set once and rewrite what quotes it "
-                           "-- evidence.json, leave_one_out.json (refitting, about a minute), the generated tables "
+                           "-- evidence.json, leave_one_out.json (refitting, about two minutes), the generated tables "
                            "of docs/planner.md and docs/planner_rounds.md, and each row's bound and note where its "
                            "error moved (needs --round and --reason; a row that newly misses also --before); the "
                            "prose figures are a person's to update (the tests name them).  Run from a checkout")
