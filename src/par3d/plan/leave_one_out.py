@@ -172,23 +172,26 @@ class Swap:
         return self.const.cal
 
 
-def _ratio_swap(family: str, dtype: str) -> Swap:
+def _dense_held_out(family: str, dtype: str | None = None) -> Callable[[], list[dict[str, Any]]]:
+    """A swap's pool: the dense held-out rows of a GPU family (of one dtype as the evidence counts it, where given)."""
     def pool() -> list[dict[str, Any]]:
         return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == family and not calibration.in_sample(r)
-                and evidence.evidence_dtype(str(r.get("dtype", "bf16"))) == dtype and not v.model_of(r).moe]
+                and (dtype is None or evidence.evidence_dtype(str(r.get("dtype", "bf16"))) == dtype)
+                and not v.model_of(r).moe]
 
-    return Swap(f"{family.upper()} {dtype.upper()} ratio", _sustained(family, dtype), pool, (0.3, 1.0))
+    return pool
+
+
+def _ratio_swap(family: str, dtype: str) -> Swap:
+    return Swap(f"{family.upper()} {dtype.upper()} ratio", _sustained(family, dtype), _dense_held_out(family, dtype),
+                (0.3, 1.0))
 
 
 def _step_share_swap() -> Swap:
     """The step share, swapped among the A100's sources (issue 12's fifty-sixth round, by the same rule): its stored
     calibration is Narayanan et al.'s Megatron-LM runs, and the A100 is where it alone sets the GEMM rate (the other
     fitted GPUs' ratios absorb it), so the pool is the A100's dense held-out rows, 40 and 80 GB, every dtype."""
-    def pool() -> list[dict[str, Any]]:
-        return [r for r in v.rows() if gemm_table.family_of(str(r["gpu"])) == "a100" and not calibration.in_sample(r)
-                and not v.model_of(r).moe]
-
-    return Swap("A100 step share", _step_share(), pool, (0.8, 1.1))
+    return Swap("A100 step share", _step_share(), _dense_held_out("a100"), (0.8, 1.1))
 
 
 def swaps() -> list[Swap]:
