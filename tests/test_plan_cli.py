@@ -1093,3 +1093,54 @@ def test_recompute_layers_beyond_the_model(capsys):
     assert rc == 2 and "--recompute-layers 100: more than the 32 layers of llama3-8b" in err
     rc, out, _ = run(capsys, *base, "--recompute-layers", "32")
     assert rc == 0 and json.loads(out)["plans"]
+
+
+def test_gpus_sweep_plans_each_count_as_gpus_does(capsys):
+    """--gpus-sweep (issue 12's fifty-seventh round): one line per GPU count whose plan is the plan `--gpus N --top 1`
+    gives at that count, its per-GPU throughput against the smallest count's, and the scale-pair evidence of the
+    validation set (evidence.json's `scaling/pairs`); --scale-batch grows the global batch with the count."""
+    from par3d.plan.evidence import scaling_evidence
+
+    base = ["--model", "llama3-8b", "--gpu", "h100", "--global-batch", "64"]
+    rc, out, _ = run(capsys, *base, "--gpus-sweep", "32,8,16", "--json")  # counts sorted
+    assert rc == 0
+    d = json.loads(out)
+    assert [r["gpus"] for r in d["sweep"]] == [8, 16, 32] and [r["global_batch"] for r in d["sweep"]] == [64] * 3
+    ev = scaling_evidence()
+    assert ev is not None and d["scaling_evidence"] == ev and ev["within_5pct"] > ev["flat_within_5pct"]
+    first = d["sweep"][0]["tokens_per_s_per_gpu"]
+    for r in d["sweep"]:
+        rc, one, _ = run(capsys, *base, "--gpus", str(r["gpus"]), "--top", "1", "--json")
+        alone = {k: v for k, v in json.loads(one)["plans"][0].items() if k not in ("chunk_layers", "regimes")}
+        assert rc == 0 and r["plan"] == alone
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(r["plan"]["tokens_per_s"] / r["gpus"])
+        assert r["per_gpu_vs_first"] == pytest.approx(r["tokens_per_s_per_gpu"] / first)
+    rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--scale-batch", "--json")
+    assert rc == 0 and [r["global_batch"] for r in json.loads(out)["sweep"]] == [64, 128]
+    rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16")
+    assert rc == 0 and "| 8 | 64 | tp=" in out and "| 100.0% |" in out
+    assert (f"scaling: on {ev['pairs']} published pairs (one run at two GPU counts, its layout alike) this model's "
+            f"per-GPU scaling was within ±5 % of the measured in {ev['within_5pct']}") in out
+    rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--efficiency", "0.5")
+    assert rc == 0 and "scaling: no evidence for this description" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpus-sweep", "8"], "two or more distinct GPU counts"),
+    (["--gpus-sweep", "8,x"], "whole numbers"),
+    (["--scale-batch"], "--scale-batch: only with --gpus-sweep"),
+    (["--gpus-sweep", "8,16", "--dp", "8"], "--dp with --gpus-sweep"),
+    (["--gpus-sweep", "8,16", "--emit-config", "x.toml"], "--emit-config with --gpus-sweep"),
+    (["--gpus-sweep", "8,16", "--explain"], "--explain with --gpus-sweep"),
+    (["--gpus-sweep", "8,16", "--tp", "16"], "--gpus-sweep at 8 GPUs: --tp 16"),
+    (["--gpus-sweep", "8,12"], "--gpus-sweep at 12 GPUs: --gpus 12: must be a multiple of --gpus-per-node 8"),
+    (["--global-batch", "65", "--gpus-sweep", "16,24", "--scale-batch"],
+     "--scale-batch: --global-batch 65 x 24 / 16 GPUs is not a whole number"),
+])
+def test_gpus_sweep_refuses_what_a_sweep_cannot_mean(capsys, argv, says):
+    """Bad sweeps are refused before any search (exit 2), naming the flag, the count and a fix."""
+    try:
+        rc = main(["plan", "--model", "llama3-8b", "--gpu", "h100", "--global-batch", "64", *argv])
+    except SystemExit as e:  # argparse's own refusal of a malformed list
+        rc = e.code
+    assert rc == 2 and says in capsys.readouterr().err

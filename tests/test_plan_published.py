@@ -722,6 +722,9 @@ def test_evidence_file_is_the_scripts_output(predictions, undescribed_prediction
     assert 0 <= rank["median_regret_pct"] <= rank["max_regret_pct"] and 0 <= rank["pick_fastest"] <= rank["runs"]
     assert 0 <= rank["mean_regret_pct"] <= rank["max_regret_pct"]
     assert 0 <= rank["pairs_ordered"] <= rank["pairs"]
+    scaling = ev.pop(evidence.SCALING_KEY)  # the scale pairs: what `par3d plan --gpus-sweep` quotes
+    stats = validation_runs.scale_stats(preds)
+    assert stats is not None and scaling == {k: stats[k] for k in evidence.SCALING_FIELDS}
     for key, e in ev.items():  # signed errors, ordered; fp16 rows counted with bf16
         assert e["min_error_pct"] <= e["median_error_pct"] <= e["max_error_pct"], key
         assert 0 <= e["within_10pct"] <= e["rows"] and not key.endswith("/fp16")
@@ -1118,3 +1121,54 @@ def test_software_cli_table():
     assert fields["flash_attention"]["within_10pct"] < out["software/described"]["within_10pct"]
     with pytest.raises(SystemExit):
         validation.main(["--software", "--evidence"])
+
+
+def test_scale_pairs_score_per_gpu_scaling_against_the_flat_baseline(predictions, capsys):
+    """A scale pair is one run published at two GPU counts 2x or more apart (issue 12's fifty-seventh round): one
+    source document, every field equal but the row's words, the GPU count, the global batch and the layout's DP
+    degree.  Its error is the predicted per-GPU scaling over the published, less one; the summary line, `--scaling`
+    and `--json` report it beside the flat baseline, and docs/planner.md section 9 and README.md quote it."""
+    base = {"source": "Doc A, Table 1 (x)", "model": "llama3-8b", "gpu": "h100-sxm", "gpus": 64, "global_batch": 64,
+            "metric": "tokens", "fixed": {"tp": 1, "pp": 1}}
+    any_plan = next(iter(predictions.values())).plan
+
+    def pred(value: float, published: float, **change: object) -> validation.Prediction:
+        return validation.Prediction(row={**base, "name": f"r{value}-{published}-{change}", "published": published,
+                                          **change}, plan=any_plan, value=value, fits=True)
+
+    small = pred(100, 100)
+    big = pred(90, 80, gpus=512, global_batch=512, source="Doc A, Table 2", note="at scale",
+               fixed={"tp": 1, "pp": 1, "dp": 512})
+    assert validation_runs.scale_pairs([big, small]) == [(small, big)]  # (fewer GPUs, more)
+    assert validation_runs.scale_ratios(small, big) == (pytest.approx(0.8), pytest.approx(0.9))
+    assert validation_runs.scale_error(small, big) == pytest.approx(0.9 / 0.8 - 1)  # optimistic at scale: positive
+    for other in (pred(90, 80, gpus=96), pred(90, 80, gpus=512, dtype="fp8"), pred(90, 80, gpus=512, source="Doc B"),
+                  pred(90, 80, gpus=512, fixed={"tp": 2, "pp": 1})):
+        assert validation_runs.scale_pairs([small, other]) == []  # under 2x apart, another input, document or layout
+    s = validation_runs.scale_stats([small, big, pred(80, 81, gpus=128, global_batch=128)])
+    assert s is not None and (s["pairs"], s["runs"]) == (3, 1)
+    # 64 -> 128: published 0.81, predicted 0.80 (within; moved, the same way); 64 -> 512: 0.8 and 0.9 (moved, the same
+    # way, not within); 128 -> 512: published 0.988 (flat meets it), predicted 1.125 (not within)
+    assert (s["within_5pct"], s["flat_within_5pct"], s["moved"], s["moved_same_way"]) == (1, 1, 2, 2)
+    assert validation_runs.scale_stats([small]) is None and validation_runs.scale_line([small]) == ""
+
+    preds = list(predictions.values())
+    s = validation_runs.scale_stats(preds)
+    assert s is not None and s["pairs"] >= 800 and s["held_out"] < s["pairs"] and s["dense"] + s["moe"] == s["pairs"]
+    # what the round found: the planner's scaling beats the flat baseline, overall and on the pairs that moved
+    assert s["within_5pct"] > s["flat_within_5pct"] and s["moved_same_way"] > 0.9 * s["moved"]
+    line = validation_runs.scale_line(preds)
+    assert line in validation_report.summary(preds)
+    assert validation.main(["--scaling", "--rows", "dgxc-25.04-"]) == 0
+    text = capsys.readouterr().out
+    assert "| NVIDIA/dgxc-benchmarking v25.04 |" in text and "scale pairs (one run at two GPU counts" in text
+    with pytest.raises(SystemExit) as ex:
+        validation.main(["--scaling", "--fit"])
+    assert ex.value.code == 2 and "--scaling: only alone" in capsys.readouterr().err
+    doc = " ".join(_repo_text("docs/planner.md").split())  # section 9's paragraph and README's bullet quote it
+    readme = " ".join(_repo_text("README.md").split())
+    quote = (f"{s['pairs']} pairs of {s['runs']} runs, the planner's per-GPU scaling is within ±5 % of the measured "
+             f"in **{s['within_5pct']}**; holding per-GPU throughput flat meets {s['flat_within_5pct']}")
+    assert quote in doc and quote.replace("**", "") in readme
+    assert (f"of the {s['moved']} pairs whose measured per-GPU throughput moved more than 5 %, it moves "
+            f"{s['moved_same_way']} the same way and meets {s['moved_within_5pct']}") in doc

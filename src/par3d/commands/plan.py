@@ -19,6 +19,7 @@ from par3d.commands.plan_report import (  # the report: its text, its evidence, 
     regime_evidence_of,
     render,
     software_evidence_of,
+    sweep_report,
 )
 from par3d.commands.train import layer_counts  # one parser for both commands' --pipeline-layout
 from par3d.plan.compute import CROSS_ENTROPY, RECOMPUTE_MODULES, modules_recompute
@@ -53,6 +54,19 @@ def _int_at_least(lo: int):
         return v
 
     return conv
+
+
+def _gpu_counts(text: str) -> tuple[int, ...]:
+    """--gpus-sweep: two or more distinct GPU counts, comma-separated, returned in ascending order."""
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give GPU counts as whole numbers, comma-separated, e.g. "
+                                         "64,128,256") from None
+    if len(set(counts)) < 2 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give two or more distinct GPU counts of at least 1, "
+                                         "comma-separated, e.g. 64,128,256 (one count: --gpus)")
+    return tuple(sorted(set(counts)))
 
 
 def _positive_float(text: str) -> float:
@@ -203,6 +217,15 @@ def register(sub) -> None:
                         "AMD Instinct mi300x, mi325x, mi350x, mi355x (8 per node on an Infinity Fabric mesh: a TP group of g "
                         "GPUs uses g - 1 of each GPU's 7 links) (default: %(default)s)")
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
+    g.add_argument("--gpus-sweep", type=_gpu_counts, default=None, metavar="N,N,...",
+                   help="plan at each of these GPU counts in place of --gpus and print one line per count: the best "
+                        "plan, its step time, tokens/s per GPU and that throughput against the smallest count's, "
+                        "beside how well this model has read per-GPU scaling on published runs measured at two GPU "
+                        "counts (docs/planner.md section 9, scale pairs).  The global batch stays --global-batch "
+                        "(strong scaling) unless --scale-batch")
+    g.add_argument("--scale-batch", action="store_true",
+                   help="with --gpus-sweep: grow the global batch with the GPU count (weak scaling): --global-batch "
+                        "at the smallest count, times count / smallest count")
     g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
                    help="GPUs per node sharing the fast intra-node link (default: 8; 72 for gb200 and gb300, the NVL72 rack's "
                         "NVLink domain; 4 for gh200; or the hardware file's)")
@@ -887,13 +910,14 @@ def _run(args: argparse.Namespace) -> int:
     except ModelError as e:
         raise UsageError(str(e)) from None
     apply_framework(args)
+    _check_sweep(args)
     if args.pipeline_layout:
         model = _with_layout(model, args)
     elif args.megatron_split:  # the framework cuts the pipeline as Megatron-Core does (stage_layout.megatron_split)
         from dataclasses import replace
 
         model = replace(model, partition="megatron")
-    cluster = _cluster(args)
+    cluster = _at_count(args, lambda: _cluster(args))
     if args.optimizer == "muon" and args.optimizer_dtype != "fp32":
         raise UsageError(f"--optimizer-dtype {args.optimizer_dtype} with --optimizer muon: the state dtypes set Adam's "
                          "master copy and moments, and Muon keeps an fp32 momentum; drop --optimizer-dtype")
@@ -921,7 +945,7 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(f"head_dim {model.head_dim} (heads x head_dim = {model.q_dim}, not --hidden "
                              f"{model.hidden}) with a calibrated host: its measured block has hidden / heads "
                              "channels per head; plan it on a GPU description, or drop --head-dim")
-    _check_fixed(args, model, cluster)
+    _at_count(args, lambda: _check_fixed(args, model, cluster))
     if args.recompute_modules is not None:
         if args.recompute not in (None, "selective"):
             raise UsageError(f"--recompute-modules with --recompute {args.recompute}: named modules are Megatron-Core's "
@@ -944,6 +968,8 @@ def _run(args: argparse.Namespace) -> int:
                    optimizer_dtype=args.optimizer_dtype, ignore_memory=args.ignore_memory)
     args.plan_options = opts
     show = args.progress if args.progress is not None else sys.stderr.isatty()
+    if args.gpus_sweep:
+        return _sweep(args, model, fixed, limits, opts, show)
     try:
         res = search(model, cluster, args.global_batch, fixed, limits, args.top, args.train_tokens,
                      report_unfit=args.explain, opts=opts, progress=progress_line if show else None)
@@ -992,6 +1018,71 @@ def _run(args: argparse.Namespace) -> int:
     if args.emit_config:
         _emit(args, model, res.plans[0])
     return 0
+
+
+def _check_sweep(args: argparse.Namespace) -> None:
+    """--gpus-sweep and --scale-batch: refuse what a sweep cannot mean, before any search; the checks that need the
+    model and the cluster run on the smallest count here and on every count in `_sweep` before its first search."""
+    if args.scale_batch and not args.gpus_sweep:
+        raise UsageError("--scale-batch: only with --gpus-sweep (it grows the global batch with the swept GPU count)")
+    if not args.gpus_sweep:
+        return
+    for flag, given, why in (("--emit-config", args.emit_config, "a config is one run: plan the count you will run "
+                                                                 "with --gpus"),
+                             ("--explain", args.explain, "it explains one plan: rerun one count with --gpus"),
+                             ("--dp", args.dp, "the data-parallel size follows the GPU count: drop --dp and fix "
+                                               "--tp/--cp/--pp instead")):
+        if given:
+            raise UsageError(f"{flag} with --gpus-sweep: {why}")
+    args.gpus = args.gpus_sweep[0]
+
+
+def _at_count(args: argparse.Namespace, check):
+    """Run `check()`; with --gpus-sweep, a refusal names the GPU count it was found at."""
+    try:
+        return check()
+    except UsageError as e:
+        if args.gpus_sweep:
+            raise UsageError(f"--gpus-sweep at {args.gpus} GPUs: {e}") from None
+        raise
+
+
+def _sweep(args: argparse.Namespace, model, fixed, limits, opts, show: bool) -> int:
+    """--gpus-sweep: the best plan at each GPU count (every count's flags checked before the first search), one line
+    each, and the scale-pair evidence (`plan_report.sweep_report`)."""
+    from par3d.plan.search import PlanError, search
+
+    first, batch0 = args.gpus_sweep[0], args.global_batch
+    runs = []
+    for n in args.gpus_sweep:
+        batch = batch0
+        if args.scale_batch:
+            if batch0 * n % first:
+                raise UsageError(f"--scale-batch: --global-batch {batch0} x {n} / {first} GPUs is not a whole number "
+                                 f"of sequences; give a --global-batch that is a multiple of {first}")
+            batch = batch0 * n // first
+        args.gpus, args.global_batch = n, batch
+        cluster = _at_count(args, lambda: _cluster(args))
+        _at_count(args, lambda c=cluster: _check_fixed(args, model, c))
+        runs.append((n, batch, cluster))
+    args.gpus, args.global_batch = first, batch0
+    results = []
+    for i, (n, batch, cluster) in enumerate(runs, 1):
+        if show:
+            print(f"\r\033[Kpar3d plan: {n} GPUs ({i}/{len(runs)})", end="", file=sys.stderr, flush=True)
+        try:
+            res = search(model, cluster, batch, fixed, limits, 1, args.train_tokens, opts=opts)
+        except PlanError as e:
+            results.append({"gpus": n, "global_batch": batch, "cluster": cluster, "plan": None, "why": str(e)})
+            continue
+        why = None if res.plans else ("no plan fits (" + ", ".join(f"{k}: {v}" for k, v in res.rejected.most_common(3))
+                                      + ")")
+        results.append({"gpus": n, "global_batch": batch, "cluster": cluster,
+                        "plan": res.plans[0] if res.plans else None, "why": why})
+    if show:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    print(sweep_report(model, args, results, as_json=args.json))
+    return 0 if any(r["plan"] is not None for r in results) else 1
 
 
 def _emit(args, model, plan) -> None:

@@ -1,7 +1,7 @@
 """The report of `par3d plan`: the text a plan is rendered as (`render`: the table, the best plan's evidence,
 software, regime, ranking, placement, mesh and CP lines, the --explain breakdown), the evidence the --json report
-carries (`evidence_of`, `regime_evidence_of`, `ranking_evidence_of`, `software_evidence_of`), the no-plan message
-and the search's progress line.  commands/plan.py parses the flags, runs the search and prints what this renders.
+carries (`evidence_of`, `regime_evidence_of`, `ranking_evidence_of`, `software_evidence_of`), the no-plan message,
+the search's progress line and the --gpus-sweep report (`sweep_report`, with `scaling_evidence_of`).  commands/plan.py parses the flags, runs the search and prints what this renders.
 """
 
 from __future__ import annotations
@@ -270,20 +270,83 @@ def evidence_of(cluster, moe: bool = False) -> dict | None:
     """How this model did on the published runs of the cluster's GPU and dtype (evidence.evidence_for; of
     mixtures of experts where `moe`), for catalogue GPUs priced by the table model as the validation set prices
     them; None otherwise."""
+    from par3d.plan.evidence import evidence_for
+
+    if not _catalogue_description(cluster):
+        return None
+    return evidence_for(cluster.device.name, cluster.precision, moe)
+
+
+def _catalogue_description(cluster) -> bool:
+    """Whether the cluster's GPU is the catalogue's description, up to the attention kernel (`--attention-kernel`,
+    which rows set too): a hardware file's own GEMM table or a flat --efficiency model is not what the validation set
+    scored (Device compares by identity, so field by field)."""
     from dataclasses import fields
 
-    from par3d.plan.evidence import evidence_for
     from par3d.plan.hardware import DEVICES
 
     dev, base = cluster.device, DEVICES.get(cluster.device.name)
-    # the catalogue's description, up to the attention kernel (`--attention-kernel`, which rows set too); a
-    # hardware file's own GEMM table or a flat --efficiency model is not what the validation set scored
-    # (Device compares by identity, so field by field)
-    if cluster.profile is not None or base is None or dev.kernel_model != "table" or any(
-            getattr(dev, f.name) != getattr(base, f.name) for f in fields(base)
-            if f.name not in ("attn_eff", "attn_curve")):
-        return None
-    return evidence_for(dev.name, cluster.precision, moe)
+    return not (cluster.profile is not None or base is None or dev.kernel_model != "table" or any(
+        getattr(dev, f.name) != getattr(base, f.name) for f in fields(base) if f.name not in ("attn_eff", "attn_curve")))
+
+
+def scaling_evidence_of(cluster) -> dict | None:
+    """How well this model read per-GPU throughput at two GPU counts of one published run (evidence.scaling_evidence:
+    the scale pairs, every GPU's), where the cluster's GPU is the catalogue's description; None otherwise."""
+    from par3d.plan.evidence import scaling_evidence
+
+    return scaling_evidence() if _catalogue_description(cluster) else None
+
+
+def sweep_report(model, args, results: list[dict], as_json: bool = False) -> str:
+    """`par3d plan --gpus-sweep`: the best plan at each GPU count (`results`: gpus, global_batch, cluster, plan or
+    None, why), its per-GPU throughput against the smallest count's, and the scale-pair evidence -- as a table, or
+    as JSON."""
+    import json
+
+    base = next((r["plan"].tokens_per_s / r["gpus"] for r in results if r["plan"] is not None), None)
+    ev = scaling_evidence_of(results[0]["cluster"])
+
+    def vs_base(r: dict) -> float | None:
+        return None if r["plan"] is None or base is None else r["plan"].tokens_per_s / r["gpus"] / base
+
+    if as_json:
+        return json.dumps({
+            "model": model.to_dict(), "hardware": results[0]["cluster"].to_dict(), "scale_batch": args.scale_batch,
+            "sweep": [{"gpus": r["gpus"], "global_batch": r["global_batch"],
+                       "plan": r["plan"].to_dict() if r["plan"] is not None else None,
+                       "tokens_per_s_per_gpu": r["plan"].tokens_per_s / r["gpus"] if r["plan"] is not None else None,
+                       "per_gpu_vs_first": vs_base(r), "why": r["why"]} for r in results],
+            # the scale pairs of the validation set (validation_runs.scale_stats; None where the GPU is not the
+            # catalogue's description)
+            "scaling_evidence": ev}, indent=2)
+    c0 = results[0]["cluster"]
+    batch = ("grown with the GPU count (--scale-batch)" if args.scale_batch
+             else f"{args.global_batch} sequences at every count")
+    out = [f"par3d plan: {model.name} on {c0.device.name} {c0.precision}, the best plan at each GPU count; global "
+           f"batch {batch}", "",
+           "| GPUs | global batch | best plan | step | tokens/s per GPU | per GPU vs first | MFU | memory/GPU |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        p = r["plan"]
+        if p is None:
+            out.append(f"| {r['gpus']:,} | {r['global_batch']:,} | {r['why']} | | | | | |")
+            continue
+        out.append(f"| {r['gpus']:,} | {r['global_batch']:,} | {p.choice.label()} | {p.step_time:.3f} s | "
+                   f"{p.tokens_per_s / r['gpus']:,.0f} | {vs_base(r):.1%} | {p.mfu:.1%} | "
+                   f"{p.memory.total / 2**30:.1f} GiB |")
+    out.append("")
+    if ev is None:
+        out.append("scaling: no evidence for this description (a hardware file or a flat --efficiency model is not "
+                   "the catalogue description the validation set scored: docs/planner.md §9)")
+    else:
+        moe = (f"; read a mixture of experts' fall at scale as a floor: mixtures of experts {ev['moe_within_5pct']} of "
+               f"{ev['moe']}, mostly predicted to lose less than measured" if model.moe else "")
+        out.append(f"scaling: on {ev['pairs']} published pairs (one run at two GPU counts, its layout alike) this "
+                   f"model's per-GPU scaling was within ±5 % of the measured in {ev['within_5pct']} (dense "
+                   f"{ev['dense_within_5pct']} of {ev['dense']}); holding per-GPU throughput flat, "
+                   f"{ev['flat_within_5pct']}{moe} — docs/planner.md §9")
+    return "\n".join(out)
 
 
 def _evidence_line(cluster, moe: bool = False) -> str:

@@ -14,7 +14,7 @@ from statistics import median
 from .cost import Choice
 from .hardware import Cluster
 from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
-from .validation_runs import ordering, pick_stats
+from .validation_runs import ordering, pick_stats, scale_stats
 
 # ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
 #
@@ -74,7 +74,11 @@ def regimes_of(c: Choice, cluster: Cluster) -> list[str]:
 
 
 RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (not a GPU's)
-NOT_A_GPU = ("regime/", "ranking/", "software/")  # evidence.json's entries that are not a GPU's and dtype's
+SCALING_KEY = "scaling/pairs"  # its entry for the scale pairs (validation_runs.scale_stats; fifty-seventh round)
+SCALING_FIELDS = ("pairs", "runs", "within_5pct", "flat_within_5pct", "median_abs_pct", "median_signed_pct",
+                  "dense", "dense_within_5pct", "moe", "moe_within_5pct", "moved", "moved_same_way",
+                  "moved_within_5pct")
+NOT_A_GPU = ("regime/", "ranking/", "software/", "scaling/")  # evidence.json's entries that are not a GPU's and dtype's
 
 
 def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None,
@@ -104,6 +108,9 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
         out[RANKING_KEY] = {"runs": runs, "pick_fastest": fastest, "median_regret_pct": round(100 * med, 1),
                             "mean_regret_pct": round(100 * mean, 1), "max_regret_pct": round(100 * top, 1),
                             "pairs": pairs, "pairs_ordered": ordered}
+    scaling = scale_stats(preds)
+    if scaling:  # how well the model read per-GPU throughput at two GPU counts of one run (`scale_pairs`)
+        out[SCALING_KEY] = {k: scaling[k] for k in SCALING_FIELDS}
     if plain is not None:
         out.update(software_figures(preds, plain, named))
     return out
@@ -160,6 +167,12 @@ def software_evidence() -> dict[str, dict[str, float | int]] | None:
     with its framework named; None if absent."""
     ev = stored_evidence()
     return {k: ev[k] for k in SOFTWARE_KEYS} if all(k in ev for k in SOFTWARE_KEYS) else None
+
+
+def scaling_evidence() -> dict[str, float | int] | None:
+    """The stored scale-pair figures (`scale_stats`): how often the model's per-GPU scaling between two GPU counts of
+    one published run was within ±5 % of the measured, beside the flat baseline; None if absent."""
+    return stored_evidence().get(SCALING_KEY)
 
 
 def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:

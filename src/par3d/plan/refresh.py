@@ -33,6 +33,7 @@ from typing import Any
 BLOCKS = {
     "validation-table": "docs/planner.md",  # validation_report.table + summary: `python -m par3d.plan.validation`
     "validation-by-gpu": "docs/planner.md",  # validation_report.by_gpu, printed below them
+    "validation-scaling": "docs/planner.md",  # validation_report.scale_table: `--scaling`
     "validation-software": "docs/planner.md",  # --software's table
     "validation-frameworks": "docs/planner.md",  # --software's second table, by framework preset
     "leave-one-out": "docs/planner.md",  # --leave-one-out's two tables
@@ -157,6 +158,7 @@ def generated_blocks(preds: list[Any], loo_data: dict[str, Any] | None,
     bodies = {
         "validation-table": validation_report.table(preds) + "\n\n" + validation_report.summary(preds),
         "validation-by-gpu": validation_report.by_gpu(preds),
+        "validation-scaling": validation_report.scale_table(preds),
         "validation-software": validation_report.software_table(
             preds, whole=None if plain is None or named is None else evidence.software_figures(preds, plain, named)),
         "validation-frameworks": validation_report.framework_table(

@@ -4,10 +4,10 @@
 row's cluster (the catalogue GPU, plus the row's NICs where its network is not a DGX's) and returns the
 planner's number in the row's metric; `undescribed` / `named` give a row without its software facts or with only
 its framework named.  Around this module: calibration.py (which rows set a fitted constant, and the fits),
-validation_runs.py (rows grouped into runs: layout pairs and picks, repeats), evidence.py (evidence.json, what
-`par3d plan` quotes), validation_report.py (the tables and summaries docs/planner.md quotes) and validation_cli.py
-(`python -m par3d.plan.validation`, which prints the table that docs/planner.md quotes; `--json`: the same figures
-as JSON; `--rows PREFIX`: one source's rows; `--help`: every flag).
+validation_runs.py (rows grouped into runs: layout pairs and picks, repeats, scale pairs), evidence.py
+(evidence.json, what `par3d plan` quotes), validation_report.py (the tables and summaries docs/planner.md quotes) and
+validation_cli.py (`python -m par3d.plan.validation`, which prints the table that docs/planner.md quotes; `--json`:
+the same figures as JSON; `--rows PREFIX`: one source's rows; `--scaling`: the scale pairs; `--help`: every flag).
 """
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ from .validation_report import (
     by_gpu,
     framework_table,
     report_json,
+    scale_table,
     software_by_field,
     software_table,
     summary,
     table,
 )
+from .validation_runs import scale_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="what each software fact of the rows buys: the set re-priced without one fact at a time "
                            "(par3d's default in its place), and without all of them (a markdown table; with --json "
                            "the same as JSON)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="the scale pairs (one run published at two GPU counts 2x or more apart, its layout "
+                             "alike): how well the planner predicts per-GPU throughput at scale, by source document, "
+                             "beside the flat baseline (a markdown table; with --json the pairs as JSON)")
     parser.add_argument("--by-release", action="store_true",
                         help="with --fit-moe-host: also fit the floor on each release's rows alone and score it on "
                              "the other mixture-of-experts rows")
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--by-release: only with --fit-moe-host (it re-fits the MoE host floor per release)")
     if args.software and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out):
         parser.error("--software: only alone, with --json or with --rows (it re-prices the rows it reads)")
+    if args.scaling and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out or args.software):
+        parser.error("--scaling: only alone, with --json or with --rows (it reads the rows' predictions)")
     if args.rows is not None and (args.evidence or args.fit or args.fit_moe_host or args.leave_one_out):
         parser.error("--rows: only with the table or --json, or --software (--evidence, --fit, --fit-moe-host "
                      "and --leave-one-out use their own declared rows)")
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--leave-one-out: only alone or with --json (it refits on its own declared rows)")
     if (args.check or args.before or args.round or args.reason) and not args.refresh:
         parser.error("--check, --before, --round, --reason: only with --refresh")
-    if args.refresh and (args.leave_one_out or args.software or args.rows is not None):
+    if args.refresh and (args.leave_one_out or args.software or args.scaling or args.rows is not None):
         parser.error("--refresh: only with --check, --before, --round and --reason (it prices every row and "
                      "refits the leave-one-out itself)")
     if args.refresh:
@@ -157,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(software_table(preds, fields, whole))
         print("\n" + framework_table(preds, plain, named_preds))
+        return 0
+    if args.scaling:  # the scale pairs (fifty-seventh round)
+        if args.json:
+            print(json.dumps(json.loads(report_json(preds))["scaling"], indent=1, ensure_ascii=False))
+            return 0
+        print(scale_table(preds) + "\n\n" + (scale_line(preds) or "no scale pairs among these rows"))
         return 0
     if args.json:
         print(report_json(preds))

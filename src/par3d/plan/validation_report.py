@@ -26,12 +26,19 @@ from .validation import (
 )
 from .validation_runs import (
     ORDER_MARGIN,
+    SCALE_BOUND,
     layout_pairs,
     layout_picks,
     ordering,
     pick_stats,
     repeat_stats,
     repeats_line,
+    scale_error,
+    scale_line,
+    scale_pairs,
+    scale_ratios,
+    scale_stats,
+    source_document,
 )
 
 
@@ -240,6 +247,9 @@ def summary(preds: list[Prediction]) -> str:
     repeats = repeats_line(preds)
     if repeats:
         lines.append(repeats)
+    scaling = scale_line(preds)
+    if scaling:
+        lines.append(scaling)
     return "\n".join(lines)
 
 
@@ -268,6 +278,11 @@ def report_json(preds: list[Prediction]) -> str:
                                          "regret_pct": round(100 * regret, 1)}
                                         for pick, best, regret in layout_picks(preds)],
                        "repeats": repeat_stats(preds) or {"runs": []},
+                       "scaling": {**(scale_stats(preds) or {}), "pairs_scored": [
+                           {"fewer": a.row["name"], "more": b.row["name"],
+                            "published_ratio": round(scale_ratios(a, b)[0], 4),
+                            "predicted_ratio": round(scale_ratios(a, b)[1], 4),
+                            "error_pct": round(100 * scale_error(a, b), 2)} for a, b in scale_pairs(preds)]},
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 
@@ -331,4 +346,23 @@ def framework_table(preds: list[Prediction], plain: list[Prediction | None], nam
         g = groups[name]
         out.append(f"| {'`' + name + '`' if name != 'none' else 'none of them'} | {len(g)} "
                    f"| {within([t[0] for t in g])} | {within([t[1] for t in g])} | {within([t[2] for t in g])} |")
+    return "\n".join(out)
+
+
+def scale_table(preds: list[Prediction]) -> str:
+    """The scale pairs (validation_runs.scale_pairs) by source document: pairs, how many the planner's per-GPU scaling
+    meets within ±5 % and how many the flat baseline does (per-GPU throughput unchanged), and the pairs' signed
+    errors -- where the planner reads scale well and where it does not (docs/planner.md section 9)."""
+    by_doc: dict[str, list[tuple[Prediction, Prediction]]] = {}
+    for a, b in scale_pairs(preds):
+        by_doc.setdefault(source_document(str(a.row["source"])), []).append((a, b))
+    out = [f"| source | pairs | GPU counts | within ±{SCALE_BOUND:.0%} | held flat, within | median error | "
+           "lowest … highest |", "|---|---:|---|---:|---:|---:|---|"]
+    for doc, pairs in sorted(by_doc.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        errors = sorted(scale_error(a, b) for a, b in pairs)
+        gpus = sorted({int(p.row["gpus"]) for pair in pairs for p in pair})
+        flat = sum(abs(1 / scale_ratios(a, b)[0] - 1) <= SCALE_BOUND for a, b in pairs)
+        out.append(f"| {doc} | {len(pairs)} | {gpus[0]:,}–{gpus[-1]:,} | "
+                   f"{sum(abs(e) <= SCALE_BOUND for e in errors)} | {flat} | {100 * median(errors):+.1f} % | "
+                   f"{100 * errors[0]:+.1f} … {100 * errors[-1]:+.1f} % |")
     return "\n".join(out)

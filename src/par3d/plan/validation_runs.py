@@ -1,6 +1,7 @@
 """Validation rows grouped into runs: layout pairs and picks (one run measured at several layouts -- does the
-planner order and choose them as measured?) and repeats (one run published more than once at inputs its rows state
-alike -- how far the sources scatter on their own).
+planner order and choose them as measured?), repeats (one run published more than once at inputs its rows state
+alike -- how far the sources scatter on their own) and scale pairs (one run published at two GPU counts -- does the
+planner predict how its per-GPU throughput changes with scale?).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import json
 from statistics import median
 from typing import Any
 
-from .validation import DEFAULT_BOUND, Prediction
+from .calibration import in_sample
+from .validation import DEFAULT_BOUND, Prediction, model_of
 
 # Two rows are a *layout pair* when they measured two layouts of one run: the same source document (its `source` up
 # to the first "(" or ","), every field but the layout (`fixed`) and the row's own words (name, source, published
@@ -25,7 +27,8 @@ _OWN_WORDS = frozenset({"name", "source", "published", "assumed", "note", "bound
                         "evaluate_unfit"})
 
 
-def _document(source: str) -> str:
+def source_document(source: str) -> str:
+    """A row's source document: its `source` up to its first parenthesis or comma."""
     cut = [i for i in (source.find("("), source.find(",")) if i >= 0]
     return source[:min(cut)].strip() if cut else source.strip()
 
@@ -35,7 +38,7 @@ def _layout_groups(preds: list[Prediction]) -> list[list[Prediction]]:
     groups: dict[str, list[Prediction]] = {}
     for p in preds:
         rest = {k: v for k, v in p.row.items() if k not in _OWN_WORDS}
-        key = json.dumps([_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
+        key = json.dumps([source_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
         groups.setdefault(key, []).append(p)
     return list(groups.values())
 
@@ -140,3 +143,104 @@ def repeats_line(preds: list[Prediction]) -> str:
             f"values spread a median {s['spread_median_pct']}% (max {s['spread_max_pct']}%), each a median "
             f"{s['scatter_median_pct']}% from its run's median; {s['forced_misses']} of them outside ±10 % of any one "
             f"prediction; {s['within_10pct']} within ±10 % here")
+
+
+# ---- scale pairs: one run published at two GPU counts (issue 12's fifty-seventh round) --------------------------
+#
+# A team sizing a cluster reads off the plan how per-GPU throughput changes with the GPU count; the rows' own errors
+# do not say whether that reading holds (two rows each 8 % fast scale exactly as predicted).  Two rows are a *scale
+# pair* when they are one run at two GPU counts: one source document, every field equal but the row's own words, the
+# GPU count and the global batch, the same `fixed` layout apart from its DP degree, and GPU counts at least
+# SCALE_FACTOR apart.  The published scaling is the ratio of their per-GPU figures (every metric of the set is per GPU:
+# TFLOP/s or tokens/s), the predicted scaling the same ratio of the predictions, and a pair's error the one over the
+# other, less one (positive: the planner loses less per GPU at scale than was measured).  SCALE_BOUND is half the
+# rows' bound: a ratio of two rows of one run cancels what their errors share.  The definition, the bound and the
+# report (with the flat baseline: per-GPU throughput predicted not to change) were written to a decision file before
+# the first pair was scored; no constant, row or model term is set from it.
+SCALE_FACTOR = 2
+SCALE_BOUND = DEFAULT_BOUND / 2
+_NOT_SCALE = frozenset(_NOT_INPUTS | {"gpus", "global_batch", "fixed"})
+
+
+def scale_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
+    """The scale pairs among `preds`, each as (fewer GPUs, more GPUs), grouped run by run."""
+    groups: dict[str, list[Prediction]] = {}
+    for p in preds:
+        rest = {k: v for k, v in p.row.items() if k not in _NOT_SCALE}
+        layout = {k: v for k, v in p.row.get("fixed", {}).items() if k != "dp"}
+        key = json.dumps([source_document(str(p.row.get("source", ""))), rest, layout], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(p)
+    out = []
+    for group in groups.values():
+        group = sorted(group, key=lambda p: int(p.row["gpus"]))
+        for i, a in enumerate(group):
+            out.extend((a, b) for b in group[i + 1:] if int(b.row["gpus"]) >= SCALE_FACTOR * int(a.row["gpus"]))
+    return out
+
+
+def scale_ratios(fewer: Prediction, more: Prediction) -> tuple[float, float]:
+    """(published, predicted) per-GPU throughput at more GPUs over that at fewer."""
+    return (float(more.row["published"]) / float(fewer.row["published"]), more.value / fewer.value)
+
+
+def scale_error(fewer: Prediction, more: Prediction) -> float:
+    """The predicted scaling over the published, less one (positive: the planner loses less per GPU than measured)."""
+    published, predicted = scale_ratios(fewer, more)
+    return predicted / published - 1.0
+
+
+def scale_stats(preds: list[Prediction]) -> dict[str, Any] | None:
+    """`scale_pairs` summed up: pairs and runs; pairs whose predicted scaling is within SCALE_BOUND of the published,
+    and the same for the flat baseline (per-GPU throughput unchanged at scale); the median |error| and the median
+    signed error; the held-out pairs (neither row in sample), the dense and the mixture-of-experts pairs; and the pairs
+    whose published per-GPU throughput moved more than SCALE_BOUND (how many the planner moves the same way, how many
+    within).  None without pairs."""
+    pairs = scale_pairs(preds)
+    if not pairs:
+        return None
+
+    def within(ps: list[tuple[Prediction, Prediction]]) -> int:
+        return sum(abs(scale_error(a, b)) <= SCALE_BOUND for a, b in ps)
+
+    errors = [scale_error(a, b) for a, b in pairs]
+    published = [scale_ratios(a, b)[0] for a, b in pairs]
+    held_out = [(a, b) for a, b in pairs if not in_sample(a.row) and not in_sample(b.row)]
+    moe = [(a, b) for a, b in pairs if model_of(a.row).moe]
+    moved = [(a, b) for a, b in pairs if abs(scale_ratios(a, b)[0] - 1) > SCALE_BOUND]
+    return {"pairs": len(pairs), "runs": len(_runs(pairs)),
+            "within_5pct": within(pairs), "flat_within_5pct": sum(abs(1 / r - 1) <= SCALE_BOUND for r in published),
+            "median_abs_pct": round(100 * median(abs(e) for e in errors), 1),
+            "median_signed_pct": round(100 * median(errors), 1),
+            "held_out": len(held_out), "held_out_within_5pct": within(held_out),
+            "dense": len(pairs) - len(moe), "dense_within_5pct": within(pairs) - within(moe),
+            "moe": len(moe), "moe_within_5pct": within(moe),
+            "moved": len(moved), "moved_same_way": sum((r[1] - 1) * (r[0] - 1) > 0
+                                                       for r in (scale_ratios(a, b) for a, b in moved)),
+            "moved_within_5pct": within(moved)}
+
+
+def _runs(pairs: list[tuple[Prediction, Prediction]]) -> list[frozenset[str]]:
+    """The runs the pairs come from: the rows linked by a pair, as sets of row names."""
+    runs: list[set[str]] = []
+    for a, b in pairs:
+        names = {a.row["name"], b.row["name"]}
+        touching = [r for r in runs if r & names]
+        for r in touching:
+            runs.remove(r)
+            names |= r
+        runs.append(names)
+    return [frozenset(r) for r in runs]
+
+
+def scale_line(preds: list[Prediction]) -> str:
+    """The summary line of `scale_stats` (the table's last line, docs/planner.md section 9)."""
+    s = scale_stats(preds)
+    if s is None:
+        return ""
+    return (f"scale pairs (one run at two GPU counts {SCALE_FACTOR}x or more apart, its layout alike): {s['pairs']} "
+            f"pairs of {s['runs']} runs; per-GPU scaling predicted within ±{SCALE_BOUND:.0%} in {s['within_5pct']} "
+            f"(held flat: {s['flat_within_5pct']}), median |error| {s['median_abs_pct']}%, signed "
+            f"{s['median_signed_pct']:+}%; held out {s['held_out']} ({s['held_out_within_5pct']}); dense "
+            f"{s['dense']} ({s['dense_within_5pct']}), mixtures of experts {s['moe']} ({s['moe_within_5pct']}); "
+            f"measured to move more than {SCALE_BOUND:.0%}: {s['moved']}, predicted the same way in "
+            f"{s['moved_same_way']}, within ±{SCALE_BOUND:.0%} in {s['moved_within_5pct']}")
