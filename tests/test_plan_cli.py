@@ -1121,6 +1121,9 @@ def test_gpus_sweep_plans_each_count_as_gpus_does(capsys):
     assert rc == 0 and "| 8 | 64 | tp=" in out and "| 100.0% |" in out
     assert (f"scaling: on {ev['pairs']} published pairs (one run at two GPU counts, its layout alike) this model's "
             f"per-GPU scaling was within ±5 % of the measured in {ev['within_5pct']}") in out
+    assert f"with the global batch fixed, as here: {ev['strong_within_5pct']} of {ev['strong']}" in out
+    rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--scale-batch")
+    assert rc == 0 and f"with the global batch grown with the GPUs, as here: {ev['weak_within_5pct']} of" in out
     rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--efficiency", "0.5")
     assert rc == 0 and "scaling: no evidence for this description" in out
 

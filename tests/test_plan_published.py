@@ -1157,6 +1157,12 @@ def test_scale_pairs_score_per_gpu_scaling_against_the_flat_baseline(predictions
     assert s is not None and s["pairs"] >= 800 and s["held_out"] < s["pairs"] and s["dense"] + s["moe"] == s["pairs"]
     # what the round found: the planner's scaling beats the flat baseline, overall and on the pairs that moved
     assert s["within_5pct"] > s["flat_within_5pct"] and s["moved_same_way"] > 0.9 * s["moved"]
+    strong, weak = (validation_runs.scaling_kind(validation_runs.scale_pairs(preds), k) for k in ("strong", "weak"))
+    assert (s["strong"], s["weak"]) == (len(strong), len(weak)) and s["strong"] + s["weak"] <= s["pairs"]
+    assert all(a.row["global_batch"] == b.row["global_batch"] for a, b in strong)
+    assert s["strong_within_5pct"] > s["strong_flat_within_5pct"]  # strong scaling: where the planner earns its keep
+    with pytest.raises(ValueError):
+        validation_runs.scaling_kind([], "sideways")
     line = validation_runs.scale_line(preds)
     assert line in validation_report.summary(preds)
     assert validation.main(["--scaling", "--rows", "dgxc-25.04-"]) == 0
@@ -1172,3 +1178,8 @@ def test_scale_pairs_score_per_gpu_scaling_against_the_flat_baseline(predictions
     assert quote in doc and quote.replace("**", "") in readme
     assert (f"of the {s['moved']} pairs whose measured per-GPU throughput moved more than 5 %, it moves "
             f"{s['moved_same_way']} the same way and meets {s['moved_within_5pct']}") in doc
+    assert (f"the planner meets {s['strong_within_5pct']} of {s['strong']} pairs, the flat baseline "
+            f"{s['strong_flat_within_5pct']}; with the global batch grown in proportion to the GPU count (weak scaling) "
+            f"{s['weak_within_5pct']} of {s['weak']}, the baseline {s['weak_flat_within_5pct']}") in doc
+    assert f"at a fixed global batch {s['strong_within_5pct']} of {s['strong']} (flat: {s['strong_flat_within_5pct']})" \
+        in readme

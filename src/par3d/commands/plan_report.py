@@ -342,10 +342,13 @@ def sweep_report(model, args, results: list[dict], as_json: bool = False) -> str
     else:
         moe = (f"; read a mixture of experts' fall at scale as a floor: mixtures of experts {ev['moe_within_5pct']} of "
                f"{ev['moe']}, mostly predicted to lose less than measured" if model.moe else "")
+        kind, what = ("weak", "the global batch grown with the GPUs") if args.scale_batch else \
+            ("strong", "the global batch fixed")
         out.append(f"scaling: on {ev['pairs']} published pairs (one run at two GPU counts, its layout alike) this "
                    f"model's per-GPU scaling was within ±5 % of the measured in {ev['within_5pct']} (dense "
                    f"{ev['dense_within_5pct']} of {ev['dense']}); holding per-GPU throughput flat, "
-                   f"{ev['flat_within_5pct']}{moe} — docs/planner.md §9")
+                   f"{ev['flat_within_5pct']}; with {what}, as here: {ev[kind + '_within_5pct']} of {ev[kind]} "
+                   f"(flat: {ev[kind + '_flat_within_5pct']}){moe} — docs/planner.md §9")
     return "\n".join(out)
 
 

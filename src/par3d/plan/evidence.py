@@ -77,7 +77,8 @@ RANKING_KEY = "ranking/layouts"  # evidence.json's entry for the layout picks (n
 SCALING_KEY = "scaling/pairs"  # its entry for the scale pairs (validation_runs.scale_stats; fifty-seventh round)
 SCALING_FIELDS = ("pairs", "runs", "within_5pct", "flat_within_5pct", "median_abs_pct", "median_signed_pct",
                   "dense", "dense_within_5pct", "moe", "moe_within_5pct", "moved", "moved_same_way",
-                  "moved_within_5pct")
+                  "moved_within_5pct", "strong", "strong_within_5pct", "strong_flat_within_5pct", "weak",
+                  "weak_within_5pct", "weak_flat_within_5pct")
 NOT_A_GPU = ("regime/", "ranking/", "software/", "scaling/")  # evidence.json's entries that are not a GPU's and dtype's
 
 

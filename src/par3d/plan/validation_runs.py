@@ -202,13 +202,16 @@ def scale_stats(preds: list[Prediction]) -> dict[str, Any] | None:
     def within(ps: list[tuple[Prediction, Prediction]]) -> int:
         return sum(abs(scale_error(a, b)) <= SCALE_BOUND for a, b in ps)
 
+    def flat(ps: list[tuple[Prediction, Prediction]]) -> int:  # the baseline: per-GPU throughput unchanged
+        return sum(abs(1 / scale_ratios(a, b)[0] - 1) <= SCALE_BOUND for a, b in ps)
+
     errors = [scale_error(a, b) for a, b in pairs]
-    published = [scale_ratios(a, b)[0] for a, b in pairs]
     held_out = [(a, b) for a, b in pairs if not in_sample(a.row) and not in_sample(b.row)]
     moe = [(a, b) for a, b in pairs if model_of(a.row).moe]
     moved = [(a, b) for a, b in pairs if abs(scale_ratios(a, b)[0] - 1) > SCALE_BOUND]
+    strong, weak = scaling_kind(pairs, "strong"), scaling_kind(pairs, "weak")
     return {"pairs": len(pairs), "runs": len(_runs(pairs)),
-            "within_5pct": within(pairs), "flat_within_5pct": sum(abs(1 / r - 1) <= SCALE_BOUND for r in published),
+            "within_5pct": within(pairs), "flat_within_5pct": flat(pairs),
             "median_abs_pct": round(100 * median(abs(e) for e in errors), 1),
             "median_signed_pct": round(100 * median(errors), 1),
             "held_out": len(held_out), "held_out_within_5pct": within(held_out),
@@ -216,7 +219,22 @@ def scale_stats(preds: list[Prediction]) -> dict[str, Any] | None:
             "moe": len(moe), "moe_within_5pct": within(moe),
             "moved": len(moved), "moved_same_way": sum((r[1] - 1) * (r[0] - 1) > 0
                                                        for r in (scale_ratios(a, b) for a, b in moved)),
-            "moved_within_5pct": within(moved)}
+            "moved_within_5pct": within(moved),
+            "strong": len(strong), "strong_within_5pct": within(strong), "strong_flat_within_5pct": flat(strong),
+            "weak": len(weak), "weak_within_5pct": within(weak), "weak_flat_within_5pct": flat(weak)}
+
+
+def scaling_kind(pairs: list[tuple[Prediction, Prediction]], kind: str) -> list[tuple[Prediction, Prediction]]:
+    """The pairs of one kind of scaling: "strong", the global batch the same at both GPU counts (each GPU's share of a
+    step shrinks), or "weak", the global batch grown in proportion to the GPU count (each GPU's share the same); the
+    pairs whose batch changed otherwise are neither.  A reading of the scale pairs added after their first scoring
+    (fifty-seventh round): it splits the figure, it selects nothing."""
+    if kind == "strong":
+        return [(a, b) for a, b in pairs if int(a.row["global_batch"]) == int(b.row["global_batch"])]
+    if kind == "weak":
+        return [(a, b) for a, b in pairs
+                if int(b.row["global_batch"]) * int(a.row["gpus"]) == int(a.row["global_batch"]) * int(b.row["gpus"])]
+    raise ValueError(f"scaling kind {kind!r}: choose strong or weak")
 
 
 def _runs(pairs: list[tuple[Prediction, Prediction]]) -> list[frozenset[str]]:
@@ -243,4 +261,6 @@ def scale_line(preds: list[Prediction]) -> str:
             f"{s['median_signed_pct']:+}%; held out {s['held_out']} ({s['held_out_within_5pct']}); dense "
             f"{s['dense']} ({s['dense_within_5pct']}), mixtures of experts {s['moe']} ({s['moe_within_5pct']}); "
             f"measured to move more than {SCALE_BOUND:.0%}: {s['moved']}, predicted the same way in "
-            f"{s['moved_same_way']}, within ±{SCALE_BOUND:.0%} in {s['moved_within_5pct']}")
+            f"{s['moved_same_way']}, within ±{SCALE_BOUND:.0%} in {s['moved_within_5pct']}; the global batch fixed "
+            f"(strong scaling): {s['strong']} ({s['strong_within_5pct']}; flat {s['strong_flat_within_5pct']}), grown "
+            f"with the GPUs (weak): {s['weak']} ({s['weak_within_5pct']}; flat {s['weak_flat_within_5pct']})")
