@@ -1163,6 +1163,7 @@ def test_scale_pairs_score_per_gpu_scaling_against_the_flat_baseline(predictions
     assert s["strong_within_5pct"] > s["strong_flat_within_5pct"]  # strong scaling: where the planner earns its keep
     with pytest.raises(ValueError):
         validation_runs.scaling_kind([], "sideways")
+    assert 0 < s["searched_apart"] < s["pairs"] / 10  # open fields searched row by row: a few pairs priced apart
     line = validation_runs.scale_line(preds)
     assert line in validation_report.summary(preds)
     assert validation.main(["--scaling", "--rows", "dgxc-25.04-"]) == 0
@@ -1181,5 +1182,27 @@ def test_scale_pairs_score_per_gpu_scaling_against_the_flat_baseline(predictions
     assert (f"the planner meets {s['strong_within_5pct']} of {s['strong']} pairs, the flat baseline "
             f"{s['strong_flat_within_5pct']}; with the global batch grown in proportion to the GPU count (weak scaling) "
             f"{s['weak_within_5pct']} of {s['weak']}, the baseline {s['weak_flat_within_5pct']}") in doc
+    assert (f"{s['searched_apart']} of the pairs are priced at different settings of fields their source leaves "
+            f"open (the search fills the schedule, virtual stages, micro-batch and recomputation row by row): "
+            f"{s['searched_apart_within_5pct']} of them within") in doc
     assert f"at a fixed global batch {s['strong_within_5pct']} of {s['strong']} (flat: {s['strong_flat_within_5pct']})" \
         in readme
+
+
+def test_folding_papers_unfolded_mixtral_reads_as_the_docs_say(predictions):
+    """docs/planner.md section 9's reading of the scale pairs: the MoE Parallel Folding paper's Mixtral 8x22B without
+    folding is priced at 1F1B on 128 GPUs and interleaved above (the schedule is searched: the paper does not state
+    it); at 1F1B on every count its larger rows would be much nearer -- a reading, not applied (read after the
+    misses)."""
+    doc = " ".join(_repo_text("docs/planner.md").split())
+    name = "moefold-t4-mixtral-8x22b-g8t8-mcore-{}"
+    assert predictions[name.format(128)].plan.choice.schedule == "1f1b"
+    as_priced, at_1f1b = [], []
+    for gpus in (256, 512, 1024):
+        p = predictions[name.format(gpus)]
+        assert p.plan.choice.schedule == "interleaved" and "schedule" not in p.row["fixed"]
+        row = {**p.row, "fixed": {**p.row["fixed"], "schedule": "1f1b"}}
+        as_priced.append(f"{100 * p.error:+.1f}")
+        at_1f1b.append(f"{100 * validation.predict(row).error:+.1f}")
+    assert (f"its 256-, 512- and 1,024-GPU rows would be {at_1f1b[0]}, {at_1f1b[1]} and {at_1f1b[2]} % instead of "
+            f"{as_priced[0]}, {as_priced[1]} and {as_priced[2]} %") in doc

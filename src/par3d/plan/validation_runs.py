@@ -210,6 +210,7 @@ def scale_stats(preds: list[Prediction]) -> dict[str, Any] | None:
     moe = [(a, b) for a, b in pairs if model_of(a.row).moe]
     moved = [(a, b) for a, b in pairs if abs(scale_ratios(a, b)[0] - 1) > SCALE_BOUND]
     strong, weak = scaling_kind(pairs, "strong"), scaling_kind(pairs, "weak")
+    apart = [(a, b) for a, b in pairs if _open_fields(a) != _open_fields(b)]
     return {"pairs": len(pairs), "runs": len(_runs(pairs)),
             "within_5pct": within(pairs), "flat_within_5pct": flat(pairs),
             "median_abs_pct": round(100 * median(abs(e) for e in errors), 1),
@@ -221,7 +222,16 @@ def scale_stats(preds: list[Prediction]) -> dict[str, Any] | None:
                                                        for r in (scale_ratios(a, b) for a, b in moved)),
             "moved_within_5pct": within(moved),
             "strong": len(strong), "strong_within_5pct": within(strong), "strong_flat_within_5pct": flat(strong),
-            "weak": len(weak), "weak_within_5pct": within(weak), "weak_flat_within_5pct": flat(weak)}
+            "weak": len(weak), "weak_within_5pct": within(weak), "weak_flat_within_5pct": flat(weak),
+            "searched_apart": len(apart), "searched_apart_within_5pct": within(apart)}
+
+
+def _open_fields(p: Prediction) -> tuple:
+    """The priced choice but its DP degree: a row's fields that its source leaves open (not in `fixed`) are searched
+    row by row, so two rows of one run may be priced at different schedules, micro-batches or recomputation."""
+    c = p.plan.choice
+    return (c.tp, c.cp, c.pp, c.ep, c.etp, c.micro_batch, c.schedule, c.virtual_stages, c.recompute,
+            c.recompute_layers, c.zero_stage, c.sequence_parallel)
 
 
 def scaling_kind(pairs: list[tuple[Prediction, Prediction]], kind: str) -> list[tuple[Prediction, Prediction]]:
@@ -263,4 +273,5 @@ def scale_line(preds: list[Prediction]) -> str:
             f"measured to move more than {SCALE_BOUND:.0%}: {s['moved']}, predicted the same way in "
             f"{s['moved_same_way']}, within ±{SCALE_BOUND:.0%} in {s['moved_within_5pct']}; the global batch fixed "
             f"(strong scaling): {s['strong']} ({s['strong_within_5pct']}; flat {s['strong_flat_within_5pct']}), grown "
-            f"with the GPUs (weak): {s['weak']} ({s['weak_within_5pct']}; flat {s['weak_flat_within_5pct']})")
+            f"with the GPUs (weak): {s['weak']} ({s['weak_within_5pct']}; flat {s['weak_flat_within_5pct']}); "
+            f"priced at different searched settings: {s['searched_apart']} ({s['searched_apart_within_5pct']})")
