@@ -195,6 +195,23 @@ def step_share_pricing(share: float) -> tuple[Callable[[str, str], float], Calla
     return gemm_share, lambda f: attn_sustain_of(f, step_share=share)
 
 
+def predictions_at_step_share(share: float, every: list[dict[str, Any]] | None = None) -> list[Any]:
+    """Every row (or `every`) priced with the step share at `share`, every other constant at its stored value: how far
+    a figure leans on the step share (the scale pairs' sensitivity, docs/planner.md section 9)."""
+    from . import compute
+
+    gemm_share, attn_sustain = step_share_pricing(share)
+    out = []
+    for r in rows() if every is None else every:
+        cl = cluster_of(r)
+        family = family_of(str(r["gpu"]))
+        dev = replace(cl.device, gemm={**cl.device.gemm, cl.dtype: gemm_share(family, cl.dtype)},
+                      attn_sustain=attn_sustain(family))
+        out.append(predict_on(r, replace(cl, device=dev)))
+    compute.layer_times.cache_clear()
+    return out
+
+
 def fit_step_share(lo: float = 0.8, hi: float = 1.1, tol: float = 1e-6,
                    cal: list[dict[str, Any]] | None = None) -> float:
     """The step share (gemm_table.STEP_SHARE) that makes the ten rows of Narayanan et al. 2021 Table 1
