@@ -1118,7 +1118,9 @@ def test_gpus_sweep_plans_each_count_as_gpus_does(capsys):
     rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--scale-batch", "--json")
     assert rc == 0 and [r["global_batch"] for r in json.loads(out)["sweep"]] == [64, 128]
     rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16")
-    assert rc == 0 and "| 8 | 64 | tp=" in out and "| 100.0% |" in out
+    assert rc == 0 and "| 8 | 64 | tp=" in out and "| 100.0% |" in out and "| GPU-hours per 1B tokens |" in out
+    d8 = d["sweep"][0]  # GPU-hours a billion tokens cost: GPUs / (tokens/s) per 1e9 tokens, in hours
+    assert f"| {1e9 / d8['tokens_per_s_per_gpu'] / 3600:,.0f} |" in out.splitlines()[4]
     assert (f"scaling: on {ev['pairs']} published pairs (one run at two GPU counts, its layout alike) this model's "
             f"per-GPU scaling was within ±5 % of the measured in {ev['within_5pct']}") in out
     assert f"with the global batch fixed, as here: {ev['strong_within_5pct']} of {ev['strong']}" in out

@@ -325,16 +325,18 @@ def sweep_report(model, args, results: list[dict], as_json: bool = False) -> str
              else f"{args.global_batch} sequences at every count")
     out = [f"par3d plan: {model.name} on {c0.device.name} {c0.precision}, the best plan at each GPU count; global "
            f"batch {batch}", "",
-           "| GPUs | global batch | best plan | step | tokens/s per GPU | per GPU vs first | MFU | memory/GPU |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|"]
+           f"| GPUs | global batch | best plan | step | tokens/s per GPU | per GPU vs first | MFU | memory/GPU | days for "
+           f"{args.train_tokens:.3g} tokens | GPU-hours per 1B tokens |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         p = r["plan"]
         if p is None:
-            out.append(f"| {r['gpus']:,} | {r['global_batch']:,} | {r['why']} | | | | | |")
+            out.append(f"| {r['gpus']:,} | {r['global_batch']:,} | {r['why']} | | | | | | | |")
             continue
         out.append(f"| {r['gpus']:,} | {r['global_batch']:,} | {p.choice.label()} | {p.step_time:.3f} s | "
                    f"{p.tokens_per_s / r['gpus']:,.0f} | {vs_base(r):.1%} | {p.mfu:.1%} | "
-                   f"{p.memory.total / 2**30:.1f} GiB |")
+                   f"{p.memory.total / 2**30:.1f} GiB | {p.days_to_train:,.1f} | "
+                   f"{1e9 / (p.tokens_per_s / r['gpus']) / 3600:,.0f} |")
     out.append("")
     if ev is None:
         out.append("scaling: no evidence for this description (a hardware file or a flat --efficiency model is not "
