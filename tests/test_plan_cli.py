@@ -1149,3 +1149,27 @@ def test_gpus_sweep_refuses_what_a_sweep_cannot_mean(capsys, argv, says):
     except SystemExit as e:  # argparse's own refusal of a malformed list
         rc = e.code
     assert rc == 2 and says in capsys.readouterr().err
+
+
+def test_a_plan_below_bf16_quotes_its_precision_pairs(capsys):
+    """Under an FP8 plan, `par3d plan` says how well the model read FP8's speed-up on runs published in BF16 and FP8
+    (of its GPU, and of a mixture of experts apart); a BF16 plan has no such line; --json carries the figures."""
+    from par3d.plan.evidence import precision_evidence
+
+    ev = precision_evidence()
+    assert ev is not None
+    base = ["--gpus", "64", "--global-batch", "256"]
+    rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "h100", *base, "--dtype", "fp8")
+    h100 = ev["by_kind"]["h100-sxm bf16→fp8"]
+    assert rc == 0 and (f"precision: on {h100['pairs']} published runs of h100-sxm measured in bf16 and fp8, this "
+                        f"model's fp8 speed-up was within ±5 % of the measured in {h100['within_5pct']}") in out
+    rc, out, _ = run(capsys, "--model", "mixtral-8x7b", "--gpu", "gb200", *base, "--dtype", "fp8")
+    moe = ev["by_kind"]["gb200 bf16→fp8 moe"]
+    assert rc == 0 and f"on {moe['pairs']} published runs of gb200 measured in bf16 and fp8 (mixtures of experts)" in out
+    rc, out, _ = run(capsys, "--model", "llama3-8b", "--gpu", "b200", "--gpus", "8", "--global-batch", "64",
+                     "--dtype", "fp8")
+    assert rc == 0 and "precision: no published run of b200 in bf16 and fp8" in out
+    rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "h100", *base)
+    assert rc == 0 and "precision:" not in out
+    rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "h100", *base, "--dtype", "fp8", "--json")
+    assert rc == 0 and json.loads(out)["precision_evidence"] == ev

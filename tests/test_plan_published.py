@@ -1232,3 +1232,50 @@ def test_scale_pairs_lean_little_on_the_step_share(predictions):
     (low_rows, low_pairs), (high_rows, high_pairs) = figures
     assert (f"the {len(names)} rows that form the pairs go from {within} within ±10 % to {low_rows} and {high_rows}, "
             f"the scale pairs within ±5 % from {stored['within_5pct']} to {low_pairs} and {high_pairs}") in doc
+
+
+def test_precision_pairs_score_the_speed_up_of_a_lower_precision(predictions):
+    """A precision pair is one run published in two precisions (issue 12's fifty-seventh round): every field equal but
+    the row's words, the dtype and the fields only a precision has.  Its error is the predicted speed-up of the lower
+    precision over the published, less one; the summary line, `--json` and evidence.json report it, and docs/planner.md
+    section 9 and README.md quote it."""
+    base = {"source": "Doc A, Table 1", "model": "llama3-8b", "gpu": "h100-sxm", "gpus": 8, "global_batch": 64,
+            "metric": "tokens", "fixed": {"tp": 1, "pp": 1}}
+    any_plan = next(iter(predictions.values())).plan
+
+    def pred(value: float, published: float, **change: object) -> validation.Prediction:
+        return validation.Prediction(row={**base, "name": f"r{value}-{published}-{change}", "published": published,
+                                          **change}, plan=any_plan, value=value, fits=True)
+
+    bf16, fp8 = pred(100, 100), pred(150, 140, dtype="fp8", fp8_param_gather=True, note="fp8")
+    assert validation_runs.precision_pairs([fp8, bf16]) == [(bf16, fp8)]  # (higher precision, lower)
+    assert validation_runs.precision_error(bf16, fp8) == pytest.approx(1.5 / 1.4 - 1)
+    for other in (pred(150, 140, dtype="fp8", gpus=16), pred(150, 140, dtype="fp8", fixed={"tp": 2, "pp": 1}),
+                  pred(150, 140), pred(150, 140, dtype="fp8", source="Doc B")):
+        assert validation_runs.precision_pairs([bf16, other]) == []  # another run, layout, document, or one precision
+    assert validation_runs.precision_kind(bf16, fp8) == "h100-sxm bf16→fp8"
+    assert validation_runs.peak_ratio(bf16, fp8) == pytest.approx(2.0, rel=1e-2)  # H100: dense FP8 peak over BF16
+    assert validation_runs.precision_stats([bf16]) is None and validation_runs.precision_line([bf16]) == ""
+
+    preds = list(predictions.values())
+    s = validation_runs.precision_stats(preds)
+    assert s is not None and s["pairs"] == sum(k["pairs"] for k in s["by_kind"].values()) >= 80
+    assert s["within_5pct"] > max(s["no_gain_within_5pct"], s["peak_within_5pct"])
+    moe = {k: v for k, v in s["by_kind"].items() if k.endswith(" moe")}
+    assert moe and all(v["median_signed_pct"] > 5 for v in moe.values())  # more gain predicted than measured
+    assert validation_runs.precision_line(preds) in validation_report.summary(preds)
+    assert json.loads(validation_report.report_json(preds))["precision"] == s
+    assert evidence.stored_evidence()[evidence.PRECISION_KEY] == json.loads(json.dumps(s))
+    doc = " ".join(_repo_text("docs/planner.md").split())
+    h100, gh200 = s["by_kind"]["h100-sxm bf16→fp8"], s["by_kind"]["gh200 bf16→fp8"]
+    assert (f"{s['pairs']} runs are published in two precisions (all BF16 and FP8): the speed-up is within ±5 % in "
+            f"**{s['within_5pct']}** (no gain: {s['no_gain_within_5pct']}; the peak ratio: {s['peak_within_5pct']}), "
+            f"median |error| {s['median_abs_pct']} %") in doc
+    assert (f"H100 dense {h100['within_5pct']} of {h100['pairs']} (median {h100['median_signed_pct']:+.1f} %)"
+            .replace("-", "−") in doc and f"GH200 {gh200['within_5pct']} of {gh200['pairs']}" in doc)
+    n_moe = sum(v["pairs"] for v in moe.values())
+    assert f"mixtures of experts {sum(v['within_5pct'] for v in moe.values())} of {n_moe}:" in doc
+    readme = " ".join(_repo_text("README.md").split())
+    assert (f"{s['pairs']} runs published in BF16 and FP8; the planner's FP8 speed-up is within ±5 % of the measured in "
+            f"{s['within_5pct']} (no gain: {s['no_gain_within_5pct']}, the GPUs' peak ratio: {s['peak_within_5pct']}), "
+            f"but in none of the {n_moe} mixtures of experts") in readme

@@ -14,6 +14,7 @@ from par3d.commands.plan_report import (  # the report: its text, its evidence, 
     chunk_layers,
     evidence_of,
     no_plan_message,
+    precision_evidence_of,
     progress_line,
     ranking_evidence_of,
     regime_evidence_of,
@@ -1009,6 +1010,9 @@ def _run(args: argparse.Namespace) -> int:
                # the whole set scored with its rows' software described and with the planner's defaults in its
                # place (evidence.software_figures; None where the GPU's evidence does not apply)
                "software_evidence": software_evidence_of(cluster),
+               # how well it read a lower precision's speed-up on runs published in two (validation_runs.precision_pairs;
+               # None where the GPU's description is not the catalogue's)
+               "precision_evidence": precision_evidence_of(cluster),
                # the --framework whose facts filled the software flags left unset (plan/frameworks.py)
                "framework": args.framework,
                "search": {"considered": res.considered, "simulated": res.simulated,

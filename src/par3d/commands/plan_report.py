@@ -118,6 +118,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                    "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
                    f"{bi:g} --tw {bw:g}")
     out.append(_evidence_line(cluster, model.moe))
+    out += _precision_lines(cluster, model.moe)
     out += _software_lines(cluster, getattr(args, "framework", "par3d"))
     if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
         out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "
@@ -288,6 +289,35 @@ def _catalogue_description(cluster) -> bool:
     dev, base = cluster.device, DEVICES.get(cluster.device.name)
     return not (cluster.profile is not None or base is None or dev.kernel_model != "table" or any(
         getattr(dev, f.name) != getattr(base, f.name) for f in fields(base) if f.name not in ("attn_eff", "attn_curve")))
+
+
+def precision_evidence_of(cluster) -> dict | None:
+    """How well this model read the speed-up of a lower precision on runs published in two (evidence.precision_evidence,
+    every GPU's), where the cluster's GPU is the catalogue's description; None otherwise."""
+    from par3d.plan.evidence import precision_evidence
+
+    return precision_evidence() if _catalogue_description(cluster) else None
+
+
+def _precision_lines(cluster, moe: bool) -> list[str]:
+    """Under a plan in a precision below BF16: the precision pairs of this GPU (and of this kind of model) and of the
+    whole set -- whether to trust the plan's gain over BF16."""
+    from par3d.plan.evidence import evidence_dtype
+
+    dtype = evidence_dtype(cluster.precision)
+    ev = precision_evidence_of(cluster)
+    if dtype == "bf16" or ev is None:
+        return []
+    kind = f"{cluster.device.name} bf16→{dtype}" + (" moe" if moe else "")
+    mine = ev["by_kind"].get(kind)
+    here = (f"on {mine['pairs']} published runs of {cluster.device.name} measured in bf16 and {dtype}"
+            f"{' (mixtures of experts)' if moe else ''}, this model's {dtype} speed-up was within ±5 % of the measured "
+            f"in {mine['within_5pct']} (median {mine['median_signed_pct']:+.1f} %; positive: more gain predicted than "
+            "measured)" if mine else f"no published run of {cluster.device.name} in bf16 and {dtype}"
+            f"{' (a mixture of experts)' if moe else ''} is in the validation set")
+    return [f"precision: {here}; over every GPU, {ev['within_5pct']} of {ev['pairs']} runs published in two "
+            f"precisions (no gain: {ev['no_gain_within_5pct']}, the peak ratio: {ev['peak_within_5pct']}) — "
+            "docs/planner.md §9"]
 
 
 def scaling_evidence_of(cluster) -> dict | None:

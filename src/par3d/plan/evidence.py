@@ -10,11 +10,12 @@ import os
 from collections.abc import Callable
 from functools import cache
 from statistics import median
+from typing import Any
 
 from .cost import Choice
 from .hardware import Cluster
 from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
-from .validation_runs import ordering, pick_stats, scale_stats
+from .validation_runs import ordering, pick_stats, precision_stats, scale_stats
 
 # ---- the evidence behind a plan: how the model did on the published runs of one GPU and dtype ---------------
 #
@@ -79,7 +80,8 @@ SCALING_FIELDS = ("pairs", "runs", "within_5pct", "flat_within_5pct", "median_ab
                   "dense", "dense_within_5pct", "moe", "moe_within_5pct", "moved", "moved_same_way",
                   "moved_within_5pct", "strong", "strong_within_5pct", "strong_flat_within_5pct", "weak",
                   "weak_within_5pct", "weak_flat_within_5pct")
-NOT_A_GPU = ("regime/", "ranking/", "software/", "scaling/")  # evidence.json's entries that are not a GPU's and dtype's
+PRECISION_KEY = "precision/pairs"  # its entry for the precision pairs (validation_runs.precision_stats; same round)
+NOT_A_GPU = ("regime/", "ranking/", "software/", "scaling/", "precision/")  # evidence.json's entries that are not a GPU's and dtype's
 
 
 def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = None,
@@ -112,6 +114,9 @@ def evidence(preds: list[Prediction], plain: list[Prediction | None] | None = No
     scaling = scale_stats(preds)
     if scaling:  # how well the model read per-GPU throughput at two GPU counts of one run (`scale_pairs`)
         out[SCALING_KEY] = {k: scaling[k] for k in SCALING_FIELDS}
+    precision = precision_stats(preds)
+    if precision:  # how well it read the speed-up of a lower precision in one run published in two (`precision_pairs`)
+        out[PRECISION_KEY] = precision
     if plain is not None:
         out.update(software_figures(preds, plain, named))
     return out
@@ -174,6 +179,12 @@ def scaling_evidence() -> dict[str, float | int] | None:
     """The stored scale-pair figures (`scale_stats`): how often the model's per-GPU scaling between two GPU counts of
     one published run was within ±5 % of the measured, beside the flat baseline; None if absent."""
     return stored_evidence().get(SCALING_KEY)
+
+
+def precision_evidence() -> dict[str, Any] | None:
+    """The stored precision-pair figures (`precision_stats`): how often the model's speed-up of a lower precision was
+    within ±5 % of the measured, over the set and per GPU and precisions; None if absent."""
+    return stored_evidence().get(PRECISION_KEY)
 
 
 def evidence_for(gpu: str, dtype: str, moe: bool = False) -> dict[str, float | int] | None:

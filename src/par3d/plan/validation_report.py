@@ -31,6 +31,8 @@ from .validation_runs import (
     layout_picks,
     ordering,
     pick_stats,
+    precision_line,
+    precision_stats,
     repeat_stats,
     repeats_line,
     scale_error,
@@ -250,6 +252,9 @@ def summary(preds: list[Prediction]) -> str:
     scaling = scale_line(preds)
     if scaling:
         lines.append(scaling)
+    precision = precision_line(preds)
+    if precision:
+        lines.append(precision)
     return "\n".join(lines)
 
 
@@ -283,6 +288,7 @@ def report_json(preds: list[Prediction]) -> str:
                             "published_ratio": round(scale_ratios(a, b)[0], 4),
                             "predicted_ratio": round(scale_ratios(a, b)[1], 4),
                             "error_pct": round(100 * scale_error(a, b), 2)} for a, b in scale_pairs(preds)]},
+                       "precision": precision_stats(preds) or {},
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
 
 

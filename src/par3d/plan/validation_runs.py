@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any
 
 from .calibration import in_sample
-from .validation import DEFAULT_BOUND, Prediction, model_of
+from .validation import DEFAULT_BOUND, Prediction, cluster_of, model_of
 
 # Two rows are a *layout pair* when they measured two layouts of one run: the same source document (its `source` up
 # to the first "(" or ","), every field but the layout (`fixed`) and the row's own words (name, source, published
@@ -275,3 +275,96 @@ def scale_line(preds: list[Prediction]) -> str:
             f"(strong scaling): {s['strong']} ({s['strong_within_5pct']}; flat {s['strong_flat_within_5pct']}), grown "
             f"with the GPUs (weak): {s['weak']} ({s['weak_within_5pct']}; flat {s['weak_flat_within_5pct']}); "
             f"priced at different searched settings: {s['searched_apart']} ({s['searched_apart_within_5pct']})")
+
+
+# ---- precision pairs: one run published in two precisions (issue 12's fifty-seventh round) ----------------------
+#
+# A team choosing whether to train in FP8 reads the speed-up off two plans.  Two rows are a *precision pair* when they
+# are one run in two precisions: one source document, every field equal but the row's own words, `dtype` and the
+# fields only a precision has (those whose name starts with "fp8" or "nvfp4"), the same `fixed` layout.  Each pair is
+# (higher precision, lower: bf16/fp16 > fp8 > nvfp4); every metric of the set counts the same work per token in either
+# precision, so the ratio of the per-GPU figures is the speed-up.  A pair's error is the predicted speed-up over the
+# published, less one (positive: the planner expects more of the lower precision than was measured), bound ±5 % as the
+# scale pairs', beside two baselines: no gain, and the GPU's peak ratio.  Written to a decision file before the first
+# pair was scored; nothing is set from it.
+PRECISION_RANK = {"bf16": 0, "fp16": 0, "fp8": 1, "nvfp4": 2}
+_PRECISION_ONLY = ("fp8", "nvfp4")
+
+
+def precision_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
+    """The precision pairs among `preds`, each as (higher precision, lower)."""
+    groups: dict[str, list[Prediction]] = {}
+    for p in preds:
+        rest = {k: v for k, v in p.row.items() if k not in _NOT_INPUTS and k != "dtype"
+                and not k.startswith(_PRECISION_ONLY)}
+        key = json.dumps([source_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(p)
+    out = []
+    for group in groups.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                ra, rb = (PRECISION_RANK[str(p.row.get("dtype", "bf16"))] for p in (a, b))
+                if ra != rb:
+                    out.append((a, b) if ra < rb else (b, a))
+    return out
+
+
+def precision_ratios(higher: Prediction, lower: Prediction) -> tuple[float, float]:
+    """(published, predicted) speed-up of the lower precision: its per-GPU figure over the higher's."""
+    return float(lower.row["published"]) / float(higher.row["published"]), lower.value / higher.value
+
+
+def precision_error(higher: Prediction, lower: Prediction) -> float:
+    """The predicted speed-up over the published, less one."""
+    published, predicted = precision_ratios(higher, lower)
+    return predicted / published - 1.0
+
+
+def precision_kind(higher: Prediction, lower: Prediction) -> str:
+    """A pair's GPU and precisions, and whether a mixture of experts (another part of the model, scored apart as the
+    evidence is): "h100-sxm bf16→fp8", "gb200 bf16→fp8 moe"."""
+    return (f"{higher.row['gpu']} {higher.row.get('dtype', 'bf16')}→{lower.row.get('dtype', 'bf16')}"
+            + (" moe" if model_of(higher.row).moe else ""))
+
+
+def peak_ratio(higher: Prediction, lower: Prediction) -> float:
+    """The GPU's dense peak in the lower precision over its peak in the higher (the catalogue's, as the rows price)."""
+    hi, lo = cluster_of(higher.row), cluster_of(lower.row)
+    return lo.device.peak(lo.precision) / hi.device.peak(hi.precision)
+
+
+def precision_stats(preds: list[Prediction]) -> dict[str, Any] | None:
+    """`precision_pairs` summed up: pairs; within SCALE_BOUND, and the two baselines' (no gain; the GPU's peak ratio,
+    `peak_ratio`); median |error| and signed;
+    the held-out pairs (neither row in sample); and per GPU and precisions (`precision_kind`) the pairs, within and the
+    median signed error.  None without pairs."""
+    pairs = precision_pairs(preds)
+    if not pairs:
+        return None
+    errors = [precision_error(a, b) for a, b in pairs]
+    held = [e for (a, b), e in zip(pairs, errors) if not in_sample(a.row) and not in_sample(b.row)]
+    by_kind: dict[str, list[float]] = {}
+    for (a, b), e in zip(pairs, errors):
+        by_kind.setdefault(precision_kind(a, b), []).append(e)
+    out: dict[str, Any] = {"pairs": len(pairs), "within_5pct": sum(abs(e) <= SCALE_BOUND for e in errors),
+           "no_gain_within_5pct": sum(abs(1 / precision_ratios(a, b)[0] - 1) <= SCALE_BOUND for a, b in pairs),
+           "peak_within_5pct": sum(abs(peak_ratio(a, b) / precision_ratios(a, b)[0] - 1) <= SCALE_BOUND
+                                   for a, b in pairs),
+           "median_abs_pct": round(100 * median(abs(e) for e in errors), 1),
+           "median_signed_pct": round(100 * median(errors), 1),
+           "held_out": len(held), "held_out_within_5pct": sum(abs(e) <= SCALE_BOUND for e in held),
+           "by_kind": {k: {"pairs": len(es), "within_5pct": sum(abs(e) <= SCALE_BOUND for e in es),
+                           "median_signed_pct": round(100 * median(es), 1)} for k, es in sorted(by_kind.items())}}
+    return out
+
+
+def precision_line(preds: list[Prediction]) -> str:
+    """The summary line of `precision_stats` (the table's last line, docs/planner.md section 9)."""
+    s = precision_stats(preds)
+    if s is None:
+        return ""
+    kinds = "; ".join(f"{k} {v['pairs']} ({v['within_5pct']}, {v['median_signed_pct']:+}%)" for k, v in s["by_kind"].items())
+    return (f"precision pairs (one run in two precisions, its layout alike): {s['pairs']}; the speed-up predicted within "
+            f"±{SCALE_BOUND:.0%} in {s['within_5pct']} (no gain: {s['no_gain_within_5pct']}, the peak ratio {s['peak_within_5pct']}), median |error| "
+            f"{s['median_abs_pct']}%, signed {s['median_signed_pct']:+}%; held out {s['held_out']} "
+            f"({s['held_out_within_5pct']}); by GPU: {kinds}")
