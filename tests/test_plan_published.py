@@ -725,6 +725,7 @@ def test_evidence_file_is_the_scripts_output(predictions, undescribed_prediction
     scaling = ev.pop(evidence.SCALING_KEY)  # the scale pairs: what `par3d plan --gpus-sweep` quotes
     stats = validation_runs.scale_stats(preds)
     assert stats is not None and scaling == {k: stats[k] for k in evidence.SCALING_FIELDS}
+    assert ev.pop(evidence.PRECISION_KEY)["pairs"] > 0  # the precision pairs (their own test checks the figures)
     for key, e in ev.items():  # signed errors, ordered; fp16 rows counted with bf16
         assert e["min_error_pct"] <= e["median_error_pct"] <= e["max_error_pct"], key
         assert 0 <= e["within_10pct"] <= e["rows"] and not key.endswith("/fp16")
