@@ -1126,6 +1126,8 @@ def test_gpus_sweep_plans_each_count_as_gpus_does(capsys):
     assert f"with the global batch fixed, as here: {ev['strong_within_5pct']} of {ev['strong']}" in out
     rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--scale-batch")
     assert rc == 0 and f"with the global batch grown with the GPUs, as here: {ev['weak_within_5pct']} of" in out
+    rc, out, _ = run(capsys, "--model", "llama3-405b", "--gpu", "h100", "--global-batch", "64", "--gpus-sweep", "1,2")
+    assert rc == 1 and out.count("| no plan fits (does not fit in memory") == 2  # nothing fits: each count says why
     rc, out, _ = run(capsys, *base, "--gpus-sweep", "8,16", "--efficiency", "0.5")
     assert rc == 0 and "scaling: no evidence for this description" in out
 

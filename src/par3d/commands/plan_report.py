@@ -330,8 +330,8 @@ def scaling_evidence_of(cluster) -> dict | None:
 
 def sweep_report(model, args, results: list[dict], as_json: bool = False) -> str:
     """`par3d plan --gpus-sweep`: the best plan at each GPU count (`results`: gpus, global_batch, cluster, plan or
-    None, why), its per-GPU throughput against the smallest count's, and the scale-pair evidence -- as a table, or
-    as JSON."""
+    None, why), its per-GPU throughput against the smallest count's that has a plan, and the scale-pair evidence --
+    as a table, or as JSON."""
     import json
 
     base = next((r["plan"].tokens_per_s / r["gpus"] for r in results if r["plan"] is not None), None)
@@ -355,7 +355,7 @@ def sweep_report(model, args, results: list[dict], as_json: bool = False) -> str
              else f"{args.global_batch} sequences at every count")
     out = [f"par3d plan: {model.name} on {c0.device.name} {c0.precision}, the best plan at each GPU count; global "
            f"batch {batch}", "",
-           f"| GPUs | global batch | best plan | step | tokens/s per GPU | per GPU vs first | MFU | memory/GPU | days for "
+           f"| GPUs | global batch | best plan | step | tokens/s per GPU | per GPU vs first plan | MFU | memory/GPU | days for "
            f"{args.train_tokens:.3g} tokens | GPU-hours per 1B tokens |",
            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
