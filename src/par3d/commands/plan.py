@@ -220,7 +220,7 @@ def register(sub) -> None:
     g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-sweep", type=_gpu_counts, default=None, metavar="N,N,...",
                    help="plan at each of these GPU counts in place of --gpus and print one line per count: the best "
-                        "plan, its step time, tokens/s per GPU and that throughput against the smallest count's, the "
+                        "plan, its step time, tokens/s per GPU and that throughput against the smallest planned count's, the "
                         "days --train-tokens take and the GPU-hours a billion tokens cost, "
                         "beside how well this model has read per-GPU scaling on published runs measured at two GPU "
                         "counts (docs/planner.md section 9, scale pairs).  The global batch stays --global-batch "
