@@ -25,6 +25,7 @@ from .validation_report import (
     framework_table,
     report_json,
     scale_table,
+    scaling_json,
     software_by_field,
     software_table,
     summary,
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.scaling:  # the scale pairs (fifty-seventh round)
         if args.json:
-            print(json.dumps(json.loads(report_json(preds))["scaling"], indent=1, ensure_ascii=False))
+            print(json.dumps(scaling_json(preds), indent=1, ensure_ascii=False))
             return 0
         print(scale_table(preds) + "\n\n" + (scale_line(preds) or "no scale pairs among these rows"))
         return 0

@@ -283,13 +283,19 @@ def report_json(preds: list[Prediction]) -> str:
                                          "regret_pct": round(100 * regret, 1)}
                                         for pick, best, regret in layout_picks(preds)],
                        "repeats": repeat_stats(preds) or {"runs": []},
-                       "scaling": {**(scale_stats(preds) or {}), "pairs_scored": [
-                           {"fewer": a.row["name"], "more": b.row["name"],
-                            "published_ratio": round(scale_ratios(a, b)[0], 4),
-                            "predicted_ratio": round(scale_ratios(a, b)[1], 4),
-                            "error_pct": round(100 * scale_error(a, b), 2)} for a, b in scale_pairs(preds)]},
+                       "scaling": scaling_json(preds),
                        "precision": precision_stats(preds) or {},
                        "by_gpu": evidence(preds)}, indent=1, ensure_ascii=False)
+
+
+def scaling_json(preds: list[Prediction]) -> dict[str, Any]:
+    """`--json`'s `scaling` (and `--scaling --json`): `scale_stats` and every pair scored, its two ratios and error."""
+    pairs = []
+    for a, b in scale_pairs(preds):
+        published, predicted = scale_ratios(a, b)
+        pairs.append({"fewer": a.row["name"], "more": b.row["name"], "published_ratio": round(published, 4),
+                      "predicted_ratio": round(predicted, 4), "error_pct": round(100 * (predicted / published - 1), 2)})
+    return {**(scale_stats(preds) or {}), "pairs_scored": pairs}
 
 
 def by_gpu(preds: list[Prediction]) -> str:

@@ -7,6 +7,7 @@ planner predict how its per-GPU throughput changes with scale?).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from statistics import median
 from typing import Any
 
@@ -33,14 +34,22 @@ def source_document(source: str) -> str:
     return source[:min(cut)].strip() if cut else source.strip()
 
 
-def _layout_groups(preds: list[Prediction]) -> list[list[Prediction]]:
-    """`preds` grouped by run: one source document, every field but the layout and the row's own words equal."""
+def _grouped(preds: list[Prediction], key_of: Callable[[Prediction], Any]) -> list[list[Prediction]]:
+    """`preds` grouped by `key_of(p)` (row fields: compared as their JSON), in the order first seen."""
     groups: dict[str, list[Prediction]] = {}
     for p in preds:
-        rest = {k: v for k, v in p.row.items() if k not in _OWN_WORDS}
-        key = json.dumps([source_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
-        groups.setdefault(key, []).append(p)
+        groups.setdefault(json.dumps(key_of(p), sort_keys=True, default=str), []).append(p)
     return list(groups.values())
+
+
+def _run_key(p: Prediction, drop: Callable[[str], bool], *more: Any) -> list[Any]:
+    """A row's source document and its fields but those `drop` names (and `more`): what one run's rows share."""
+    return [source_document(str(p.row.get("source", ""))), {k: v for k, v in p.row.items() if not drop(k)}, *more]
+
+
+def _layout_groups(preds: list[Prediction]) -> list[list[Prediction]]:
+    """`preds` grouped by run: one source document, every field but the layout and the row's own words equal."""
+    return _grouped(preds, lambda p: _run_key(p, _OWN_WORDS.__contains__))
 
 
 def layout_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
@@ -101,11 +110,8 @@ _NOT_INPUTS = frozenset({"name", "source", "published", "assumed", "note", "boun
 def repeat_groups(preds: list[Prediction]) -> list[list[Prediction]]:
     """The groups of two or more rows whose every priced field is equal: only their name, source, words and published
     value differ."""
-    groups: dict[str, list[Prediction]] = {}
-    for p in preds:
-        key = json.dumps({k: v for k, v in p.row.items() if k not in _NOT_INPUTS}, sort_keys=True, default=str)
-        groups.setdefault(key, []).append(p)
-    return [g for g in groups.values() if len(g) > 1]
+    groups = _grouped(preds, lambda p: {k: v for k, v in p.row.items() if k not in _NOT_INPUTS})
+    return [g for g in groups if len(g) > 1]
 
 
 def forced_misses(published: list[float], bound: float = DEFAULT_BOUND) -> int:
@@ -164,14 +170,9 @@ _NOT_SCALE = frozenset(_NOT_INPUTS | {"gpus", "global_batch", "fixed"})
 
 def scale_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
     """The scale pairs among `preds`, each as (fewer GPUs, more GPUs), grouped run by run."""
-    groups: dict[str, list[Prediction]] = {}
-    for p in preds:
-        rest = {k: v for k, v in p.row.items() if k not in _NOT_SCALE}
-        layout = {k: v for k, v in p.row.get("fixed", {}).items() if k != "dp"}
-        key = json.dumps([source_document(str(p.row.get("source", ""))), rest, layout], sort_keys=True, default=str)
-        groups.setdefault(key, []).append(p)
     out = []
-    for group in groups.values():
+    for group in _grouped(preds, lambda p: _run_key(p, _NOT_SCALE.__contains__,
+                                                   {k: v for k, v in p.row.get("fixed", {}).items() if k != "dp"})):
         group = sorted(group, key=lambda p: int(p.row["gpus"]))
         for i, a in enumerate(group):
             out.extend((a, b) for b in group[i + 1:] if int(b.row["gpus"]) >= SCALE_FACTOR * int(a.row["gpus"]))
@@ -293,14 +294,11 @@ _PRECISION_ONLY = ("fp8", "nvfp4")
 
 def precision_pairs(preds: list[Prediction]) -> list[tuple[Prediction, Prediction]]:
     """The precision pairs among `preds`, each as (higher precision, lower)."""
-    groups: dict[str, list[Prediction]] = {}
-    for p in preds:
-        rest = {k: v for k, v in p.row.items() if k not in _NOT_INPUTS and k != "dtype"
-                and not k.startswith(_PRECISION_ONLY)}
-        key = json.dumps([source_document(str(p.row.get("source", ""))), rest], sort_keys=True, default=str)
-        groups.setdefault(key, []).append(p)
+    def precision_field(k: str) -> bool:
+        return k in _NOT_INPUTS or k == "dtype" or k.startswith(_PRECISION_ONLY)
+
     out = []
-    for group in groups.values():
+    for group in _grouped(preds, lambda p: _run_key(p, precision_field)):
         for i, a in enumerate(group):
             for b in group[i + 1:]:
                 ra, rb = (PRECISION_RANK[str(p.row.get("dtype", "bf16"))] for p in (a, b))
