@@ -489,6 +489,28 @@ def test_replay_is_the_simulator_bit_for_bit(sched, p, m, v):
                 assert tl.makespan > posted.makespan
 
 
+def test_program_cache_is_bounded_by_actions_and_keeps_the_recently_used(monkeypatch):
+    """Compiled programs are cached by their arguments (a hit is the same object) and evicted oldest first once their
+    actions together pass the budget, however few they are; a program evicted is compiled again, equal."""
+    from par3d.plan import replay
+
+    replay.clear_programs()
+    small = replay.program("1f1b", 2, 4, 1)
+    assert replay.program("1f1b", 2, 4, 1) is small
+    big_actions = len(replay.compile_program("1f1b", 4, 8, 1).ranks)
+    monkeypatch.setattr(replay, "PROGRAM_CACHE_ACTIONS", len(small.ranks) + big_actions)  # room for two of three
+    other = replay.program("gpipe", 2, 4, 1)
+    replay.program("1f1b", 2, 4, 1)  # used again: the gpipe program is now the oldest
+    big = replay.program("1f1b", 4, 8, 1)  # over the budget with the other two: the oldest goes first
+    assert replay.program("1f1b", 4, 8, 1) is big and replay.program("1f1b", 2, 4, 1) is small
+    again = replay.program("gpipe", 2, 4, 1)
+    assert again is not other and again == other
+    assert replay._cached_actions == sum(len(q.ranks) for q in replay._programs.values()) <= max(
+        replay.PROGRAM_CACHE_ACTIONS, max(len(q.ranks) for q in replay._programs.values()))
+    replay.clear_programs()
+    assert not replay._programs and replay._cached_actions == 0
+
+
 def marks_of(events, n_stages):
     """`replay.Marks` read off a simulated timeline's events (the test's own reading)."""
     from par3d.plan.replay import Marks

@@ -16,9 +16,9 @@ checker's; `stage_layout.validate_schedule` still runs the full check on every r
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
 from par3d.pipeline.simulate import hop_times
@@ -51,8 +51,42 @@ class Program:
 KIND_CODE = {"F": 0, "B": 1, "BI": 2, "BW": 3}
 
 
-@lru_cache(maxsize=128)
+# Compiled programs kept, least recently used first out, bounded by their total actions rather than their count: one
+# program of a deep pipeline with many micro-batches (64 stages x 1,536 micro-batches: ~200,000 actions) weighs as much
+# as a thousand small ones.  The budget holds every distinct schedule the validation set prices (about 280 programs,
+# 2.7 million actions), so pricing its rows again -- without their software, with only their framework named, under a
+# refit -- compiles nothing twice; a count bound of 128 recompiled most of them on each pass.
+PROGRAM_CACHE_ACTIONS = 4_000_000
+_programs: OrderedDict[tuple, Program] = OrderedDict()
+_cached_actions = 0
+
+
 def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, float] | None = None) -> Program:
+    """`compile_program`, cached (`PROGRAM_CACHE_ACTIONS`): the same arguments give the same object."""
+    global _cached_actions
+    key = (schedule, p, m, v, times)
+    prog = _programs.get(key)
+    if prog is not None:
+        _programs.move_to_end(key)
+        return prog
+    prog = compile_program(schedule, p, m, v, times)
+    _programs[key] = prog
+    _cached_actions += len(prog.ranks)
+    while _cached_actions > PROGRAM_CACHE_ACTIONS and len(_programs) > 1:
+        _, old = _programs.popitem(last=False)
+        _cached_actions -= len(old.ranks)
+    return prog
+
+
+def clear_programs() -> None:
+    """Forget every cached program."""
+    global _cached_actions
+    _programs.clear()
+    _cached_actions = 0
+
+
+def compile_program(schedule: str, p: int, m: int, v: int,
+                    times: tuple[float, float, float] | None = None) -> Program:
     """Compile `build(schedule, p, m, v, times)`: each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
