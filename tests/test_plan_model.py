@@ -1235,6 +1235,12 @@ def cost_logits(model) -> float:
     ({"model_type": "deepseek_v32", "index_topk": 2048, "index_n_heads": 64}, "index_topk = 2048 describes sparse"),
     ({"model_type": "deepseek_v4", "compress_ratios": [0, 4, 128] * 8}, "compressed sparse attention"),
     ({"hc_mult": 4}, "hyper-connections"),
+    # layers of another kind named in layer_types: Qwen3-Next's and MiniMax's linear attention, LFM2's convolutions
+    ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "3 layers of kind 'linear_attention'"),
+    ({"layer_types": ["conv", "full_attention"] * 16}, "16 layers of kind 'conv', short convolutions"),
+    # ERNIE 4.5's MoE layers other than leading dense ones then all MoE
+    ({"moe_num_experts": 64, "moe_k": 8, "moe_layer_interval": 2}, "moe_layer_interval 2"),
+    ({"moe_num_experts": 64, "moe_k": 8, "moe_layer_end_index": 29}, "moe_layer_end_index 29"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
@@ -1762,6 +1768,41 @@ def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):
     assert CATALOGUE["llama4-scout"].qk_norm and not CATALOGUE["llama4-maverick"].qk_norm
     qwen = [r for r in validation.rows() if "qwen3" in str(r["name"]).lower()]
     assert len(qwen) >= 60 and all(validation.model_of(r).qk_norm for r in qwen)
+
+
+def test_nested_and_renamed_moe_configs(tmp_path):
+    """DBRX nests its MoE and attention keys (ffn_config, attn_config) and ERNIE 4.5 names its own (moe_k,
+    moe_num_shared_experts, moe_layer_start_index): both read as their published sizes -- DBRX 132B total, 36B active
+    (Databricks' DBRX announcement: "132B total parameters of which 36B parameters are active on any input"), ERNIE
+    4.5 300B-A47B and 21B-A3B (Baidu's ERNIE 4.5 model cards: 300B total / 47B activated, 21B / 3B) -- not as the
+    dense models their top-level keys alone describe."""
+    def read(cfg):
+        p = tmp_path / "config.json"
+        p.write_text(json.dumps(cfg))
+        return resolve_model(str(p))
+
+    dbrx = read({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+                 "vocab_size": 100352, "tie_word_embeddings": False,
+                 "attn_config": {"kv_n_heads": 8, "rope_theta": 500000, "clip_qkv": 8},
+                 "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4,
+                                "ffn_act_fn": {"name": "silu"}}})
+    assert (dbrx.experts, dbrx.top_k, dbrx.expert_ffn, dbrx.kv_heads, dbrx.gated, dbrx.bias) == (16, 4, 10752, 8,
+                                                                                                True, False)
+    assert dbrx.params() / 1e9 == pytest.approx(132, rel=0.01) and dbrx.active_params() / 1e9 == pytest.approx(36, rel=0.02)
+    ernie = {"model_type": "ernie4_5_moe", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 54,
+             "num_attention_heads": 64, "num_key_value_heads": 8, "moe_num_experts": 64, "moe_k": 8,
+             "moe_intermediate_size": 3584, "moe_num_shared_experts": 0, "moe_layer_start_index": 3,
+             "moe_layer_end_index": 53, "moe_layer_interval": 1, "vocab_size": 103424, "tie_word_embeddings": False,
+             "max_position_embeddings": 131072, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    big = read(ernie)
+    assert (big.experts, big.top_k, big.dense_layers, big.shared_ffn) == (64, 8, 3, 0)
+    assert big.params() / 1e9 == pytest.approx(300, rel=0.01) and big.active_params() / 1e9 == pytest.approx(47, rel=0.025)
+    small = read({**ernie, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
+                  "num_attention_heads": 20, "num_key_value_heads": 4, "moe_k": 6, "moe_intermediate_size": 1536,
+                  "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 27,
+                  "tie_word_embeddings": True})
+    assert (small.dense_layers, small.shared_ffn) == (1, 2 * 1536)
+    assert round(small.params() / 1e9) == 22 and round(small.active_params() / 1e9) == 3  # "21B" (21.8B on its card)
 
 
 def test_hf_configs_of_other_families(tmp_path):

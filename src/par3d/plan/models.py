@@ -515,7 +515,7 @@ def from_hf_config(path: str) -> ModelSpec:
                          f"config.json or a catalogue name ({', '.join(model_names())})") from e
     if isinstance(cfg.get("text_config"), dict):  # a multimodal checkpoint (Llama 4): the language model's own config
         cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path") or cfg.get("model_type")}
-    cfg = _llama4_keys(cfg, path)
+    cfg = _ernie_keys(_dbrx_keys(_llama4_keys(cfg, path)), path)
 
     def pick(*keys: str, default: int | None = None) -> int | None:
         for k in keys:
@@ -540,6 +540,7 @@ def from_hf_config(path: str) -> ModelSpec:
     _refuse_windows(cfg, path)
     _refuse_state_space(cfg, path)
     _refuse_unpriced(cfg, path)
+    _refuse_layer_kinds(cfg, path)
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
@@ -596,6 +597,57 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
                              f"{' ...' if len(glob) > 8 else ''}) are not every k-th layer, the one pattern the planner "
                              "prices beside the chunked ones")
         out["_global_every"] = every
+    return out
+
+
+def _dbrx_keys(cfg: dict) -> dict:
+    """DBRX's config.json nests its MLP and attention keys (`ffn_config`, `attn_config`): read flat, its MLP is a
+    mixture of `moe_num_experts` GLU experts of `ffn_hidden_size`, `moe_top_k` a token, its K/V heads
+    `attn_config.kv_n_heads` (transformers' DbrxConfig).  Unread, the model would be priced as a dense MHA
+    transformer of a seventh of its parameters."""
+    ffn, attn = cfg.get("ffn_config"), cfg.get("attn_config")
+    if not isinstance(ffn, dict) and not isinstance(attn, dict):
+        return cfg
+    out = dict(cfg)
+    if isinstance(ffn, dict):
+        for src, dst in (("moe_num_experts", "moe_num_experts"), ("moe_top_k", "moe_top_k"),
+                         ("ffn_hidden_size", "moe_intermediate_size")):
+            if isinstance(ffn.get(src), int) and dst not in cfg:
+                out[dst] = ffn[src]
+        act = ffn.get("ffn_act_fn")
+        name = act.get("name") if isinstance(act, dict) else act
+        if isinstance(name, str) and "hidden_act" not in cfg:
+            out["hidden_act"] = name
+    if isinstance(attn, dict) and isinstance(attn.get("kv_n_heads"), int):
+        out["num_key_value_heads"] = attn["kv_n_heads"]
+    return out
+
+
+def _ernie_keys(cfg: dict, path: str) -> dict:
+    """ERNIE 4.5's mixture of experts in the key names `_moe_of` reads: top-k `moe_k`, shared experts
+    `moe_num_shared_experts` of `moe_intermediate_size`; its MoE layers are those from `moe_layer_start_index` to
+    `moe_layer_end_index` every `moe_layer_interval`-th (transformers' Ernie4_5_MoeConfig), which the planner prices
+    as leading dense layers then all MoE: other placements are refused, naming the key."""
+    if not any(k in cfg for k in ("moe_k", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")):
+        return cfg
+    out = dict(cfg)
+    if isinstance(cfg.get("moe_k"), int):
+        out.setdefault("num_experts_per_tok", cfg["moe_k"])
+    shared, width = cfg.get("moe_num_shared_experts"), cfg.get("moe_intermediate_size")
+    if isinstance(shared, int) and isinstance(width, int) and "shared_expert_intermediate_size" not in cfg:
+        out["shared_expert_intermediate_size"] = shared * width
+    layers = cfg.get("num_hidden_layers")
+    start, end = cfg.get("moe_layer_start_index", 0), cfg.get("moe_layer_end_index", -1)
+    interval = cfg.get("moe_layer_interval", 1)
+    if isinstance(end, int) and end < 0 and isinstance(layers, int):
+        end = layers + end
+    if interval not in (1, None) or (isinstance(layers, int) and isinstance(end, int) and end < layers - 1):
+        raise ModelError(f"--model {path}: config.json's MoE layers (moe_layer_start_index {start}, moe_layer_end_index "
+                         f"{cfg.get('moe_layer_end_index')}, moe_layer_interval {interval} of {layers} layers) are not "
+                         "leading dense layers then all MoE, the one mix the planner prices: describe the nearest "
+                         "model with flags (--dense-layers, --moe-step) to bound it")
+    if isinstance(start, int) and start > 0:
+        out.setdefault("first_k_dense_replace", start)
     return out
 
 
@@ -684,6 +736,31 @@ def _refuse_unpriced(cfg: dict, path: str) -> None:
         raise ModelError(f"--model {path}: config.json's {key} = {cfg[key]!r} describes {UNPRICED_KEYS[key]}, which "
                          "the planner does not price (its layers are dense or MLA attention and a routed or dense "
                          "MLP): no plan is offered for it; describe the nearest model with flags to bound it")
+
+
+# the kinds of `layer_types` entries the planner prices as its attention layer (Llama 4's chunked layers are read by
+# `_llama4_keys`; sliding-window layers are refused by `_refuse_windows`, state-space ones by `_refuse_state_space`)
+ATTENTION_KINDS = ("full_attention", "attention", "global_attention", "chunked_attention", "sliding_attention")
+LAYER_KIND_WORDS = {"linear_attention": "linear attention (Qwen3-Next's Gated DeltaNet, MiniMax's lightning attention, "
+                                        "Kimi Linear)",
+                    "conv": "short convolutions (LFM2)", "indexed_attention": "indexer-selected sparse attention",
+                    "compressed_sparse_attention": "compressed sparse attention"}
+
+
+def _refuse_layer_kinds(cfg: dict, path: str) -> None:
+    """Refuse a config.json whose `layer_types` names layers other than softmax attention (linear attention,
+    convolutions, sparse attention, ...): read by its other keys such a model would be priced as a transformer of as
+    many full-attention layers, which it is not, with no published run to bound the difference."""
+    kinds = cfg.get("layer_types")
+    if not isinstance(kinds, list):
+        return
+    other = sorted({str(k) for k in kinds if k not in ATTENTION_KINDS})
+    if other:
+        said = "; ".join(f"{kinds.count(k)} layers of kind {k!r}" + (f", {LAYER_KIND_WORDS[k]}" if k in LAYER_KIND_WORDS
+                                                                        else "") for k in other)
+        raise ModelError(f"--model {path}: config.json's layer_types has {said}; the planner prices softmax-attention "
+                         "transformer layers only, so no plan is offered for it: describe the nearest transformer with "
+                         "flags to bound it")
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
