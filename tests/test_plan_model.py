@@ -1241,6 +1241,12 @@ def cost_logits(model) -> float:
     # ERNIE 4.5's MoE layers other than leading dense ones then all MoE
     ({"moe_num_experts": 64, "moe_k": 8, "moe_layer_interval": 2}, "moe_layer_interval 2"),
     ({"moe_num_experts": 64, "moe_k": 8, "moe_layer_end_index": 29}, "moe_layer_end_index 29"),
+    # recurrent layers (Griffin's blocks, RWKV), named before the keys such a config lacks (heads); LongCat-Flash
+    ({"block_types": ["recurrent", "recurrent", "attention"]}, "recurrent .* \\(key 'block_types'\\)"),
+    ({"model_type": "rwkv", "num_attention_heads": None}, "model_type 'rwkv'"),
+    ({"model_type": "mamba", "num_attention_heads": None}, "state-space or recurrent"),
+    ({"zero_expert_num": 256, "n_routed_experts": 512, "moe_topk": 12}, "zero-computation experts"),
+    ({"model_type": "jetmoe", "num_local_experts": 8, "num_experts_per_tok": 2}, "attention experts"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
@@ -1803,6 +1809,20 @@ def test_nested_and_renamed_moe_configs(tmp_path):
                   "tie_word_embeddings": True})
     assert (small.dense_layers, small.shared_ffn) == (1, 2 * 1536)
     assert round(small.params() / 1e9) == 22 and round(small.active_params() / 1e9) == 3  # "21B" (21.8B on its card)
+    # a count of shared experts of the experts' width, which Aria's config gives as intermediate_size
+    aria = read({"model_type": "aria_text", "num_hidden_layers": 28, "hidden_size": 2560, "num_attention_heads": 20,
+                 "intermediate_size": 1664, "vocab_size": 100352, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+                 "moe_num_experts": 64, "moe_topk": 6, "moe_num_shared_experts": 2})
+    assert (aria.experts, aria.top_k, aria.expert_ffn, aria.shared_ffn) == (64, 6, 1664, 2 * 1664)
+    # an expert count beside is_moe false is a dense model (Doge); BitNet's ReLU² MLP is gated (three matrices)
+    doge = read({"model_type": "doge", "num_hidden_layers": 32, "hidden_size": 1024, "num_attention_heads": 8,
+                 "intermediate_size": 2048, "vocab_size": 32768, "hidden_act": "silu", "is_moe": False,
+                 "num_experts": 16384, "num_experts_per_tok": 64})
+    assert not doge.moe and doge.ffn == 2048
+    bitnet = read({"model_type": "bitnet", "num_hidden_layers": 30, "hidden_size": 2560, "num_attention_heads": 20,
+                   "num_key_value_heads": 5, "intermediate_size": 6912, "vocab_size": 128256, "hidden_act": "relu2",
+                   "rms_norm_eps": 1e-5, "tie_word_embeddings": True})
+    assert bitnet.gated and bitnet.params() / 1e9 == pytest.approx(2.41, abs=0.02)  # gate, up, down: 2.41B, not 1.88B
 
 
 def test_hf_configs_of_other_families(tmp_path):

@@ -492,7 +492,7 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
 
 # Hugging Face model types with a gated MLP whatever their activation's name (Gemma's GeGLU: gelu_pytorch_tanh) or
 # that leave it implicit, and those that tie the output head to the embedding when config.json omits the key
-GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3")
+GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3", "bitnet")  # BitNet: ReLU² gated
 TIED_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
 # k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
@@ -532,15 +532,16 @@ def from_hf_config(path: str) -> ModelSpec:
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else 0
     if chunk and seq and seq > chunk:  # Llama 4's 10M-token positions: its chunk as the default length (--seq-len
         seq = chunk  # sets a longer one, priced with the chunks: ModelSpec.attention_spans)
+    # what the planner cannot price is named first: a Mamba or RWKV config lacks heads, but that is not why
+    _refuse_windows(cfg, path)
+    _refuse_state_space(cfg, path)
+    _refuse_unpriced(cfg, path)
+    _refuse_layer_kinds(cfg, path)
     missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab))
                if v is None]
     if missing:
         raise ModelError(f"--model {path}: config.json lacks {', '.join(missing)}; pass them with "
                          f"{' '.join('--' + m for m in missing)}")
-    _refuse_windows(cfg, path)
-    _refuse_state_space(cfg, path)
-    _refuse_unpriced(cfg, path)
-    _refuse_layer_kinds(cfg, path)
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
@@ -624,8 +625,8 @@ def _dbrx_keys(cfg: dict) -> dict:
 
 
 def _ernie_keys(cfg: dict, path: str) -> dict:
-    """ERNIE 4.5's mixture of experts in the key names `_moe_of` reads: top-k `moe_k`, shared experts
-    `moe_num_shared_experts` of `moe_intermediate_size`; its MoE layers are those from `moe_layer_start_index` to
+    """ERNIE 4.5's mixture of experts in the key names `_moe_of` reads: top-k `moe_k` (its shared experts,
+    `moe_num_shared_experts`, `_moe_of` reads as Aria's); its MoE layers are those from `moe_layer_start_index` to
     `moe_layer_end_index` every `moe_layer_interval`-th (transformers' Ernie4_5_MoeConfig), which the planner prices
     as leading dense layers then all MoE: other placements are refused, naming the key."""
     if not any(k in cfg for k in ("moe_k", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")):
@@ -633,9 +634,6 @@ def _ernie_keys(cfg: dict, path: str) -> dict:
     out = dict(cfg)
     if isinstance(cfg.get("moe_k"), int):
         out.setdefault("num_experts_per_tok", cfg["moe_k"])
-    shared, width = cfg.get("moe_num_shared_experts"), cfg.get("moe_intermediate_size")
-    if isinstance(shared, int) and isinstance(width, int) and "shared_expert_intermediate_size" not in cfg:
-        out["shared_expert_intermediate_size"] = shared * width
     layers = cfg.get("num_hidden_layers")
     start, end = cfg.get("moe_layer_start_index", 0), cfg.get("moe_layer_end_index", -1)
     interval = cfg.get("moe_layer_interval", 1)
@@ -675,6 +673,8 @@ EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 # ... the experts each token runs, and one expert's width where it is not `intermediate_size` (Mixtral, OLMoE)
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_topk")
 EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
+# ... and a count of always-on shared experts of that width
+SHARED_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
 # keys that put dense layers among the MoE ones, and the value that means "none"
 MIXED_LAYER_KEYS = {"mlp_only_layers": [], "moe_layer_freq": 1}
 # ... and the keys that interleave them regularly, which are read (ModelSpec.moe_step): Llama 4's, Qwen2-MoE's
@@ -700,7 +700,7 @@ def _window_of(cfg: dict, path: str, layers: int) -> int:
 STATE_SPACE_KEYS = ("hybrid_override_pattern", "hybrid_layer_pattern", "layers_block_type", "attn_layer_period",
                     "mamba_d_state", "mamba_n_heads", "mamba_num_heads", "ssm_cfg")
 STATE_SPACE_TYPES = ("mamba", "mamba2", "nemotron_h", "jamba", "falcon_h1", "falcon_mamba", "granitemoehybrid", "zamba",
-                     "zamba2", "bamba")
+                     "zamba2", "bamba", "rwkv", "xlstm", "recurrent_gemma")  # (the last three recurrent: RWKV, xLSTM, Griffin)
 
 
 def _refuse_state_space(cfg: dict, path: str) -> None:
@@ -708,11 +708,15 @@ def _refuse_state_space(cfg: dict, path: str) -> None:
     config as a transformer of as many attention layers.  A Mamba-2 pricing was tried against Megatron-Bridge's 20
     Nemotron 3 Nano runs and missed every one, +16 ... +47 % (docs/planner.md section 9, twenty-ninth round)."""
     kinds = cfg.get("layer_types")
+    blocks = cfg.get("block_types")  # RecurrentGemma's (Griffin's) "recurrent" / "attention" blocks
     key = next((k for k in STATE_SPACE_KEYS if k in cfg), None)
+    if key is None and isinstance(blocks, list) and any(b != "attention" for b in blocks):
+        key = "block_types"
     mtype = str(cfg.get("model_type", ""))
     if key or mtype in STATE_SPACE_TYPES or (isinstance(kinds, list) and any("mamba" in str(k) for k in kinds)):
         why = f"key {key!r}" if key else f"model_type {mtype!r}" if mtype in STATE_SPACE_TYPES else "layer_types"
-        raise ModelError(f"--model {path}: config.json describes state-space (Mamba) layers ({why}); the planner "
+        raise ModelError(f"--model {path}: config.json describes state-space or recurrent (Mamba, RWKV, xLSTM, "
+                         f"Griffin) layers ({why}); the planner "
                          "prices transformer layers only, and its one pricing of a hybrid Mamba model missed every "
                          "published run it was checked against (docs/planner.md section 9): no plan is offered for it")
 
@@ -724,13 +728,24 @@ UNPRICED_KEYS = {
     "compress_rates": "compressed sparse attention (DeepSeek-V4)",
     "hc_mult": "hyper-connections: several residual streams mixed per layer (DeepSeek-V4's mHC)",
     "num_hash_layers": "hash-routed MoE layers (DeepSeek-V4)",
+    "zero_expert_num": "zero-computation experts in shortcut-connected MoE layers (LongCat-Flash)",
 }
+
+
+# ... and model types whose layers are of their own kind where no key says so
+UNPRICED_TYPES = {"jetmoe": "attention experts (JetMoE's mixture of attention heads)",
+                  "hrm_text": "a hierarchical reasoning model's recurrent modules (HRM)"}
 
 
 def _refuse_unpriced(cfg: dict, path: str) -> None:
     """Refuse a config.json whose layers do something the planner's transformer layer does not (`UNPRICED_KEYS`): read
     by its other keys it would be priced as a DeepSeek-V3-style model of dense MLA attention, which such a layer is
     not.  Describe the nearest model with flags to bound it."""
+    mtype = str(cfg.get("model_type", ""))
+    if mtype in UNPRICED_TYPES:
+        raise ModelError(f"--model {path}: config.json's model_type {mtype!r} describes {UNPRICED_TYPES[mtype]}, which "
+                         "the planner does not price: no plan is offered for it; describe the nearest model with flags "
+                         "to bound it")
     key = next((k for k in UNPRICED_KEYS if cfg.get(k) not in (None, 0, 1, [], False)), None)
     if key:
         raise ModelError(f"--model {path}: config.json's {key} = {cfg[key]!r} describes {UNPRICED_KEYS[key]}, which "
@@ -783,7 +798,7 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     `intermediate_size`).  Refused, naming the key: dense layers mixed elsewhere among the MoE ones (priced as
     uniform they would be mispriced).  Multi-head latent attention is read apart (`_mla_of`)."""
     experts = next((cfg[k] for k in EXPERT_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
-    if experts is None:
+    if experts is None or cfg.get("is_moe") is False:  # Doge's config carries an expert count with is_moe false
         return {}
     top_k = next((cfg[k] for k in TOP_K_KEYS if isinstance(cfg.get(k), int)), None)
     if top_k is None or not 1 <= top_k <= experts:
@@ -797,9 +812,10 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
                              "layers' MLPs as experts: describe an all-MoE model with flags to bound it")
     width = next((cfg[k] for k in EXPERT_WIDTH_KEYS if isinstance(cfg.get(k), int)), None)
     shared = cfg.get("shared_expert_intermediate_size")
-    if not isinstance(shared, int):
-        n_shared = cfg.get("n_shared_experts")
-        shared = n_shared * (width or 0) if isinstance(n_shared, int) else 0
+    if not isinstance(shared, int):  # a count of shared experts (DeepSeek's, Aria's, ERNIE 4.5's key) of the experts' width
+        n_shared = next((cfg[k] for k in SHARED_COUNT_KEYS if isinstance(cfg.get(k), int)), None)
+        each = width if width is not None else cfg.get("intermediate_size")
+        shared = n_shared * each if isinstance(n_shared, int) and isinstance(each, int) else 0
     out = {"experts": experts, "top_k": top_k, "shared_ffn": shared}
     if width is not None:
         out["moe_ffn_hidden"] = width
