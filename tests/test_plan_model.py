@@ -1224,7 +1224,10 @@ def cost_logits(model) -> float:
     ({"n_routed_experts": 256}, "top-k"),  # an expert count without its top-k
     ({"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_layer_freq": 2}, "moe_layer_freq"),
     ({"num_experts": 60, "num_experts_per_tok": 4, "mlp_only_layers": [0]}, "mlp_only_layers"),
-    ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16}, "16 sliding-window"),
+    ({"model_type": "gpt_oss", "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16},
+     "GPT-OSS .*16 sliding-window layers of 128 tokens"),
+    # sliding-window layers whose global ones are not every k-th layer
+    ({"sliding_window": 1024, "layer_types": ["full_attention"] + ["sliding_attention"] * 31}, "not every k-th"),
     # state-space (Mamba) layers and hybrids (issue 12's twenty-ninth round): by key, by model type, by layer type
     ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*" * 8, "mamba_num_heads": 64}, "hybrid_override"),
     ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
@@ -1247,10 +1250,12 @@ def cost_logits(model) -> float:
     ({"model_type": "mamba", "num_attention_heads": None}, "state-space or recurrent"),
     ({"zero_expert_num": 256, "n_routed_experts": 512, "moe_topk": 12}, "zero-computation experts"),
     ({"model_type": "jetmoe", "num_local_experts": 8, "num_experts_per_tok": 2}, "attention experts"),
+    ({"model_type": "gemma3n_text", "hidden_size_per_layer_input": 256}, "per-layer input embeddings"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
-    its MoE ones other than leading ones or gives no top-k; sliding-window layers (GPT-OSS, Gemma 2/3) and state-space
+    its MoE ones other than leading ones or gives no top-k; GPT-OSS, sliding-window layers whose global ones are not
+    every k-th, and state-space
     (Mamba) layers are refused in any model: each by the key that says so."""
     cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
@@ -1733,8 +1738,40 @@ def test_local_attention_from_flags():
     assert win.window == 4096 and win.local_attention
     with pytest.raises(ModelError, match="one kind of local attention"):
         resolve_model("llama3-8b", window=1024, attn_chunk=4096)
-    with pytest.raises(ModelError, match="--attention-chunk C too"):
+    with pytest.raises(ModelError, match="--attention-chunk C .* or --sliding-window W"):
         resolve_model("llama3-8b", global_every=4)
+
+
+def test_sliding_window_layers_among_global_ones(tmp_path):
+    """Gemma 3's five sliding-window layers to one global (issue 12's fifty-eighth round; refused before with GPT-OSS,
+    which stays refused): config.json's layer_types, or its sliding_window_pattern, or Gemma 2's alternation, read as
+    one layer in K global -- the same machinery as Llama 4's chunks beside its global layers; flags say the same."""
+    from par3d.plan.compute import layer_flops
+
+    cfg = {"model_type": "gemma3_text", "num_hidden_layers": 48, "hidden_size": 3840, "num_attention_heads": 16,
+           "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 15360, "vocab_size": 262208,
+           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+           "sliding_window": 1024, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 8}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = resolve_model(str(p), seq_len=32768)
+    s, w = 32768, 1024
+    assert (m.window, m.global_every) == (w, 6) and "sliding window 1024 (one layer in 6 global)" in m.summary()
+    band = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+    (g_share, g_work, g_span), (w_share, w_work, w_span) = m.attention_spans()
+    assert (g_share, g_work, g_span, w_span) == (pytest.approx(8 / 48), 1.0, s, w)
+    assert (w_share, w_work) == (pytest.approx(40 / 48), pytest.approx(band))
+    full = replace(m, window=0, global_every=0)
+    assert layer_flops(m, 1, 1)[1] / layer_flops(full, 1, 1)[1] == pytest.approx(8 / 48 + 40 / 48 * band, rel=1e-3)
+    # the same model from its sliding_window_pattern, and from flags; every layer windowed without the pattern
+    no_types = {k: v for k, v in cfg.items() if k != "layer_types"}
+    p.write_text(json.dumps({**no_types, "sliding_window_pattern": 6}))
+    assert resolve_model(str(p), seq_len=s).attention_spans() == m.attention_spans()
+    flags = resolve_model(str(p), seq_len=s, window=w, global_every=6)
+    assert flags.attention_spans() == m.attention_spans()
+    assert resolve_model(str(p), seq_len=s, window=0).attention_spans() == ((1.0, 1.0, s),)  # windows off: all global
+    p.write_text(json.dumps({**no_types, "model_type": "gemma2"}))  # Gemma 2 alternates
+    assert resolve_model(str(p)).global_every == 2
 
 
 def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):

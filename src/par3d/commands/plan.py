@@ -175,14 +175,15 @@ def register(sub) -> None:
                         "of --ffn-hidden (Llama 4 Maverick 2; config.json's interleave_moe_layer_step or Qwen2-MoE's "
                         "decoder_sparse_step); 1 (the default): every layer")
     g.add_argument("--sliding-window", type=_int_at_least(0), default=None, metavar="W",
-                   help="every layer attends to the last W tokens only (Mistral 7B v0.1 4096; config.json's "
-                        "sliding_window): priced as the band's work; 0: none (docs/planner.md section 2)")
+                   help="the layers attend to the last W tokens only (Mistral 7B v0.1 4096 on every layer; Gemma 3 "
+                        "1024 with --global-every 6; config.json's sliding_window): priced as the band's work; 0: none "
+                        "(docs/planner.md section 2)")
     g.add_argument("--attention-chunk", type=_int_at_least(0), default=None, metavar="C",
                    help="chunked attention: each token attends within its chunk of C tokens (Llama 4 8192; "
                         "config.json's attention_chunk_size); 0: none")
     g.add_argument("--global-every", type=_int_at_least(0), default=None, metavar="K",
-                   help="with --attention-chunk: one layer in K attends over the whole sequence (Llama 4 4, its NoPE "
-                        "layers); 0: every layer chunked")
+                   help="with --attention-chunk or --sliding-window: one layer in K attends over the whole sequence "
+                        "(Llama 4 4, its NoPE layers; Gemma 3 6; Gemma 2 2); 0: every layer chunked or windowed")
     g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")

@@ -147,18 +147,19 @@ class ModelSpec:
         attention (`attn_chunk` c < seq): a query attends to its own chunk's earlier tokens, q·c(c+1)/2 + r(r+1)/2
         pairs of the s(s+1)/2 causal ones (s = q·c + r), and the fused kernel skips the masked-out tiles, so it works
         like a kernel over c-token sequences (its share of peak read at c, Device.attn_share); `global_every`'s
-        layers attend over the whole sequence.  A sliding window (`window` w < seq) on every layer: query i attends to
-        min(i + 1, w) keys, the kernel read at w."""
+        layers attend over the whole sequence.  A sliding window (`window` w < seq): query i attends to min(i + 1, w)
+        keys, the kernel read at w; on every layer, or on all but `global_every`'s."""
         s, c, w = self.seq_len, self.attn_chunk, self.window
+        glob = (self.layers // self.global_every) / self.layers if self.global_every else 0.0
         if w and s > w:  # query i attends to min(i + 1, w) keys: w(w + 1)/2 + (s - w)·w pairs, the kernel skipping
             # the tiles outside the band -- priced at its share for a w-token sequence (an assumption: no windowed
-            # kernel is benchmarked here)
-            return ((1.0, (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2), w),)
+            # kernel is benchmarked here); `global_every`'s layers (Gemma 2/3's, OLMo 3's) attend over the whole
+            band = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+            return tuple(k for k in ((glob, 1.0, s), (1.0 - glob, band, w)) if k[0] > 0)
         if not c or s <= c:
             return ((1.0, 1.0, s),)
         q, r = divmod(s, c)
         band = (q * c * (c + 1) / 2 + r * (r + 1) / 2) / (s * (s + 1) / 2)
-        glob = (self.layers // self.global_every) / self.layers if self.global_every else 0.0
         return tuple(k for k in ((glob, 1.0, s), (1.0 - glob, band, c)) if k[0] > 0)
 
     @property
@@ -373,7 +374,8 @@ class ModelSpec:
             extra += f", attention in chunks of {self.attn_chunk}" + (
                 f" (one layer in {self.global_every} global)" if self.global_every else "")
         if self.window:
-            extra += f", sliding window {self.window}"
+            extra += f", sliding window {self.window}" + (
+                f" (one layer in {self.global_every} global)" if self.global_every else "")
         if self.qk_norm:
             extra += ", Q/K norms"
         return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
@@ -397,6 +399,7 @@ class ModelSpec:
                 **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {}),
                 **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {}),
                 **({"sliding_window": self.window} if self.window else {}),
+                **({"global_every": self.global_every} if self.window and self.global_every else {}),
                 **({"qk_norm": True} if self.qk_norm else {})}
 
 
@@ -492,8 +495,9 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
 
 # Hugging Face model types with a gated MLP whatever their activation's name (Gemma's GeGLU: gelu_pytorch_tanh) or
 # that leave it implicit, and those that tie the output head to the embedding when config.json omits the key
-GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3", "bitnet")  # BitNet: ReLU² gated
-TIED_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
+GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3", "vaultgemma",
+               "bitnet")  # BitNet: ReLU² gated
+TIED_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3", "vaultgemma")
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
 # k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
 # Llama 4's config says so itself (`use_qk_norm`: Scout's L2 norm)
@@ -545,7 +549,8 @@ def from_hf_config(path: str) -> ModelSpec:
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    gated = act in ("silu", "swiglu", "swish") or kind in GATED_TYPES
+    gemma = str(kind).startswith(("gemma", "vaultgemma"))  # every Gemma is a GeGLU with tied embeddings
+    gated = act in ("silu", "swiglu", "swish") or kind in GATED_TYPES or gemma
     rms = "rms_norm_eps" in cfg or kind in ("llama", "mistral", "qwen2")
     ffn = pick("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
     if ffn is None and isinstance(cfg.get("expansion_ratio"), (int, float)):  # MPT: the MLP's width over d_model
@@ -556,10 +561,11 @@ def from_hf_config(path: str) -> ModelSpec:
     name = str(cfg.get("_name_or_path") or kind or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
                      None if "kv_lora" in moe else _kv_heads_of(cfg, heads), gated=gated,
-                     tied=bool(cfg.get("tie_word_embeddings", not gated or kind in TIED_TYPES)),
+                     tied=bool(cfg.get("tie_word_embeddings", not gated or kind in TIED_TYPES or gemma)),
                      learned_pos=kind in ("gpt2", "opt", "gpt_neo", "gpt_bigcode"), bias=bias,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
-                     global_every=int(cfg.get("_global_every", 0)) if chunk else 0, window=_window_of(cfg, path, layers),
+                     global_every=int(cfg.get("_global_every", 0)) if chunk else _window_global_every(cfg, path),
+                     window=_window_of(cfg, path, layers),
                      qk_norm=(cfg.get("model_type") in QK_NORM_TYPES or cfg.get("use_qk_norm") is True)
                      and "kv_lora" not in moe,
                      **{"head_size": _head_size(cfg), **moe})
@@ -729,6 +735,7 @@ UNPRICED_KEYS = {
     "hc_mult": "hyper-connections: several residual streams mixed per layer (DeepSeek-V4's mHC)",
     "num_hash_layers": "hash-routed MoE layers (DeepSeek-V4)",
     "zero_expert_num": "zero-computation experts in shortcut-connected MoE layers (LongCat-Flash)",
+    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n's and Gemma 4's)",
 }
 
 
@@ -779,15 +786,45 @@ def _refuse_layer_kinds(cfg: dict, path: str) -> None:
 
 
 def _refuse_windows(cfg: dict, path: str) -> None:
-    """Refuse sliding-window attention layers (config.json's `layer_types` with "sliding_attention": GPT-OSS, Gemma
-    2/3): the planner prices full attention, and GPT-OSS, tried with its windows priced, ran slower than predicted in
-    every published run it was checked against (docs/planner.md section 9, twenty-third round)."""
+    """Refuse GPT-OSS: tried with its windows priced, it ran slower than predicted in every published run it was
+    checked against, by what its attention sinks and clamped GLU experts run on, which the planner does not know
+    (docs/planner.md section 9, twenty-third round).  Other models' sliding-window layers are read
+    (`_window_global_every`)."""
+    if cfg.get("model_type") == "gpt_oss":
+        kinds = cfg.get("layer_types")
+        n = kinds.count("sliding_attention") if isinstance(kinds, list) else "its"
+        raise ModelError(f"--model {path}: GPT-OSS (model_type 'gpt_oss': {n} sliding-window layers of "
+                         f"{cfg.get('sliding_window')} tokens, attention sinks, clamped GLU experts): no pricing of it "
+                         "was met by its published runs (docs/planner.md section 9): no plan is offered for it")
+
+
+# config.json keys giving the period of a model's global layers among its sliding-window ones where no layer_types
+# lists them: Gemma 3's and Cohere 2's `sliding_window_pattern`; Gemma 2 alternates (every second layer global)
+WINDOW_PATTERN_KEYS = ("sliding_window_pattern",)
+
+
+def _window_global_every(cfg: dict, path: str) -> int:
+    """The global layers among sliding-window ones, as one in K (`ModelSpec.global_every`; 0: every layer windowed, or
+    no window): from `layer_types` (Gemma 2/3, OLMo 3, Cohere 2: "full_attention" every K-th layer, the others
+    "sliding_attention"), else `sliding_window_pattern`, else Gemma 2's alternation.  Other placements are refused,
+    naming the layers."""
     kinds = cfg.get("layer_types")
     if isinstance(kinds, list) and "sliding_attention" in kinds:
-        raise ModelError(f"--model {path}: config.json's layer_types has {kinds.count('sliding_attention')} "
-                         f"sliding-window layers (window {cfg.get('sliding_window')}); the planner prices full "
-                         "attention only, and no pricing of such a model was met by its published runs "
-                         "(docs/planner.md section 9): no plan is offered for it")
+        glob = [i for i, k in enumerate(kinds) if k != "sliding_attention"]
+        if not glob:
+            return 0
+        every = glob[0] + 1
+        if glob != [i for i in range(len(kinds)) if (i + 1) % every == 0]:
+            raise ModelError(f"--model {path}: its full-attention layers (0-based {glob[:8]}"
+                             f"{' ...' if len(glob) > 8 else ''}) are not every k-th layer, the one pattern the planner "
+                             "prices beside sliding-window ones")
+        return every
+    if not isinstance(cfg.get("sliding_window"), int) or cfg.get("use_sliding_window") is False:
+        return 0
+    pattern = next((cfg[k] for k in WINDOW_PATTERN_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
+    if pattern is not None:
+        return pattern
+    return 2 if cfg.get("model_type") == "gemma2" else 0
 
 
 def _moe_of(cfg: dict, path: str) -> dict[str, int]:
@@ -906,7 +943,10 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       q_lora=q_lora, rope_dim=rope_dim, v_head=v_head, mtp_layers=mtp_layers,
                                       route_groups=route_groups, route_group_topk=route_group_topk,
                                       moe_step=moe_step, window=window, attn_chunk=attn_chunk,
-                                      global_every=0 if attn_chunk == 0 and global_every is None else global_every,
+                                      # turning the model's local attention off (0) turns its global layers off
+                                      global_every=(0 if global_every is None and ((attn_chunk == 0 and base.attn_chunk)
+                                                                                   or (window == 0 and base.window))
+                                                    else global_every),
                                       qk_norm=qk_norm, route_consecutive=route_consecutive).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
@@ -939,9 +979,10 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     if spec.window and spec.attn_chunk:
         raise ModelError(f"--sliding-window {spec.window} with --attention-chunk {spec.attn_chunk}: the planner prices "
                          "one kind of local attention per model; give one of them (0 turns one off)")
-    if spec.global_every and not spec.attn_chunk:
-        raise ModelError(f"--global-every {spec.global_every} names the global layers among chunked ones: give "
-                         "--attention-chunk C too (Llama 4: 8192, one layer in 4 global)")
+    if spec.global_every and not (spec.attn_chunk or spec.window):
+        raise ModelError(f"--global-every {spec.global_every} names the global layers among chunked or windowed ones: "
+                         "give --attention-chunk C (Llama 4: 8192, one layer in 4 global) or --sliding-window W "
+                         "(Gemma 3: 1024, one layer in 6 global) too")
     if not spec.mla and (spec.q_lora or spec.rope_dim or spec.v_head is not None):
         raise ModelError("--q-lora-rank/--qk-rope-dim/--v-head-dim describe multi-head latent attention: give "
                          "--kv-lora-rank R (R >= 1, DeepSeek-V3's 512) too")
