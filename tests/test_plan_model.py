@@ -1251,6 +1251,7 @@ def cost_logits(model) -> float:
     ({"zero_expert_num": 256, "n_routed_experts": 512, "moe_topk": 12}, "zero-computation experts"),
     ({"model_type": "jetmoe", "num_local_experts": 8, "num_experts_per_tok": 2}, "attention experts"),
     ({"model_type": "gemma3n_text", "hidden_size_per_layer_input": 256}, "per-layer input embeddings"),
+    ({"moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": [1536, 512]}, "experts of several kinds"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among

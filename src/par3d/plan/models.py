@@ -834,6 +834,11 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     `n_shared_experts` × the expert width), DeepSeek's leading dense layers (`first_k_dense_replace`, of
     `intermediate_size`).  Refused, naming the key: dense layers mixed elsewhere among the MoE ones (priced as
     uniform they would be mispriced).  Multi-head latent attention is read apart (`_mla_of`)."""
+    several = next((k for k in EXPERT_KEYS + EXPERT_WIDTH_KEYS if isinstance(cfg.get(k), list)), None)
+    if several is not None:  # ERNIE 4.5-VL's text and vision experts: one list entry per modality
+        raise ModelError(f"--model {path}: config.json's {several} = {cfg[several]!r} describes experts of several "
+                         "kinds (one per modality); the planner prices one kind of routed expert: describe the text "
+                         "model with --experts/--top-k/--moe-ffn-hidden to bound it")
     experts = next((cfg[k] for k in EXPERT_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
     if experts is None or cfg.get("is_moe") is False:  # Doge's config carries an expert count with is_moe false
         return {}
