@@ -1252,6 +1252,7 @@ def cost_logits(model) -> float:
     ({"model_type": "jetmoe", "num_local_experts": 8, "num_experts_per_tok": 2}, "attention experts"),
     ({"model_type": "gemma3n_text", "hidden_size_per_layer_input": 256}, "per-layer input embeddings"),
     ({"moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": [1536, 512]}, "experts of several kinds"),
+    ({"num_experts": 64, "moe_topk": [8] * 16 + [4] * 16}, "moe_topk differs by layer"),
 ])
 def test_hf_config_refuses_what_it_cannot_price(tmp_path, extra, words):
     """A mixture of experts is read (test_mixture_of_experts_from_config_json) unless it mixes dense layers among
@@ -1847,6 +1848,13 @@ def test_nested_and_renamed_moe_configs(tmp_path):
                   "tie_word_embeddings": True})
     assert (small.dense_layers, small.shared_ffn) == (1, 2 * 1536)
     assert round(small.params() / 1e9) == 22 and round(small.active_params() / 1e9) == 3  # "21B" (21.8B on its card)
+    # Hunyuan's per-layer lists, one value on every layer: Hunyuan-A13B's 80B total, 13B active (Tencent's model card)
+    hy = read({"model_type": "hunyuan_v1_moe", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "intermediate_size": 3072, "vocab_size": 128167, "hidden_act": "silu",
+               "rms_norm_eps": 1e-5, "num_experts": 64, "moe_topk": [8] * 32, "moe_intermediate_size": [3072] * 32,
+               "num_shared_expert": [1] * 32})
+    assert (hy.experts, hy.top_k, hy.expert_ffn, hy.shared_ffn) == (64, 8, 3072, 3072)
+    assert hy.params() / 1e9 == pytest.approx(80, rel=0.02) and hy.active_params() / 1e9 == pytest.approx(13, rel=0.03)
     # a count of shared experts of the experts' width, which Aria's config gives as intermediate_size
     aria = read({"model_type": "aria_text", "num_hidden_layers": 28, "hidden_size": 2560, "num_attention_heads": 20,
                  "intermediate_size": 1664, "vocab_size": 100352, "hidden_act": "silu", "rms_norm_eps": 1e-6,

@@ -680,7 +680,23 @@ EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_topk")
 EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 # ... and a count of always-on shared experts of that width
-SHARED_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts")
+SHARED_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts", "num_shared_experts", "num_shared_expert")
+
+
+def _per_layer_scalars(cfg: dict, path: str) -> dict:
+    """A mixture of experts' keys given per layer (Hunyuan's `moe_topk`, `moe_intermediate_size`,
+    `num_shared_expert`: one entry a layer) read as one value where every layer has the same; refused, naming the key,
+    where they differ (the planner prices one kind of MoE layer).  Lists of another length are left to `_moe_of`."""
+    layers = cfg.get("num_hidden_layers")
+    out = dict(cfg)
+    for k in EXPERT_KEYS + TOP_K_KEYS + EXPERT_WIDTH_KEYS + SHARED_COUNT_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, list) and v and len(v) == layers and all(isinstance(x, int) for x in v):
+            if len(set(v)) > 1:
+                raise ModelError(f"--model {path}: config.json's {k} differs by layer ({sorted(set(v))}); the planner "
+                                 "prices one kind of MoE layer: describe the nearest model with flags to bound it")
+            out[k] = v[0]
+    return out
 # keys that put dense layers among the MoE ones, and the value that means "none"
 MIXED_LAYER_KEYS = {"mlp_only_layers": [], "moe_layer_freq": 1}
 # ... and the keys that interleave them regularly, which are read (ModelSpec.moe_step): Llama 4's, Qwen2-MoE's
@@ -834,6 +850,7 @@ def _moe_of(cfg: dict, path: str) -> dict[str, int]:
     `n_shared_experts` × the expert width), DeepSeek's leading dense layers (`first_k_dense_replace`, of
     `intermediate_size`).  Refused, naming the key: dense layers mixed elsewhere among the MoE ones (priced as
     uniform they would be mispriced).  Multi-head latent attention is read apart (`_mla_of`)."""
+    cfg = _per_layer_scalars(cfg, path)
     several = next((k for k in EXPERT_KEYS + EXPERT_WIDTH_KEYS if isinstance(cfg.get(k), list)), None)
     if several is not None:  # ERNIE 4.5-VL's text and vision experts: one list entry per modality
         raise ModelError(f"--model {path}: config.json's {several} = {cfg[several]!r} describes experts of several "
