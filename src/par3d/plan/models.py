@@ -495,9 +495,9 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
 
 # Hugging Face model types with a gated MLP whatever their activation's name (Gemma's GeGLU: gelu_pytorch_tanh) or
 # that leave it implicit, and those that tie the output head to the embedding when config.json omits the key
-GATED_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text", "gemma3", "vaultgemma",
-               "bitnet")  # BitNet: ReLU² gated
-TIED_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3", "vaultgemma")
+# (every Gemma model type -- gemma, gemma2, gemma3_text, vaultgemma, ... -- is a GeGLU with tied embeddings: GEMMA_TYPES)
+GATED_TYPES = ("llama", "mistral", "qwen2", "bitnet")  # BitNet: ReLU² gated
+GEMMA_TYPES = ("gemma", "vaultgemma")  # model-type prefixes
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
 # k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
 # Llama 4's config says so itself (`use_qk_norm`: Scout's L2 norm)
@@ -549,7 +549,7 @@ def from_hf_config(path: str) -> ModelSpec:
     moe = {**_moe_of(cfg, path), **_mla_of(cfg)}
     kind = cfg.get("model_type")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    gemma = str(kind).startswith(("gemma", "vaultgemma"))  # every Gemma is a GeGLU with tied embeddings
+    gemma = str(kind).startswith(GEMMA_TYPES)  # every Gemma is a GeGLU with tied embeddings
     gated = act in ("silu", "swiglu", "swish") or kind in GATED_TYPES or gemma
     rms = "rms_norm_eps" in cfg or kind in ("llama", "mistral", "qwen2")
     ffn = pick("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
@@ -561,7 +561,7 @@ def from_hf_config(path: str) -> ModelSpec:
     name = str(cfg.get("_name_or_path") or kind or os.path.basename(os.path.dirname(path)) or path)
     return ModelSpec(name, int(layers), int(hidden), int(heads), int(seq), int(vocab), ffn,  # type: ignore[arg-type]
                      None if "kv_lora" in moe else _kv_heads_of(cfg, heads), gated=gated,
-                     tied=bool(cfg.get("tie_word_embeddings", not gated or kind in TIED_TYPES or gemma)),
+                     tied=bool(cfg.get("tie_word_embeddings", not gated or gemma)),
                      learned_pos=kind in ("gpt2", "opt", "gpt_neo", "gpt_bigcode"), bias=bias,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
                      global_every=int(cfg.get("_global_every", 0)) if chunk else _window_global_every(cfg, path),
@@ -598,13 +598,18 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
         every = cfg.get("nope_layer_interval", 4)
         glob = [i for i in range(n or 0) if isinstance(every, int) and every > 0 and (i + 1) % every == 0]
     if glob:
-        every = glob[0] + 1
-        if not isinstance(n, int) or glob != [i for i in range(n) if (i + 1) % every == 0]:
-            raise ModelError(f"--model {path}: its global-attention layers (0-based {glob[:8]}"
-                             f"{' ...' if len(glob) > 8 else ''}) are not every k-th layer, the one pattern the planner "
-                             "prices beside the chunked ones")
-        out["_global_every"] = every
+        out["_global_every"] = _global_period(glob, n, path, "global-attention", "the chunked ones")
     return out
+
+
+def _global_period(glob: list[int], layers: object, path: str, kind: str, beside: str) -> int:
+    """K where the 0-based layers `glob` are every K-th of `layers` (layer u, from 1, when u % K == 0): the one placement
+    of global layers among local ones (Llama 4's chunks, Gemma's windows) the planner prices; others refused by name."""
+    every = glob[0] + 1
+    if not isinstance(layers, int) or glob != [i for i in range(layers) if (i + 1) % every == 0]:
+        raise ModelError(f"--model {path}: its {kind} layers (0-based {glob[:8]}{' ...' if len(glob) > 8 else ''}) are "
+                         f"not every k-th layer, the one pattern the planner prices beside {beside}")
+    return every
 
 
 def _dbrx_keys(cfg: dict) -> dict:
@@ -827,14 +832,7 @@ def _window_global_every(cfg: dict, path: str) -> int:
     kinds = cfg.get("layer_types")
     if isinstance(kinds, list) and "sliding_attention" in kinds:
         glob = [i for i, k in enumerate(kinds) if k != "sliding_attention"]
-        if not glob:
-            return 0
-        every = glob[0] + 1
-        if glob != [i for i in range(len(kinds)) if (i + 1) % every == 0]:
-            raise ModelError(f"--model {path}: its full-attention layers (0-based {glob[:8]}"
-                             f"{' ...' if len(glob) > 8 else ''}) are not every k-th layer, the one pattern the planner "
-                             "prices beside sliding-window ones")
-        return every
+        return _global_period(glob, len(kinds), path, "full-attention", "sliding-window ones") if glob else 0
     if not isinstance(cfg.get("sliding_window"), int) or cfg.get("use_sliding_window") is False:
         return 0
     pattern = next((cfg[k] for k in WINDOW_PATTERN_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
