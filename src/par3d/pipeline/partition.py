@@ -50,6 +50,14 @@ def partition(costs: list[float], n_chunks: int) -> Partition:
                          f"unit; use at most {n} chunks")
     if any(c < 0 for c in costs):
         raise ValueError("unit costs must be >= 0")
+    return _make(list(_optimal_bounds(tuple(map(float, costs)), n_chunks)), list(map(float, costs)))
+
+
+@lru_cache(maxsize=4096)
+def _optimal_bounds(costs: tuple[float, ...], n_chunks: int) -> tuple[tuple[int, int], ...]:
+    """`partition`'s bounds, once per (costs, chunks): the planner's interleaved cut (`round_partition`) asks again
+    for the same slices while it moves round boundaries."""
+    n = len(costs)
     prefix = _prefix(costs)
 
     def seg(a: int, b: int) -> float:
@@ -91,7 +99,7 @@ def partition(costs: list[float], n_chunks: int) -> Partition:
         bounds.append((start, end))
         end = start
     bounds.reverse()
-    return _make(bounds, list(map(float, costs)))
+    return tuple(bounds)
 
 
 def _round_key(bounds: list[tuple[int, int]], prefix: list[float], p: int) -> tuple[float, float]:

@@ -164,30 +164,20 @@ def interleaved(p: int, m: int, v: int) -> list[list[Action]]:
             f"interleaved needs the number of micro-batches to be a multiple of the pipeline size: "
             f"m={m} is not a multiple of p={p}; use m={hint}", param="m")
     total = m * v
-
-    def unit(k: int, forward: bool) -> tuple[int, int]:
-        group = k % (p * v)
-        chunk = group // p if forward else v - 1 - group // p
-        mb = (k // (p * v)) * p + k % p
-        return chunk, mb
-
+    # unit k of a rank's forwards (backwards): its chunk's first stage (chunk * p; the rank adds its own r) and its
+    # micro-batch -- the same for every rank, so worked out once
+    pv = p * v
+    f_base = [(k % pv) // p * p for k in range(total)]
+    b_base = [(v - 1 - (k % pv) // p) * p for k in range(total)]
+    mbs = [(k // pv) * p + k % p for k in range(total)]
     out = []
     for r in range(p):
         warm = min(2 * (p - r - 1) + (v - 1) * p, total)
-        acts: list[Action] = []
-
-        def fwd(k: int, r: int = r) -> Action:
-            c, i = unit(k, True)
-            return Action("F", c * p + r, i)
-
-        def bwd(k: int, r: int = r) -> Action:
-            c, i = unit(k, False)
-            return Action("B", c * p + r, i)
-
-        acts += [fwd(k) for k in range(warm)]
+        acts = [Action("F", f_base[k] + r, mbs[k]) for k in range(warm)]
         for k in range(total - warm):
-            acts += [fwd(warm + k), bwd(k)]
-        acts += [bwd(k) for k in range(total - warm, total)]
+            acts.append(Action("F", f_base[warm + k] + r, mbs[warm + k]))
+            acts.append(Action("B", b_base[k] + r, mbs[k]))
+        acts += [Action("B", b_base[k] + r, mbs[k]) for k in range(total - warm, total)]
         out.append(acts)
     return out
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
+from par3d.pipeline.schedules import ScheduleError, build, schedule_placement
 from par3d.pipeline.simulate import hop_times
 
 
@@ -90,37 +90,25 @@ def compile_program(schedule: str, p: int, m: int, v: int,
     """Compile `build(schedule, p, m, v, times)`: each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
-    int so the compile is list indexing rather than tuple hashing."""
+    int so the compile is list indexing rather than tuple hashing; what it sends is `schedules.sends_to`'s,
+    on the same numbers.  One pass reads the built lists, one places the actions: the search compiles a
+    program per distinct schedule, tens of thousands of actions each, so the loops are kept flat."""
     sched = build(schedule, p, m, v, times)
     n_stages = p * v
     span = n_stages * m
-    f0, b0, bi0, bw0 = (KIND_CODE[k] * span for k in ("F", "B", "BI", "BW"))
-    flat = [a for acts in sched for a in acts]
+    bi0, b0 = KIND_CODE["BI"] * span, KIND_CODE["B"] * span
     # the rank of each stage: the builder's declared placement (round-robin or V; a test checks it
     # against `placement`, which reads it off a built schedule by scanning every action)
     rank_of = schedule_placement(schedule, p, v)
-    codes = [KIND_CODE[a.kind] * span + a.stage * m + a.microbatch for a in flat]
+    kind_code = KIND_CODE
+    codes = [kind_code[a.kind] * span + a.stage * m + a.microbatch for acts in sched for a in acts]
     present = bytearray(4 * span)
     for c in codes:
         present[c] = 1
-    # the rule of schedules.dependencies, on codes: F waits for F of the previous stage; BW for its
-    # BI; B and BI for their own F and for the next stage's BI (when it split its B) or B
-    dep_codes: list[tuple[int, ...]] = []
-    for a in flat:
-        sm = a.stage * m + a.microbatch
-        if a.kind == "F":
-            dep_codes.append((f0 + sm - m,) if a.stage > 0 else ())
-        elif a.kind == "BW":
-            dep_codes.append((bi0 + sm,))
-        elif a.stage < n_stages - 1:
-            nb = bi0 + sm + m
-            dep_codes.append((f0 + sm, nb if present[nb] else b0 + sm + m))
-        else:
-            dep_codes.append((f0 + sm,))
-    slot_codes = [KIND_CODE[a.kind] * n_stages + a.stage for a in flat]
     starts = [0]
     for acts in sched:
         starts.append(starts[-1] + len(acts))
+    n = starts[-1]
     index = [-1] * (4 * span)  # code -> position in the program
     slot_of: dict[int, int] = {}
     ranks: list[int] = []
@@ -129,74 +117,89 @@ def compile_program(schedule: str, p: int, m: int, v: int,
     dep2: list[int] = []
     bnd1: list[int] = []
     bnd2: list[int] = []
+    out: list[int] = []
+    first = [-1] * n_stages
+    last = [-1] * n_stages
     waiting: dict[int, list[int]] = {}
     nxt = starts[:-1]
     todo = list(range(p - 1, -1, -1))
+    last_stage = n_stages - 1
     while todo:
         r = todo.pop()
         j, stop = nxt[r], starts[r + 1]
         while j < stop:
-            ds = dep_codes[j]
-            blocked = -1
-            for d in ds:
-                if index[d] < 0:
-                    blocked = d
-                    break
-            if blocked >= 0:
-                waiting.setdefault(blocked, []).append(r)
-                break
             c = codes[j]
-            index[c] = len(ranks)
+            kind = c // span
+            sm = c - kind * span
+            stage = sm // m
+            # the rule of schedules.dependencies, on codes: F waits for F of the previous stage; BW for its BI;
+            # B and BI for their own F and for the next stage's BI (when it split its B) or B
+            if kind == 0:  # F
+                d1 = c - m if stage > 0 else -1
+                d2 = -1
+            elif kind == 3:  # BW
+                d1, d2 = bi0 + sm, -1
+            else:  # B, BI
+                d1 = sm
+                if stage < last_stage:
+                    d2 = bi0 + sm + m
+                    if not present[d2]:
+                        d2 = b0 + sm + m
+                else:
+                    d2 = -1
+            if d1 >= 0 and index[d1] < 0:
+                waiting.setdefault(d1, []).append(r)
+                break
+            if d2 >= 0 and index[d2] < 0:
+                waiting.setdefault(d2, []).append(r)
+                break
+            at = len(ranks)
+            index[c] = at
             ranks.append(r)
-            sc = slot_codes[j]
+            sc = kind * n_stages + stage
             k = slot_of.get(sc)
             if k is None:
                 k = slot_of[sc] = len(slot_of)
             slots.append(k)
-            # a code's stage is (code % span) // m
-            own = (c % span) // m
-            if ds:
-                d = ds[0]
-                dep1.append(index[d])
-                ds_ = (d % span) // m
-                bnd1.append(min(ds_, own) if rank_of[ds_] != r else -1)
+            # a dependency's stage is (code % span) // m; the boundary it crossed, where it came from another rank
+            if d1 >= 0:
+                dep1.append(index[d1])
+                ds = (d1 % span) // m
+                bnd1.append((ds if ds < stage else stage) if rank_of[ds] != r else -1)
             else:
                 dep1.append(-1)
                 bnd1.append(-1)
-            if len(ds) > 1:
-                d = ds[1]
-                dep2.append(index[d])
-                ds_ = (d % span) // m
-                bnd2.append(min(ds_, own) if rank_of[ds_] != r else -1)
+            if d2 >= 0:
+                dep2.append(index[d2])
+                ds = (d2 % span) // m
+                bnd2.append((ds if ds < stage else stage) if rank_of[ds] != r else -1)
             else:
                 dep2.append(-1)
                 bnd2.append(-1)
+            # schedules.sends_to: an F's output to the next stage, a B's or BI's to the previous; BW's nowhere
+            if kind == 0:
+                nb = stage + 1 if stage < last_stage else -1
+                if sm == stage * m:  # micro-batch 0
+                    first[stage] = at
+            elif kind == 3:
+                nb = -1
+            else:
+                nb = stage - 1
+            if kind == 1 or kind == 3:
+                # a stage's actions all run on one rank in its list's order: the last B/BW placed is the last listed
+                last[stage] = at
+            out.append((nb if nb < stage else stage) if nb >= 0 and rank_of[nb] != r else -1)
             j += 1
             w = waiting.pop(c, None)
             if w is not None:
                 todo.extend(w)
         nxt[r] = j
-    if len(ranks) != starts[-1]:
+    if len(ranks) != n:
         raise ScheduleError(f"{schedule} p={p} m={m} v={v}: the schedule deadlocks")
     kinds = ("F", "B", "BI", "BW")
     keys = tuple((sc % n_stages, kinds[sc // n_stages]) for sc in sorted(slot_of, key=slot_of.__getitem__))
-    # a stage's actions all run on one rank in its list's order: the last B/BW listed is the last to run
-    first = [-1] * n_stages
-    last = [-1] * n_stages
-    for a, c in zip(flat, codes):
-        if a.kind == "F":
-            if a.microbatch == 0:
-                first[a.stage] = index[c]
-        elif a.kind != "BI":
-            last[a.stage] = index[c]
-    first_f, last_grad = tuple(first), tuple(last)
-    out = [-1] * len(ranks)
-    for a, c in zip(flat, codes):
-        nb = sends_to(a.kind, a.stage, n_stages)
-        if nb >= 0 and rank_of[nb] != rank_of[a.stage]:
-            out[index[c]] = min(nb, a.stage)
-    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(dep2), first_f, last_grad, tuple(bnd1),
-                   tuple(bnd2), tuple(out))
+    return Program(p, keys, tuple(ranks), tuple(slots), tuple(dep1), tuple(dep2), tuple(first), tuple(last),
+                   tuple(bnd1), tuple(bnd2), tuple(out))
 
 
 @dataclass(frozen=True)

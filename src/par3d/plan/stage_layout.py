@@ -260,7 +260,13 @@ def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
 def validate_schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """Full check (dependencies, deadlock freedom) of a reported plan's schedule, at min(m, 2p), and
     the check that the search's peak counts are the checker's."""
-    mm = min(m, 2 * p) if p > 1 else m
+    return _checked_peaks(schedule, p, min(m, 2 * p) if p > 1 else m, v)
+
+
+@lru_cache(maxsize=1024)
+def _checked_peaks(schedule: str, p: int, mm: int, v: int) -> tuple[int, ...]:
+    """`validate_schedule` at its checked m, once per schedule: the check is a pure function of these four (a
+    schedule that fails raises each time, as nothing is cached for it)."""
     peaks = tuple(check(build(schedule, p, mm, v), p, mm, v).peak_inflight)
     if (p > 1 or schedule in V_SCHEDULES) and peaks != counted_peaks(schedule, p, mm, v):
         raise AssertionError(f"{schedule} p={p} m={mm} v={v}: counted peaks {counted_peaks(schedule, p, mm, v)} "
