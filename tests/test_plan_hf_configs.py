@@ -15,7 +15,9 @@ FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3
             "gemma", "falcon", "gpt_neox", "gpt2", "opt", "bloom", "gpt_bigcode", "aria_text", "granitemoe",
             "ernie4_5_moe", "llama4_text", "minimax_m2", "bitnet", "doge", "starcoder2", "cohere", "deepseek_v3",
             # sliding-window layers among global ones (issue 12's fifty-eighth round)
-            "gemma2", "gemma3_text", "vaultgemma", "olmo3", "cohere2", "exaone4")
+            "gemma2", "gemma3_text", "vaultgemma", "olmo3", "cohere2", "exaone4",
+            # ... and global from the first layer (issue 12's fifty-ninth round)
+            "cwm", "granite_swa", "granitemoe_swa", "modernbert-decoder")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -1227,7 +1227,7 @@ def cost_logits(model) -> float:
     ({"model_type": "gpt_oss", "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16},
      "GPT-OSS .*16 sliding-window layers of 128 tokens"),
     # sliding-window layers whose global ones are not every k-th layer
-    ({"sliding_window": 1024, "layer_types": ["full_attention"] + ["sliding_attention"] * 31}, "not every k-th"),
+    ({"sliding_window": 1024, "layer_types": ["full_attention"] * 2 + ["sliding_attention"] * 30}, "not every k-th"),
     # state-space (Mamba) layers and hybrids (issue 12's twenty-ninth round): by key, by model type, by layer type
     ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*" * 8, "mamba_num_heads": 64}, "hybrid_override"),
     ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
@@ -1774,6 +1774,42 @@ def test_sliding_window_layers_among_global_ones(tmp_path):
     assert resolve_model(str(p), seq_len=s, window=0).attention_spans() == ((1.0, 1.0, s),)  # windows off: all global
     p.write_text(json.dumps({**no_types, "model_type": "gemma2"}))  # Gemma 2 alternates
     assert resolve_model(str(p)).global_every == 2
+
+
+def test_global_layers_from_the_first_are_counted_as_placed(tmp_path):
+    """CWM's, Granite's windowed models' and ModernBERT's decoder's global layers are the first and every K-th after
+    it (issue 12's fifty-ninth round): read from layer_types as K with `global_first`, ceil(layers / K) of them where
+    Gemma's placement (the K-th, 2K-th, ...) has floor(layers / K); flags say the same; `--global-first` alone is
+    refused; any other placement still is."""
+    from par3d.plan.models import ModelError
+
+    cfg = {"model_type": "cwm", "num_hidden_layers": 22, "hidden_size": 2048, "num_attention_heads": 16,
+           "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "hidden_act": "silu",
+           "rms_norm_eps": 1e-5, "max_position_embeddings": 32768, "sliding_window": 1024,
+           "layer_types": ["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(22)]}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    s, w = 16384, 1024
+    m = resolve_model(str(p), seq_len=s)
+    assert (m.window, m.global_every, m.global_first, m.global_layers) == (w, 3, True, 8)
+    assert m.attention_spans()[0][:1] == (pytest.approx(8 / 22),)
+    assert "one layer in 3 global, from the first" in m.summary() and m.to_dict()["global_first"] is True
+    flags = resolve_model(None, layers=22, hidden=2048, heads=16, kv_heads=8, ffn_hidden=8192, vocab=128256,
+                          gated=True, norm="rms", seq_len=s, window=w, global_every=3, global_first=True)
+    assert flags.attention_spans() == m.attention_spans() and flags.params() == m.params()
+    # Gemma's placement of the same period: the 3rd, 6th, ... layers, floor(22 / 3) = 7
+    cfg["layer_types"] = ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(22)]
+    p.write_text(json.dumps(cfg))
+    gemma_like = resolve_model(str(p), seq_len=s)
+    assert (gemma_like.global_first, gemma_like.global_layers) == (False, 7)
+    assert gemma_like.attention_spans()[0][0] == pytest.approx(7 / 22)
+    assert "global_first" not in gemma_like.to_dict()
+    with pytest.raises(ModelError, match="--global-first .*--global-every"):
+        resolve_model("llama3-8b", window=4096, global_first=True)
+    cfg["layer_types"] = ["full_attention" if i in (0, 3, 7) else "sliding_attention" for i in range(22)]
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=r"0-based \[0, 3, 7\]"):
+        resolve_model(str(p))
 
 
 def test_qk_norm_priced_as_its_kernels_move_q_and_k(tmp_path):

@@ -184,6 +184,10 @@ def register(sub) -> None:
     g.add_argument("--global-every", type=_int_at_least(0), default=None, metavar="K",
                    help="with --attention-chunk or --sliding-window: one layer in K attends over the whole sequence "
                         "(Llama 4 4, its NoPE layers; Gemma 3 6; Gemma 2 2); 0: every layer chunked or windowed")
+    g.add_argument("--global-first", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --global-every K: the global layers are the first and every K-th after it (CWM, "
+                        "Granite's windowed models: ceil(layers/K) of them) instead of the K-th, 2K-th, ... (Gemma, "
+                        "Llama 4: floor(layers/K)); config.json's layer_types say which")
     g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
@@ -909,7 +913,8 @@ def _run(args: argparse.Namespace) -> int:
                               args.moe_ffn_hidden, args.shared_expert_ffn, args.dense_layers, args.kv_lora_rank,
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
                               args.router_groups, args.router_group_topk, args.moe_step, args.sliding_window,
-                              args.attention_chunk, args.global_every, args.qk_norm, args.router_consecutive)
+                              args.attention_chunk, args.global_every, args.qk_norm, args.router_consecutive,
+                              args.global_first)
     except ModelError as e:
         raise UsageError(str(e)) from None
     apply_framework(args)

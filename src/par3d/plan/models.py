@@ -124,6 +124,10 @@ class ModelSpec:
     # with attn_chunk: one layer in this many attends over the whole sequence (Llama 4's NoPE layers: config.json's
     # no_rope_layers, every 4th; layer u, counted from 1, when u % global_every == 0); 0: every layer chunked
     global_every: int = 0
+    # with global_every K: the global layers are the first and every K-th after it (layer u, from 0, when u % K == 0:
+    # CWM's, Granite's windowed models', ModernBERT's decoder's) rather than the K-th, 2K-th, ... (Gemma's, Llama 4's):
+    # ceil(layers / K) of them, not floor
+    global_first: bool = False
     # sliding-window attention on every layer (Mistral 7B v0.1's sliding_window, Phi-3's): each token attends to itself
     # and the window - 1 tokens before it (`attention_spans`); 0: none
     window: int = 0
@@ -141,6 +145,15 @@ class ModelSpec:
     def ffn(self) -> int:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
+    @property
+    def global_layers(self) -> int:
+        """How many layers attend over the whole sequence beside the chunked or windowed ones (`global_every`,
+        `global_first`); 0 without them."""
+        k = self.global_every
+        if not k:
+            return 0
+        return -(-self.layers // k) if self.global_first else self.layers // k
+
     def attention_spans(self) -> tuple[tuple[float, float, int], ...]:
         """The layers' attention, kind by kind: (share of the layers, the kind's score-matrix work against full causal
         attention over the sequence, the span its kernel works over).  Full causal attention: (1, 1, seq).  Chunked
@@ -150,7 +163,7 @@ class ModelSpec:
         layers attend over the whole sequence.  A sliding window (`window` w < seq): query i attends to min(i + 1, w)
         keys, the kernel read at w; on every layer, or on all but `global_every`'s."""
         s, c, w = self.seq_len, self.attn_chunk, self.window
-        glob = (self.layers // self.global_every) / self.layers if self.global_every else 0.0
+        glob = self.global_layers / self.layers
         if w and s > w:  # query i attends to min(i + 1, w) keys: w(w + 1)/2 + (s - w)·w pairs, the kernel skipping
             # the tiles outside the band -- priced at its share for a w-token sequence (an assumption: no windowed
             # kernel is benchmarked here); `global_every`'s layers (Gemma 2/3's, OLMo 3's) attend over the whole
@@ -370,12 +383,12 @@ class ModelSpec:
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
             mlp, size = f"ffn {self.ffn}", f"{self.params() / 1e9:.2f}B params"
+        glob = (f" (one layer in {self.global_every} global{', from the first' if self.global_first else ''})"
+                if self.global_every else "")
         if self.attn_chunk:
-            extra += f", attention in chunks of {self.attn_chunk}" + (
-                f" (one layer in {self.global_every} global)" if self.global_every else "")
+            extra += f", attention in chunks of {self.attn_chunk}" + glob
         if self.window:
-            extra += f", sliding window {self.window}" + (
-                f" (one layer in {self.global_every} global)" if self.global_every else "")
+            extra += f", sliding window {self.window}" + glob
         if self.qk_norm:
             extra += ", Q/K norms"
         return (f"{self.name}: {size}, {self.layers} layers, hidden {self.hidden}, "
@@ -400,6 +413,7 @@ class ModelSpec:
                 **({"attention_chunk": self.attn_chunk, "global_every": self.global_every} if self.attn_chunk else {}),
                 **({"sliding_window": self.window} if self.window else {}),
                 **({"global_every": self.global_every} if self.window and self.global_every else {}),
+                **({"global_first": True} if self.global_every and self.global_first else {}),
                 **({"qk_norm": True} if self.qk_norm else {})}
 
 
@@ -496,7 +510,8 @@ RUNTIME_LACKS = {"bloom-176b": "ALiBi positions", "nemotron4-15b": "squared-ReLU
 # Hugging Face model types with a gated MLP whatever their activation's name (Gemma's GeGLU: gelu_pytorch_tanh) or
 # that leave it implicit, and those that tie the output head to the embedding when config.json omits the key
 # (every Gemma model type -- gemma, gemma2, gemma3_text, vaultgemma, ... -- is a GeGLU with tied embeddings: GEMMA_TYPES)
-GATED_TYPES = ("llama", "mistral", "qwen2", "bitnet")  # BitNet: ReLU² gated
+# BitNet: ReLU² gated; ModernBERT's decoder: GeGLU (its Wi projects to twice intermediate_size, then splits in two)
+GATED_TYPES = ("llama", "mistral", "qwen2", "bitnet", "modernbert-decoder")
 GEMMA_TYPES = ("gemma", "vaultgemma")  # model-type prefixes
 # Hugging Face model types whose attention normalises Q and K after their projections (the modeling files' q_norm /
 # k_norm: per head in Qwen3, Qwen3-MoE and Gemma 3, over the whole projection in OLMo 2 and OLMoE -- the same bytes);
@@ -564,7 +579,7 @@ def from_hf_config(path: str) -> ModelSpec:
                      tied=bool(cfg.get("tie_word_embeddings", not gated or gemma)),
                      learned_pos=kind in ("gpt2", "opt", "gpt_neo", "gpt_bigcode"), bias=bias,
                      norm="rms" if rms else "layer", attn_chunk=chunk,
-                     global_every=int(cfg.get("_global_every", 0)) if chunk else _window_global_every(cfg, path),
+                     **_global_fields(cfg, path, chunk),
                      window=_window_of(cfg, path, layers),
                      qk_norm=(cfg.get("model_type") in QK_NORM_TYPES or cfg.get("use_qk_norm") is True)
                      and "kv_lora" not in moe,
@@ -598,18 +613,35 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
         every = cfg.get("nope_layer_interval", 4)
         glob = [i for i in range(n or 0) if isinstance(every, int) and every > 0 and (i + 1) % every == 0]
     if glob:
-        out["_global_every"] = _global_period(glob, n, path, "global-attention", "the chunked ones")
+        out["_global_every"], out["_global_first"] = _global_period(glob, n, path, "global-attention",
+                                                                    "the chunked ones")
     return out
 
 
-def _global_period(glob: list[int], layers: object, path: str, kind: str, beside: str) -> int:
-    """K where the 0-based layers `glob` are every K-th of `layers` (layer u, from 1, when u % K == 0): the one placement
-    of global layers among local ones (Llama 4's chunks, Gemma's windows) the planner prices; others refused by name."""
-    every = glob[0] + 1
-    if not isinstance(layers, int) or glob != [i for i in range(layers) if (i + 1) % every == 0]:
-        raise ModelError(f"--model {path}: its {kind} layers (0-based {glob[:8]}{' ...' if len(glob) > 8 else ''}) are "
-                         f"not every k-th layer, the one pattern the planner prices beside {beside}")
-    return every
+def _global_fields(cfg: dict, path: str, chunk: int) -> dict[str, object]:
+    """`global_every` and `global_first` of a config.json: Llama 4's read with its chunks (`_llama4_keys`), the others'
+    beside their windows (`_window_global_every`)."""
+    if chunk:
+        return {"global_every": int(cfg.get("_global_every", 0)), "global_first": bool(cfg.get("_global_first"))}
+    every, first = _window_global_every(cfg, path)
+    return {"global_every": every, "global_first": first}
+
+
+def _global_period(glob: list[int], layers: object, path: str, kind: str, beside: str) -> tuple[int, bool]:
+    """(K, first) where the 0-based layers `glob` are every K-th of `layers`: the K-th, 2K-th, ... (layer u, from 1, when
+    u % K == 0; Llama 4's, Gemma's) or, `first`, the first and every K-th after it (u, from 0, when u % K == 0; CWM's,
+    Granite's windowed models', ModernBERT's decoder's).  The planner prices the global layers by their count
+    (`ModelSpec.global_layers`), so these two placements are the ones it reads; others are refused by name."""
+    if isinstance(layers, int):
+        every = glob[0] + 1
+        if glob == [i for i in range(layers) if (i + 1) % every == 0]:
+            return every, False
+        every = glob[1] if len(glob) > 1 else layers
+        if glob[0] == 0 and every > 1 and glob == [i for i in range(layers) if i % every == 0]:
+            return every, True
+    raise ModelError(f"--model {path}: its {kind} layers (0-based {glob[:8]}{' ...' if len(glob) > 8 else ''}) are "
+                     f"not every k-th layer, from the k-th or from the first: the patterns the planner prices beside "
+                     f"{beside}")
 
 
 def _dbrx_keys(cfg: dict) -> dict:
@@ -824,21 +856,22 @@ def _refuse_windows(cfg: dict, path: str) -> None:
 WINDOW_PATTERN_KEYS = ("sliding_window_pattern",)
 
 
-def _window_global_every(cfg: dict, path: str) -> int:
-    """The global layers among sliding-window ones, as one in K (`ModelSpec.global_every`; 0: every layer windowed, or
-    no window): from `layer_types` (Gemma 2/3, OLMo 3, Cohere 2: "full_attention" every K-th layer, the others
-    "sliding_attention"), else `sliding_window_pattern`, else Gemma 2's alternation.  Other placements are refused,
-    naming the layers."""
+def _window_global_every(cfg: dict, path: str) -> tuple[int, bool]:
+    """The global layers among sliding-window ones, as one in K and whether the first is one (`ModelSpec.global_every`,
+    `global_first`; 0: every layer windowed, or no window): from `layer_types` (Gemma 2/3, OLMo 3, Cohere 2:
+    "full_attention" every K-th layer, the others "sliding_attention"; CWM, Granite's windowed models, ModernBERT's
+    decoder: the first and every K-th after it), else `sliding_window_pattern`, else Gemma 2's alternation.  Other
+    placements are refused, naming the layers."""
     kinds = cfg.get("layer_types")
     if isinstance(kinds, list) and "sliding_attention" in kinds:
         glob = [i for i, k in enumerate(kinds) if k != "sliding_attention"]
-        return _global_period(glob, len(kinds), path, "full-attention", "sliding-window ones") if glob else 0
+        return _global_period(glob, len(kinds), path, "full-attention", "sliding-window ones") if glob else (0, False)
     if not isinstance(cfg.get("sliding_window"), int) or cfg.get("use_sliding_window") is False:
-        return 0
+        return 0, False
     pattern = next((cfg[k] for k in WINDOW_PATTERN_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
     if pattern is not None:
-        return pattern
-    return 2 if cfg.get("model_type") == "gemma2" else 0
+        return pattern, False
+    return (2 if cfg.get("model_type") == "gemma2" else 0), False
 
 
 def _moe_of(cfg: dict, path: str) -> dict[str, int]:
@@ -928,7 +961,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   mtp_layers: int | None = None, route_groups: int | None = None,
                   route_group_topk: int | None = None, moe_step: int | None = None, window: int | None = None,
                   attn_chunk: int | None = None, global_every: int | None = None,
-                  qk_norm: bool | None = None, route_consecutive: bool | None = None) -> ModelSpec:
+                  qk_norm: bool | None = None, route_consecutive: bool | None = None,
+                  global_first: bool | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -937,7 +971,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     `--position`, `--bias/--no-bias` and `--tied-embeddings/--no-tied-embeddings` override it.
     `--head-dim` gives the heads a width of their own (q = heads × head_dim need not be hidden).
     `--experts/--top-k/--moe-ffn-hidden/--shared-expert-ffn` make every layer's MLP a mixture of experts.
-    `--sliding-window W` and `--attention-chunk C [--global-every K]` give the layers local attention (0: none).
+    `--sliding-window W` and `--attention-chunk C [--global-every K [--global-first]]` give the layers local attention
+    (0: none).
     `--qk-norm` normalises Q and K after their projections (Qwen3; a catalogue qwen3 entry already says so).
     """
     if norm is not None and norm not in NORMS:
@@ -967,6 +1002,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                       global_every=(0 if global_every is None and ((attn_chunk == 0 and base.attn_chunk)
                                                                                    or (window == 0 and base.window))
                                                     else global_every),
+                                      global_first=global_first,
                                       qk_norm=qk_norm, route_consecutive=route_consecutive).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
@@ -988,7 +1024,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          q_lora=q_lora or 0, rope_dim=rope_dim or 0, v_head=v_head, mtp_layers=mtp_layers or 0,
                          route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
                          moe_step=moe_step or 1, window=window or 0, attn_chunk=attn_chunk or 0,
-                         global_every=global_every or 0, qk_norm=bool(qk_norm),
+                         global_every=global_every or 0, global_first=bool(global_first), qk_norm=bool(qk_norm),
                          route_consecutive=bool(route_consecutive))
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
@@ -999,6 +1035,9 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
     if spec.window and spec.attn_chunk:
         raise ModelError(f"--sliding-window {spec.window} with --attention-chunk {spec.attn_chunk}: the planner prices "
                          "one kind of local attention per model; give one of them (0 turns one off)")
+    if spec.global_first and not spec.global_every:
+        raise ModelError("--global-first places the global layers --global-every K names (the first and every K-th "
+                         "after it): give --global-every K too, or drop --global-first")
     if spec.global_every and not (spec.attn_chunk or spec.window):
         raise ModelError(f"--global-every {spec.global_every} names the global layers among chunked or windowed ones: "
                          "give --attention-chunk C (Llama 4: 8192, one layer in 4 global) or --sliding-window W "
