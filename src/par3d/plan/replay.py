@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from par3d.pipeline.schedules import ScheduleError, build, schedule_placement
+from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
 from par3d.pipeline.simulate import hop_times
 
 
@@ -90,8 +90,8 @@ def compile_program(schedule: str, p: int, m: int, v: int,
     """Compile `build(schedule, p, m, v, times)`: each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
-    int so the compile is list indexing rather than tuple hashing; what it sends is `schedules.sends_to`'s,
-    on the same numbers.  One pass reads the built lists, one places the actions: the search compiles a
+    int so the compile is list indexing rather than tuple hashing; where it sends is `schedules.sends_to`'s,
+    looked up per (kind, stage).  One pass reads the built lists, one places the actions: the search compiles a
     program per distinct schedule, tens of thousands of actions each, so the loops are kept flat."""
     sched = build(schedule, p, m, v, times)
     n_stages = p * v
@@ -102,6 +102,13 @@ def compile_program(schedule: str, p: int, m: int, v: int,
     rank_of = schedule_placement(schedule, p, v)
     kind_code = KIND_CODE
     codes = [kind_code[a.kind] * span + a.stage * m + a.microbatch for acts in sched for a in acts]
+    # per (kind, stage): the stage boundary its output crosses to another rank (`sends_to`), -1 if none or on its rank
+    sends = [[-1] * n_stages for _ in KIND_CODE]
+    for kind_name, kc in KIND_CODE.items():
+        for s in range(n_stages):
+            nb = sends_to(kind_name, s, n_stages)
+            if nb >= 0 and rank_of[nb] != rank_of[s]:
+                sends[kc][s] = min(nb, s)
     present = bytearray(4 * span)
     for c in codes:
         present[c] = 1
@@ -140,7 +147,7 @@ def compile_program(schedule: str, p: int, m: int, v: int,
             elif kind == 3:  # BW
                 d1, d2 = bi0 + sm, -1
             else:  # B, BI
-                d1 = sm
+                d1 = sm  # its own F (F's codes start at 0)
                 if stage < last_stage:
                     d2 = bi0 + sm + m
                     if not present[d2]:
@@ -176,19 +183,13 @@ def compile_program(schedule: str, p: int, m: int, v: int,
             else:
                 dep2.append(-1)
                 bnd2.append(-1)
-            # schedules.sends_to: an F's output to the next stage, a B's or BI's to the previous; BW's nowhere
             if kind == 0:
-                nb = stage + 1 if stage < last_stage else -1
                 if sm == stage * m:  # micro-batch 0
                     first[stage] = at
-            elif kind == 3:
-                nb = -1
-            else:
-                nb = stage - 1
-            if kind == 1 or kind == 3:
+            elif kind != 2:
                 # a stage's actions all run on one rank in its list's order: the last B/BW placed is the last listed
                 last[stage] = at
-            out.append((nb if nb < stage else stage) if nb >= 0 and rank_of[nb] != r else -1)
+            out.append(sends[kind][stage])
             j += 1
             w = waiting.pop(c, None)
             if w is not None:

@@ -256,7 +256,6 @@ def _checked_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(check(sched, p, m, v).peak_inflight)
 
 
-@lru_cache(maxsize=256)
 def validate_schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """Full check (dependencies, deadlock freedom) of a reported plan's schedule, at min(m, 2p), and
     the check that the search's peak counts are the checker's."""

@@ -294,7 +294,7 @@ def scaling_json(preds: list[Prediction]) -> dict[str, Any]:
     for a, b in scale_pairs(preds):
         published, predicted = scale_ratios(a, b)
         pairs.append({"fewer": a.row["name"], "more": b.row["name"], "published_ratio": round(published, 4),
-                      "predicted_ratio": round(predicted, 4), "error_pct": round(100 * (predicted / published - 1), 2)})
+                      "predicted_ratio": round(predicted, 4), "error_pct": round(100 * scale_error(a, b), 2)})
     return {**(scale_stats(preds) or {}), "pairs_scored": pairs}
 
 
