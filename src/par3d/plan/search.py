@@ -38,7 +38,7 @@ from .cost import (
     stage_times,
     straggler_factor,
 )
-from .cp_ep_comm import choice_layer_times, ulysses_error
+from .cp_ep_comm import choice_layer_times, ep_exchange, ulysses_error
 from .dp_tail import dp_tail, optimizer_time
 from .hardware import Cluster
 from .models import ModelSpec
@@ -707,9 +707,13 @@ def _plain_bound(model: ModelSpec, cluster: Cluster, c: Choice, st: object) -> f
 
 def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
-    (stage_times' fc, bc, br): m times it is a lower bound of `_bound`, which its makespan bound
-    exceeds (communication, tails and the optimizer only add)."""
+    (stage_times' fc, bc, br) and, without the all-to-all overlap, each MoE layer's exposed token exchanges (its
+    f_ep and b_ep hold at least these): m times it is a lower bound of `_bound`, which its makespan bound exceeds
+    (other communication, tails and the optimizer only add).  The exchanges tighten it where they weigh: a mixture
+    of experts' search priced 10x fewer full bounds with them (issue 12's sixtieth round)."""
     lt = choice_layer_times(model, cluster, c)
+    # (with the overlap, stage_times prices a paired share that may be smaller: nothing is counted here)
+    ep = 0.0 if not model.moe or cluster.ep_comm_overlap else sum(ep_exchange(model, cluster, c))
     rec = lt.recomputed(c.recompute)
     # a mixture of experts' leading dense layers (cost.stage_times prices them as the dense variant's)
     ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_count else lt
@@ -723,7 +727,7 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
         rd = min(nd, nr)
         mtp_rec = model.mtp_layers * rec if h and c.recompute_layers == 0 else 0.0  # (cost.stage_times)
         work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
-                    + mtp_rec)
+                    + mtp_rec + (n - nd) * ep)
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
