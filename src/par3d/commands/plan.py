@@ -201,6 +201,11 @@ def register(sub) -> None:
                    help="a benchmark's balanced router that gives token i the k consecutive experts i*k ... i*k+k-1 "
                         "(NeMo AutoModel's fake_balanced_gate): its copies reach as few EP ranks and nodes as the "
                         "experts' order allows")
+    g.add_argument("--moe-load", type=float, default=None, metavar="F",
+                   help="uneven routing: the busiest expert-parallel rank receives F times the balanced share of "
+                        "routed tokens, and every all-to-all, grouped GEMM and stored expert activation waits on it "
+                        "(default 1: balanced, as the published MoE benchmarks force it; a trained router on real data "
+                        "routes unevenly: docs/planner.md section 2 gives measured gaps)")
     g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
@@ -914,7 +919,7 @@ def _run(args: argparse.Namespace) -> int:
                               args.q_lora_rank, args.qk_rope_dim, args.v_head_dim, args.mtp_layers,
                               args.router_groups, args.router_group_topk, args.moe_step, args.sliding_window,
                               args.attention_chunk, args.global_every, args.qk_norm, args.router_consecutive,
-                              args.global_first)
+                              args.global_first, args.moe_load)
     except ModelError as e:
         raise UsageError(str(e)) from None
     apply_framework(args)

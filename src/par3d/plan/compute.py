@@ -232,7 +232,7 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
         f_out = (2 if model.gated else 1) * model.ffn // t
         return attn + [Gemm("mlp_in", tok, f_out, h), Gemm("mlp_out", tok, h, model.ffn // t)]
     local = tok / t  # this rank's tokens entering the MoE block
-    per_expert = max(1, round(local * model.top_k * ep * etp / model.experts))
+    per_expert = max(1, round(local * model.routed_copies * ep * etp / model.experts))  # (the busiest rank's)
     fe = model.expert_ffn // etp
     out = attn + [Gemm("router", max(1, round(local)), model.experts, h),
                   Gemm("expert_in", per_expert, (2 if model.gated else 1) * fe, h, model.experts // ep),
@@ -329,7 +329,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = 
     by = sum(module_elementwise_bytes(model, b, tp, sp, dtype, ep, dispatcher, etp).values())
     by += 2 * (3 * d + drop) * tok * h * rep  # two bias + dropout + residual
     if model.moe:
-        k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
+        k, fe, fs = model.routed_copies, model.expert_ffn, model.shared_ffn
         # per token, the elements cast to fp8 at an MLP input: the routed copies (k·h) and the expert's
         # activation (k·fe) of this rank's T/tp tokens, and the shared expert's input and activation
         # (expert tensor parallelism: each rank casts the copies gathered from its etp group, at 1/etp of the width)
@@ -582,13 +582,17 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     act = 3 if model.gated else 2
     out = {"norms": 2 * 2 * tok * h * d * rep, "act": act * tok * model.ffn / t * d, "shared_act": 0.0, "route": 0.0}
     if model.moe:
-        k = model.top_k
-        out["act"] = act * tok / t * k * model.expert_ffn * d
+        # the copies the busiest rank receives (`ModelSpec.routed_copies`: top_k under balanced routing) pass its
+        # experts' activation and the permutations after the dispatch; a sender permutes its own tokens' top_k
+        k, kr = model.top_k, model.routed_copies
+        out["act"] = act * tok / t * kr * model.expert_ffn * d
         out["shared_act"] = act * tok * model.shared_ffn / t * d
-        rows_in = ep_destination_ranks(model, ep) if dispatcher == "flex" and ep > 1 else 1.0
-        out["route"] = 8.0 * tok / t * model.experts + 2 * (rows_in + k) * tok / t * h * d
+        flex = dispatcher == "flex" and ep > 1  # the D·T rows received permuted into the copies and back
+        rows_in = ep_destination_ranks(model, ep) if flex else 1.0
+        out["route"] = (8.0 * tok / t * model.experts
+                        + 2 * (rows_in + k) * tok / t * h * d * (model.route_load if flex else 1.0))
         if dispatcher == "alltoall" and model.experts // ep > 1:
-            out["route"] += 4 * k * tok / t * h * d * etp
+            out["route"] += 4 * kr * tok / t * h * d * etp
     return out
 
 
@@ -642,6 +646,7 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     Chowdhery et al. 2022 App. B): 3 × (layers' forward + head forward).  For GPT this is
     72·s·l·h²·(1 + s/(6h)) + 6·s·h·V = the 6·N·tokens rule plus attention; a mixture of experts counts the
     top_k experts each token runs (and its router), the 6·N_active·tokens rule."""
+    model = model.balanced()
     lt = layer_flops(model, 1, 1)
     head = head_gemm(model, 1, 1).flops
     # multi-token prediction (models.ModelSpec.mtp_layers): per module a layer, the 2h -> h projection, the head again
@@ -655,6 +660,7 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 def attention_core_flops_per_sequence(model: ModelSpec) -> float:
     """The attention core's part of `model_flops_per_sequence` (QKᵀ and ·V over the whole s × s, forward + backward,
     multi-token prediction's layers included): what a count that halves causal attention leaves out half of."""
+    model = model.balanced()
     lt = layer_flops(model, 1, 1)
     if model.dense_count:
         ld = layer_flops(model.dense_variant(), 1, 1)
@@ -666,6 +672,7 @@ def attention_core_flops_per_sequence(model: ModelSpec) -> float:
 
 def recompute_flops_per_sequence(model: ModelSpec, recompute: str) -> float:
     """Extra forward FLOPs spent recomputing (hardware FLOPs − model FLOPs)."""
+    model = model.balanced()
     if model.dense_count:  # the MoE layers' and the dense layers' apart
         return (recompute_flops_per_sequence(replace(model, dense_layers=0, moe_step=1), recompute) * model.moe_layers
                 / model.layers + recompute_flops_per_sequence(model.dense_variant(), recompute)

@@ -109,7 +109,7 @@ def ep_exchange(model: ModelSpec, cluster: Cluster, c: Choice, share: float | No
 def ep_exchanges(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float, float, float]:
     """One MoE layer's four token exchanges, each whole (`ep_exchange` prices what of them is exposed): the forward's
     dispatch and combine, the backward's gradient combine (first) and gradient dispatch; zeros for a dense model and
-    ep = etp = 1."""
+    ep = etp = 1.  Under uneven routing (`ModelSpec.route_load` above 1) each at the busiest rank's load."""
     if not model.moe or (c.ep <= 1 and c.etp <= 1):
         return 0.0, 0.0, 0.0, 0.0
     tokens = c.micro_batch * (model.seq_len // c.cp) / c.tp
@@ -129,7 +129,10 @@ def ep_exchanges(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, 
         etp_ag16 = comm.collective("all_gather", 2.0 * copies * c.etp, c.etp, 1, cluster).total
         etp_32 = comm.collective("reduce_scatter", 4.0 * copies * c.etp, c.etp, 1, cluster).total
         d_f, c_f, d_b, c_b = d_f + etp_ag16, c_f + etp_32, d_b + etp_ag16, c_b + etp_32
-    return d_f, c_f, d_b, c_b
+    # uneven routing (models.ModelSpec.route_load): each exchange ends when the busiest rank has moved its copies, load
+    # times the balanced share (the senders' sides, balanced, are no slower)
+    load = model.route_load
+    return d_f * load, c_f * load, d_b * load, c_b * load
 
 
 # Megatron's schedules, whose 1F1B A2A overlap pairs sub-modules (`a2a_overlap_exposed`); others pair whole layers

@@ -167,7 +167,7 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
         # replicated: the input and w2's (fc2's) output; sharded: wq's and the attention's outputs, wv's, w1's (fc1's)
         lse = 4.0 * a * s * b / scale  # the attention kernel's fp32 log-sum-exp, saved with its output
         kv = s * b * model.kv_dim_per_rank(t) * t
-        width = model.top_k * model.expert_ffn + model.shared_ffn if model.moe else model.ffn  # fc1 outputs per token
+        width = model.routed_copies * model.expert_ffn + model.shared_ffn if model.moe else model.ffn  # fc1 outputs per token
         return scale * (4.0 * sbh / (t if sp else 1) + (4.0 * s * b * model.q_dim + 2.0 * kv
                                                          + 2.0 * s * b * width + lse) / t)
     # LayerNorm inputs 4, attention and MLP inputs 2 + 2, the two dropout masks 1 + 1 (models without
@@ -179,7 +179,7 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     if model.moe:  # per routed copy (k per token, on this rank's s·b/t tokens): the expert's activation units at
         # its width, its permuted input (2 per h: fc1's input) and its output before the weighted combine (2 per h);
         # the router's fp32 probabilities (4 per expert); a shared expert as a dense MLP of its width
-        k = model.top_k
+        k = model.routed_copies  # (the busiest expert-parallel rank's)
         mlp = s * b * (k * (unit * model.expert_ffn + 2.0 * h * etp + 2.0 * h) + 4.0 * model.experts
                        + unit * model.shared_ffn)
     else:
@@ -199,7 +199,7 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
         # "fp8 activations"); `dtype` "nvfp4": `Cluster.precision`
         replicated -= 2.0 * (2.0 - q) * sbh  # QKV and fc1 inputs: 2 + 2 -> q + q
         # projection input once more as a cast; fc2 input 2 -> q (MoE: each routed copy's fc1 and fc2 inputs)
-        fc2_in = (s * b * (model.top_k * (model.expert_ffn + h * etp) + model.shared_ffn) if model.moe
+        fc2_in = (s * b * (model.routed_copies * (model.expert_ffn + h * etp) + model.shared_ffn) if model.moe
                   else s * b * model.ffn)
         sharded += q * s * b * model.o_dim - (2.0 - q) * fc2_in
     mods = recompute_modules(recompute)
@@ -214,7 +214,7 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
             # under fp8 the GEMMs keep their own quantized copies, which the norms' recomputation does not free
             replicated -= 4.0 * sbh
         if model.moe:
-            k, fe, fs = model.top_k, model.expert_ffn, model.shared_ffn
+            k, fe, fs = model.routed_copies, model.expert_ffn, model.shared_ffn
             routed = s * b * k * (fc1_out * fe + q * fe + q * h * etp + 2.0 * h) + 4.0 * s * b * model.experts
             shared = s * b * (fc1_out + q) * fs
             if "moe" in mods:  # the whole block: routed copies, router probabilities, shared experts

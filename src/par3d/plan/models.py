@@ -102,6 +102,11 @@ class ModelSpec:
     # token i's experts are i·k … i·k + k - 1 mod E), so its copies land on as few ranks and nodes as the experts' layout
     # allows (compute.ep_destination_ranks, cp_ep_comm.ep_remote_nodes); `--router-consecutive`
     route_consecutive: bool = False
+    # the busiest expert-parallel rank's routed copies over the balanced share (`routed_copies`; `--moe-load`): 1.0, as
+    # the published MoE benchmarks run (Megatron-Bridge's and Megatron-LM's recipes force-balance the router, NeMo
+    # 25.04's drop and pad at capacity 1.0); a trained router on real data routes unevenly and every all-to-all and
+    # grouped GEMM waits for the busiest rank (docs/planner.md §2; issue 12's sixtieth round)
+    route_load: float = 1.0
     # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V (and Q, where q_lora > 0) come from low-rank
     # latents; `head_size` is then the no-position part of a Q/K head, `rope_dim` its rotary part, `v_head` V's width
     kv_lora: int = 0  # the K/V latent's rank (0: not MLA)
@@ -193,6 +198,18 @@ class ModelSpec:
     @property
     def moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def routed_copies(self) -> float:
+        """Routed copies per token that the busiest expert-parallel rank computes, stores and exchanges: top_k under
+        balanced routing, top_k × `route_load` otherwise (the router, the senders' permutation and the model FLOPs
+        count top_k)."""
+        return self.top_k * self.route_load
+
+    def balanced(self) -> ModelSpec:
+        """This model under balanced routing (itself when it is): what the FLOP counts (MFU's numerator) count -- the
+        busiest rank's extra copies are waiting, not work."""
+        return self if self.route_load == 1.0 else replace(self, route_load=1.0)
 
     def is_moe_layer(self, u: int) -> bool:
         """Whether layer u (1 .. layers) has the mixture of experts: past the leading `dense_layers`, every
@@ -379,6 +396,7 @@ class ModelSpec:
             dense += (f", one layer in {self.moe_step} MoE ({self.moe_layers}; the others dense, ffn {self.ffn})"
                       if self.moe_step > 1 else "")
             dense += f", {self.mtp_layers} MTP module{'s' if self.mtp_layers > 1 else ''}" if self.mtp_layers else ""
+            dense += f", the busiest EP rank at {self.route_load:g}x the balanced load" if self.route_load != 1.0 else ""
             mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}{dense}"
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
@@ -407,6 +425,7 @@ class ModelSpec:
                     "shared_ffn": self.shared_ffn, "dense_layers": self.dense_layers, "moe_step": self.moe_step,
                     "mtp_layers": self.mtp_layers,
                     "active_params": self.active_params()} if self.moe else {}),
+                **({"moe_load": self.route_load} if self.route_load != 1.0 else {}),
                 **({"kv_lora_rank": self.kv_lora, "q_lora_rank": self.q_lora, "qk_rope_dim": self.rope_dim,
                     "v_head_dim": self.v_head_dim} if self.mla else {}),
                 **({"pipeline_layout": list(self.pipeline_split)} if self.pipeline_split else {}),
@@ -962,7 +981,7 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                   route_group_topk: int | None = None, moe_step: int | None = None, window: int | None = None,
                   attn_chunk: int | None = None, global_every: int | None = None,
                   qk_norm: bool | None = None, route_consecutive: bool | None = None,
-                  global_first: bool | None = None) -> ModelSpec:
+                  global_first: bool | None = None, route_load: float | None = None) -> ModelSpec:
     """`--model NAME|config.json` and/or explicit dimensions (explicit flags override).
 
     Without `--model`, a description from flags alone is GPT-style (LayerNorm, learned positions,
@@ -1003,7 +1022,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                                                                                    or (window == 0 and base.window))
                                                     else global_every),
                                       global_first=global_first,
-                                      qk_norm=qk_norm, route_consecutive=route_consecutive).items()
+                                      qk_norm=qk_norm, route_consecutive=route_consecutive,
+                                      route_load=route_load).items()
                 if v is not None}
         spec = replace(base, **over) if over else base
     else:
@@ -1025,7 +1045,8 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          route_groups=route_groups or 0, route_group_topk=route_group_topk or 0,
                          moe_step=moe_step or 1, window=window or 0, attn_chunk=attn_chunk or 0,
                          global_every=global_every or 0, global_first=bool(global_first), qk_norm=bool(qk_norm),
-                         route_consecutive=bool(route_consecutive))
+                         route_consecutive=bool(route_consecutive),
+                         route_load=1.0 if route_load is None else route_load)
     for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
                     ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
                     ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
@@ -1069,11 +1090,17 @@ def validate_moe(spec: ModelSpec) -> None:
     MoE fields."""
     if spec.experts == 0:
         if (spec.top_k or spec.moe_ffn_hidden is not None or spec.shared_ffn or spec.dense_layers
-                or spec.route_groups or spec.route_group_topk or spec.moe_step != 1 or spec.route_consecutive):
+                or spec.route_groups or spec.route_group_topk or spec.moe_step != 1 or spec.route_consecutive
+                or spec.route_load != 1.0):
             raise ModelError("--top-k/--moe-ffn-hidden/--shared-expert-ffn/--dense-layers/--moe-step/--router-groups/"
-                             "--router-group-topk/--router-consecutive describe a mixture of experts: give --experts N "
-                             "(N >= 2 routed experts per layer) too")
+                             "--router-group-topk/--router-consecutive/--moe-load describe a mixture of experts: give "
+                             "--experts N (N >= 2 routed experts per layer) too")
         return
+    if not 1.0 <= spec.route_load <= 4.0:
+        raise ModelError(f"--moe-load {spec.route_load:g}: the busiest expert-parallel rank's routed tokens over the "
+                         "balanced share must be between 1 (balanced, as benchmarks force it) and 4; the Megatron MoE "
+                         "model zoo's dropless runs of Qwen3-235B on 256 H100 (EP 8, a trained router on real data) "
+                         "price at about 1.6 (docs/planner.md §2)")
     if spec.route_consecutive and (spec.route_groups or spec.route_group_topk):
         raise ModelError(f"--router-consecutive with --router-groups {spec.route_groups} --router-group-topk "
                          f"{spec.route_group_topk}: a router that gives each token consecutive experts (AutoModel's "
