@@ -396,7 +396,9 @@ class ModelSpec:
             dense += (f", one layer in {self.moe_step} MoE ({self.moe_layers}; the others dense, ffn {self.ffn})"
                       if self.moe_step > 1 else "")
             dense += f", {self.mtp_layers} MTP module{'s' if self.mtp_layers > 1 else ''}" if self.mtp_layers else ""
-            dense += f", the busiest EP rank at {self.route_load:g}x the balanced load" if self.route_load != 1.0 else ""
+            # what the plan assumes of the router (--moe-load; docs/planner.md §2 "Routing")
+            dense += (f", the busiest EP rank at {self.route_load:g}x the balanced load" if self.route_load != 1.0
+                      else ", balanced routing (--moe-load F for uneven)")
             mlp = f"{self.experts} experts of ffn {self.expert_ffn}, top-{self.top_k}{shared}{dense}"
             size = f"{self.params() / 1e9:.2f}B params ({self.active_params() / 1e9:.2f}B active)"
         else:
