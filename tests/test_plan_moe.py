@@ -923,6 +923,12 @@ def test_uneven_routing_scales_what_waits_on_the_busiest_rank(qwen):
     assert p1.step_time > p0.step_time
     # the same model FLOPs over a longer step
     assert p1.model_tflops_per_gpu == pytest.approx(p0.model_tflops_per_gpu * p0.step_time / p1.step_time)
+    # without expert parallelism every rank computes every copy, whatever the routing: nothing waits (ep 1, also with
+    # expert tensor parallelism), so the search does not hold uneven routing against ep = 1
+    for c1 in (replace(c, ep=1), replace(c, tp=2, dp=32, ep=1, etp=2, sequence_parallel=True)):
+        assert evaluate(uneven, cl, c1).step_time == evaluate(qwen, cl, c1).step_time
+        assert memory(uneven, cl, c1)[0] == memory(qwen, cl, c1)[0]
+        assert ep_exchange(uneven, cl, c1) == ep_exchange(qwen, cl, c1)
 
 
 def test_moe_load_flag_and_its_refusals(capsys):

@@ -211,6 +211,7 @@ def layer_gemms(model: ModelSpec, b: int, tp: int, ep: int = 1, sp: bool = False
     Multi-head latent attention's down projections are whole on every TP rank; under sequence parallelism each
     rank runs them on its own s/tp tokens (Megatron-Core's MLASelfAttention: TELinear "duplicated" on the
     sequence shard, the latents all-gathered by the column-parallel up projections)."""
+    model = model.at_ep(ep)  # (uneven routing waits on the busiest of several EP ranks: models.ModelSpec.route_load)
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
     if model.mla:  # multi-head latent attention: the down projections whole on every TP rank, then Q's and K/V's
@@ -319,6 +320,7 @@ def elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = 
     rows at the expert width, and a shared expert's activation as a dense MLP's; the `dispatcher`'s own passes
     (`module_elementwise_bytes`).
     """
+    model = model.at_ep(ep)
     d = act_bytes(dtype)
     s, h, t = model.seq_len, model.hidden, tp
     tok = b * s
@@ -576,6 +578,7 @@ def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     `ep_destination_ranks`) into the k·T per-expert rows and back before the combine (MoEFlexTokenDispatcher's
     dispatch_postprocess / combine_preprocess, a separate `permute` / `unpermute` after and before the
     communication kernels: issue 12's fiftieth round): 2·(D + k)·T·h."""
+    model = model.at_ep(ep)
     d = act_bytes(dtype)
     tok, h, t = b * model.seq_len, model.hidden, tp
     rep = 1.0 / t if sp else 1.0

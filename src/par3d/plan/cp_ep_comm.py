@@ -131,7 +131,7 @@ def ep_exchanges(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, 
         d_f, c_f, d_b, c_b = d_f + etp_ag16, c_f + etp_32, d_b + etp_ag16, c_b + etp_32
     # uneven routing (models.ModelSpec.route_load): each exchange ends when the busiest rank has moved its copies, load
     # times the balanced share (the senders' sides, balanced, are no slower)
-    load = model.route_load
+    load = model.at_ep(c.ep).route_load  # (an expert-TP group without EP gathers every copy: balanced)
     return d_f * load, c_f * load, d_b * load, c_b * load
 
 

@@ -206,6 +206,11 @@ class ModelSpec:
         count top_k)."""
         return self.top_k * self.route_load
 
+    def at_ep(self, ep: int) -> ModelSpec:
+        """This model as a layout of `ep` expert-parallel ranks prices it: without expert parallelism every rank
+        computes every copy (the total, whatever the routing: `balanced`), else as given."""
+        return self if ep > 1 else self.balanced()
+
     def balanced(self) -> ModelSpec:
         """This model under balanced routing (itself when it is): what the FLOP counts (MFU's numerator) count -- the
         busiest rank's extra copies are waiting, not work."""

@@ -85,6 +85,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
            opts: Options | None = None) -> tuple[MemoryBreakdown, int]:
     """The heaviest rank's memory and that rank."""
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
+    model = model.at_ep(c.ep)  # (uneven routing loads the busiest of several EP ranks: models.ModelSpec.route_load)
     opts = opts or DEFAULT_OPTIONS
     acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
@@ -195,6 +196,7 @@ def offload_exposed(model: ModelSpec, cluster: Cluster, c: Choice, f_layer: floa
     if n <= 0 or c.pp > 1:
         return 0.0, 0.0
     flash = cluster.flash
+    model = model.at_ep(c.ep)
     nbytes = layer_activation_bytes(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
                                     c.cp, flash, c.etp)
     host = cluster.host
