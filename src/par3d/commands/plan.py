@@ -205,7 +205,8 @@ def register(sub) -> None:
                    help="uneven routing: the busiest expert-parallel rank receives F times the balanced share of "
                         "routed tokens, and every all-to-all, grouped GEMM and stored expert activation waits on it "
                         "(default 1: balanced, as the published MoE benchmarks force it; a trained router on real data "
-                        "routes unevenly: docs/planner.md section 2 gives measured gaps)")
+                        "routes unevenly: docs/planner.md section 2 gives measured gaps); one F for every ep > 1 the "
+                        "search tries, none at ep 1: give --ep with it")
     g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
