@@ -213,8 +213,15 @@ class ModelSpec:
 
     def balanced(self) -> ModelSpec:
         """This model under balanced routing (itself when it is): what the FLOP counts (MFU's numerator) count -- the
-        busiest rank's extra copies are waiting, not work."""
-        return self if self.route_load == 1.0 else replace(self, route_load=1.0)
+        busiest rank's extra copies are waiting, not work.  Built once and kept on the instance (as `fields_hash`
+        keeps the hash): the search asks for it ~10⁵ times, and one object keeps the pricing caches hitting."""
+        if self.route_load == 1.0:
+            return self
+        b = self.__dict__.get("_balanced")
+        if b is None:
+            b = replace(self, route_load=1.0)
+            object.__setattr__(self, "_balanced", b)
+        return b
 
     def is_moe_layer(self, u: int) -> bool:
         """Whether layer u (1 .. layers) has the mixture of experts: past the leading `dense_layers`, every
