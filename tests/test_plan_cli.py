@@ -224,6 +224,16 @@ def test_fix_follows_the_rejections(capsys):
     # the least-memory candidate (full recomputation: one layer's s² scores while it is recomputed,
     # 1.4 TB), not the fastest (which needs 181,689 GiB)
     assert nearest < 2000
+    # a --dp the user gave: the context-parallel fix keeps it where a layout can (here pp moves instead), and
+    # where none can (tp, pp and dp all fixed) it says to drop it; the plan it offers has the dp it says
+    big = ("--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--seq-len", "131072", "--cp", "1",
+           "--tp", "8", "--dp", "128", "--global-batch", "128", "--no-flash-attention")
+    rc, out, err = run(capsys, *big)
+    fix = err.split("fix:")[1]
+    assert rc == 1 and "--cp 2:" in fix and " dp=128 " in fix.split("--cp 2:")[1].split("\n")[0]
+    rc, out, err = run(capsys, *big, "--pp", "16")
+    fix = err.split("fix:")[1]
+    assert rc == 1 and "--cp 2 and drop --dp 128:" in fix and " dp=64 " in fix.split("--cp 2 and")[1].split("\n")[0]
     # fixed choices that keep memory up are named only when the search without them has a plan
     rc, out, err = run(capsys, "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64", "--zero-stage", "0",
                        "--recompute", "none", "--micro-batch", "8", "--tp", "1", "--pp", "1")

@@ -973,11 +973,18 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
                 want = act / max(act - excess, 1.0) if cluster.flash else 2
                 rest = cluster.gpus // u.choice.tp
                 for cp in [c for c in divisors(rest) if c >= want and cp_valid(model, c)][:3]:
-                    r2 = search(model, cluster, global_batch, replace(fixed, cp=cp, dp=None), limits, top=1,
-                                opts=opts)
+                    # a --dp the user gave is kept where it can be (the fix is then the one flag); where it
+                    # cannot, the fix says to drop it, since the plan offered has another dp
+                    r2 = (search(model, cluster, global_batch, replace(fixed, cp=cp), limits, top=1, opts=opts)
+                          if fixed.dp is not None else None)
+                    drop = ""
+                    if r2 is None or not r2.plans:
+                        r2 = search(model, cluster, global_batch, replace(fixed, cp=cp, dp=None), limits, top=1,
+                                    opts=opts)
+                        drop = f" and drop --dp {fixed.dp}" if fixed.dp is not None else ""
                     if r2.plans:
                         p2 = r2.plans[0]
-                        fixes.append(f"--cp {cp}: activations are {act / GiB:.1f} GiB of the nearest plan's "
+                        fixes.append(f"--cp {cp}{drop}: activations are {act / GiB:.1f} GiB of the nearest plan's "
                                      f"{need / GiB:.1f} GiB; with context parallelism {p2.choice.label()} fits "
                                      f"({p2.memory.total / GiB:.1f} GiB)")
                         break
