@@ -148,6 +148,46 @@ def test_the_deferred_bound_never_exceeds_the_full_one(name, gpu, gpus, batch, f
         assert memo.compute_bound(t[2]) <= full[0], t[2].label()
 
 
+def test_the_bubble_floor_is_below_the_simulated_bubble_and_sees_stage_imbalance(monkeypatch):
+    """--max-bubble rejects a candidate before simulating it when a floor of its bubble is over the limit.  The
+    floor must never exceed the simulated bubble (or a plan within the limit is lost); the mean rank's floor sees
+    what the busiest rank's misses: a pipeline whose last stage carries a 152K-token vocabulary head beside 3 thin
+    layers of 24 idles every other rank for much of the step."""
+    from par3d.plan import search as S
+    from par3d.plan.cost import Choice, evaluate
+
+    model = ModelSpec("imbalanced", 24, 2048, 16, 4096, 151936, tied=False)
+    cluster = make_cluster("h100-sxm", 32)
+    gaps = []
+    for sched, v, m in [("gpipe", 1, 16), ("1f1b", 1, 16), ("zb-h1", 1, 16), ("interleaved", 2, 16),
+                        ("zb-v", 2, 16), ("dualpipe-v", 2, 16)]:
+        c = Choice(1, 8, 4, 1, m, sched, v, "none", 1, False)
+        # with two chunks a rank the search's cut is also priced against the round-wise one (not "priced here"),
+        # and a given cut is priced as given (priced here)
+        for mod in (model, replace(model, pipeline_split=(2, 1) * 8)) if v > 1 else (model,):
+            st = stage_times(mod, cluster, c)
+            plan = evaluate(mod, cluster, c, st=st)
+            busiest, mean = S._bubble_floors(st, c)
+            floor = S.bubble_floor(mod, cluster, st, c)
+            assert busiest <= plan.bubble_fraction + 1e-12 and floor <= plan.bubble_fraction + 1e-12, sched
+            if S._priced_here(mod, cluster, c):
+                assert floor == max(busiest, mean)
+                gaps.append(mean - busiest)
+    assert len(gaps) == 6 and max(gaps) > 0.2  # the mean's floor is the tighter, by over 20 points somewhere
+    # the search with it returns what the search with the busiest rank's floor alone does, simulating fewer
+
+    def busiest_only(model, cluster, st, c, limit):
+        return S._bubble_floors(st, c)[0] > limit
+
+    runs = []
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(S, "over_max_bubble", busiest_only)
+        res = S.search(model, cluster, 64, Fixed(dp=2), Limits(max_bubble=0.1), top=3)
+        runs.append(([(p.choice, p.step_time) for p in res.plans], res.simulated))
+    assert runs[0][0] == runs[1][0] and runs[0][0] and runs[0][1] < runs[1][1]
+
+
 def test_dp_tail_bound_never_exceeds_the_schedules_tail():
     """The search bounds a configuration before simulating it with `dp_tail` without marks (stage 0's
     buckets alone); the pruned search is exact only if that never exceeds the tail `evaluate` charges

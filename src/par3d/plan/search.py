@@ -34,7 +34,7 @@ from .cost import (
     Plan,
     evaluate,
     makespan_lower_bound,
-    rank_busy,
+    round_split,
     stage_times,
     straggler_factor,
 )
@@ -43,7 +43,7 @@ from .dp_tail import dp_tail, optimizer_time
 from .hardware import Cluster
 from .models import ModelSpec
 from .plan_memory import memory
-from .stage_layout import SPLIT_BACKWARD, layout, mtp_forward, rank_stage_lists, validate_schedule
+from .stage_layout import SPLIT_BACKWARD, StageTimes, layout, mtp_forward, rank_stage_lists, validate_schedule
 
 SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe", "zb-v", "dualpipe-v")
 V_ORDER = ("zb-v", "dualpipe-v")  # two chunks per rank on the V (pipeline/schedules.py)
@@ -763,6 +763,47 @@ def _bound(model: ModelSpec, cluster: Cluster, c: Choice, mem: object,
     return (lb, _counter[0], c, st, mem)
 
 
+def _bubble_floors(st: StageTimes, c: Choice) -> tuple[float, float]:
+    """Two lower bounds on the simulated bubble (`bubble_wall`, 1 - Σ busy / (p · makespan)) from the stage times
+    alone: (the busiest rank's, the mean rank's).
+
+    The makespan is at least `makespan_lower_bound`.  The busiest rank works at least m · Σ (F + B) over its stages
+    (BI + BW >= B), so the share of the makespan it idles, a floor under the mean share, is at least 1 - that /
+    bound.  Every rank works at most m · Σ (F + B) with B the larger of a full backward and its two halves, so the
+    mean share is at least 1 - Σ that / (p · bound): a stage-imbalanced pipeline's bubble (a vocabulary head or
+    an MoE stage much heavier than the rest), which the busiest rank's share misses.  The second holds only where
+    the candidate is priced at these stage times (`_priced_here`)."""
+    lb_ms = makespan_lower_bound(st, c)
+    if lb_ms <= 0:
+        return 0.0, 0.0
+    split = c.schedule in SPLIT_BACKWARD
+    most = total = 0.0
+    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
+        most = max(most, sum(st.f[s] + st.b[s] for s in stages))
+        total += sum(st.f[s] + (max(st.b[s], st.bi[s] + st.bw[s]) if split else st.b[s]) for s in stages)
+    m = c.microbatches
+    # the mean's floor less 1e-9: the rounding of the same sums taken in another order by the simulator
+    return 1 - m * most / lb_ms, 1 - m * total / (c.pp * lb_ms) - 1e-9
+
+
+def _priced_here(model: ModelSpec, cluster: Cluster, c: Choice) -> bool:
+    """Whether `cost.evaluate` prices the candidate at the stage times the search holds for it: a host profile
+    re-times the stages while pricing, and with several chunks a rank a second cut may be priced (`round_split`)."""
+    return cluster.profile is None and round_split(model, c) is None
+
+
+def bubble_floor(model: ModelSpec, cluster: Cluster, st: StageTimes, c: Choice) -> float:
+    """A lower bound on the candidate's simulated bubble (`_bubble_floors`: the mean rank's where it holds)."""
+    busiest, mean = _bubble_floors(st, c)
+    return mean if mean > busiest and _priced_here(model, cluster, c) else busiest
+
+
+def over_max_bubble(model: ModelSpec, cluster: Cluster, st: StageTimes, c: Choice, limit: float) -> bool:
+    """`bubble_floor(...) > limit`, asking `_priced_here` only where the answer turns on it."""
+    busiest, mean = _bubble_floors(st, c)
+    return busiest > limit or (mean > limit and _priced_here(model, cluster, c))
+
+
 def _push_deferred(queue: list, c: Choice, mem: object, res: Result, memo: _Memo) -> None:
     """Queue a candidate under its arithmetic bound (`_Memo.compute_bound`); `_Memo.expand` prices it."""
     _counter[0] += 1
@@ -774,14 +815,9 @@ def _push_deferred(queue: list, c: Choice, mem: object, res: Result, memo: _Memo
 def _push(queue: list, model: ModelSpec, cluster: Cluster, c: Choice, mem: object, limits: Limits,
           res: Result, top: int, st: object = None, memo: _Memo | None = None) -> None:
     item = _bound(model, cluster, c, mem, st, memo)
-    if limits.max_bubble is not None:
-        # bubble_wall >= 1 - max busy / makespan >= 1 - max busy / bound: a safe early rejection
-        st = item[3]
-        busy = max(rank_busy(st, c))  # type: ignore[arg-type]
-        lb_ms = makespan_lower_bound(st, c)  # type: ignore[arg-type]
-        if lb_ms > 0 and 1 - busy / lb_ms > limits.max_bubble:
-            res.rejected["bubble above --max-bubble"] += 1
-            return
+    if limits.max_bubble is not None and over_max_bubble(model, cluster, item[3], c, limits.max_bubble):  # type: ignore[arg-type]
+        res.rejected["bubble above --max-bubble"] += 1
+        return
     heapq.heappush(queue, item)
     res.per_layout.setdefault((c.tp, c.cp, c.pp, c.dp), []).append(item)
 
