@@ -1153,6 +1153,9 @@ def test_gpus_sweep_plans_each_count_as_gpus_does(capsys):
     (["--gpus-sweep", "8,12"], "--gpus-sweep at 12 GPUs: --gpus 12: must be a multiple of --gpus-per-node 8"),
     (["--global-batch", "65", "--gpus-sweep", "16,24", "--scale-batch"],
      "--scale-batch: --global-batch 65 x 24 / 16 GPUs is not a whole number"),
+    # flags the search refuses at every count alike: refused once, as without a sweep (not a table of refusals)
+    (["--gpus-sweep", "8,16", "--recompute", "op", "--recompute-layers", "1"],
+     "error: --recompute-layers 1 with --recompute op"),
 ])
 def test_gpus_sweep_refuses_what_a_sweep_cannot_mean(capsys, argv, says):
     """Bad sweeps are refused before any search (exit 2), naming the flag, the count and a fix."""

@@ -1090,7 +1090,8 @@ def _sweep(args: argparse.Namespace, model, fixed, limits, opts, show: bool) -> 
         try:
             res = search(model, cluster, batch, fixed, limits, 1, args.train_tokens, opts=opts)
         except PlanError as e:
-            results.append({"gpus": n, "global_batch": batch, "cluster": cluster, "plan": None, "why": str(e)})
+            results.append({"gpus": n, "global_batch": batch, "cluster": cluster, "plan": None, "why": str(e),
+                            "refused": True})
             continue
         why = None if res.plans else ("no plan fits (" + ", ".join(f"{k}: {v}" for k, v in res.rejected.most_common(3))
                                       + ")")
@@ -1098,6 +1099,10 @@ def _sweep(args: argparse.Namespace, model, fixed, limits, opts, show: bool) -> 
                         "plan": res.plans[0] if res.plans else None, "why": why})
     if show:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
+    refusals = {r["why"] for r in results if r["plan"] is None and r.get("refused")}
+    if len(refusals) == 1 and all(r.get("refused") for r in results):
+        # the same refusal at every count is one about the flags, not the counts: refused as without a sweep
+        raise UsageError(refusals.pop())
     print(sweep_report(model, args, results, as_json=args.json))
     return 0 if any(r["plan"] is not None for r in results) else 1
 
