@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ from par3d.plan import comm
 from par3d.plan.cost import Choice, Options, evaluate
 from par3d.plan.hardware import LINKS, make_cluster
 from par3d.plan.memory import layer_activation_bytes, state_bytes_per_param
-from par3d.plan.models import CATALOGUE, ModelSpec, resolve_model
+from par3d.plan.models import CATALOGUE, ModelError, ModelSpec, resolve_model
 from par3d.plan.stage_layout import peak_inflight
 
 
@@ -34,6 +35,24 @@ def test_hf_config(tmp_path):
     m = resolve_model(str(p))
     assert m.params() == pytest.approx(CATALOGUE["llama3-8b"].params(), rel=1e-6)
     assert resolve_model(str(p), seq_len=2048).seq_len == 2048
+
+
+@pytest.mark.parametrize("cfg, says", [
+    ([], "the JSON is a list, not an object"),
+    ("llama", "the JSON is a str, not an object"),
+    (None, "the JSON is a NoneType, not an object"),
+    ({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 4096, "num_attention_heads": 0,
+      "vocab_size": 32000}, "--heads 0: must be an integer >= 1"),  # before the head width divides by it
+    ({"model_type": "llama4_text", "num_hidden_layers": 1.5, "hidden_size": 512, "num_attention_heads": 8,
+      "vocab_size": 32000, "num_experts": 8, "num_experts_per_tok": 1}, "config.json lacks layers"),
+])
+def test_a_malformed_config_json_is_refused_by_name(tmp_path, cfg, says):
+    """What is not a model's config (a JSON list, string or null; zero heads; a fractional layer count in Llama 4's
+    reader) is refused with what is wrong, not a traceback (found by random config.json files: tracebacks before)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=re.escape(says)):
+        resolve_model(str(p))
 
 
 def test_ring_formulas():

@@ -565,6 +565,9 @@ def from_hf_config(path: str) -> ModelSpec:
     except (OSError, ValueError) as e:
         raise ModelError(f"--model {path}: cannot read a JSON config ({e}); give a Hugging Face "
                          f"config.json or a catalogue name ({', '.join(model_names())})") from e
+    if not isinstance(cfg, dict):
+        raise ModelError(f"--model {path}: the JSON is a {type(cfg).__name__}, not an object of a model's settings; give "
+                         f"a Hugging Face config.json or a catalogue name ({', '.join(model_names())})")
     if isinstance(cfg.get("text_config"), dict):  # a multimodal checkpoint (Llama 4): the language model's own config
         cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path") or cfg.get("model_type")}
     cfg = _ernie_keys(_dbrx_keys(_llama4_keys(cfg, path)), path)
@@ -644,7 +647,8 @@ def _llama4_keys(cfg: dict, path: str) -> dict:
         glob = [i for i, k in enumerate(rope) if not k]
     else:
         every = cfg.get("nope_layer_interval", 4)
-        glob = [i for i in range(n or 0) if isinstance(every, int) and every > 0 and (i + 1) % every == 0]
+        glob = [i for i in range(n if isinstance(n, int) else 0) if isinstance(every, int) and every > 0
+                and (i + 1) % every == 0]
     if glob:
         out["_global_every"], out["_global_first"] = _global_period(glob, n, path, "global-attention",
                                                                     "the chunked ones")
@@ -1061,11 +1065,13 @@ def resolve_model(name: str | None, layers: int | None = None, hidden: int | Non
                          global_every=global_every or 0, global_first=bool(global_first), qk_norm=bool(qk_norm),
                          route_consecutive=bool(route_consecutive),
                          route_load=1.0 if route_load is None else route_load)
-    for flag, v in (("--layers", spec.layers), ("--hidden", spec.hidden), ("--heads", spec.heads),
-                    ("--seq-len", spec.seq_len), ("--vocab", spec.vocab), ("--ffn-hidden", spec.ffn),
-                    ("--kv-heads", spec.kv), ("--head-dim", spec.head_dim)):
-        if v < 1:
-            raise ModelError(f"{flag} {v}: must be an integer >= 1")
+    # the heads first: the head width divides by them
+    for flag, get in (("--heads", lambda: spec.heads), ("--layers", lambda: spec.layers),
+                      ("--hidden", lambda: spec.hidden), ("--seq-len", lambda: spec.seq_len),
+                      ("--vocab", lambda: spec.vocab), ("--ffn-hidden", lambda: spec.ffn),
+                      ("--kv-heads", lambda: spec.kv), ("--head-dim", lambda: spec.head_dim)):
+        if get() < 1:
+            raise ModelError(f"{flag} {get()}: must be an integer >= 1")
     validate_moe(spec)
     if spec.window and spec.attn_chunk:
         raise ModelError(f"--sliding-window {spec.window} with --attention-chunk {spec.attn_chunk}: the planner prices "
