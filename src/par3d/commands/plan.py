@@ -993,7 +993,11 @@ def _run(args: argparse.Namespace) -> int:
         if show:
             print("\r\033[K", end="", file=sys.stderr, flush=True)  # wipe the progress line
     if not res.plans:
+        if show:  # each fix offered is searched for (more GPUs, context parallelism, ...): that can take a while
+            print("par3d plan: nothing fits; searching for a fix ...", end="", file=sys.stderr, flush=True)
         fixes = suggest_fixes(model, cluster, args.global_batch, fixed, limits, res, opts)
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
         if args.json:
             u = res.nearest_unfit
             print(json.dumps({"model": model.to_dict(), "hardware": cluster.to_dict(),
