@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,39 @@ def test_hardware_file_straggler_cv(tmp_path, capsys):
     hw.write_text(json.dumps({**body, "straggler_cv": 2}))
     rc, _, err = run(capsys, *argv)
     assert rc == 2 and "straggler_cv=2" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.__setitem__("overheads", 3), "is malformed"),
+    (lambda d: d.__setitem__("collective_fits", 1.5), "is malformed"),
+    (lambda d: d["collective_sync"].pop("ranks_per_core"), "is malformed (missing 'ranks_per_core')"),
+    (lambda d: d.__setitem__("host", "somewhere"), "is malformed"),  # not a table of the host it was calibrated on
+    (lambda d: d["device"].__setitem__("attn_sustain", "x"), "device.attn_sustain='x' must be a number"),
+    (lambda d: d["device"].__setitem__("base", 7), "GPU 7 is not a name"),
+])
+def test_a_malformed_calibrated_hardware_file_is_refused_by_name(tmp_path, capsys, edit, says):
+    """A hardware file `par3d calibrate` wrote, then damaged (a field of the wrong shape, one missing): refused
+    naming what is wrong and how to mend it, never a traceback (random damage found tracebacks before)."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hardware-cpu.json"
+    d = json.loads(src.read_text())
+    edit(d)
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(d))
+    rc, out, err = run(capsys, "--layers", "4", "--hidden", "256", "--heads", "4", "--seq-len", "128", "--vocab",
+                       "1000", "--gpus", "2", "--global-batch", "8", "--hardware", str(hw))
+    assert rc == 2 and err.startswith(f"par3d plan: error: --hardware {hw}") and says in err, err
+
+
+def test_train_refuses_a_damaged_host_profile_before_it_starts(tmp_path, capsys):
+    """`par3d train --hardware` reads the file's host profile only for its end-of-run prediction: a damaged one is
+    refused before any rank starts (exit 2, here under --dry-run), not after the run."""
+    d = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hardware-cpu.json").read_text())
+    d["collective_fits"] = 1.5
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(d))
+    rc = main(["train", "--hardware", str(hw), "--dry-run", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"par3d train: --hardware {hw}: its host profile" in err and "is malformed" in err
 
 
 @pytest.mark.parametrize("argv,flag", [

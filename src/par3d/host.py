@@ -94,10 +94,13 @@ def mismatch(recorded: dict[str, Any] | None, here: dict[str, Any] | None = None
 def warn_if_other_host(path: str, extra: dict[str, Any], prog: str = "par3d") -> str | None:
     """Print (to stderr) and return one line when the hardware file at `path` describes another
     host; None when it is this one or records no host."""
-    diffs = mismatch(extra.get("host"))
+    host = extra.get("host")
+    if not isinstance(host, dict):  # none recorded, or not a table of them: nothing to compare
+        return None
+    diffs = mismatch(host)
     if not diffs:
         return None
-    when = (extra.get("host") or {}).get("date", "an unknown date")
+    when = host.get("date", "an unknown date")
     line = (f"{prog}: warning: {path} was calibrated on another host ({'; '.join(diffs)}; {when}): its "
             f"predictions may be far off here; run `par3d calibrate` on this machine")
     print(line, file=sys.stderr)

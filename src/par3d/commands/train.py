@@ -231,11 +231,17 @@ def run(args: argparse.Namespace) -> int:
     if cfg.hardware:  # read before any rank starts: a bad file is an error now, another host's a warning
         from par3d.host import warn_if_other_host
         from par3d.plan.hardware import HardwareError, load_hardware_file
+        from par3d.plan.profile import checked_profile
 
         try:
-            warn_if_other_host(cfg.hardware, load_hardware_file(cfg.hardware).extra, "par3d train")
+            hw = load_hardware_file(cfg.hardware)
+            warn_if_other_host(cfg.hardware, hw.extra, "par3d train")
+            # its host profile too, which the end-of-run prediction reads: a damaged one is refused now, not after
+            # the run (as predict.py reads it)
+            checked_profile(hw)
         except HardwareError as e:
-            print(f"par3d train: {e}", file=sys.stderr)
+            msg = str(e)
+            print(f"par3d train: {msg if msg.startswith('--') else f'--hardware {cfg.hardware}: {msg}'}", file=sys.stderr)
             return 2
     if args.dry_run:
         return _dry_run(cfg)

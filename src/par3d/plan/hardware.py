@@ -919,6 +919,8 @@ def device_names() -> list[str]:
 
 def get_device(name: str) -> Device:
     """The catalogue device of a GPU name (an alias, or an export variant's base GPU)."""
+    if not isinstance(name, str):  # e.g. a --hardware file's device.base that is not a name
+        raise HardwareError(f"GPU {name!r} is not a name; choose one of {', '.join(device_names())}")
     key = ALIASES.get(name.lower(), name.lower())
     key = EXPORT_VARIANTS[key][0] if key in EXPORT_VARIANTS else key
     if key not in DEVICES:
@@ -1042,6 +1044,14 @@ def _num(d: dict[str, Any], key: str, where: str, path: str) -> float:
     return float(v)
 
 
+def _share(d: dict[str, Any], key: str, path: str) -> float:
+    """device.KEY as a number (its range is checked with the device's other shares)."""
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+        raise HardwareError(f"--hardware {path}: device.{key}={v!r} must be a number")
+    return float(v)
+
+
 def _link(d: Any, where: str, path: str) -> Link:
     if not isinstance(d, dict):
         raise HardwareError(f"--hardware {path}: [{where}] must be a table with alpha_us and bw_gbps")
@@ -1121,12 +1131,12 @@ def hardware_from_dict(d: Any, path: str = "(hardware)") -> HardwareFile:
         efficiency=get("efficiency", 1, base.efficiency if base else SEED_EFFICIENCY),
         gemm=gemm,
         mem_eff=get("mem_eff", 1, base.mem_eff if base else MEM_EFF),
-        attn_eff=float(dv["attn_eff"]) if "attn_eff" in dv else (base.attn_eff if base else 0.0),
+        attn_eff=_share(dv, "attn_eff", path) if "attn_eff" in dv else (base.attn_eff if base else 0.0),
         # a file's own attn_eff is taken as a training step's share unless it says what a step keeps of it
         # (`attn_sustain`, as Cluster.to_dict writes it); the catalogue's benchmarked one keeps its discount
-        attn_sustain=(float(dv["attn_sustain"]) if "attn_sustain" in dv
+        attn_sustain=(_share(dv, "attn_sustain", path) if "attn_sustain" in dv
                       else 1.0 if "attn_eff" in dv or base is None else base.attn_sustain),
-        overlap_slowdown=(float(dv["overlap_slowdown"]) if "overlap_slowdown" in dv
+        overlap_slowdown=(_share(dv, "overlap_slowdown", path) if "overlap_slowdown" in dv
                           else (base.overlap_slowdown if base else None)),
         attn_curve=_attn_curve(dv.get("attn_curve"), path) if "attn_curve" in dv else (),
     )

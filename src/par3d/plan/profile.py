@@ -208,12 +208,26 @@ def contention(prof: Profile | None, world: int, busy: float | None = None, fixe
     return max(1.0, busy / k) * extra
 
 
+def checked_profile(hw: HardwareFile) -> Profile | None:
+    """`profile_of`, with a field of the wrong shape (a file `par3d calibrate` wrote, then damaged) refused as a
+    HardwareError that names the fields and the mend instead of a traceback."""
+    try:
+        return profile_of(hw)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        from .hardware import HardwareError
+
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise HardwareError(f"its host profile (the fields `par3d calibrate` writes: {', '.join(RUNTIME_KEYS)}, "
+                            f"collective_fits, host) is malformed ({what}); run `par3d calibrate` again on that "
+                            "host, or drop those fields to plan on the device and links alone") from None
+
+
 def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: int | None = None) -> Cluster:
     """The cluster a hardware file describes for `gpus` ranks, with its runtime profile: what both
     `par3d plan --hardware FILE` and the end-of-run prediction of `par3d train --hardware FILE`
     evaluate, so that they agree.  A file with a host's core count describes one machine: every
     rank is on it (one node); otherwise `gpus_per_node` (flag, file, or 8)."""
-    prof = profile_of(hw)
+    prof = checked_profile(hw)
     if gpus_per_node is None:
         gpus_per_node = gpus if prof is not None and prof.cores else (hw.gpus_per_node or 8)
     cv = hw.extra.get("straggler_cv")  # the file's own GPU spread (hardware.Cluster.straggler_cv), if it gives one
@@ -233,4 +247,5 @@ def cluster_from_file(hw: HardwareFile, gpus: int, dtype: str, gpus_per_node: in
                    straggler_cv=None if cv is None else float(cv), elementwise=elementwise)
 
 
-__all__ = ["Overheads", "Profile", "SyncModel", "RUNTIME_BW_FULL_BACKWARD", "cluster_from_file", "contention", "profile_of"]
+__all__ = ["Overheads", "Profile", "SyncModel", "RUNTIME_BW_FULL_BACKWARD", "checked_profile", "cluster_from_file",
+           "contention", "profile_of"]
