@@ -160,3 +160,15 @@ def test_context_parallel_needs_two_chunks_per_rank_and_no_dropout():
     assert "dropout" in joined
     cfg = make(model={"seq_len": 16}, parallel={"cp": 2, "dp": 2, "zero_stage": 1}).validate()
     assert cfg.parallel.world_size == 4
+
+
+def test_plans_spellings_of_the_norm_and_position_are_read_as_the_runtimes():
+    """`par3d plan --norm layer|rms --position rotary` and `par3d train --norm layernorm|rmsnorm --position rope` name
+    the same choices: the runtime reads the plan's spellings too (a model described for one command works in the
+    other), and anything else stays refused."""
+    for given, want in (({"norm": "rms", "position": "rotary"}, ("rmsnorm", "rope")),
+                        ({"norm": "layer", "position": "learned"}, ("layernorm", "learned"))):
+        cfg = RunConfig.from_dict({"model": given}).validate()
+        assert (cfg.model.norm, cfg.model.position) == want
+    with pytest.raises(ConfigError, match="model.norm='rmsx' is unknown"):
+        RunConfig.from_dict({"model": {"norm": "rmsx"}}).validate()

@@ -46,6 +46,8 @@ def _fmt_choices(xs: list[int]) -> str:
 
 ARCHS = ("gpt", "llama")
 NORMS = ("layernorm", "rmsnorm")
+# `par3d plan`'s spellings (--norm layer|rms, --position rotary) for the same choices
+PLAN_NAMES = {("norm", "layer"): "layernorm", ("norm", "rms"): "rmsnorm", ("position", "rotary"): "rope"}
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
 # What `arch` means for the fields left unset (None).  gpt: GPT-2's block (Radford et al. 2019);
@@ -103,7 +105,10 @@ class ModelConfig:
         return self.max_positions if self.max_positions is not None else self.seq_len
 
     def fill_arch(self) -> ModelConfig:
-        """Write the architecture's defaults into the switches left None (idempotent)."""
+        """Write the architecture's defaults into the switches left None (idempotent); `par3d plan`'s names of the
+        norms and positions (--norm layer|rms, --position rotary) read as these."""
+        self.norm = PLAN_NAMES.get(("norm", self.norm), self.norm)
+        self.position = PLAN_NAMES.get(("position", self.position), self.position)
         for k, v in ARCH_DEFAULTS.get(self.arch, ARCH_DEFAULTS["gpt"]).items():
             if getattr(self, k) is None:
                 setattr(self, k, v)

@@ -80,9 +80,9 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
                                      "override single parts"),
     ("--kv-heads", "model", "kv_heads", int, "K/V heads for grouped-query attention (must divide --heads; "
                                              "default: --heads)"),
-    ("--norm", "model", "norm", str, "layernorm | rmsnorm (default: the arch's)"),
+    ("--norm", "model", "norm", str, "layernorm | rmsnorm (par3d plan's layer | rms alike; default: the arch's)"),
     ("--norm-eps", "model", "norm_eps", float, "epsilon of the norms (default: gpt 1e-5, llama 1e-6)"),
-    ("--position", "model", "position", str, "learned | rope (default: the arch's)"),
+    ("--position", "model", "position", str, "learned | rope (par3d plan's rotary alike; default: the arch's)"),
     ("--rope-theta", "model", "rope_theta", float, "base of the rotary frequencies (default 10000)"),
     ("--max-positions", "model", "max_positions", int, "rows of a learned position table (default --seq-len)"),
     ("--activation", "model", "activation", str, "MLP activation: gelu (exact) | gelu_tanh (GPT-2's gelu_new) "
