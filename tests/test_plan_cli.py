@@ -1222,3 +1222,18 @@ def test_a_plan_below_bf16_quotes_its_precision_pairs(capsys):
     assert rc == 0 and "precision:" not in out
     rc, out, _ = run(capsys, "--model", "llama3-70b", "--gpu", "h100", *base, "--dtype", "fp8", "--json")
     assert rc == 0 and json.loads(out)["precision_evidence"] == ev
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "planner", "--repeat", "0"], "argument --repeat: 0 must be an integer >= 1"),
+    (["bench", "synthetic", "--steps", "1"], "argument --steps: 1 must be an integer >= 2"),
+    (["bench", "split", "--train-steps", "2"], "argument --train-steps: 2 must be an integer >= 3"),
+    (["bench", "peers", "--warmup", "-1"], "argument --warmup: -1 must be an integer >= 0"),
+    (["bench", "fidelity", "--rounds", "x"], "argument --rounds: 'x' is not an integer"),
+])
+def test_bench_counts_are_refused_before_anything_runs(capsys, argv, says):
+    """A benchmark's counts (runs, steps, rounds) out of range are refused by the command line (exit 2), not met as
+    a traceback (`bench planner --repeat 0` failed taking the median of no runs)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err

@@ -32,6 +32,8 @@ import statistics
 import sys
 from typing import Any
 
+from par3d.argtypes import int_at_least
+
 DEFAULT_OUT = os.path.join("runs", "bench", "fidelity.json")
 
 # name -> model shape and global batch.  "reference" is `par3d calibrate`'s reference GPT
@@ -443,7 +445,7 @@ def register(bsub: Any) -> None:
                     help="a model shape to score, repeatable: a name (" + ", ".join(SHAPES) + ") or "
                          "[NAME:]layers=L,hidden=H,heads=A,seq_len=S[,vocab=V][,global_batch=G] "
                          "(default: all four named shapes: the calibration's reference and three held-out)")
-    ap.add_argument("--steps", type=int, default=None,
+    ap.add_argument("--steps", type=int_at_least(2), default=None,
                     help="training steps per layout and round; the first is skipped (default 5, 3 with --quick)")
     ap.add_argument("--layouts", default="all",
                     help=f"comma-separated layout names, or 'all' (default: all {len(GRID)}; those a shape "
@@ -454,7 +456,7 @@ def register(bsub: Any) -> None:
     ap.add_argument("--one-world", action="store_true",
                     help="run every layout in one 4-rank world (smaller layouts on its first ranks) instead "
                          "of one world per size")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int_at_least(1), default=3,
                     help="launch every world this many times in turn and take the median of all of a "
                          "layout's steps, so the machine's drift falls on every layout alike and one launch "
                          "that runs fast or slow as a whole does not set the median (default 3; every other "

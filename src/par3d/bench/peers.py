@@ -48,6 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from par3d.argtypes import int_at_least
+
 if TYPE_CHECKING:  # torch is imported lazily: registering the command must stay torch-free
     import torch
     from torch import nn
@@ -93,14 +95,14 @@ def register(bsub: Any) -> None:
     ap.add_argument("--ranks", default="2,4",
                     help="comma-separated rank counts; one world of gloo processes per count "
                          "(default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=None,
+    ap.add_argument("--steps", type=int_at_least(1), default=None,
                     help="timed iterations per side and row (default: 10, or 4 with --quick)")
-    ap.add_argument("--warmup", type=int, default=None,
+    ap.add_argument("--warmup", type=int_at_least(0), default=None,
                     help="untimed iterations per side before timing (default: 3, or 1 with --quick)")
     ap.add_argument("--cases", default="tp,pp,dp",
                     help="comma-separated families to run: tp (one block), pp (gpipe, 1f1b, interleaved), "
                          "dp (a training step) (default: %(default)s)")
-    ap.add_argument("--repeat", type=int, default=1,
+    ap.add_argument("--repeat", type=int_at_least(1), default=1,
                     help="whole runs back to back (default: %(default)s); with more than one, each row "
                          "reports the run with its median ratio, plus every run's ratio and their range")
     ap.add_argument("--quick", action="store_true",

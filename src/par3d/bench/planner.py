@@ -27,6 +27,8 @@ import sys
 import tempfile
 from typing import Any
 
+from par3d.argtypes import int_at_least
+
 # name, (layers, hidden, heads, seq, vocab) or a catalogue name, gpu, gpus, global batch
 CASES: list[tuple[str, Any, str, int, int]] = [
     # megatron-1t's dimensions, spelled out so revisions older than the catalogue entry run it too
@@ -95,7 +97,7 @@ def _explain_runs(src: str, case: tuple, repeat: int) -> dict[str, Any]:
 def register(bsub: Any) -> None:
     ap = bsub.add_parser("planner", help="time of par3d plan's full search on large clusters",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=5, help="fresh-process runs per case (default 5)")
+    ap.add_argument("--repeat", type=int_at_least(1), default=5, help="fresh-process runs per case (default 5)")
     ap.add_argument("--baseline", metavar="REV", default=None,
                     help="also run the cases on git revision REV, side by side")
     ap.add_argument("--quick", action="store_true", help="one run per case, no baseline (a smoke run)")

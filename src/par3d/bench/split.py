@@ -26,22 +26,23 @@ import sys
 import time
 from typing import Any
 
+from par3d.argtypes import int_at_least
 from par3d.commands.bench import default_out
 
 
 def register(bsub: Any) -> None:
     ap = bsub.add_parser("split", help="BI + BW against B, and zb-h1 / zb-v against 1f1b on the runtime",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=256, help="hidden size of the timed chunk (default 256)")
-    ap.add_argument("--layers", type=int, default=2, help="transformer blocks in the timed chunk (default 2)")
-    ap.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
-    ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch (default 4)")
-    ap.add_argument("--steps", type=int, default=40, help="timed steps per side in part 1 (default 40)")
-    ap.add_argument("--stages", type=int, default=2, help="pipeline ranks in part 2 (default 2)")
-    ap.add_argument("--microbatches", type=int, default=8, help="micro-batches in part 2 (default 8)")
-    ap.add_argument("--train-steps", type=int, default=12, help="steps per run in part 2; the first 2 are "
+    ap.add_argument("--hidden", type=int_at_least(1), default=256, help="hidden size of the timed chunk (default 256)")
+    ap.add_argument("--layers", type=int_at_least(1), default=2, help="transformer blocks in the timed chunk (default 2)")
+    ap.add_argument("--seq-len", type=int_at_least(1), default=64, help="tokens per sequence (default 64)")
+    ap.add_argument("--micro-batch", type=int_at_least(1), default=4, help="sequences per micro-batch (default 4)")
+    ap.add_argument("--steps", type=int_at_least(1), default=40, help="timed steps per side in part 1 (default 40)")
+    ap.add_argument("--stages", type=int_at_least(1), default=2, help="pipeline ranks in part 2 (default 2)")
+    ap.add_argument("--microbatches", type=int_at_least(1), default=8, help="micro-batches in part 2 (default 8)")
+    ap.add_argument("--train-steps", type=int_at_least(3), default=12, help="steps per run in part 2; the first 2 are "
                                                                 "discarded (default 12)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per schedule in part 2 (default 3)")
+    ap.add_argument("--repeats", type=int_at_least(1), default=3, help="runs per schedule in part 2 (default 3)")
     ap.add_argument("--schedules", default="1f1b,zb-h1,zb-v", help="part 2's schedules (default 1f1b,zb-h1,zb-v)")
     ap.add_argument("--skip-runtime", action="store_true", help="only part 1")
     ap.add_argument("--quick", action="store_true", help="a smoke run: few steps, one repeat")

@@ -17,18 +17,19 @@ import os
 import sys
 from typing import Any
 
+from par3d.argtypes import int_at_least
 from par3d.commands.bench import default_out
 
 
 def register(bsub: Any) -> None:
     ap = bsub.add_parser("synthetic", help="pipeline runtime overhead with waiting stages (seed 3.3)",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stages", type=int, default=4, help="pipeline stages p (default 4)")
-    ap.add_argument("--microbatches", type=int, default=8, help="micro-batches m (default 8)")
+    ap.add_argument("--stages", type=int_at_least(1), default=4, help="pipeline stages p (default 4)")
+    ap.add_argument("--microbatches", type=int_at_least(1), default=8, help="micro-batches m (default 8)")
     ap.add_argument("--tf", type=float, default=2.0, help="forward wait per stage and micro-batch, ms")
     ap.add_argument("--tb", type=float, default=2.0, help="backward wait per stage and micro-batch, ms")
     ap.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated schedules (default gpipe,1f1b)")
-    ap.add_argument("--steps", type=int, default=20, help="steps per schedule; the first is discarded")
+    ap.add_argument("--steps", type=int_at_least(2), default=20, help="steps per schedule; the first is discarded")
     ap.add_argument("--out", default=default_out("synthetic"), metavar="FILE",
                     help=f"results file (JSON; default {default_out('synthetic')}); the committed results "
                          "change only when given explicitly, e.g. --out benchmarks/results/synthetic.json")

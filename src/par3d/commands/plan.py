@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from par3d.argtypes import int_at_least as _int_at_least
 from par3d.commands.plan_report import (  # the report: its text, its evidence, the no-plan message
     chunk_layers,
     evidence_of,
@@ -42,19 +43,6 @@ RECOMPUTE = ("none", "selective", "full", "op")
 
 class UsageError(Exception):
     """Bad input: the message names the flag, the value, the rule and a fix."""
-
-
-def _int_at_least(lo: int):
-    def conv(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give an integer >= {lo}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"{v} must be an integer >= {lo}")
-        return v
-
-    return conv
 
 
 def _gpu_counts(text: str) -> tuple[int, ...]:
