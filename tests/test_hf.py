@@ -285,3 +285,13 @@ def test_eval_cli_end_to_end(setup):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"loss", "tokens"} and abs(out["loss"] - setup["refs"]["gpt2"]) <= TOL
+
+
+def test_export_names_its_own_argument_when_the_folder_is_missing(tmp_path, capsys):
+    """`par3d export` takes the checkpoint folder as CHECKPOINT_DIR; a missing one is refused naming that, not
+    --resume (a flag export does not have)."""
+    from par3d.cli import main
+
+    assert main(["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"CHECKPOINT_DIR '{tmp_path / 'nope'}': no such folder" in err and "--resume" not in err

@@ -153,17 +153,18 @@ def _verify_files(path: str, files: Any) -> None:
             raise CheckpointError(f"checkpoint {path!r} is corrupt: {name} fails its CRC-32 check")
 
 
-def resolve(resume: str, out: str, warn: bool = True) -> str:
+def resolve(resume: str, out: str, warn: bool = True, what: str = "--resume") -> str:
     """The checkpoint folder `--resume` means.  "latest": the newest whole checkpoint under
     `<out>/checkpoints`; a folder of `step-N` checkpoints (or a run's --out folder): its newest whole
     one; otherwise the folder must be a checkpoint itself.  Newer checkpoints that fail their checks
-    are skipped with a warning.  Raises CheckpointError."""
+    are skipped with a warning.  `what` names the folder's argument in a refusal (`par3d export` has no
+    --resume).  Raises CheckpointError."""
     base = checkpoints_root(out) if resume == "latest" else resume
     if not os.path.isdir(base):
         if resume == "latest":
             raise CheckpointError(f"--resume: no checkpoints to resume from: {base!r} does not exist "
                                   f"(save some with --save-every N, or give --resume DIR)")
-        raise CheckpointError(f"--resume {resume!r}: no such folder")
+        raise CheckpointError(f"{what} {resume!r}: no such folder")
     if not list_checkpoints(base) and os.path.isdir(checkpoints_root(base)):
         base = checkpoints_root(base)
     found = list_checkpoints(base)

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from par3d.config import ConfigError
 
     try:
-        path = checkpoint.resolve(args.checkpoint, args.checkpoint)
+        path = checkpoint.resolve(args.checkpoint, args.checkpoint, what="CHECKPOINT_DIR")
         from par3d.hf import export
 
         out = export(path, args.hf)
