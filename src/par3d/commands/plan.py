@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from par3d.argtypes import int_at_least as _int_at_least
+from par3d.argtypes import int_at_least
 from par3d.commands.plan_report import (  # the report: its text, its evidence, the no-plan message
     chunk_layers,
     evidence_of,
@@ -122,15 +122,15 @@ def register(sub) -> None:
     g.add_argument("--model", default=None,
                    help="catalogue name (gpt3-175b, llama2-70b, llama3-8b, seed-96l, ...) or a Hugging Face "
                         "config.json path; explicit dimension flags override it")
-    g.add_argument("--layers", type=_int_at_least(1), help="transformer layers (overrides --model)")
-    g.add_argument("--hidden", type=_int_at_least(1), help="hidden size h (overrides --model)")
-    g.add_argument("--heads", type=_int_at_least(1), help="attention heads (overrides --model)")
-    g.add_argument("--seq-len", type=_int_at_least(1), help="sequence length in tokens (overrides --model)")
-    g.add_argument("--vocab", type=_int_at_least(2), help="vocabulary size (overrides --model)")
-    g.add_argument("--ffn-hidden", type=_int_at_least(1), help="MLP inner size (default 4 x hidden)")
-    g.add_argument("--kv-heads", type=_int_at_least(1),
+    g.add_argument("--layers", type=int_at_least(1), help="transformer layers (overrides --model)")
+    g.add_argument("--hidden", type=int_at_least(1), help="hidden size h (overrides --model)")
+    g.add_argument("--heads", type=int_at_least(1), help="attention heads (overrides --model)")
+    g.add_argument("--seq-len", type=int_at_least(1), help="sequence length in tokens (overrides --model)")
+    g.add_argument("--vocab", type=int_at_least(2), help="vocabulary size (overrides --model)")
+    g.add_argument("--ffn-hidden", type=int_at_least(1), help="MLP inner size (default 4 x hidden)")
+    g.add_argument("--kv-heads", type=int_at_least(1),
                    help="key/value heads for grouped-query attention (must divide --heads; default: --heads)")
-    g.add_argument("--head-dim", type=_int_at_least(1), default=None,
+    g.add_argument("--head-dim", type=int_at_least(1), default=None,
                    help="channels per attention head when heads x head_dim is not --hidden (Gemma, Qwen3-32B, "
                         "Mistral NeMo; Megatron's --kv-channels; default: hidden / heads)")
     g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
@@ -146,43 +146,43 @@ def register(sub) -> None:
                    help="input embedding and output head share weights (--tied-embeddings) or not")
     g.add_argument("--position", choices=("learned", "rotary"), default=None,
                    help="learned position embeddings (s x h parameters) or rotary (none)")
-    g.add_argument("--experts", type=_int_at_least(0), default=None, metavar="E",
+    g.add_argument("--experts", type=int_at_least(0), default=None, metavar="E",
                    help="a mixture of experts: E routed experts in every layer's MLP (Mixtral 8, Qwen3-MoE 128; "
                         "0: dense). A config.json gives them (num_local_experts, num_experts, n_routed_experts)")
-    g.add_argument("--top-k", type=_int_at_least(1), default=None, metavar="K",
+    g.add_argument("--top-k", type=int_at_least(1), default=None, metavar="K",
                    help="routed experts each token runs (Mixtral 2, Qwen3-MoE 8)")
-    g.add_argument("--moe-ffn-hidden", type=_int_at_least(1), default=None,
+    g.add_argument("--moe-ffn-hidden", type=int_at_least(1), default=None,
                    help="one routed expert's MLP inner size (default: --ffn-hidden, as Mixtral's config gives it)")
-    g.add_argument("--shared-expert-ffn", type=_int_at_least(0), default=None,
+    g.add_argument("--shared-expert-ffn", type=int_at_least(0), default=None,
                    help="inner size of an always-on shared expert (all shared experts together; default 0: none)")
-    g.add_argument("--dense-layers", type=_int_at_least(0), default=None, metavar="N",
+    g.add_argument("--dense-layers", type=int_at_least(0), default=None, metavar="N",
                    help="a mixture of experts whose first N layers have a dense MLP of --ffn-hidden (DeepSeek-V3 3, "
                         "Kimi K2 1; config.json's first_k_dense_replace)")
-    g.add_argument("--moe-step", type=_int_at_least(1), default=None, metavar="K",
+    g.add_argument("--moe-step", type=int_at_least(1), default=None, metavar="K",
                    help="a mixture of experts whose every K-th layer (after --dense-layers) is MoE and the others dense "
                         "of --ffn-hidden (Llama 4 Maverick 2; config.json's interleave_moe_layer_step or Qwen2-MoE's "
                         "decoder_sparse_step); 1 (the default): every layer")
-    g.add_argument("--sliding-window", type=_int_at_least(0), default=None, metavar="W",
+    g.add_argument("--sliding-window", type=int_at_least(0), default=None, metavar="W",
                    help="the layers attend to the last W tokens only (Mistral 7B v0.1 4096 on every layer; Gemma 3 "
                         "1024 with --global-every 6; config.json's sliding_window): priced as the band's work; 0: none "
                         "(docs/planner.md section 2)")
-    g.add_argument("--attention-chunk", type=_int_at_least(0), default=None, metavar="C",
+    g.add_argument("--attention-chunk", type=int_at_least(0), default=None, metavar="C",
                    help="chunked attention: each token attends within its chunk of C tokens (Llama 4 8192; "
                         "config.json's attention_chunk_size); 0: none")
-    g.add_argument("--global-every", type=_int_at_least(0), default=None, metavar="K",
+    g.add_argument("--global-every", type=int_at_least(0), default=None, metavar="K",
                    help="with --attention-chunk or --sliding-window: one layer in K attends over the whole sequence "
                         "(Llama 4 4, its NoPE layers; Gemma 3 6; Gemma 2 2); 0: every layer chunked or windowed")
     g.add_argument("--global-first", action=argparse.BooleanOptionalAction, default=None,
                    help="with --global-every K: the global layers are the first and every K-th after it (CWM, "
                         "Granite's windowed models: ceil(layers/K) of them) instead of the K-th, 2K-th, ... (Gemma, "
                         "Llama 4: floor(layers/K)); config.json's layer_types say which")
-    g.add_argument("--mtp-layers", type=_int_at_least(0), default=None, metavar="N",
+    g.add_argument("--mtp-layers", type=int_at_least(0), default=None, metavar="N",
                    help="multi-token prediction (DeepSeek-V3 1; config.json's num_nextn_predict_layers): N modules on "
                         "the last stage, each a layer, a 2h->h projection and a second pass of the output head")
-    g.add_argument("--router-groups", type=_int_at_least(1), default=None, metavar="G",
+    g.add_argument("--router-groups", type=int_at_least(1), default=None, metavar="G",
                    help="group-limited routing: the experts in G groups (DeepSeek-V3 8; config.json's n_group), with "
                         "--router-group-topk")
-    g.add_argument("--router-group-topk", type=_int_at_least(1), default=None, metavar="M",
+    g.add_argument("--router-group-topk", type=int_at_least(1), default=None, metavar="M",
                    help="each token's experts come from at most M groups (DeepSeek-V3 4; topk_group): bounds the nodes "
                         "its copies reach when the EP group spans nodes (with --ep-dispatch dedup)")
     g.add_argument("--router-consecutive", action="store_true", default=None,
@@ -195,14 +195,14 @@ def register(sub) -> None:
                         "(default 1: balanced, as the published MoE benchmarks force it; a trained router on real data "
                         "routes unevenly: docs/planner.md section 2 gives measured gaps); one F for every ep > 1 the "
                         "search tries, none at ep 1: give --ep with it")
-    g.add_argument("--kv-lora-rank", type=_int_at_least(1), default=None, metavar="R",
+    g.add_argument("--kv-lora-rank", type=int_at_least(1), default=None, metavar="R",
                    help="multi-head latent attention (DeepSeek-V2/V3, Kimi K2): K and V from a rank-R latent "
                         "(DeepSeek-V3 512); --head-dim is then the heads' no-position width (128)")
-    g.add_argument("--q-lora-rank", type=_int_at_least(0), default=None, metavar="R",
+    g.add_argument("--q-lora-rank", type=int_at_least(0), default=None, metavar="R",
                    help="MLA: Q from a rank-R latent too (DeepSeek-V3 1536; 0: from the hidden state)")
-    g.add_argument("--qk-rope-dim", type=_int_at_least(0), default=None,
+    g.add_argument("--qk-rope-dim", type=int_at_least(0), default=None,
                    help="MLA: the rotary channels of each Q/K head (DeepSeek-V3 64)")
-    g.add_argument("--v-head-dim", type=_int_at_least(1), default=None,
+    g.add_argument("--v-head-dim", type=int_at_least(1), default=None,
                    help="MLA: V's channels per head (DeepSeek-V3 128; default --head-dim)")
     g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="biases in the linear layers. Without --model, flags describe a GPT (LayerNorm, "
@@ -216,7 +216,7 @@ def register(sub) -> None:
                         "h100-sxm and a100-80gb with NVLink at 200 GB/s per direction (their datasheets' 400 GB/s); "
                         "AMD Instinct mi300x, mi325x, mi350x, mi355x (8 per node on an Infinity Fabric mesh: a TP group of g "
                         "GPUs uses g - 1 of each GPU's 7 links) (default: %(default)s)")
-    g.add_argument("--gpus", type=_int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
+    g.add_argument("--gpus", type=int_at_least(1), default=8, help="number of GPUs (default: %(default)s)")
     g.add_argument("--gpus-sweep", type=_gpu_counts, default=None, metavar="N,N,...",
                    help="plan at each of these GPU counts in place of --gpus and print one line per count: the best "
                         "plan, its step time, tokens/s per GPU and that throughput against the smallest planned count's, the "
@@ -227,7 +227,7 @@ def register(sub) -> None:
     g.add_argument("--scale-batch", action="store_true",
                    help="with --gpus-sweep: grow the global batch with the GPU count (weak scaling): --global-batch "
                         "at the smallest count, times count / smallest count")
-    g.add_argument("--gpus-per-node", type=_int_at_least(1), default=None,
+    g.add_argument("--gpus-per-node", type=int_at_least(1), default=None,
                    help="GPUs per node sharing the fast intra-node link (default: 8; 72 for gb200 and gb300, the NVL72 rack's "
                         "NVLink domain; 4 for gh200; or the hardware file's)")
     g.add_argument("--intra-node-bw", type=_positive_float, default=None,
@@ -236,7 +236,7 @@ def register(sub) -> None:
     g.add_argument("--inter-node-bw", type=_positive_float, default=None,
                    help="inter-node bandwidth per GPU, one direction, GB/s (default: InfiniBand, 25 HDR for "
                         "A100, 50 NDR for H100/H200/B200/GB200, 100 (800 Gb/s) for B300/GB300, 25 (200 Gb/s) for GH200)")
-    g.add_argument("--nics-per-node", type=_int_at_least(1), default=None,
+    g.add_argument("--nics-per-node", type=int_at_least(1), default=None,
                    help="inter-node NICs per node, each at the GPU's NIC rate (default: one per GPU, as in a "
                         "DGX; e.g. 4 for 4 x 200 Gb/s on 8 GPUs); the node's NICs are shared by its GPUs")
     g.add_argument("--nic-bw", type=_positive_float, default=None, metavar="GBPS",
@@ -338,7 +338,7 @@ def register(sub) -> None:
     g.add_argument("--ep-dispatch-fp8", action=argparse.BooleanOptionalAction, default=False,
                    help="the forward dispatch moves FP8 tokens (DeepSeek-V3, DeepEP); the combine and the backward stay "
                         "16-bit (default: off)")
-    g.add_argument("--offload-layers", type=_int_at_least(0), default=0, metavar="N",
+    g.add_argument("--offload-layers", type=int_at_least(0), default=0, metavar="N",
                    help="offload the activations of N transformer layers to host memory during the forward and "
                         "reload them for the backward (Megatron-Core --cpu-offloading-num-layers; over NVLink-C2C "
                         "on gb200/gb300/gh200, PCIe elsewhere): memory holds the other layers and two buffers, each "
@@ -420,33 +420,33 @@ def register(sub) -> None:
                    help="achievable fraction of peak FLOP/s for large GEMMs (default 0.48 = the seed's "
                         "150 of 312 TFLOP/s, or the hardware file's calibrated value)")
     g = p.add_argument_group("batch")
-    g.add_argument("--global-batch", type=_int_at_least(1), default=512,
+    g.add_argument("--global-batch", type=int_at_least(1), default=512,
                    help="sequences per optimizer step over all DP ranks (default: %(default)s)")
     g.add_argument("--train-tokens", type=_positive_float, default=300e9,
                    help="token budget for the time-to-train estimate (default: 3e11, GPT-3's)")
     g = p.add_argument_group("fixed choices (searched when omitted)")
-    g.add_argument("--tp", type=_int_at_least(1), help="tensor-parallel size (must divide heads)")
-    g.add_argument("--cp", type=_int_at_least(1),
+    g.add_argument("--tp", type=int_at_least(1), help="tensor-parallel size (must divide heads)")
+    g.add_argument("--cp", type=int_at_least(1),
                    help="context-parallel size: ring attention over cp ranks, each holding seq_len/cp tokens "
                         "(seq_len must be divisible by 2 x cp). Searched, when omitted, while seq_len/cp >= 4096")
-    g.add_argument("--pp", type=_int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
-    g.add_argument("--ep", type=_int_at_least(1),
+    g.add_argument("--pp", type=int_at_least(1), help="pipeline-parallel size (uneven layer splits allowed)")
+    g.add_argument("--ep", type=int_at_least(1),
                    help="expert-parallel size (a mixture of experts): the routed experts split over ep of the tp x cp "
                         "x dp ranks of a stage, experts/ep whole experts each (Megatron-Core's parallel folding, "
                         "each expert whole on a rank unless --etp); must divide --experts. Searched when omitted")
-    g.add_argument("--etp", type=_int_at_least(1),
+    g.add_argument("--etp", type=int_at_least(1),
                    help="expert-tensor-parallel size (a mixture of experts; Megatron-Core's "
                         "--expert-tensor-parallel-size): each routed expert's fc1 split by columns and fc2 by rows over "
                         "etp ranks, which all-gather the copies they receive and reduce-scatter the outputs (fp32); "
                         "ep x etp must divide tp x cp x dp, etp the expert width. Searched when omitted over 1 "
                         "(Megatron-Bridge's recipes) and the layout's tp (Megatron-Core's default when the size is "
                         "left unset); --etp 1 plans a recipe's run")
-    g.add_argument("--dp", type=_int_at_least(1), help="data-parallel size")
-    g.add_argument("--micro-batch", type=_int_at_least(1), help="sequences per micro-batch per DP rank")
+    g.add_argument("--dp", type=int_at_least(1), help="data-parallel size")
+    g.add_argument("--micro-batch", type=int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
                    help="pipeline schedule; zb-v and dualpipe-v hold stages r and 2p-1-r on rank r (v = 2, "
                         "untied embeddings, dualpipe-v m >= 2 x pp); searched among all when omitted")
-    g.add_argument("--virtual-stages", type=_int_at_least(1),
+    g.add_argument("--virtual-stages", type=int_at_least(1),
                    help="model chunks per pipeline rank v (> 1 implies --schedule interleaved; 2 with zb-v and "
                         "dualpipe-v)")
     g.add_argument("--recompute", choices=RECOMPUTE,
@@ -461,7 +461,7 @@ def register(sub) -> None:
                         "(a dense MLP), moe (a mixture of experts' whole block, its all-to-alls again), moe_act (the "
                         "routed experts' activation), shared_experts; each stops storing what it holds inside and "
                         "runs its forward again in the backward; implies --recompute selective")
-    g.add_argument("--recompute-layers", type=_int_at_least(1), metavar="N",
+    g.add_argument("--recompute-layers", type=int_at_least(1), metavar="N",
                    help="full recomputation of only the first N layers of every pipeline chunk, the rest keeping "
                         "their activations (Megatron-LM's --recompute-method block --recompute-num-layers N); "
                         "implies --recompute full")
@@ -473,7 +473,7 @@ def register(sub) -> None:
                         "counted as a layer each; needs --pp (--virtual-stages: the counts over pp, when omitted). Default: the planner's "
                         "balanced partition (layers and the head weighed by their FLOPs)")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group")
-    g.add_argument("--dp-replicate", type=_int_at_least(1),
+    g.add_argument("--dp-replicate", type=int_at_least(1),
                    help="HSDP: split the DP group into this many replicas; ZeRO shards its states inside each "
                         "replica (dp / N ranks x cp, the nearer ranks) and all-reduces the shards' gradients "
                         "across replicas (torchtitan's data_parallel_replicate_degree, FSDP HYBRID_SHARD, "
@@ -519,9 +519,9 @@ def register(sub) -> None:
                    help="comma-separated pipeline schedules the search may pick, those the framework that will "
                         f"run the plan has (of {', '.join(SCHEDULES)}): e.g. 1f1b,interleaved for Megatron-LM, "
                         "1f1b for DeepSpeed; default: all")
-    g.add_argument("--max-virtual-stages", type=_int_at_least(2), default=8,
+    g.add_argument("--max-virtual-stages", type=int_at_least(2), default=8,
                    help="largest v searched for the interleaved schedule (default: %(default)s)")
-    g.add_argument("--top", type=_int_at_least(1), default=5,
+    g.add_argument("--top", type=int_at_least(1), default=5,
                    help="plans to show (default: %(default)s); the 'ranking:' line compares the best with the nearest "
                         "plan of another layout among them, so --top 1 drops it")
     g.add_argument("--explain", action="store_true",
@@ -1091,10 +1091,9 @@ def _sweep(args: argparse.Namespace, model, fixed, limits, opts, show: bool) -> 
                         "plan": res.plans[0] if res.plans else None, "why": why})
     if show:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
-    refusals = {r["why"] for r in results if r["plan"] is None and r.get("refused")}
-    if len(refusals) == 1 and all(r.get("refused") for r in results):
+    if all(r.get("refused") for r in results) and len({r["why"] for r in results}) == 1:
         # the same refusal at every count is one about the flags, not the counts: refused as without a sweep
-        raise UsageError(refusals.pop())
+        raise UsageError(results[0]["why"])
     print(sweep_report(model, args, results, as_json=args.json))
     return 0 if any(r["plan"] is not None for r in results) else 1
 

@@ -454,16 +454,16 @@ def rank_busy(st: StageTimes, c: Choice) -> list[float]:
             for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages)]
 
 
-def makespan_lower_bound(st: StageTimes, c: Choice) -> float:
+def makespan_lower_bound(st: StageTimes, c: Choice, busy: list[float] | None = None) -> float:
     """A valid lower bound on the simulated makespan (used to prune before simulating).
 
     Rank r cannot start before micro-batch 0 has gone forward through the stages below its
     lowest one, s_r (r on both placements), must then do its own work, and (except for the split
     backwards, whose last actions may be weight gradients) its last backward must still flow back
     through stages s_r-1..0.  Transfers count where consecutive stages sit on two ranks.  Tight for
-    GPipe/1F1B with equal stages.
+    GPipe/1F1B with equal stages.  `busy`: `rank_busy(st, c)` where the caller has it already.
     """
-    busy = rank_busy(st, c)
+    busy = rank_busy(st, c) if busy is None else busy
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
     rank_of = stage_placement(c.schedule, c.pp, c.virtual_stages)
     tail = c.schedule not in SPLIT_BACKWARD

@@ -773,17 +773,16 @@ def _bubble_floors(st: StageTimes, c: Choice) -> tuple[float, float]:
     mean share is at least 1 - Σ that / (p · bound): a stage-imbalanced pipeline's bubble (a vocabulary head or
     an MoE stage much heavier than the rest), which the busiest rank's share misses.  The second holds only where
     the candidate is priced at these stage times (`_priced_here`)."""
-    lb_ms = makespan_lower_bound(st, c)
+    m, split = c.microbatches, c.schedule in SPLIT_BACKWARD
+    busy, total = [], 0.0  # busy: `rank_busy`'s, which the makespan bound reads too (computed once here)
+    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
+        busy.append(m * sum(st.f[s] + st.b[s] for s in stages))
+        total += sum(st.f[s] + (max(st.b[s], st.bi[s] + st.bw[s]) if split else st.b[s]) for s in stages)
+    lb_ms = makespan_lower_bound(st, c, busy)
     if lb_ms <= 0:
         return 0.0, 0.0
-    split = c.schedule in SPLIT_BACKWARD
-    most = total = 0.0
-    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
-        most = max(most, sum(st.f[s] + st.b[s] for s in stages))
-        total += sum(st.f[s] + (max(st.b[s], st.bi[s] + st.bw[s]) if split else st.b[s]) for s in stages)
-    m = c.microbatches
     # the mean's floor less 1e-9: the rounding of the same sums taken in another order by the simulator
-    return 1 - m * most / lb_ms, 1 - m * total / (c.pp * lb_ms) - 1e-9
+    return 1 - max(busy) / lb_ms, 1 - m * total / (c.pp * lb_ms) - 1e-9
 
 
 def _priced_here(model: ModelSpec, cluster: Cluster, c: Choice) -> bool:
