@@ -4,7 +4,7 @@ Every schedule x pp in {2, 4} x m in {p, 2p} (interleaved, zb-v and dualpipe-v w
 dualpipe-v needs m >= 2p, so it runs m in {2p, 4p}), alone and combined with TP = 2 and DP = 2,
 in ONE world of 8 gloo ranks: losses of 3 steps, step-1 gradients and the
 parameters after step 3 equal the one-process run within TOL = 1e-5 (fp32).  Also: tied
-embeddings across stages, recomputation, sequence parallelism inside stages, and activation
+embeddings across stages and on the V schedules' rank 0, recomputation, sequence parallelism inside stages, and activation
 memory that follows the schedule."""
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ LAYOUTS.update({
     "zb-h1_pp2_tp2_sp": case(pp=2, tp=2, schedule="zb-h1", m=4, sp=True),
     "gpipe_dp2_pp2_tp2_backend": case(dp=2, pp=2, tp=2, schedule="gpipe", m=4, p2p="backend"),
     "1f1b_pp2_m4_shm": case(pp=2, m=4, p2p="shm"),
+    # tied embeddings on a V: the embedding's chunk and the head's are both on pipeline rank 0, whose two copies
+    # are summed there (data_parallel.tied_pair), with TP, SP, DP and the backend's transport beside it
+    "zb-v_pp2_m4_tied": case(pp=2, schedule="zb-v", v=2, m=4, tied=True),
+    "dualpipe-v_pp4_m8_tp2_tied": case(pp=4, tp=2, schedule="dualpipe-v", v=2, m=8, tied=True),
+    "zb-v_dp2_pp2_tp2_sp_tied_backend": case(dp=2, pp=2, tp=2, schedule="zb-v", v=2, m=4, sp=True, tied=True,
+                                             p2p="backend"),
 })
 # a layout given (--pipeline-layout, Megatron-Core's pipeline_model_parallel_layout) instead of the partition's:
 # lopsided, and with the embedding alone on the first chunk of an interleaved run
@@ -79,6 +85,18 @@ def test_losses_match_reference(world, name):
     assert len(got) == 3
     for step, (a, b) in enumerate(zip(got, ref)):
         assert abs(a - b) <= TOL, f"{name} step {step}: {a} vs reference {b}"
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if "tied" in n])
+def test_a_tied_embedding_counts_once_in_the_gradient_norm(world, name):
+    """The gradient norm each step clips by is the one-process run's: the head's copy of a tied embedding is not
+    counted beside the embedding (on one rank in a V, on two ranks otherwise)."""
+    def norms(n: str) -> list[float]:
+        r0 = next(r[n] for r in world if n in r and r[n]["rank"] == 0)
+        return [h["grad_norm"] for h in r0["history"]]
+
+    for step, (a, b) in enumerate(zip(norms(name), norms(REF_OF[name]))):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), f"{name} step {step}: gradient norm {a} vs reference {b}"
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if "zero1" not in n])

@@ -34,6 +34,9 @@ LAYOUTS = {
 TIED = {
     "dp2_zero3_tied": case(dp=2, zero=3, tied=True),
     "dp2_pp2_zero3_tied_zb": case(dp=2, pp=2, zero=3, tied=True, schedule="zb-h1"),
+    # on a V both copies are chunks of pipeline rank 0: summed there before ZeRO reduce-scatters them
+    "dp2_pp2_zero3_tied_zbv": case(dp=2, pp=2, zero=3, tied=True, schedule="zb-v", v=2, m=4),
+    "dp2_pp2_zero1_tied_dualpipev": case(dp=2, pp=2, zero=1, tied=True, schedule="dualpipe-v", v=2, m=4),
 }
 REF = reference_of(case())
 REF_NAME = "ref"

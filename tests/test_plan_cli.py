@@ -168,7 +168,10 @@ def test_a_malformed_calibrated_hardware_file_is_refused_by_name(tmp_path, capsy
     hw.write_text(json.dumps(d))
     rc, out, err = run(capsys, "--layers", "4", "--hidden", "256", "--heads", "4", "--seq-len", "128", "--vocab",
                        "1000", "--gpus", "2", "--global-batch", "8", "--hardware", str(hw))
-    assert rc == 2 and err.startswith(f"par3d plan: error: --hardware {hw}") and says in err, err
+    # (a file calibrated on another CPU is first warned about: the one in benchmarks/results on any other host)
+    errors = [line for line in err.splitlines() if line.startswith("par3d plan: error:")]
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(f"par3d plan: error: --hardware {hw}"), err
+    assert says in errors[0] and "Traceback" not in err, err
 
 
 def test_train_refuses_a_damaged_host_profile_before_it_starts(tmp_path, capsys):
@@ -1039,8 +1042,8 @@ def test_config_json_sequence_length_is_named(capsys, tmp_path):
 
 def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
     """`--schedules` restricts the search to the pipeline schedules the target framework has: with the paper's
-    2021 software the unrestricted top ten include ZB-H1, which Megatron-LM then lacked; restricted to 1f1b and
-    interleaved none does, the rejections say why, and the best plan is the same (it was interleaved)."""
+    2021 software the unrestricted top ten lead with DualPipe-V and hold ZB-H1, which Megatron-LM then lacked;
+    restricted to 1f1b and interleaved none does, the rejections say why, and the best plan is interleaved."""
     base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536",
             "--no-flash-attention", "--recompute", "full", "--no-sequence-parallel", "--no-overlap-grad-reduce",
             "--zero-stage", "0", "--top", "10", "--json"]
@@ -1050,7 +1053,8 @@ def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
     rc, out, _ = run(capsys, *base, "--schedules", "1f1b,interleaved")
     kept = json.loads(out)["plans"]
     assert rc == 0 and kept and all(p["schedule"] in ("1f1b", "interleaved") for p in kept)
-    assert free[0]["schedule"] == "interleaved" and kept[0] == free[0]
+    assert kept[0]["schedule"] == "interleaved" and kept[0] in free
+    assert free[0]["schedule"] not in ("1f1b", "interleaved") and free[0]["step_time_s"] <= kept[0]["step_time_s"]
     rc, out, _ = run(capsys, *base[:-1], "--schedules", "1f1b", "--top", "3")  # DeepSpeed's pipeline: 1F1B only
     assert rc == 0 and "schedule not in --schedules" in out
     with pytest.raises(SystemExit):

@@ -210,12 +210,14 @@ def test_search_considers_v_under_the_runtimes_rules():
     assert {"zb-v", "dualpipe-v"} <= {c.schedule for c in considered}
     assert all(c.virtual_stages == 2 and c.microbatches >= (2 * c.pp if c.schedule == "dualpipe-v" else 1)
                for c in considered if c.schedule in ("zb-v", "dualpipe-v"))
-    # dualpipe-v needs m >= 2p; tied embeddings are refused (the runtime does not tie two chunks of rank 0)
+    # dualpipe-v needs m >= 2p; tied embeddings are searched too (the runtime sums rank 0's two copies, since
+    # issue 12's sixty-second round), with the head's copy counted in rank 0's memory
     assert res.rejected["dualpipe-v needs m >= 2·pp"] > 0
     tied = replace(LLAMA, tied=True)
     res_t = search(tied, cluster, 32, Fixed(tp=8, pp=2))
-    assert not {"zb-v", "dualpipe-v"} & {item[2].schedule for items in res_t.per_layout.values() for item in items}
-    assert res_t.rejected["zb-v needs untied embeddings"] > 0
+    assert {"zb-v", "dualpipe-v"} <= {item[2].schedule for items in res_t.per_layout.values() for item in items}
+    assert not any("untied" in why for why in res_t.rejected)
+    assert rank_shapes(tied, 8, 2, 2, "zb-v")[0].params == rank_shapes(LLAMA, 8, 2, 2, "zb-v")[0].params
 
 
 def test_search_picks_a_v_schedule_when_it_should():
@@ -235,9 +237,9 @@ def test_search_picks_a_v_schedule_when_it_should():
         assert best.bubble_fraction < others[name].bubble_fraction
     st = stage_times(model, cluster, best.choice)
     assert st.bw[1] == pytest.approx(st.f[1], rel=1e-9)  # T_W = T_F
-    # the same model with tied embeddings: the V is refused, and another schedule wins
+    # the same model with tied embeddings: the V still wins (rank 0 holds both copies, summed there)
     tied = search(replace(model, tied=True), cluster, 8, Fixed(tp=1, dp=1, micro_batch=1), top=1)
-    assert tied.plans[0].choice.schedule not in ("zb-v", "dualpipe-v")
+    assert tied.plans[0].choice.schedule == "zb-v"
 
 
 def test_plan_cli_json_and_explain_name_the_v(tmp_path):
@@ -281,8 +283,8 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
             rc2.parallel.virtual_stages = 1
         with pytest.raises(ConfigError, match="parallel.zbv_times"):
             rc2.validate()
-    bad = subprocess.run([*base[:-2], "--schedule", "zb-v", "--tied-embeddings"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--no-tied-embeddings" in bad.stderr
+    tied = subprocess.run([*base, "--tied-embeddings", "--json", "--top", "1"], capture_output=True, text=True)
+    assert tied.returncode == 0 and json.loads(tied.stdout)["plans"][0]["schedule"] == "zb-v", tied.stderr
     bad = subprocess.run([*base, "--virtual-stages", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--virtual-stages 2" in bad.stderr
 

@@ -53,9 +53,17 @@ def world(tmp_path_factory) -> tuple[list[dict], dict[str, dict]]:
     timed = _train_config(str(d / "run"), "--schedule", "zb-v", "--microbatches", "4", "--zbv-times", "1,2,1")
     cfgs["zb-v_timed"] = timed
     cases.append(("zb-v_timed", timed))
+    # a V read from a file ties the embedding on rank 0 as the built zb-v does (the head's rank from the file)
+    for tag, flags in (("zb-v_tied", ("--schedule", "zb-v", "--microbatches", "4", "--virtual-stages", "2")),
+                       ("zb-v_csv_tied", ("--schedule-csv", str(d / "zb-v.csv")))):
+        cfgs[tag] = _train_config(str(d / "run"), *flags, "--tied-embeddings")
+        cases.append((tag, cfgs[tag]))
     ref = _train_config(str(d / "run"), "--schedule", "1f1b", "--microbatches", "1")
     ref["parallel"]["pp"] = 1
     cases.append(("ref", ref))
+    ref_tied = _train_config(str(d / "run"), "--schedule", "1f1b", "--microbatches", "1", "--tied-embeddings")
+    ref_tied["parallel"]["pp"] = 1
+    cases.append(("ref_tied", ref_tied))
     results = run_world(run_cases, P, cases, {"capture_grads": True, "capture_params": True}, timeout_s=120)
     return results, cfgs
 
@@ -66,6 +74,19 @@ def test_csv_config_takes_m_and_v_from_the_file(world, name):
     built, loaded = cfgs[name]["parallel"], cfgs[name + "_csv"]["parallel"]
     assert (loaded["microbatches"], loaded["virtual_stages"]) == (built["microbatches"], built["virtual_stages"])
     assert loaded["schedule_csv"] and not built["schedule_csv"]
+
+
+def test_a_v_read_from_a_file_ties_the_embedding_as_the_built_one(world):
+    """`--tied-embeddings` with a V-shaped CSV: the head's rank is read off the file (rank 0, beside the
+    embedding), and the run is the built zb-v's exactly and the tied one-process run's within TOL."""
+    results, _ = world
+    assert losses(results, "zb-v_csv_tied") == losses(results, "zb-v_tied")
+    for key in ("grads", "params"):
+        diff, where = max_diff(merged(results, "zb-v_csv_tied", key), merged(results, "zb-v_tied", key))
+        assert diff == 0.0, f"{key} of {where} differ by {diff} between the CSV and the built zb-v"
+        diff, where = max_diff(merged(results, "zb-v_csv_tied", key), merged(results, "ref_tied", key))
+        assert diff <= TOL, f"{key} of {where} differ by {diff} from the tied one-process run"
+    assert "head.weight" not in merged(results, "zb-v_csv_tied", "params")  # one table, as the reference holds
 
 
 @pytest.mark.parametrize("name", [b[0] for b in BUILDERS])
@@ -144,7 +165,9 @@ def test_a_csv_no_builder_makes_is_not_priced_but_still_checked(tmp_path):
     assert choice(cfg).schedule == "1f1b"  # memory and rank shapes: a schedule of the file's placement
 
 
-def test_a_v_shaped_csv_with_tied_embeddings_is_refused(tmp_path, capsys):
+def test_a_v_shaped_csv_with_tied_embeddings_is_accepted(tmp_path, capsys):
+    """A file that puts the first and the last stage on one rank (a V) ties the embedding there, as zb-v does
+    (tests/test_equiv_pp.py runs both on the reference); the dry run accepts it."""
     path = tmp_path / "zbv.csv"
     assert main(["simulate", "--schedule", "zb-v", "--stages", "2", "--microbatches", "4", "--to-csv",
                  str(path)]) == 0
@@ -152,5 +175,4 @@ def test_a_v_shaped_csv_with_tied_embeddings_is_refused(tmp_path, capsys):
     rc = main(["train", "--dp", "1", "--tp", "1", "--pp", "2", *MODEL, "--tied-embeddings", "--schedule-csv",
                str(path), "--out", str(tmp_path / "run"), "--dry-run"])
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err
-    assert "with model.tied_embeddings: the file puts the first and the last stage on one rank" in err
+    assert rc == 0 and "Traceback" not in err, err

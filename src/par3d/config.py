@@ -223,11 +223,10 @@ class RunConfig:
     def _resolve_csv(self) -> None:
         """A schedule CSV fixes m and v (and stands in for parallel.schedule); errors in it are
         kept for validate()."""
-        from par3d.pipeline.schedules import ScheduleError, from_csv, placement
+        from par3d.pipeline.schedules import ScheduleError, from_csv
 
         p = self.parallel
         self._csv_error: str | None = None
-        self._csv_ends_together = False
         try:
             with open(p.schedule_csv, newline="") as fh:  # type: ignore[arg-type]
                 loaded = from_csv(fh.read())
@@ -247,8 +246,6 @@ class RunConfig:
             self._csv_error = f"parallel.schedule_csv={p.schedule_csv!r} is not a valid schedule: {e}"
             return
         p.microbatches, p.virtual_stages = loaded.m, loaded.v
-        ends = placement(loaded.schedule)
-        self._csv_ends_together = p.pp > 1 and ends[0] == ends[max(ends)]  # a V: embedding and head on one rank
 
     def validate(self) -> RunConfig:
         """Raise one ConfigError listing every violated rule; return self when valid."""
@@ -326,10 +323,6 @@ class RunConfig:
         if p.schedule_csv:
             if getattr(self, "_csv_error", None):
                 errs.append(self._csv_error)  # type: ignore[arg-type]
-            elif getattr(self, "_csv_ends_together", False) and m.tied_embeddings:
-                errs.append(f"parallel.schedule_csv={p.schedule_csv!r} with model.tied_embeddings: the file puts "
-                            "the first and the last stage on one rank (a V), whose shared weight the runtime "
-                            "does not tie yet; drop --tied-embeddings or use a CSV of zb-h1")
         elif p.schedule not in SCHEDULES:
             errs.append(f"parallel.schedule={p.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
         elif ok_par:
@@ -350,10 +343,6 @@ class RunConfig:
                 if p.schedule == "dualpipe-v" and p.microbatches is not None and p.microbatches < 2 * p.pp:
                     errs.append(f"parallel.microbatches={p.microbatches}: dualpipe-v needs m >= 2 x pp = "
                                 f"{2 * p.pp}; use --microbatches {2 * p.pp}")
-                if m.tied_embeddings and p.pp > 1:
-                    errs.append(f"parallel.schedule={p.schedule!r} with model.tied_embeddings: the V puts the "
-                                "embedding and the head on rank 0 as two chunks, whose shared weight the "
-                                "runtime does not tie yet; drop --tied-embeddings or use zb-h1")
             elif p.virtual_stages != 1:
                 errs.append(f"parallel.virtual_stages={p.virtual_stages} only applies to the interleaved "
                             f"schedule (schedule={p.schedule!r}); use --schedule interleaved or "

@@ -18,7 +18,9 @@ Two kinds of parameter need a reduction over another group first:
     TP rank saw part of the sequence -> sum over TP (done in the hook: TP ranks run in lockstep);
   * the tied embedding held by the first and last pipeline stage -> sum over the embedding
     group; this waits for the pipeline flush (`finish`) because the stages reach it at
-    different times, so those parameters live in a bucket of their own.
+    different times, so those parameters live in a bucket of their own.  In the V schedules
+    (zb-v, dualpipe-v) both copies are chunks of pipeline rank 0: summed there, with no
+    communication (`tied_pair`), at the same point.
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ def _has_fused_adam() -> bool:
 
 
 _FUSED_ADAM = _has_fused_adam()
+
+
+def tied_pair(chunks: list[nn.Module], groups: Groups) -> list[nn.Parameter]:
+    """The two copies of a tied embedding where this rank holds both, in two chunks (the V schedules put the
+    embedding's chunk and the head's on pipeline rank 0), else [].  Their gradients are summed on this rank
+    after the flush, as the embedding group sums them when the copies are on two ranks."""
+    if groups.embed.size > 1:
+        return []
+    copies = {id(p): p for ch in chunks for p in ch.parameters() if getattr(p, "tied_embedding", False)}
+    return list(copies.values()) if len(copies) == 2 else []
+
+
+def sum_tied(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Both gradients of a rank's two tied copies become their sum (in place)."""
+    a.add_(b)
+    b.copy_(a)
 
 
 def lr_schedule(t: TrainConfig, step: int) -> float:
@@ -105,6 +123,7 @@ class DataParallel:
         self.sync = [False] * len(chunks)
         self.bufs: list[ChunkBuffers] = []
         self.step_count = 0
+        self.tied_pair = tied_pair(chunks, groups)
         for ci, module in enumerate(chunks):
             self.bufs.append(self._build_chunk(ci, module, bucket_numel))
         # fp32 training: autograd accumulates straight into the flat buffer (param.grad *is* the
@@ -127,7 +146,7 @@ class DataParallel:
     def _build_chunk(self, ci: int, module: nn.Module, bucket_numel: int) -> ChunkBuffers:
         params = [p for p in module.parameters() if p.requires_grad]
         tied = [p for p in params if getattr(p, "tied_embedding", False)]
-        if self.groups.embed.size == 1:
+        if self.groups.embed.size == 1 and not self.tied_pair:
             tied = []
         regular = [p for p in params if not any(p is t for t in tied)]
         # backward visits parameters roughly in reverse creation order: bucket them that way so
@@ -164,10 +183,10 @@ class DataParallel:
                 p.main_grad = grad[off:off + n].view_as(p)  # type: ignore[attr-defined]
                 master[off:off + n] = p.detach().reshape(-1).float()
                 decay[off:off + n] = 1.0 if p.dim() >= 2 else 0.0
-                # count a replicated parameter once per TP group; the tied embedding once (on the
-                # first stage) per pipeline
+                # count a replicated parameter once per TP group; the tied embedding once (the
+                # embedding's copy, not the head's) per pipeline
                 counted = (getattr(p, "tp_sharded", False) or tp_rank0)
-                if getattr(p, "tied_embedding", False) and self.groups.coord.pp != 0:
+                if getattr(p, "tied_copy", False):
                     counted = False
                 norm[off:off + n] = 1.0 if counted else 0.0
                 off += n
@@ -221,9 +240,11 @@ class DataParallel:
 
     def finish(self) -> None:
         """After the last backward: reduce what the hooks did not, then wait for everything."""
+        if self.tied_pair:
+            sum_tied(*(p.main_grad for p in self.tied_pair))  # type: ignore[attr-defined]
         for buf in self.bufs:
             for b in buf.buckets:
-                if b.deferred:
+                if b.deferred and not self.tied_pair:
                     for p in b.params:
                         comm.all_reduce(p.main_grad, self.groups.embed)  # type: ignore[attr-defined]
                 if not b.launched:

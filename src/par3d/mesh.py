@@ -36,12 +36,17 @@ class Mesh:
     pp: int
     tp: int
     cp: int = 1
+    # the pipeline rank that holds the head (the model's last chunk): the last one, except in the V schedules
+    # (zb-v, dualpipe-v), whose last chunk comes back to rank 0 beside the embedding (`schedules.placement`)
+    head_pp: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "cp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"Mesh.{name}={v!r} must be an integer >= 1")
+        if self.head_pp is not None and not (isinstance(self.head_pp, int) and 0 <= self.head_pp < self.pp):
+            raise ValueError(f"Mesh.head_pp={self.head_pp!r} must be a pipeline rank, 0 .. {self.pp - 1}")
 
     @property
     def world_size(self) -> int:
@@ -84,10 +89,12 @@ class Mesh:
         return sorted(self.rank(d, c.pp, c.tp, k) for d in range(self.dp) for k in range(self.cp))
 
     def embed_group(self, rank: int) -> list[int]:
-        """First and last pipeline stage of this (dp, cp, tp) column: they hold the two copies of a
-        tied embedding and sum its gradient.  A single rank when pp == 1."""
+        """The pipeline ranks of this (dp, cp, tp) column that hold the embedding and the head: the two copies of a
+        tied embedding, whose gradients they sum.  A single rank when pp == 1, and in the V schedules, where
+        both ends are chunks of pipeline rank 0 (the two copies are then summed on that rank)."""
         c = self.coord(rank)
-        ends = sorted({self.rank(c.dp, 0, c.tp, c.cp), self.rank(c.dp, self.pp - 1, c.tp, c.cp)})
+        head = self.pp - 1 if self.head_pp is None else self.head_pp
+        ends = sorted({self.rank(c.dp, 0, c.tp, c.cp), self.rank(c.dp, head, c.tp, c.cp)})
         return ends
 
     def all_groups(self, kind: str) -> list[list[int]]:

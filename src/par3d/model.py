@@ -302,6 +302,7 @@ class Head(nn.Module):
             self.weight = mark_tp_sharded(nn.Parameter(w))
             if cfg.tied_embeddings:
                 self.weight.tied_embedding = True  # type: ignore[attr-defined]
+                self.weight.tied_copy = True  # type: ignore[attr-defined]  # the second copy: counted once
 
     def logits_local(self, x: torch.Tensor) -> torch.Tensor:
         x = self.ln_f(x)

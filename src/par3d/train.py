@@ -158,7 +158,7 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     from par3d.mesh import Mesh, build_groups
     from par3d.model import GPTStage, ModelContext
     from par3d.pipeline.partition import gpt_partition
-    from par3d.pipeline.schedules import p2p_pairs, rank_stages
+    from par3d.pipeline.schedules import p2p_pairs, placement, rank_stages
     from par3d.zero import ShardedDataParallel
 
     mc, pc, tc = cfg.model, cfg.parallel, cfg.train
@@ -166,8 +166,9 @@ def _build(cfg: RunConfig, rank: int, opts: RunOptions) -> _Rank | None:
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if tc.dtype == "bf16" else torch.float32
 
-    mesh = Mesh(pc.dp, pc.pp, pc.tp, pc.cp)
     schedule = pipeline_schedule(cfg)
+    # the head's pipeline rank: the last, or rank 0 in a V (zb-v, dualpipe-v), beside the embedding
+    mesh = Mesh(pc.dp, pc.pp, pc.tp, pc.cp, head_pp=placement(schedule)[pc.pp * pc.virtual_stages - 1])
     # the backend carries the pipeline's messages (NCCL always; gloo with --p2p backend): a group
     # per (channel, pair of ranks), so NCCL runs what schedules.nccl_problems proves safe
     backend_p2p = pc.p2p == "backend" or (dist.is_initialized() and dist.get_backend() == "nccl")

@@ -21,7 +21,7 @@ its pre-backward and post-backward hooks assume the module's backward runs as on
 Our TP layers are plain parameters with hand-written f/g operators (not DTensor), our pipeline
 runs zero-bubble's BI and BW as two autograd walks over a retained graph, sends activations
 through shared memory, and the tied embedding is summed over the pipeline's first and last stage
-before the DP reduction.  Composing those with FSDP2 would mean rewriting the TP layers as DTensor
+(or, in the V schedules, over rank 0's two chunks) before the DP reduction.  Composing those with FSDP2 would mean rewriting the TP layers as DTensor
 plans and the runtime's backward; the mechanism below is small and shares the bucket layout,
 checkpoint format and optimizer arithmetic with `data_parallel.py` (same offsets, same AdamW).
 
@@ -58,7 +58,7 @@ from torch import nn
 
 from par3d import comm
 from par3d.config import TrainConfig
-from par3d.data_parallel import _FUSED_ADAM, adam_terms, lr_schedule
+from par3d.data_parallel import _FUSED_ADAM, adam_terms, lr_schedule, sum_tied, tied_pair
 from par3d.mesh import Groups
 
 
@@ -126,6 +126,7 @@ class ShardedDataParallel:
         self.sync = [False] * len(chunks)
         self.ledger = _Ledger()
         self.lowp = next((p.dtype for c in chunks for p in c.parameters()), torch.float32)
+        self.tied_pair = tied_pair(chunks, groups)  # both tied copies on this rank (a V): summed here
         self.fp32 = self.lowp == torch.float32
         self.chunks = [self._build(ci, m, bucket_numel) for ci, m in enumerate(chunks)]
         self.bufs = self.chunks  # the name checkpoint.py and the fault hooks use
@@ -140,7 +141,8 @@ class ShardedDataParallel:
         """(params, deferred, unit module) per bucket.  Stages 2-3: one bucket per unit (stage 3
         gathers by unit); stage 1: by size, in reverse order (backward fills the first first)."""
         params = [p for p in module.parameters() if p.requires_grad]
-        tied = [p for p in params if getattr(p, "tied_embedding", False)] if self.groups.embed.size > 1 else []
+        tied = ([p for p in params if getattr(p, "tied_embedding", False)]
+                if self.groups.embed.size > 1 or self.tied_pair else [])
         is_tied = {id(p) for p in tied}
         out: list[tuple[list[nn.Parameter], bool, Any]] = []
         if self.zero == 1:
@@ -202,8 +204,8 @@ class ShardedDataParallel:
             full_master[o:o + n] = p.detach().reshape(-1).float()
             full_decay[o:o + n] = 1.0 if p.dim() >= 2 else 0.0
             counted = getattr(p, "tp_sharded", False) or tp_rank0
-            if getattr(p, "tied_embedding", False) and self.groups.coord.pp != 0:
-                counted = False  # the last stage's copy: counted once, on the first stage
+            if getattr(p, "tied_copy", False):
+                counted = False  # the head's copy: the tied embedding is counted once, as the embedding
             full_norm[o:o + n] = 1.0 if counted else 0.0
         for b in buckets:
             n = b.numel // d
@@ -406,10 +408,14 @@ class ShardedDataParallel:
 
     def finish(self) -> None:
         """After the last backward: reduce the deferred (tied) buckets, wait for every reduction."""
+        deferred = [b for c in self.chunks for b in c.buckets if b.deferred and b.gbuf is not None]
+        if self.tied_pair and len(deferred) == 2:  # both copies here, a bucket each of the same size
+            sum_tied(deferred[0].gbuf, deferred[1].gbuf)  # type: ignore[arg-type]
         for c in self.chunks:
             for b in c.buckets:
                 if b.deferred and b.gbuf is not None:
-                    comm.all_reduce(b.gbuf, self.groups.embed)
+                    if not self.tied_pair:
+                        comm.all_reduce(b.gbuf, self.groups.embed)
                     self._launch(b)
                 elif b.work is None and b.gbuf is not None:
                     self._launch(b)  # stage 1 outside the hooks, or gradients that never all arrived

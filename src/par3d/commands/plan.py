@@ -445,7 +445,7 @@ def register(sub) -> None:
     g.add_argument("--micro-batch", type=int_at_least(1), help="sequences per micro-batch per DP rank")
     g.add_argument("--schedule", choices=SCHEDULES,
                    help="pipeline schedule; zb-v and dualpipe-v hold stages r and 2p-1-r on rank r (v = 2, "
-                        "untied embeddings, dualpipe-v m >= 2 x pp); searched among all when omitted")
+                        "dualpipe-v m >= 2 x pp); searched among all when omitted")
     g.add_argument("--virtual-stages", type=int_at_least(1),
                    help="model chunks per pipeline rank v (> 1 implies --schedule interleaved; 2 with zb-v and "
                         "dualpipe-v)")
@@ -868,10 +868,6 @@ def _check_v(args: argparse.Namespace, model) -> None:
         raise UsageError(f"--schedule {name} --pp {args.pp}: the V has 2 x pp = {2 * args.pp} chunks and every "
                          f"chunk needs one of the {model.layers} layers (or the embedding or the head alone); use "
                          f"--pp <= {(model.layers + 2) // 2}")
-    if model.tied:
-        raise UsageError(f"--schedule {name}: the V puts the embedding and the head on rank 0 as two chunks, "
-                         f"whose shared weight par3d train does not tie; use --no-tied-embeddings or "
-                         f"--schedule zb-h1")
 
 
 def runtime_support() -> tuple[int, bool]:

@@ -254,78 +254,89 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     live = [0] * p
     free = [0.0] * p
     version = [0] * p
+    # heap entries (start, kind's priority, micro-batch, -chunk, rank, version, kind, chunk): the first five are the
+    # order the choice is made in; an entry whose version is not its rank's latest is stale
     heap: list[tuple] = []
+    push, pop = heapq.heappush, heapq.heappop
 
     def offer(r: int, over_cap: bool = False) -> None:
         """Push rank r's best ready action: (earliest start; then BI > F > BW; then the older
         micro-batch; then the deeper chunk; then the lower rank) -- the order of keys the global
         choice is made in, so keeping each rank's best and taking the least is the same choice."""
-        version[r] += 1
-        best = None
+        ver = version[r] = version[r] + 1
+        best: tuple | None = None
         fr = free[r]
+        st_r, nb_r, nf_r = stages[r], nb[r], nf[r]
+        can_f = live[r] < limit or over_cap
         for c in (1, 0):
-            st, i = stages[r][c], nb[r][c]
+            st, i = st_r[c], nb_r[c]
             if i < m:  # BI waits for its own F and the next stage's BI
                 e = f_end[st][i]
                 if e is not None:
                     e2 = bi_end[st + 1][i] if st < last else fr
                     if e2 is not None:
-                        key = (max(fr, e, e2), 0, i, -c, r)
-                        if best is None or key < best[0]:
-                            best = (key, "BI", c, i)
-            i = nf[r][c]
-            if (live[r] < limit or over_cap) and i < m:  # F waits for the previous stage's F
+                        t = fr if fr >= e and fr >= e2 else (e if e >= e2 else e2)
+                        key = (t, 0, i, -c, r, ver, "BI", c)
+                        if best is None or key < best:
+                            best = key
+            i = nf_r[c]
+            if can_f and i < m:  # F waits for the previous stage's F
                 e = f_end[st - 1][i] if st > 0 else fr
                 if e is not None:
-                    key = (max(fr, e), 1, i, -c, r)
-                    if best is None or key < best[0]:
-                        best = (key, "F", c, i)
+                    key = (fr if fr >= e else e, 1, i, -c, r, ver, "F", c)
+                    if best is None or key < best:
+                        best = key
         if pending[r]:
             c, i = pending[r][0]
-            key = (max(fr, bi_end[stages[r][c]][i]), 2, i, -c, r)  # type: ignore[type-var]
-            if best is None or key < best[0]:
-                best = (key, "BW", c, i)
+            e = bi_end[st_r[c]][i]
+            key = (fr if fr >= e else e, 2, i, -c, r, ver, "BW", c)  # type: ignore[operator]
+            if best is None or key < best:
+                best = key
         if best is not None:
-            heapq.heappush(heap, (best[0], version[r], best[1], best[2], best[3]))
+            push(heap, best)
 
     for r in range(p):
         offer(r)
     for _ in range(3 * n_stages * m):
-        while heap and heap[0][1] != version[heap[0][0][4]]:
-            heapq.heappop(heap)  # an offer made stale by a later one of the same rank
+        while heap and heap[0][5] != version[heap[0][4]]:
+            pop(heap)  # an offer made stale by a later one of the same rank
         capped = not heap
         if capped:  # every rank waits behind the memory cap: let one forward past it
             for r in range(p):
                 offer(r, over_cap=True)
-            while heap and heap[0][1] != version[heap[0][0][4]]:
-                heapq.heappop(heap)
+            while heap and heap[0][5] != version[heap[0][4]]:
+                pop(heap)
         if not heap:  # cannot happen: the stage holding the oldest unfinished work can go on
             raise ScheduleError(f"zb-v: list scheduling found nothing to run for p={p}, m={m}")
-        key, _ver, kind, c, i = heapq.heappop(heap)
-        t, r = key[0], key[4]
+        t, _prio, i, _c, r, _ver, kind, c = pop(heap)
         st = stages[r][c]
         stop = free[r] = t + cost[kind]
-        dirty = {r}
+        other = -1  # the one other rank whose ready actions this one changes
         if kind == "F":
             nf[r][c] += 1
             live[r] += 1
             f_end[st][i] = stop
             if st < last:
-                dirty.add(rank_of[st + 1])
+                other = rank_of[st + 1]
         elif kind == "BI":
             nb[r][c] += 1
             pending[r].append((c, i))
             bi_end[st][i] = stop
             if st > 0:
-                dirty.add(rank_of[st - 1])
+                other = rank_of[st - 1]
         else:
             pending[r].popleft()
             live[r] -= 1
         out[r].append(Action(kind, st, i))
         # only these ranks' ready actions or start times changed; after a capped pick every
         # rank's offer is made again under the cap (the other over-cap offers must not stand)
-        for d in range(p) if capped else dirty:
-            offer(d)
+        if capped:
+            for d in range(p):
+                offer(d)
+        else:
+            offer(r)
+            if other >= 0 and other != r:
+                offer(other)
     return out
 
 

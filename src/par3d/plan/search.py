@@ -3,8 +3,8 @@
 How it stays fast (`par3d plan` for 1024 GPUs answers in well under 2 s on two cores):
 1. Cheap rejections first: tp must divide heads, ffn and the GPU count (and stay inside a node
    unless allowed); dp must divide the global batch; every pipeline chunk needs a layer;
-   interleaved needs m % pp == 0; zb-v and dualpipe-v (v = 2 on the V placement) pp >= 2, untied
-   embeddings and, for dualpipe-v, m >= 2·pp -- the runtime's rules (config.py).
+   interleaved needs m % pp == 0; zb-v and dualpipe-v (v = 2 on the V placement) pp >= 2 and,
+   for dualpipe-v, m >= 2·pp -- the runtime's rules (config.py).
 2. Dominance: time grows and memory shrinks with the ZeRO stage, so for each other choice only
    the smallest ZeRO stage that fits is kept.  Sequence parallelism costs no time in this model
    (AG + RS = AR) and saves memory, so with tp > 1 it is on unless `--no-sequence-parallel`.
@@ -294,12 +294,11 @@ def enumerate_choices(model: ModelSpec, cluster: Cluster, global_batch: int, fix
                         rejected["interleaved needs pp·v <= layers + 2"] += 1
                 elif sched in V_ORDER:
                     # the runtime's rules (config.py): two chunks per rank, a layer per chunk (or the
-                    # embedding or the head alone: 2·pp <= layers + 2), m >= 2p
-                    # for dualpipe-v, no tied embeddings (embedding and head are two chunks of rank 0)
+                    # embedding or the head alone: 2·pp <= layers + 2), m >= 2p for dualpipe-v.  Tied
+                    # embeddings are two copies on rank 0, summed there (data_parallel.tied_pair)
                     if fixed.virtual_stages not in (None, 2):
                         continue
                     why = ("pp > 1" if pp == 1 else "2·pp <= layers + 2" if 2 * pp > model.layers + 2
-                           else "untied embeddings" if model.tied
                            else "m >= 2·pp" if sched == "dualpipe-v" and m < 2 * pp else None)
                     if why is not None:
                         rejected[f"{sched} needs {why}"] += 1
@@ -1044,7 +1043,7 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
             why = reason[len(fixed.schedule) + len(" needs "):]
             hint = {"m >= 2·pp": "a larger --global-batch or a smaller --micro-batch, or --schedule zb-v",
                     "2·pp <= layers + 2": f"--pp <= {(model.layers + 2) // 2}",
-                    "pp > 1": "--pp 2 or more"}.get(why, "--no-tied-embeddings")
+                    "pp > 1": "--pp 2 or more"}.get(why, "another layout")
             fixes.append(f"{hint} ({fixed.schedule} needs {why}), or --schedule zb-h1")
         elif reason == "schedule not in --schedules" and limits.schedules is not None:
             r2 = search(model, cluster, global_batch, fixed, replace(limits, schedules=None), top=1, opts=opts)
