@@ -9,7 +9,7 @@ side by side, and says whether both return the same top plans.
 Cases: the 1T-parameter row of Narayanan et al. 2021 Table 1 (1008B: 128 layers, h = 25,600,
 160 heads) on 3,072 A100-80GB with batch 3,072 — issue 12's target, < 2 s on two cores; GPT-3 175B
 on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper); the
-1T shape with untied embeddings, so that ZB-V and DualPipe-V (refused with tied ones) are searched too; DeepSeek-V3 on
+1T shape with untied embeddings (the V schedules searched for it, and for tied ones since issue 12's sixty-second round); DeepSeek-V3 on
 1,024 H100, batch 4,096: a mixture of experts, whose search adds expert parallelism and is the slowest.
 The 1T case is also timed as `par3d plan ... --explain` end to end (its search also bounds the
 configurations that do not fit, then the best plan of each of the leading layouts is simulated and
@@ -35,7 +35,7 @@ CASES: list[tuple[str, Any, str, int, int]] = [
     ("1T (1008B) on 3072 A100", (128, 25600, 160, 2048, 51200), "a100-80gb", 3072, 3072),
     ("GPT-3 175B on 1024 A100", "gpt3-175b", "a100-80gb", 1024, 1536),
     ("Llama 3 405B on 16384 H100", "llama3-405b", "h100-sxm", 16384, 2048),
-    # the 1T shape with untied embeddings: ZB-V and DualPipe-V enter the search (tied ones refuse the V)
+    # the 1T shape with untied embeddings (before issue 12's sixty-second round only untied ones searched the V)
     ("1T untied on 3072 A100", (128, 25600, 160, 2048, 51200, False), "a100-80gb", 3072, 3072),
     # a mixture of experts (expert parallelism, ZeRO-3 of experts, MLA's recompute modules searched too): the slowest
     # search of the catalogue (issue 12's twenty-ninth round)
