@@ -6,7 +6,7 @@ tied or not, widths, norms, positions, activations, biases, an odd vocabulary, a
 clipping and weight decay), keeps it if `RunConfig.validate` accepts it, and runs it beside its one-process
 reference in ONE world of 8 gloo ranks: losses of 2 steps, step-1 gradients and the parameters after step 2
 must match within TOL (fp32).  The draw is seeded (`SEED`); `PAR3D_RANDOM_LAYOUTS=N` runs N cases instead of
-the default 12 (a session ran 360 layouts and 60 checkpoint reshards this way, issue 12's sixty-second round:
+the default 12 (a session ran 340 layouts and 66 checkpoint reshards this way, issue 12's sixty-second round:
 all matched; the one refusal they met, tied embeddings on the V schedules, is what that round lifted)."""
 
 from __future__ import annotations
