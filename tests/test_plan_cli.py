@@ -1241,3 +1241,18 @@ def test_bench_counts_are_refused_before_anything_runs(capsys, argv, says):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_schedule_some_frameworks_lack_is_said_so(capsys):
+    """A searched plan on a zero-bubble schedule (here DualPipe-V: GPT-3's tied embeddings are searched on the V since
+    issue 12's sixty-second round) says which frameworks lack it and how to keep to theirs; naming the schedules
+    (or a framework) says nothing."""
+    base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "768", "--global-batch", "1536", "--top", "1"]
+    rc, out, _ = run(capsys, *base)
+    best = next(line for line in out.splitlines() if line.startswith("best: "))
+    schedule = best.split(" v=")[0].split()[-1]
+    assert rc == 0 and schedule in ("zb-h1", "zb-v", "dualpipe-v"), best
+    note = next(line for line in out.splitlines() if line.startswith(f"note:     {schedule} is a schedule"))
+    assert "megatron-lm (1f1b, interleaved)" in note and "deepspeed (1f1b)" in note and "--schedules" in note
+    rc, out, _ = run(capsys, *base, "--schedules", "1f1b,interleaved")
+    assert rc == 0 and "is a schedule par3d train runs" not in out

@@ -120,6 +120,7 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     out.append(_evidence_line(cluster, model.moe))
     out += _precision_lines(cluster, model.moe)
     out += _software_lines(cluster, getattr(args, "framework", "par3d"))
+    out += _schedule_lines(best.choice.schedule, getattr(args, "framework", "par3d"), getattr(args, "schedules", None))
     if model.moe and getattr(args, "cuda_graphs", "full_iteration") == "full_iteration":
         out.append("note:     priced as whole-iteration CUDA graphs run it (no MoE host floor); a Megatron-Core run "
                    "without them waits for its host each MoE layer: --cuda-graphs partial|none (docs/planner.md §6)")
@@ -458,6 +459,19 @@ def _software_lines(cluster, framework: str = "par3d") -> list[str]:
                    + f"; with each run's software stated: {d['within_10pct']} "
                    f"({d['median_abs_error_pct']:.1f} %) — docs/planner.md §9")
     return out
+
+
+def _schedule_lines(schedule: str, framework: str = "par3d", schedules: tuple[str, ...] | None = None) -> list[str]:
+    """Where the best plan's pipeline schedule is one some frameworks lack (a zero-bubble schedule, which the search
+    may pick when neither --framework nor --schedules restricts it): which lack it, and how to keep to theirs."""
+    if framework != "par3d" or schedules is not None:
+        return []
+    lack = [f"{n} ({', '.join(fw.schedules)})" for n, fw in FRAMEWORKS.items()
+            if fw.schedules is not None and schedule not in fw.schedules]
+    if not lack:
+        return []
+    return [f"note:     {schedule} is a schedule par3d train runs; {', '.join(lack)} do not have it: --framework NAME "
+            "or --schedules LIST keeps the search to a framework's schedules"]
 
 
 def _regime_lines(cluster, c) -> list[str]:
