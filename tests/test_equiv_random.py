@@ -20,7 +20,7 @@ import pytest
 from distributed_helper import run_world
 from equiv_common import TOL, case, losses, max_diff, merged, reference_of, run_cases
 
-SEED = 62
+SEED = 63  # a draw of 12 that holds CP (with a pipeline), a tied V, ZeRO-3, a given cut and TP 4 (checked below)
 N = int(os.environ.get("PAR3D_RANDOM_LAYOUTS", "12"))
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2), ("dualpipe-v", 2)]
 
@@ -94,6 +94,12 @@ def test_the_draw_covers_the_layouts_it_means_to():
     assert len({(p["dp"], p["pp"], p["tp"], p["cp"]) for p in par}) >= min(N, 6)
     assert len({p["schedule"] for p in par if p["pp"] > 1}) >= min(N // 4, 3)
     assert len(set(REF_OF.values())) >= min(N // 2, 4)
+    if N >= 12:  # the default seed was chosen so that its 12 draws hold these (a larger N draws the same 12 first)
+        assert any(p["cp"] > 1 and p["pp"] > 1 for p in par)
+        assert any(c["parallel"]["schedule"] in ("zb-v", "dualpipe-v") and c["model"]["tied_embeddings"]
+                   for c in LAYOUTS.values())
+        assert any(p["zero_stage"] == 3 for p in par) and any(p["tp"] == 4 for p in par)
+        assert any(p.get("pipeline_layout") for p in par)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
