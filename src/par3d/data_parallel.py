@@ -61,6 +61,14 @@ def tied_pair(chunks: list[nn.Module], groups: Groups) -> list[nn.Parameter]:
     return list(copies.values()) if len(copies) == 2 else []
 
 
+def deferred_tied(params: list[nn.Parameter], groups: Groups, pair: list[nn.Parameter]) -> list[nn.Parameter]:
+    """The copies of a tied embedding among `params` whose gradient waits for the flush, in a bucket of their own:
+    summed over the embedding group (the copies on two ranks) or on this rank (`pair`, both copies here)."""
+    if groups.embed.size == 1 and not pair:
+        return []
+    return [p for p in params if getattr(p, "tied_embedding", False)]
+
+
 def sum_tied(a: torch.Tensor, b: torch.Tensor) -> None:
     """Both gradients of a rank's two tied copies become their sum (in place)."""
     a.add_(b)
@@ -145,9 +153,7 @@ class DataParallel:
     # ---- layout ------------------------------------------------------------------------------
     def _build_chunk(self, ci: int, module: nn.Module, bucket_numel: int) -> ChunkBuffers:
         params = [p for p in module.parameters() if p.requires_grad]
-        tied = [p for p in params if getattr(p, "tied_embedding", False)]
-        if self.groups.embed.size == 1 and not self.tied_pair:
-            tied = []
+        tied = deferred_tied(params, self.groups, self.tied_pair)
         regular = [p for p in params if not any(p is t for t in tied)]
         # backward visits parameters roughly in reverse creation order: bucket them that way so
         # the first buckets fill first
@@ -240,11 +246,11 @@ class DataParallel:
 
     def finish(self) -> None:
         """After the last backward: reduce what the hooks did not, then wait for everything."""
-        if self.tied_pair:
+        if self.tied_pair:  # both copies here: summed on this rank (the embedding group is this rank alone)
             sum_tied(*(p.main_grad for p in self.tied_pair))  # type: ignore[attr-defined]
         for buf in self.bufs:
             for b in buf.buckets:
-                if b.deferred and not self.tied_pair:
+                if b.deferred:
                     for p in b.params:
                         comm.all_reduce(p.main_grad, self.groups.embed)  # type: ignore[attr-defined]
                 if not b.launched:

@@ -58,7 +58,7 @@ from torch import nn
 
 from par3d import comm
 from par3d.config import TrainConfig
-from par3d.data_parallel import _FUSED_ADAM, adam_terms, lr_schedule, sum_tied, tied_pair
+from par3d.data_parallel import _FUSED_ADAM, adam_terms, deferred_tied, lr_schedule, sum_tied, tied_pair
 from par3d.mesh import Groups
 
 
@@ -141,8 +141,7 @@ class ShardedDataParallel:
         """(params, deferred, unit module) per bucket.  Stages 2-3: one bucket per unit (stage 3
         gathers by unit); stage 1: by size, in reverse order (backward fills the first first)."""
         params = [p for p in module.parameters() if p.requires_grad]
-        tied = ([p for p in params if getattr(p, "tied_embedding", False)]
-                if self.groups.embed.size > 1 or self.tied_pair else [])
+        tied = deferred_tied(params, self.groups, self.tied_pair)
         is_tied = {id(p) for p in tied}
         out: list[tuple[list[nn.Parameter], bool, Any]] = []
         if self.zero == 1:
@@ -408,14 +407,12 @@ class ShardedDataParallel:
 
     def finish(self) -> None:
         """After the last backward: reduce the deferred (tied) buckets, wait for every reduction."""
-        deferred = [b for c in self.chunks for b in c.buckets if b.deferred and b.gbuf is not None]
-        if self.tied_pair and len(deferred) == 2:  # both copies here, a bucket each of the same size
-            sum_tied(deferred[0].gbuf, deferred[1].gbuf)  # type: ignore[arg-type]
+        if self.tied_pair:  # both copies here, a deferred bucket each of the same size: summed on this rank
+            sum_tied(*(b.gbuf for c in self.chunks for b in c.buckets if b.deferred))  # type: ignore[arg-type]
         for c in self.chunks:
             for b in c.buckets:
                 if b.deferred and b.gbuf is not None:
-                    if not self.tied_pair:
-                        comm.all_reduce(b.gbuf, self.groups.embed)
+                    comm.all_reduce(b.gbuf, self.groups.embed)  # (a V's embedding group is this rank: nothing)
                     self._launch(b)
                 elif b.work is None and b.gbuf is not None:
                     self._launch(b)  # stage 1 outside the hooks, or gradients that never all arrived

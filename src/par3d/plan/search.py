@@ -34,6 +34,7 @@ from .cost import (
     Plan,
     evaluate,
     makespan_lower_bound,
+    rank_busy,
     round_split,
     stage_times,
     straggler_factor,
@@ -773,10 +774,9 @@ def _bubble_floors(st: StageTimes, c: Choice) -> tuple[float, float]:
     an MoE stage much heavier than the rest), which the busiest rank's share misses.  The second holds only where
     the candidate is priced at these stage times (`_priced_here`)."""
     m, split = c.microbatches, c.schedule in SPLIT_BACKWARD
-    busy, total = [], 0.0  # busy: `rank_busy`'s, which the makespan bound reads too (computed once here)
-    for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages):
-        busy.append(m * sum(st.f[s] + st.b[s] for s in stages))
-        total += sum(st.f[s] + (max(st.b[s], st.bi[s] + st.bw[s]) if split else st.b[s]) for s in stages)
+    busy = rank_busy(st, c)  # once: the makespan bound reads it too
+    total = sum(st.f[s] + (max(st.b[s], st.bi[s] + st.bw[s]) if split else st.b[s])
+                for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages) for s in stages)
     lb_ms = makespan_lower_bound(st, c, busy)
     if lb_ms <= 0:
         return 0.0, 0.0
