@@ -10,7 +10,9 @@ Cases: the 1T-parameter row of Narayanan et al. 2021 Table 1 (1008B: 128 layers,
 160 heads) on 3,072 A100-80GB with batch 3,072 — issue 12's target, < 2 s on two cores; GPT-3 175B
 on 1,024 A100-80GB, batch 1,536 (§5.1); Llama 3 405B on 16,384 H100, batch 2,048 (Llama 3 paper); the
 1T shape with untied embeddings (the V schedules searched for it, and for tied ones since issue 12's sixty-second round); DeepSeek-V3 on
-1,024 H100, batch 4,096: a mixture of experts, whose search adds expert parallelism and is the slowest.
+1,024 H100, batch 4,096: a mixture of experts, whose search adds expert parallelism; Mixtral 8x22B on 256 H100,
+batch 256: a mixture of experts whose search considers the most configurations (~4.7·10⁵, most of them
+priced for memory alone).
 The 1T case is also timed as `par3d plan ... --explain` end to end (its search also bounds the
 configurations that do not fit, then the best plan of each of the leading layouts is simulated and
 the report rendered): `explain_s_median`.
@@ -40,6 +42,8 @@ CASES: list[tuple[str, Any, str, int, int]] = [
     # a mixture of experts (expert parallelism, ZeRO-3 of experts, MLA's recompute modules searched too): the slowest
     # search of the catalogue (issue 12's twenty-ninth round)
     ("DeepSeek-V3 on 1024 H100", "deepseek-v3", "h100-sxm", 1024, 4096),
+    # a mixture of experts on a small cluster: ~4.7·10⁵ configurations considered, most priced for memory alone
+    ("Mixtral 8x22B on 256 H100", "mixtral-8x22b", "h100-sxm", 256, 256),
 ]
 
 CHILD = r"""

@@ -87,7 +87,6 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     # fast scan: states ∝ params, activations ∝ in-flight × layers per chunk (memory.rank_memory)
     model = model.at_ep(c.ep)  # (uneven routing loads the busiest of several EP ranks: models.ModelSpec.route_load)
     opts = opts or DEFAULT_OPTIONS
-    acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     # PyTorch's pipeline stages keep an FSDP2 stage's weights gathered and its gradients unreduced through the step
     # (stage_times: no reshard, no gradient sync between micro-batches): its memory is ZeRO-1's, the optimizer's state
     # alone sharded
@@ -97,21 +96,31 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
         # are priced in full (their activations kept for every ZeRO stage: `_heavy_activations`); the first of equal
-        # totals (MemoryBreakdown.total's sum, in its order)
-        ranks = _heavy_activations(
-            model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-            c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp,
-            cluster.offload_layers)
-        states = _state_terms(model, cluster, c, opts, zero, acc)
+        # totals (MemoryBreakdown.total's sum, in its order).  `_RankMemo` holds the same figures for the search's
+        # ~10⁵-10⁶ calls under shorter keys.
+        memo = _rank_memo(model, cluster, opts)
+        ranks = memo.ranks(c)
+        states = memo.states(c, zero)
         best, arg, most = None, 0, 0.0
-        for r, shape, act, other in ranks:
-            w, g, o, a, oth = rank_states(states, shape, act, other)
+        wb, gb, ob, expert, gathered, muon, adam = states
+        for r, shape, a, oth in ranks:
+            # memory.rank_states(states, shape, a, oth), inlined (the same sums): ~10⁶ calls a search
+            if gathered is not None:
+                oth += gathered
+            experts = shape.expert_params
+            dense = shape.params - experts
+            we, ge, oe = (wb, gb, ob) if not experts else expert
+            o = ob * dense + oe * experts
+            if muon and shape.vocab_params:
+                o += adam * shape.vocab_params
+            w, g = wb * dense + we * experts, gb * dense + ge * experts
             if off:  # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
                 o = o * (1.0 - off)
             total = w + g + o + a + oth
             if best is None or total > most:
                 best, arg, most = (w, g, o, a, oth), r, total
         return MemoryBreakdown(*best), arg  # type: ignore[misc]
+    acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
     shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
         model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
         c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
@@ -135,6 +144,117 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     if off:  # (as above)
         o = o * (1.0 - off)
     return MemoryBreakdown(w, g, o, a, oth), arg
+
+
+class _RankMemo:
+    """`_heavy_activations` and `_state_terms` of one (model, cluster, options) -- what `memory`'s ranked path reads
+    -- keyed on the choice's fields alone (the model's, cluster's and options' fixed by the memo), the same
+    numbers from the same functions; the activations' micro-batch parts (`_act_parts`) apart from the schedule's
+    (`_schedule_scan`), since many micro-batch counts share one micro-batch size."""
+
+    MAX = 8192  # entries kept before a cache is emptied (a search asks for each group's in a row)
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, opts: Options):
+        self.model, self.cluster, self.opts = model, cluster, opts
+        self.dtype, self.flash = cluster.precision, opts.flash_attention or cluster.flash
+        self.acc = memory_accounting(opts, cluster)
+        self.ce, self.offload = cluster.cross_entropy, cluster.offload_layers
+        self._ranks: dict[tuple, tuple] = {}
+        self._parts: dict[tuple, tuple] = {}
+        self._scans: dict[tuple, tuple] = {}
+        self._states: dict[tuple, tuple] = {}
+
+    def ranks(self, c: Choice) -> tuple[tuple[int, RankShape, float, float], ...]:
+        """`_heavy_activations` of choice `c`."""
+        key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
+               c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)
+        got = self._ranks.get(key)
+        if got is None:
+            if len(self._ranks) >= self.MAX:
+                self._ranks.clear()
+            got = self._ranks[key] = self._heavy(*key)
+        return got
+
+    def _heavy(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
+               rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, RankShape, float, float], ...]:
+        """`_heavy_activations(model, dtype, flash, tp, ..., ep, etp, offload_layers)`: `_memory_scan`'s figures
+        for the heavy ranks only (the others' are not read), in the same arithmetic."""
+        model = self.model
+        skey = (tp, pp, v, schedule, m, ep)
+        scan = self._scans.get(skey)
+        if scan is None:
+            if len(self._scans) >= self.MAX:
+                self._scans.clear()
+            scan = self._scans[skey] = _schedule_scan(model, *skey)
+        shapes, peaks, live, heavy = scan
+        pkey = (tp, pp * v if recompute == "full" and rec_layers > 0 else 0, b, sp, recompute, cp, rec_layers, etp)
+        parts = self._parts.get(pkey)
+        if parts is None:
+            if len(self._parts) >= self.MAX:
+                self._parts.clear()
+            parts = self._parts[pkey] = self._act_parts(tp, pp, v, b, sp, recompute, cp, rec_layers, etp)
+        per_layer, dense, acts = parts
+        mtp = model.mtp_layers
+        out = []
+        for r, *_ in heavy:
+            shape = shapes[r]
+            if dense is not None:  # (_memory_scan's per_rank)
+                n, nd = sum(shape.layers), shape.dense_layers
+                own: float | None = ((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense)
+            else:
+                own = per_layer if rec_layers else None
+            out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
+                                                    _offloaded_live(live[r], self.offload, pp), own)))
+        return tuple(out)
+
+    def _act_parts(self, tp: int, pp: int, v: int, b: int, sp: bool, recompute: str, cp: int, rec_layers: int,
+                   etp: int) -> tuple[float, float | None, tuple]:
+        """(`_memory_scan`'s per_layer before the dense layers' max, the dense variant's or None without dense
+        layers, `activation_terms`): what no schedule changes."""
+        model, dtype, flash = self.model, self.dtype, self.flash
+
+        def of_layer(k: ModelSpec) -> float:
+            if recompute == "full" and rec_layers > 0:
+                return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers, etp)
+            return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
+
+        per_layer = of_layer(model)
+        dense = of_layer(model.dense_variant()) if model.dense_count else None
+        acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                                cross_entropy=self.ce, etp=etp)
+        return per_layer, dense, acts
+
+    def states(self, c: Choice, zero: int) -> tuple:
+        """`_state_terms(model, cluster, c, opts, zero, acc)`."""
+        key = (zero, c.zero_stage, c.tp, c.dp // c.dp_replicate, c.cp, c.expert_dp, c.ep * c.etp)
+        got = self._states.get(key)
+        if got is None:
+            if len(self._states) >= self.MAX:
+                self._states.clear()
+            cl, o = self.cluster, self.opts
+            got = self._states[key] = _states(self.model, self.dtype, cl.optimizer, cl.zero3_unit, o.optimizer_dtype,
+                                              self.acc, *key)
+        return got
+
+
+_MEMOS: dict[tuple[int, int, int], _RankMemo] = {}
+_LAST: list[_RankMemo] = []  # the memo asked for last (a search asks for one ~10⁶ times in a row)
+
+
+def _rank_memo(model: ModelSpec, cluster: Cluster, opts: Options) -> _RankMemo:
+    """The `_RankMemo` of these very objects (frozen; the memo holds them, so their ids are not reused while kept)."""
+    if _LAST:
+        got = _LAST[0]
+        if got.model is model and got.cluster is cluster and got.opts is opts:
+            return got
+    key = (id(model), id(cluster), id(opts))
+    got = _MEMOS.get(key)
+    if got is None or got.model is not model or got.cluster is not cluster or got.opts is not opts:
+        if len(_MEMOS) >= 4:
+            _MEMOS.clear()
+        got = _MEMOS[key] = _RankMemo(model, cluster, opts)
+    _LAST[:] = [got]
+    return got
 
 
 def _state_terms(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options, zero: int, acc: str) -> tuple:

@@ -388,6 +388,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
             continue
         expert_grids = [(sp, e, et) for sp in sps for et in etp_choices(model, tp, fixed)
                         for e in ep_choices(model, tp, cp, dp, fixed, res.rejected, et)]
+        # the (ZeRO stage, replicas) pairs: the layout's, whatever the recomputation or expert grid
+        layout_pairs = [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]
         for sp, ep, etp in expert_grids:
             bare_missed: list[Choice] = []  # the candidates without recomputation that do not fit
             bare_total: dict[tuple[int, int], float] = {}  # (zero, replicas) -> memory without recomputation
@@ -397,14 +399,15 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                 st = None  # stage times do not depend on ZeRO stages 0-2 (0-1 under FSDP)
                 fitted = False
                 missed: list[Choice] = []  # what did not fit (without recomputation: the block method's start)
-                pairs = [(z0, r0) for z0 in zeros for r0 in replicas(cluster, tp, cp, pp, dp, z0, fixed)]
+                pairs = layout_pairs
+                modules = rec.startswith("selective:") and not fixed.recompute  # searched Megatron-Core modules
                 if not pairs:  # a fixed --dp-replicate that does not divide this layout's dp
                     res.rejected[f"--dp-replicate {fixed.dp_replicate} does not divide dp"] += 1
                     continue
                 for z, r in pairs:
                     if z > 0 and dp * cp == 1 and fixed.zero_stage is None:
                         continue  # ZeRO over one rank changes nothing
-                    if rec.startswith("selective:") and bare_total.get((z, r), math.inf) <= cap and not fixed.recompute:
+                    if modules and bare_total.get((z, r), math.inf) <= cap:
                         continue  # searched modules only where nothing is recomputed does not fit: else they only add
                     c = Choice(tp, pp, dp, mb, m, sched, v, rec, z, sp, cp, r, rec_layers, ep, etp)
                     res.considered += 1
@@ -450,7 +453,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
                         key = (c0.zero_stage, c0.dp_replicate)
                         if key not in full_fit:
                             continue  # not even every layer recomputed fits
-                        found = _fewest_block_layers(model, cluster, replace(c0, recompute="full"), cap, opts, most,
+                        found = _fewest_block_layers(model, cluster, c0, cap, opts, most,
                                                      bare_total[key], full_fit[key])
                         if found is None:
                             continue
@@ -477,12 +480,12 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
 
 def _fewest_block_layers(model: ModelSpec, cluster: Cluster, c: Choice, cap: float, opts: Options,
                          most: int, bare: float, full: float) -> tuple[Choice, object] | None:
-    """The block recomputation (c with recompute_layers N, 1 <= N < `most`, the layers of the longest
-    chunk) of fewest layers whose memory fits `cap`, with that memory; None if only every layer does.
+    """The block recomputation (c with full recomputation of recompute_layers N, 1 <= N < `most`, the layers of
+    the longest chunk) of fewest layers whose memory fits `cap`, with that memory; None if only every layer does.
     `bare` and `full` are the memory without recomputation and with every layer recomputed: memory falls
     with N about linearly between them, so the guess they give is checked and walked to the fewest."""
     def fits(n: int) -> tuple[Choice, object] | None:
-        cn = replace(c, recompute_layers=n)
+        cn = replace(c, recompute="full", recompute_layers=n)
         mem = memory(model, cluster, cn, opts)
         return (cn, mem) if mem[0].total <= cap else None
 
@@ -642,6 +645,8 @@ class _Memo:
         self.lb: dict[tuple, float] = {}
         self.tail: dict[tuple, float] = {}
         self.work: dict[tuple, float] = {}
+        self.layer_work: dict[tuple, tuple[float, float, float, float, float, float]] = {}
+        self.stage_work: dict[tuple, tuple[float, ...]] = {}
         self.spreads: dict[int, float] = {}
 
     def compute_bound(self, c: Choice) -> float:
@@ -652,7 +657,16 @@ class _Memo:
                c.schedule, c.ep, c.etp)
         work = self.work.get(key)
         if work is None:
-            work = self.work[key] = _busiest_work(self.model, self.cluster, c)
+            # the layer's figures, which no schedule, pipeline or block recomputation changes: shared by those keys
+            key1 = (c.tp, c.cp, c.micro_batch, c.sequence_parallel, c.recompute, c.ep, c.etp)
+            parts = self.layer_work.get(key1)
+            if parts is None:
+                parts = self.layer_work[key1] = _layer_work(self.model, self.cluster, c)
+            key2 = key1 + (c.pp * c.virtual_stages, c.recompute_layers)  # each stage's work: not the schedule's
+            stage_work = self.stage_work.get(key2)
+            if stage_work is None:
+                stage_work = self.stage_work[key2] = _stage_work(self.model, c, parts)
+            work = self.work[key] = _busiest_work(self.model, self.cluster, c, parts, stage_work)
         return self.spread(c.gpus) * (c.microbatches * work) * (1 - 1e-9)
 
     def spread(self, gpus: int) -> float:
@@ -705,12 +719,10 @@ def _plain_bound(model: ModelSpec, cluster: Cluster, c: Choice, st: object) -> f
             + dp_tail(model, cluster, c, st))  # type: ignore[arg-type]
 
 
-def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
-    """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
-    (stage_times' fc, bc, br) and, without the all-to-all overlap, each MoE layer's exposed token exchanges (its
-    f_ep and b_ep hold at least these): m times it is a lower bound of `_bound`, which its makespan bound exceeds
-    (other communication, tails and the optimizer only add).  The exchanges tighten it where they weigh: a mixture
-    of experts' search priced 10x fewer full bounds with them (issue 12's sixtieth round)."""
+def _layer_work(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, float, float, float, float, float]:
+    """What `_busiest_work` reads of one layer, (forward, the dense layer's forward, recompute, the dense layer's
+    recompute, the head's forward, a MoE layer's exposed exchanges): from c's tp, cp, micro-batch, SP, recompute, ep
+    and etp alone (not its schedule, pipeline, dp or block recomputation)."""
     lt = choice_layer_times(model, cluster, c)
     # (with the overlap, stage_times prices a paired share that may be smaller: nothing is counted here)
     ep = 0.0 if not model.moe or cluster.ep_comm_overlap else sum(ep_exchange(model, cluster, c))
@@ -718,16 +730,39 @@ def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice) -> float:
     # a mixture of experts' leading dense layers (cost.stage_times prices them as the dense variant's)
     ltd = choice_layer_times(model.dense_variant(), cluster, c) if model.dense_count else lt
     recd = ltd.recomputed(c.recompute)
-    lay = layout(model, c.pp * c.virtual_stages)
     # the head's forward (and multi-token prediction's) is the same on every stage: once, out of the loop
     head = lt.head_fwd + mtp_forward(model, cluster.device, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
+    return lt.fwd, ltd.fwd, rec, recd, head, ep
+
+
+def _stage_work(model: ModelSpec, c: Choice, parts: tuple[float, float, float, float, float, float]
+                ) -> tuple[float, ...]:
+    """Each pipeline stage's work for `_busiest_work` (from `_layer_work`'s `parts`): c's pp × v stages and block
+    recomputation, not its schedule."""
+    fwd, fwd_d, rec, recd, head, ep = parts
+    lay = layout(model, c.pp * c.virtual_stages)
     work = []
     for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
         rd = min(nd, nr)
         mtp_rec = model.mtp_layers * rec if h and c.recompute_layers == 0 else 0.0  # (cost.stage_times)
-        work.append(3 * ((n - nd) * lt.fwd + nd * ltd.fwd + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
+        work.append(3 * ((n - nd) * fwd + nd * fwd_d + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
                     + mtp_rec + (n - nd) * ep)
+    return tuple(work)
+
+
+def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice,
+                  parts: tuple[float, float, float, float, float, float] | None = None,
+                  stage_work: tuple[float, ...] | None = None) -> float:
+    """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
+    (stage_times' fc, bc, br) and, without the all-to-all overlap, each MoE layer's exposed token exchanges (its
+    f_ep and b_ep hold at least these): m times it is a lower bound of `_bound`, which its makespan bound exceeds
+    (other communication, tails and the optimizer only add).  The exchanges tighten it where they weigh: a mixture
+    of experts' search priced 10x fewer full bounds with them (issue 12's sixtieth round).  `parts`, `stage_work`:
+    c's `_layer_work` and `_stage_work`, if known."""
+    work = stage_work
+    if work is None:
+        work = _stage_work(model, c, parts if parts is not None else _layer_work(model, cluster, c))
     return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
