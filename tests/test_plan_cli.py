@@ -1042,19 +1042,20 @@ def test_config_json_sequence_length_is_named(capsys, tmp_path):
 
 def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
     """`--schedules` restricts the search to the pipeline schedules the target framework has: with the paper's
-    2021 software the unrestricted top ten lead with DualPipe-V and hold ZB-H1, which Megatron-LM then lacked;
+    2021 software the unrestricted top ten hold DualPipe-V and ZB-H1, which Megatron-LM then lacked (they led it
+    until issue 12's sixty-third round priced a split backward's weight half as its weight-gradient GEMMs alone);
     restricted to 1f1b and interleaved none does, the rejections say why, and the best plan is interleaved."""
     base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536",
             "--no-flash-attention", "--recompute", "full", "--no-sequence-parallel", "--no-overlap-grad-reduce",
             "--zero-stage", "0", "--top", "10", "--json"]
     rc, out, _ = run(capsys, *base)
     free = json.loads(out)["plans"]
-    assert rc == 0 and any(p["schedule"] not in ("1f1b", "interleaved") for p in free)
+    assert rc == 0 and {"dualpipe-v", "zb-h1"} <= {p["schedule"] for p in free}
     rc, out, _ = run(capsys, *base, "--schedules", "1f1b,interleaved")
     kept = json.loads(out)["plans"]
     assert rc == 0 and kept and all(p["schedule"] in ("1f1b", "interleaved") for p in kept)
     assert kept[0]["schedule"] == "interleaved" and kept[0] in free
-    assert free[0]["schedule"] not in ("1f1b", "interleaved") and free[0]["step_time_s"] <= kept[0]["step_time_s"]
+    assert free[0]["step_time_s"] <= kept[0]["step_time_s"]
     rc, out, _ = run(capsys, *base[:-1], "--schedules", "1f1b", "--top", "3")  # DeepSpeed's pipeline: 1F1B only
     assert rc == 0 and "schedule not in --schedules" in out
     with pytest.raises(SystemExit):
@@ -1245,9 +1246,10 @@ def test_bench_counts_are_refused_before_anything_runs(capsys, argv, says):
 
 def test_a_schedule_some_frameworks_lack_is_said_so(capsys):
     """A searched plan on a zero-bubble schedule (here DualPipe-V: GPT-3's tied embeddings are searched on the V since
-    issue 12's sixty-second round) says which frameworks lack it and how to keep to theirs; naming the schedules
-    (or a framework) says nothing."""
-    base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "768", "--global-batch", "1536", "--top", "1"]
+    issue 12's sixty-second round; a batch of 384, four micro-batches a pipeline, where the bubble decides: at 1,536
+    interleaving leads since the sixty-third round priced BW as the weight-gradient GEMMs alone) says which
+    frameworks lack it and how to keep to theirs; naming the schedules (or a framework) says nothing."""
+    base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "768", "--global-batch", "384", "--top", "1"]
     rc, out, _ = run(capsys, *base)
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     schedule = best.split(" v=")[0].split()[-1]

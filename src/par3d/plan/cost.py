@@ -276,9 +276,14 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
         b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
         # (f, b, bi, bw, f_compute, b_compute, b_recompute, tp_comm, cp_comm, zero3, offload, ep_comm, host): split
-        # backwards (zb-h1, zb-v, dualpipe-v): BI = input-gradient GEMMs + recompute + TP/CP/EP collectives; BW =
-        # weight-gradient GEMMs
-        row = seen[key] = (f, b, fc + br + b_tp + b_cp + z3b + off_b + b_ep + hb, fc, fc, bc, br, f_tp + b_tp,
+        # backwards (zb-h1, zb-v, dualpipe-v): BI = the rest of the backward (input-gradient GEMMs, the attention
+        # core's and the elementwise kernels' backward, recompute, TP/CP/EP collectives); BW = weight-gradient GEMMs
+        # a split backward's weight half (BW) is the weight-gradient GEMMs alone, one per forward GEMM of the chunk's
+        # layers and of the head, each the size of its forward GEMM: the attention core's backward, the norms',
+        # activations' and residuals' kernels and the loss are the input half's (BI), which the previous stage waits
+        # for (issue 12's sixty-third round)
+        wg = (nm * lt.weight_gemms + nd * ltd.weight_gemms + (lt.head_gemm if lay.head[s] else 0.0))
+        row = seen[key] = (f, b, 2 * fc - wg + br + b_tp + b_cp + z3b + off_b + b_ep + hb, wg, fc, bc, br, f_tp + b_tp,
                            f_cp + b_cp, z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
         rows.append(row)
     # the rows into StageTimes' per-stage lists, column by column
