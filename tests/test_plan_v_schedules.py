@@ -303,3 +303,21 @@ def test_a_v_request_that_cannot_hold_names_the_rule():
     assert not res.plans and res.rejected["dualpipe-v needs m >= 2·pp"] > 0
     fixes = suggest_fixes(LLAMA, cluster, 3, fixed, Limits(), res)
     assert any("dualpipe-v needs m >= 2·pp" in f and "--schedule zb-v" in f for f in fixes), fixes
+
+
+def test_every_v_refusal_has_its_fix():
+    """Each reason the search refuses a V schedule for (`search.V_NEEDS`) gets its own fix, not a generic one: pp 1,
+    more chunks than layers (and ends), and DualPipe-V's m >= 2p."""
+    from par3d.plan.search import V_NEEDS, Limits, suggest_fixes
+
+    cluster = make_cluster("h100-sxm", 16)
+    small = replace(LLAMA, layers=4)  # 2·pp <= 6: pp <= 3
+    cases = [(LLAMA, 32, Fixed(tp=8, pp=1, schedule="zb-v"), "pp > 1", "--pp 2 or more"),
+             (small, 32, Fixed(tp=4, pp=4, schedule="zb-v"), "2·pp <= layers + 2", "--pp <= 3"),
+             (LLAMA, 3, Fixed(tp=8, pp=2, schedule="dualpipe-v"), "m >= 2·pp", "--schedule zb-v")]
+    assert {why for *_, why, _ in cases} == set(V_NEEDS)
+    for model, batch, fixed, why, hint in cases:
+        res = search(model, cluster, batch, fixed)
+        assert not res.plans and res.rejected[f"{fixed.schedule} needs {why}"] > 0, dict(res.rejected)
+        fixes = suggest_fixes(model, cluster, batch, fixed, Limits(), res)
+        assert any(hint in f and f"({fixed.schedule} needs {why})" in f for f in fixes), fixes

@@ -48,6 +48,11 @@ from .stage_layout import SPLIT_BACKWARD, StageTimes, layout, mtp_forward, rank_
 
 SCHEDULE_ORDER = ("1f1b", "interleaved", "zb-h1", "gpipe", "zb-v", "dualpipe-v")
 V_ORDER = ("zb-v", "dualpipe-v")  # two chunks per rank on the V (pipeline/schedules.py)
+# why a V schedule is refused at a layout ("<schedule> needs <why>") and the fix `suggest_fixes` offers for it, in one
+# place so that every refusal has its fix ({half}: the largest pp whose 2·pp chunks each hold a layer or an end)
+V_NEEDS = {"pp > 1": "--pp 2 or more",
+           "2·pp <= layers + 2": "--pp <= {half}",
+           "m >= 2·pp": "a larger --global-batch or a smaller --micro-batch, or --schedule zb-v"}
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
@@ -1076,9 +1081,7 @@ def suggest_fixes(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: 
             fixes.append("--schedule 1f1b (interleaving needs m % pp == 0 and pp·v <= layers + 2)")
         elif fixed.schedule in V_ORDER and reason.startswith(f"{fixed.schedule} needs "):
             why = reason[len(fixed.schedule) + len(" needs "):]
-            hint = {"m >= 2·pp": "a larger --global-batch or a smaller --micro-batch, or --schedule zb-v",
-                    "2·pp <= layers + 2": f"--pp <= {(model.layers + 2) // 2}",
-                    "pp > 1": "--pp 2 or more"}.get(why, "another layout")
+            hint = V_NEEDS[why].format(half=(model.layers + 2) // 2)
             fixes.append(f"{hint} ({fixed.schedule} needs {why}), or --schedule zb-h1")
         elif reason == "schedule not in --schedules" and limits.schedules is not None:
             r2 = search(model, cluster, global_batch, fixed, replace(limits, schedules=None), top=1, opts=opts)
