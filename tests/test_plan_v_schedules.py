@@ -321,3 +321,49 @@ def test_every_v_refusal_has_its_fix():
         assert not res.plans and res.rejected[f"{fixed.schedule} needs {why}"] > 0, dict(res.rejected)
         fixes = suggest_fixes(model, cluster, batch, fixed, Limits(), res)
         assert any(hint in f and f"({fixed.schedule} needs {why})" in f for f in fixes), fixes
+
+
+def test_bw_holds_the_head_stages_weight_gemms_with_multi_token_prediction():
+    """BW on the head's stage is its layers' weight GEMMs, the head's and, with multi-token prediction, each module's
+    (its layer's, its projection's and its second head pass's: `stage_layout.mtp_weight_gemms`); BI + BW = B."""
+    from par3d.plan.stage_layout import mtp_weight_gemms
+
+    model = replace(LLAMA, layers=8, mtp_layers=1)
+    cluster = make_cluster("h100-sxm", 4)
+    c = Choice(1, 4, 1, 1, 8, "zb-h1", 1, "none", 0, False)
+    st = stage_times(model, cluster, c)
+    lt = choice_layer_times(model, cluster, c)
+    mtp = mtp_weight_gemms(model, cluster.device, cluster.gemm_dtype, 1, 1, lt)
+    assert mtp > lt.weight_gemms  # a layer, a projection and a head: more than a layer
+    n = layout(model, 4).layers[-1]
+    assert st.bw[-1] == pytest.approx(n * lt.weight_gemms + lt.head_gemm + mtp, rel=1e-9)
+    assert all(bi + bw == pytest.approx(b, rel=1e-9) for bi, bw, b in zip(st.bi, st.bw, st.b))
+
+
+def test_a_calibrated_hosts_split_backward_keeps_b_whole(tmp_path):
+    """On a calibrated host (a hardware file with overheads, with or without measured kernels), BI's wait is what is not
+    compute (here none: tp 1) and BI + BW is B with each pass's fixed cost, as before BW was priced as the
+    weight-gradient GEMMs alone (issue 12's sixty-third round: BI's compute is B's less BW, not F)."""
+    from par3d.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
+    from par3d.plan.hardware import load_hardware_file
+    from par3d.plan.kernels import FEATURES
+    from par3d.predict import choice, cluster_of, model_spec
+
+    hw = {"device": {"name": "test-cpu", "peak_tflops": {"fp32": 0.05, "bf16": 0.1}, "mem_bw_gbps": 10.0,
+                     "mem_gib": 4.0, "sms": 1, "efficiency": 0.5},
+          "gpus_per_node": 4, "intra": {"name": "gloo", "alpha_us": 100.0, "bw_gbps": 1.0},
+          "inter": {"name": "gloo", "alpha_us": 100.0, "bw_gbps": 1.0}, "cores": 2,
+          "overheads": {"layer_f_s": 3e-4, "layer_b_s": 6e-4, "action_f_s": 2e-4, "action_b_s": 2e-4, "step_s": 2e-3},
+          "links": {"p2p": {"alpha_us": 500.0, "bw_gbps": 1.0}}}
+    kern = {"dtype": "fp32", "primitives": {k: {"forward": [1e-6] + [0.0] * (len(f) - 1),
+                                                "backward": [2e-6] + [0.0] * (len(f) - 1)} for k, f in FEATURES.items()}}
+    cfg = RunConfig(model=ModelConfig(layers=4, hidden=64, heads=4, seq_len=32),
+                    parallel=ParallelConfig(pp=2, microbatches=4, schedule="zb-h1"),
+                    train=TrainConfig(global_batch=8)).validate()
+    for i, extra in enumerate(({}, {"kernels": kern})):
+        path = tmp_path / f"hw{i}.json"
+        path.write_text(json.dumps({**hw, **extra}))
+        st = stage_times(model_spec(cfg), cluster_of(load_hardware_file(str(path)), cfg), choice(cfg))
+        assert st.waits["bi"] == pytest.approx([0.0, 0.0], abs=1e-15)
+        for bi, bw, b, fixed in zip(st.bi, st.bw, st.b, st.fixed_b):
+            assert bi + bw == pytest.approx(b + fixed, rel=1e-9)

@@ -447,12 +447,10 @@ class LayerTimes:
     # such module: a dense layer's "moe", an MHA layer's "mla_up_proj"): (name, seconds), table model only
     modules: tuple[tuple[str, float], ...] = ()
     head_gemm: float = 0.0  # the head's GEMM alone (head_fwd without the loss): the size of its weight gradient
-
-    @property
-    def weight_gemms(self) -> float:
-        """The layer's forward GEMMs but the attention core's: one weight-gradient GEMM of the same size each, what a
-        split backward's weight half (BW) runs."""
-        return self.fwd - self.core - self.elementwise
+    # the layer's forward GEMMs but the attention core's, set where they are priced (what is added to `fwd` later --
+    # CP's extra attention blocks and their launches, ring copies -- is not a weight's): one weight-gradient GEMM of the
+    # same size each, what a split backward's weight half (BW) runs
+    weight_gemms: float = 0.0
 
     def recomputed(self, recompute: str) -> float:
         """What one layer's recomputation redoes in the backward, by method: the whole forward ("full"),
@@ -506,7 +504,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         core = times["attn_scores"] + times["attn_values"]
         op = sum(times[k] * f for k, f in shares.items())
         head = gemm_time(hg, dev, dtype)
-        return LayerTimes(sum(times.values()), core, head, gemm + core_f, core_f, hg.flops, op_rec=op, head_gemm=head)
+        return LayerTimes(sum(times.values()), core, head, gemm + core_f, core_f, hg.flops, op_rec=op, head_gemm=head,
+                          weight_gemms=sum(times.values()) - core)
     # MXFP8's and NVFP4's GEMMs at their own measured rates (hardware.with_mxfp8 / with_nvfp4), the others at the dtype's
     gdt = layer_gemm_dtype(dev, dtype, fp8_block)
     times = {g.name: gemm_time(g, dev, gdt if g.name not in ("attn_scores", "attn_values") else dtype)
@@ -564,7 +563,8 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
                ("shared_experts", sum(times[k] for k in module_gemms(model, "shared_experts")) + redo["shared_experts"]
                 / bw if module_gemms(model, "shared_experts") else 0.0))
     head = gemm_time(hg, dev, head_dtype)
-    return LayerTimes(others + core + elem, core, head + loss, gemm + core_f, core_f, hg.flops, elem, op, modules, head)
+    return LayerTimes(others + core + elem, core, head + loss, gemm + core_f, core_f, hg.flops, elem, op, modules, head,
+                      others)
 
 
 def module_elementwise_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16", ep: int = 1,

@@ -94,6 +94,7 @@ from .stage_layout import (
     StageTimes,
     layout,
     mtp_forward,
+    mtp_weight_gemms,
     rank_shapes,
     rank_stage_lists,
     stage_placement,
@@ -194,6 +195,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
                  and c.schedule in A2A_OVERLAP_SCHEDULES else None)
     # the head's forward with multi-token prediction's: the same for every stage, priced once
     head_f = lt.head_fwd + mtp_forward(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
+    # and its weight-gradient GEMMs: a split backward's BW on the head's stage
+    head_w = lt.head_gemm + mtp_weight_gemms(model, dev, cluster.gemm_dtype, c.micro_batch, c.tp, lt, c.cp)
     for s, n in enumerate(lay.layers):
         home = shapes[rank_of[s]]
         chunk_params = home.params / len(home.layers) if c.zero_stage >= 3 else 0.0
@@ -282,7 +285,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         # layers and of the head, each the size of its forward GEMM: the attention core's backward, the norms',
         # activations' and residuals' kernels and the loss are the input half's (BI), which the previous stage waits
         # for (issue 12's sixty-third round)
-        wg = (nm * lt.weight_gemms + nd * ltd.weight_gemms + (lt.head_gemm if lay.head[s] else 0.0))
+        wg = nm * lt.weight_gemms + nd * ltd.weight_gemms + (head_w if lay.head[s] else 0.0)
         row = seen[key] = (f, b, 2 * fc - wg + br + b_tp + b_cp + z3b + off_b + b_ep + hb, wg, fc, bc, br, f_tp + b_tp,
                            f_cp + b_cp, z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
         rows.append(row)
@@ -325,7 +328,8 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
     runtime's zero-bubble weight pass, the pipeline transport."""
     st.waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
                 "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
-                "bi": [bi - fc - br for bi, fc, br in zip(st.bi, st.f_compute, st.b_recompute)],
+                # BI's own compute is the backward's less its weight GEMMs (BW): 2·fc − bw
+                "bi": [bi - (2 * fc - bw) - br for bi, fc, bw, br in zip(st.bi, st.f_compute, st.bw, st.b_recompute)],
                 "bw": [0.0] * len(st.f)}
     kern = prof.kernels
     if kern is not None and kern.dtype == dtype:
@@ -356,7 +360,7 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
             # a GPU runs the kernels while the host issues the next ones (CUDA streams): a pass takes the
             # longer of the two, not their sum, so the host's cost shows only where it exceeds the GPU's work
             f_fix = max(0.0, f_fix - st.f_compute[s])
-            bi_fix = max(0.0, b_fix - st.bw[s] - st.b_recompute[s])
+            bi_fix = max(0.0, b_fix - (st.b_compute[s] - st.bw[s]) - st.b_recompute[s])  # BI's GPU work: B's less BW
             bw_fix = max(0.0, b_fix - st.bw[s])
             b_fix = max(0.0, b_fix - st.b_compute[s] - st.b_recompute[s])
         st.f[s] += f_fix

@@ -102,6 +102,15 @@ def mtp_forward(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: 
     return model.mtp_layers * (lt.fwd + lt.head_fwd + proj)
 
 
+def mtp_weight_gemms(model: ModelSpec, dev: object, dtype: str, b: int, tp: int, lt: LayerTimes, cp: int = 1) -> float:
+    """The weight-gradient GEMMs of `mtp_forward`'s modules (each the size of its forward GEMM): per module its layer's
+    (`LayerTimes.weight_gemms`), the projection's and the output head's -- what a split backward's BW runs for them."""
+    if not model.mtp_layers:
+        return 0.0
+    proj = _mtp_proj_time(b * (model.seq_len // cp), model.hidden, tp, dev, dtype)
+    return model.mtp_layers * (lt.weight_gemms + lt.head_gemm + proj)
+
+
 @lru_cache(maxsize=4096)  # a search asks ~10⁵ times for a few shapes: the Gemm is built and hashed once per shape
 def _mtp_proj_time(tokens: int, hidden: int, tp: int, dev: object, dtype: str) -> float:
     return gemm_time(Gemm("mtp_proj", tokens, hidden // tp, 2 * hidden), dev, dtype)  # type: ignore[arg-type]
