@@ -26,7 +26,15 @@ from par3d.pipeline.schedules import (
     zero_bubble_v,
 )
 from par3d.pipeline.simulate import simulate
-from par3d.plan.cost import Choice, durations_of, evaluate, stage_times, zbv_times
+from par3d.plan.cost import (
+    Choice,
+    durations_of,
+    evaluate,
+    makespan_lower_bound,
+    simulate_stages,
+    stage_times,
+    zbv_times,
+)
 from par3d.plan.cp_ep_comm import choice_layer_times
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import rank_memory
@@ -367,3 +375,17 @@ def test_a_calibrated_hosts_split_backward_keeps_b_whole(tmp_path):
         assert st.waits["bi"] == pytest.approx([0.0, 0.0], abs=1e-15)
         for bi, bw, b, fixed in zip(st.bi, st.bw, st.b, st.fixed_b):
             assert bi + bw == pytest.approx(b + fixed, rel=1e-9)
+
+
+def test_a_split_backward_keeps_deepspeeds_bf16_accumulation():
+    """DeepSpeed's BF16 optimizer accumulates each gradient into fp32 buffers (`dp_tail.bf16_optimizer_accumulation`,
+    priced in B): with the weight gradients, so in BW.  BI + BW = B, and the search's makespan bound stays below the
+    simulated makespan (it counted B per rank while the simulation ran BI + BW without the accumulation: up to 2.7x
+    over it before issue 12's sixty-third round)."""
+    model = CATALOGUE["gpt3-2.7b"]
+    cluster = replace(make_cluster("a100-80gb", 8), bf16_optimizer=True)
+    for sched, v, m in (("zb-h1", 1, 8), ("zb-v", 2, 8), ("dualpipe-v", 2, 16)):
+        c = Choice(2, 4, 1, 1, m, sched, v, "none", 0, False)
+        st = stage_times(model, cluster, c)
+        assert all(bi + bw == pytest.approx(b, rel=1e-9) for bi, bw, b in zip(st.bi, st.bw, st.b))
+        assert makespan_lower_bound(st, c) <= simulate_stages(st, c)[0] * (1 + 1e-9)

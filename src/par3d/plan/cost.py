@@ -210,7 +210,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         nm = n - nd
         mtp = lay.head[s] and model.mtp_layers > 0  # multi-token prediction beside the loss (mtp_forward)
         fc = nm * lt.fwd + nd * ltd.fwd + (head_f if lay.head[s] else 0.0)
-        bc = 2 * fc + bf16_optimizer_accumulation(cluster, home.params / len(home.layers))
+        acc = bf16_optimizer_accumulation(cluster, home.params / len(home.layers))  # into fp32 buffers, with dW
+        bc = 2 * fc + acc
         nr = recomputed_layers(c, n)  # block method: the first nr layers (the dense ones first)
         rd = min(nd, nr)
         br = (nr - rd) * rec + rd * recd
@@ -278,15 +279,14 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         hf, hb = nm * hf, nm * hb
         f = fc + f_tp + f_cp + z3f + off_f + f_ep + hf
         b = bc + br + b_tp + b_cp + z3b + off_b + b_ep + hb
-        # (f, b, bi, bw, f_compute, b_compute, b_recompute, tp_comm, cp_comm, zero3, offload, ep_comm, host): split
-        # backwards (zb-h1, zb-v, dualpipe-v): BI = the rest of the backward (input-gradient GEMMs, the attention
-        # core's and the elementwise kernels' backward, recompute, TP/CP/EP collectives); BW = weight-gradient GEMMs
-        # a split backward's weight half (BW) is the weight-gradient GEMMs alone, one per forward GEMM of the chunk's
-        # layers and of the head, each the size of its forward GEMM: the attention core's backward, the norms',
-        # activations' and residuals' kernels and the loss are the input half's (BI), which the previous stage waits
-        # for (issue 12's sixty-third round)
-        wg = nm * lt.weight_gemms + nd * ltd.weight_gemms + (head_w if lay.head[s] else 0.0)
-        row = seen[key] = (f, b, 2 * fc - wg + br + b_tp + b_cp + z3b + off_b + b_ep + hb, wg, fc, bc, br, f_tp + b_tp,
+        # (f, b, bi, bw, f_compute, b_compute, b_recompute, tp_comm, cp_comm, zero3, offload, ep_comm, host).  A split
+        # backward (zb-h1, zb-v, dualpipe-v): BW = the weight-gradient GEMMs alone, one per forward GEMM of the chunk's
+        # layers, head and multi-token-prediction modules, each the size of its forward GEMM, with DeepSpeed's BF16
+        # accumulation into fp32 buffers that follows them; BI = the rest of B (input-gradient GEMMs, the attention
+        # core's, norms', activations' and residuals' backward, the loss, recompute, TP/CP/EP collectives), which the
+        # previous stage waits for (issue 12's sixty-third round)
+        wg = nm * lt.weight_gemms + nd * ltd.weight_gemms + (head_w if lay.head[s] else 0.0) + acc
+        row = seen[key] = (f, b, bc - wg + br + b_tp + b_cp + z3b + off_b + b_ep + hb, wg, fc, bc, br, f_tp + b_tp,
                            f_cp + b_cp, z3f + z3b, off_f + off_b, f_ep + b_ep, hf + hb)
         rows.append(row)
     # the rows into StageTimes' per-stage lists, column by column
@@ -328,8 +328,8 @@ def _add_runtime_costs(st: StageTimes, model: ModelSpec, dtype: str, c: Choice, 
     runtime's zero-bubble weight pass, the pipeline transport."""
     st.waits = {"f": [f - fc for f, fc in zip(st.f, st.f_compute)],
                 "b": [b - bc - br for b, bc, br in zip(st.b, st.b_compute, st.b_recompute)],
-                # BI's own compute is the backward's less its weight GEMMs (BW): 2·fc − bw
-                "bi": [bi - (2 * fc - bw) - br for bi, fc, bw, br in zip(st.bi, st.f_compute, st.bw, st.b_recompute)],
+                # BI's own compute is the backward's less its weight GEMMs (BW)
+                "bi": [bi - (bc - bw) - br for bi, bc, bw, br in zip(st.bi, st.b_compute, st.bw, st.b_recompute)],
                 "bw": [0.0] * len(st.f)}
     kern = prof.kernels
     if kern is not None and kern.dtype == dtype:
