@@ -503,9 +503,9 @@ def layer_times(model: ModelSpec, dev: Device, dtype: str, b: int, tp: int, sp: 
         times = {g.name: gemm_time(g, dev, dtype) for g in gs}
         core = times["attn_scores"] + times["attn_values"]
         op = sum(times[k] * f for k, f in shares.items())
-        head = gemm_time(hg, dev, dtype)
-        return LayerTimes(sum(times.values()), core, head, gemm + core_f, core_f, hg.flops, op_rec=op, head_gemm=head,
-                          weight_gemms=sum(times.values()) - core)
+        head, total = gemm_time(hg, dev, dtype), sum(times.values())
+        return LayerTimes(total, core, head, gemm + core_f, core_f, hg.flops, op_rec=op, head_gemm=head,
+                          weight_gemms=total - core)
     # MXFP8's and NVFP4's GEMMs at their own measured rates (hardware.with_mxfp8 / with_nvfp4), the others at the dtype's
     gdt = layer_gemm_dtype(dev, dtype, fp8_block)
     times = {g.name: gemm_time(g, dev, gdt if g.name not in ("attn_scores", "attn_values") else dtype)

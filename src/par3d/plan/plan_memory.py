@@ -46,6 +46,22 @@ def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     return (rec_layers * full + (n - rec_layers) * none) / n
 
 
+def _layer_bytes(k: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str, cp: int, flash: bool,
+                 chunks: int, rec_layers: int, etp: int) -> float:
+    """One layer's stored activations: `partial_activation_bytes` under block recomputation of `rec_layers` layers a
+    chunk, else `layer_activation_bytes`."""
+    if recompute == "full" and rec_layers > 0:
+        return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, chunks, rec_layers, etp)
+    return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
+
+
+def _rank_layer_mean(shape: RankShape, per_layer: float, dense: float) -> float:
+    """A mixture of experts' rank's layers at their own kinds' mean (its dense and MoE layers counted over its chunks,
+    `Layout.dense`)."""
+    n, nd = sum(shape.layers), shape.dense_layers
+    return ((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense)
+
+
 @lru_cache(maxsize=8192)
 def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
                  b: int, sp: bool, recompute: str, cp: int, rec_layers: int = 0,
@@ -53,20 +69,12 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
     ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
     shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
-
-    def of_layer(k: ModelSpec) -> float:
-        if recompute == "full" and rec_layers > 0:
-            return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers, etp)
-        return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
-
-    per_layer = of_layer(model)
+    per_layer = _layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
     per_rank: tuple[float, ...] = ()
-    if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean (its dense
-        # and MoE layers counted over its chunks, `Layout.dense`); the larger of the two for the one-number estimate
-        dense = of_layer(model.dense_variant())
-        for shape in shapes:
-            n, nd = sum(shape.layers), shape.dense_layers
-            per_rank += (((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense),)
+    if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean; the
+        # larger of the two for the one-number estimate
+        dense = _layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+        per_rank = tuple(_rank_layer_mean(shape, per_layer, dense) for shape in shapes)
         per_layer = max(per_layer, dense)
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank
 
@@ -95,25 +103,15 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
     if model.moe or model.mtp_layers:
         # a mixture of experts' expert states shard over expert_dp, not dp x cp, and multi-token prediction adds
         # to the head's rank: the one-coefficient estimate below would mis-rank them, so the few candidate ranks
-        # are priced in full (their activations kept for every ZeRO stage: `_heavy_activations`); the first of equal
+        # are priced in full (their activations kept for every ZeRO stage: `_RankMemo`); the first of equal
         # totals (MemoryBreakdown.total's sum, in its order).  `_RankMemo` holds the same figures for the search's
         # ~10⁵-10⁶ calls under shorter keys.
         memo = _rank_memo(model, cluster, opts)
         ranks = memo.ranks(c)
         states = memo.states(c, zero)
         best, arg, most = None, 0, 0.0
-        wb, gb, ob, expert, gathered, muon, adam = states
-        for r, shape, a, oth in ranks:
-            # memory.rank_states(states, shape, a, oth), inlined (the same sums): ~10⁶ calls a search
-            if gathered is not None:
-                oth += gathered
-            experts = shape.expert_params
-            dense = shape.params - experts
-            we, ge, oe = (wb, gb, ob) if not experts else expert
-            o = ob * dense + oe * experts
-            if muon and shape.vocab_params:
-                o += adam * shape.vocab_params
-            w, g = wb * dense + we * experts, gb * dense + ge * experts
+        for r, shape, act, other in ranks:
+            w, g, o, a, oth = rank_states(states, shape, act, other)
             if off:  # an offloaded share of the optimizer states lives in host memory (Cluster.offload_optimizer)
                 o = o * (1.0 - off)
             total = w + g + o + a + oth
@@ -147,7 +145,7 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
 
 
 class _RankMemo:
-    """`_heavy_activations` and `_state_terms` of one (model, cluster, options) -- what `memory`'s ranked path reads
+    """The heavy ranks' activations and `_state_terms` of one (model, cluster, options) -- what `memory`'s ranked path reads
     -- keyed on the choice's fields alone (the model's, cluster's and options' fixed by the memo), the same
     numbers from the same functions; the activations' micro-batch parts (`_act_parts`) apart from the schedule's
     (`_schedule_scan`), since many micro-batch counts share one micro-batch size."""
@@ -165,7 +163,8 @@ class _RankMemo:
         self._states: dict[tuple, tuple] = {}
 
     def ranks(self, c: Choice) -> tuple[tuple[int, RankShape, float, float], ...]:
-        """`_heavy_activations` of choice `c`."""
+        """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank of choice `c` that can
+        be the heaviest (`_heavy_ranks`): `memory.rank_activations` of `_memory_scan`'s figures."""
         key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
                c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)
         got = self._ranks.get(key)
@@ -177,8 +176,7 @@ class _RankMemo:
 
     def _heavy(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
                rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, RankShape, float, float], ...]:
-        """`_heavy_activations(model, dtype, flash, tp, ..., ep, etp, offload_layers)`: `_memory_scan`'s figures
-        for the heavy ranks only (the others' are not read), in the same arithmetic."""
+        """`_memory_scan`'s figures for the heavy ranks only (the others' are not read), in the same arithmetic."""
         model = self.model
         skey = (tp, pp, v, schedule, m, ep)
         scan = self._scans.get(skey)
@@ -198,11 +196,8 @@ class _RankMemo:
         out = []
         for r, *_ in heavy:
             shape = shapes[r]
-            if dense is not None:  # (_memory_scan's per_rank)
-                n, nd = sum(shape.layers), shape.dense_layers
-                own: float | None = ((n - nd) * per_layer + nd * dense) / n if n else max(per_layer, dense)
-            else:
-                own = per_layer if rec_layers else None
+            own = (_rank_layer_mean(shape, per_layer, dense) if dense is not None  # (_memory_scan's per_rank)
+                   else per_layer if rec_layers else None)
             out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
                                                     _offloaded_live(live[r], self.offload, pp), own)))
         return tuple(out)
@@ -212,14 +207,9 @@ class _RankMemo:
         """(`_memory_scan`'s per_layer before the dense layers' max, the dense variant's or None without dense
         layers, `activation_terms`): what no schedule changes."""
         model, dtype, flash = self.model, self.dtype, self.flash
-
-        def of_layer(k: ModelSpec) -> float:
-            if recompute == "full" and rec_layers > 0:
-                return partial_activation_bytes(k, b, tp, sp, dtype, cp, flash, pp * v, rec_layers, etp)
-            return layer_activation_bytes(k, b, tp, sp, recompute, dtype, cp, flash, etp)
-
-        per_layer = of_layer(model)
-        dense = of_layer(model.dense_variant()) if model.dense_count else None
+        per_layer = _layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+        dense = (_layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+                 if model.dense_count else None)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=self.ce, etp=etp)
         return per_layer, dense, acts
@@ -271,24 +261,6 @@ def _states(model: ModelSpec, dtype: str, optimizer: str, unit: str, optimizer_d
     zero3_live = _zero3_live(model, unit, zero_stage, tp, expert_shards) if zero >= 3 else None
     return state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=acc, zero3_live=zero3_live,
                        optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
-
-
-@lru_cache(maxsize=8192)
-def _heavy_activations(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v: int, schedule: str, m: int,
-                       b: int, sp: bool, recompute: str, cp: int, rec_layers: int, cross_entropy: str, ep: int,
-                       etp: int, offload_layers: int) -> tuple[tuple[int, RankShape, float, float], ...]:
-    """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank that can be the heaviest
-    (`_heavy_ranks`): memory.rank_activations of `_memory_scan`'s figures, which no ZeRO stage changes -- the search
-    asks for every stage of one layout."""
-    shapes, peaks, per_layer, _, live, heavy, per_rank = _memory_scan(
-        model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, cross_entropy, ep, etp)
-    acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
-                            cross_entropy=cross_entropy, etp=etp)
-    shared = per_layer if rec_layers else None
-    return tuple((r, shapes[r], *rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
-                                                  _offloaded_live(live[r], offload_layers, pp),
-                                                  per_rank[r] if per_rank else shared))
-                 for r, *_ in heavy)
 
 
 def offloaded_live(live: float, n: int, c: Choice) -> float:

@@ -671,7 +671,7 @@ class _Memo:
             stage_work = self.stage_work.get(key2)
             if stage_work is None:
                 stage_work = self.stage_work[key2] = _stage_work(self.model, c, parts)
-            work = self.work[key] = _busiest_work(self.model, self.cluster, c, parts, stage_work)
+            work = self.work[key] = _busiest_work(c, stage_work)
         return self.spread(c.gpus) * (c.microbatches * work) * (1 - 1e-9)
 
     def spread(self, gpus: int) -> float:
@@ -756,19 +756,14 @@ def _stage_work(model: ModelSpec, c: Choice, parts: tuple[float, float, float, f
     return tuple(work)
 
 
-def _busiest_work(model: ModelSpec, cluster: Cluster, c: Choice,
-                  parts: tuple[float, float, float, float, float, float] | None = None,
-                  stage_work: tuple[float, ...] | None = None) -> float:
+def _busiest_work(c: Choice, stage_work: tuple[float, ...]) -> float:
     """The busiest rank's forward, backward (2× forward) and recompute time for one micro-batch
     (stage_times' fc, bc, br) and, without the all-to-all overlap, each MoE layer's exposed token exchanges (its
-    f_ep and b_ep hold at least these): m times it is a lower bound of `_bound`, which its makespan bound exceeds
-    (other communication, tails and the optimizer only add).  The exchanges tighten it where they weigh: a mixture
-    of experts' search priced 10x fewer full bounds with them (issue 12's sixtieth round).  `parts`, `stage_work`:
-    c's `_layer_work` and `_stage_work`, if known."""
-    work = stage_work
-    if work is None:
-        work = _stage_work(model, c, parts if parts is not None else _layer_work(model, cluster, c))
-    return max(sum(work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
+    f_ep and b_ep hold at least these), from each stage's (`_stage_work`) on c's schedule's ranks: m times it is a
+    lower bound of `_bound`, which its makespan bound exceeds (other communication, tails and the optimizer only
+    add).  The exchanges tighten it where they weigh: a mixture of experts' search priced 10x fewer full bounds
+    with them (issue 12's sixtieth round)."""
+    return max(sum(stage_work[s] for s in stages) for stages in rank_stage_lists(c.schedule, c.pp, c.virtual_stages))
 
 
 def _least_bound_unfit(model: ModelSpec, cluster: Cluster, raw: list[tuple[Choice, object]],
