@@ -54,7 +54,12 @@ SOFTWARE_KEYS = ("software/described", "software/defaults", "software/framework"
 # five Qwen3-235B-A22B rows on 32-way expert parallelism over H100 nodes, +14 ... +21 %, and the rows that share the
 # trait: dgxc-benchmarking's, NeMo AutoModel's, the Megatron MoE model zoo's and recipes' and DeepSeek-V3's own): an
 # expert-parallel group wider than a node's NVLink domain, so that the tokens' all-to-all crosses the NICs.  Nothing in
-# the model moved for it: no source measures how far below the NIC's rate those all-to-alls run.
+# the model moved for it: no source measures how far below the NIC's rate those all-to-alls run.  The fourth (issue
+# 12's sixty-fourth round) was read off the A100 rows at TP 8 -- a whole DGX A100 node's NVLink domain -- that the
+# sixty-third round examined for a change and left (docs/planner.md, Limitations): BLOOM's layout trials, Hagemann et
+# al.'s sweep, NeMo Megatron 22.08 and MT-NLG fast at identical GEMM shapes and all-reduce sizes where Megatron-LM's
+# own runs (Narayanan et al., Korthikanti et al., MegaScale's baseline) are met; no source measures what those
+# runtimes spend per layer and micro-batch, so nothing in the model moved for it either.
 REGIMES: dict[str, tuple[str, Callable[[Choice, Cluster], bool]]] = {
     "one-microbatch-wide-dp-no-recompute": (
         "one micro-batch per step, ZeRO/data parallelism over >= 32 ranks (dp x cp), no recomputation",
@@ -66,6 +71,10 @@ REGIMES: dict[str, tuple[str, Callable[[Choice, Cluster], bool]]] = {
         "an expert-parallel group wider than a node's NVLink domain (--ep above the GPUs per node: the tokens' "
         "all-to-all crosses the NICs)",
         lambda c, cluster: c.ep > cluster.gpus_per_node),
+    "a100-tp8": (
+        "TP 8 on A100 GPUs (a whole DGX A100 node's NVLink domain; Megatron-LM's own runs there are met, the DeepSpeed "
+        "pipeline engine's, NeMo 1.x's and Aleph Alpha's run slower)",
+        lambda c, cluster: cluster.device.name.startswith("a100") and c.tp == 8),
 }
 
 
