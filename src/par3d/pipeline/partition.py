@@ -73,20 +73,23 @@ def _optimal_bounds(costs: tuple[float, ...], n_chunks: int) -> tuple[tuple[int,
     best = [[inf] * (n + 1) for _ in range(n_chunks + 1)]
     best[0][0] = 0.0
     for k in range(1, n_chunks + 1):
+        # (seg(i, j) is written out below as prefix[j] - prefix[i], the same expression: this loop runs
+        # ~10⁵ times for a deep pipeline and a call per step was most of its time)
         prev, row = best[k - 1], best[k]
         for j in range(k, n - (n_chunks - k) + 1):
+            pj = prefix[j]
             lo, hi = k - 1, j  # first i in [k-1, j) with prev[i] >= seg(i, j); j if none
             while lo < hi:
                 mid = (lo + hi) // 2
-                if prev[mid] >= seg(mid, j):
+                if prev[mid] >= pj - prefix[mid]:
                     hi = mid
                 else:
                     lo = mid + 1
             cands = []
             if lo < j:
-                cands.append(max(prev[lo], seg(lo, j)))
+                cands.append(max(prev[lo], pj - prefix[lo]))
             if lo > k - 1:
-                cands.append(max(prev[lo - 1], seg(lo - 1, j)))
+                cands.append(max(prev[lo - 1], pj - prefix[lo - 1]))
             row[j] = min(cands)
     target = best[n_chunks][n]
 
