@@ -262,6 +262,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
     # heap entries (start, kind's priority, micro-batch, -chunk, rank, version, kind, chunk): the first five are the
     # order the choice is made in; an entry whose version is not its rank's latest is stale
     heap: list[tuple] = []
+    standing: list[tuple | None] = [None] * p  # each rank's latest offer (None: nothing ready)
     push, pop = heapq.heappush, heapq.heappop
 
     def offer(r: int, over_cap: bool = False) -> None:
@@ -297,8 +298,34 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
             key = (fr if fr >= e else e, 2, i, -c, r, ver, "BW", c)  # type: ignore[operator]
             if best is None or key < best:
                 best = key
+        standing[r] = best
         if best is not None:
             push(heap, best)
+
+    def arrived(d: int, kind: str, st: int, i: int) -> None:
+        """Rank d's `kind` (F or BI) of stage `st` for micro-batch `i` has just got its input from another rank
+        (an F the previous stage's F, a BI the next stage's BI).  Nothing else of d's changed since its last
+        offer, so its best ready action is the better of its standing offer and this action, where this is d's
+        next of its kind and now ready: only then is the offer made again (`offer` finds that same least key);
+        else the standing entry is the one a new offer would push.  (Nine in ten arrivals change nothing.)"""
+        c = 0 if stages[d][0] == st else 1
+        fr = free[d]
+        if kind == "F":
+            if nf[d][c] != i or live[d] >= limit:
+                return
+            e = f_end[st - 1][i]
+            t = fr if fr >= e else e  # type: ignore[operator]
+            key = (t, 1, i, -c)
+        else:
+            e = f_end[st][i]
+            if nb[d][c] != i or e is None:
+                return
+            e2 = bi_end[st + 1][i]
+            t = fr if fr >= e and fr >= e2 else (e if e >= e2 else e2)  # type: ignore[operator]
+            key = (t, 0, i, -c)
+        best = standing[d]
+        if best is None or key < best[:4]:
+            offer(d)
 
     for r in range(p):
         offer(r)
@@ -316,19 +343,21 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
         t, _prio, i, _c, r, _ver, kind, c = pop(heap)
         st = stages[r][c]
         stop = free[r] = t + cost[kind]
-        other = -1  # the one other rank whose ready actions this one changes
+        other = to = -1  # the one other rank whose ready actions this one changes: the one holding stage `to`
         if kind == "F":
             nf[r][c] += 1
             live[r] += 1
             f_end[st][i] = stop
             if st < last:
-                other = rank_of[st + 1]
+                to = st + 1
+                other = rank_of[to]
         elif kind == "BI":
             nb[r][c] += 1
             pending[r].append((c, i))
             bi_end[st][i] = stop
             if st > 0:
-                other = rank_of[st - 1]
+                to = st - 1
+                other = rank_of[to]
         else:
             pending[r].popleft()
             live[r] -= 1
@@ -341,7 +370,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
         else:
             offer(r)
             if other >= 0 and other != r:
-                offer(other)
+                arrived(other, kind, to, i)
     return out
 
 
