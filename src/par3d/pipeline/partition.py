@@ -68,25 +68,25 @@ def _optimal_bounds(costs: tuple[float, ...], n_chunks: int) -> tuple[tuple[int,
     # best[k][j]: smallest possible max cost splitting units [0, j) into k chunks, i.e.
     # min over i of max(best[k-1][i], seg(i, j)).  best[k-1][i] never falls as i grows and seg(i, j)
     # never rises (costs are >= 0 and rounding is monotone), so the minimum sits where they cross:
-    # a bisection finds the first i with best[k-1][i] >= seg(i, j), and the minimum is one of the two
-    # terms beside it — the same float the full scan would return, in O(log n) instead of O(n).
+    # the first i with best[k-1][i] >= seg(i, j), and the minimum is one of the two terms beside it —
+    # the same float the full scan would return.  seg(i, j) never falls as j grows either, so that first
+    # i never moves back: one pointer walks it forward over the row, O(n) a row instead of a bisection a cell.
+    # (seg(i, j) is written out as prefix[j] - prefix[i], the same expression: this loop runs ~10⁴-10⁵
+    # times for a deep pipeline.)
     best = [[inf] * (n + 1) for _ in range(n_chunks + 1)]
     best[0][0] = 0.0
     for k in range(1, n_chunks + 1):
         prev, row = best[k - 1], best[k]
+        lo = k - 1  # first i in [k-1, j) with prev[i] >= seg(i, j); j if none
         for j in range(k, n - (n_chunks - k) + 1):
-            lo, hi = k - 1, j  # first i in [k-1, j) with prev[i] >= seg(i, j); j if none
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if prev[mid] >= seg(mid, j):
-                    hi = mid
-                else:
-                    lo = mid + 1
+            pj = prefix[j]
+            while lo < j and prev[lo] < pj - prefix[lo]:
+                lo += 1
             cands = []
             if lo < j:
-                cands.append(max(prev[lo], seg(lo, j)))
+                cands.append(max(prev[lo], pj - prefix[lo]))
             if lo > k - 1:
-                cands.append(max(prev[lo - 1], seg(lo - 1, j)))
+                cands.append(max(prev[lo - 1], pj - prefix[lo - 1]))
             row[j] = min(cands)
     target = best[n_chunks][n]
 

@@ -118,27 +118,21 @@ def memory(model: ModelSpec, cluster: Cluster, c: Choice,
             if best is None or total > most:
                 best, arg, most = (w, g, o, a, oth), r, total
         return MemoryBreakdown(*best), arg  # type: ignore[misc]
-    acc, flash = memory_accounting(opts, cluster), opts.flash_attention or cluster.flash
-    shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
-        model, cluster.precision, flash, c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch,
-        c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, cluster.cross_entropy, c.expert_shards, c.etp)
-    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, acc, opts.optimizer_dtype, cluster.optimizer)
+    # a dense model: the rank the one-coefficient estimate finds heaviest, priced in full (`_RankMemo.dense` holds what
+    # no ZeRO stage changes: the search asks for each layout's every stage in a row)
+    memo = _rank_memo(model, cluster, opts)
+    w, g, o = state_bytes_per_param(cluster.dtype, zero, c.zero_shards, memo.acc, opts.optimizer_dtype, cluster.optimizer)
     o *= 1.0 - off
     # total = states + (1 + fragmentation) · activations + a part equal on every rank (memory.py), so
     # this picks the rank rank_memory would find heaviest
-    act_scale = 1.0 + FRAGMENTATION
-    arg, top = 0, -1.0
-    for r, params, units, head, _ in heavy:
-        est = (w + g + o) * params + act_scale * (units * per_layer + (logits if head else 0.0))
+    rows = memo.dense(c)
+    top, row = -1.0, rows[0]  # (rank 0 is always a candidate: `_heavy_ranks` keeps the first)
+    for heavy in rows:
+        est = (w + g + o) * heavy[1] + heavy[2]
         if est > top:
-            arg, top = r, est
-    states = _state_terms(model, cluster, c, opts, zero, acc)
-    acts = activation_terms(model, tp=c.tp, b=c.micro_batch, sp=c.sequence_parallel, recompute=c.recompute,
-                            dtype=cluster.precision, cp=c.cp, flash=flash, cross_entropy=cluster.cross_entropy, etp=c.etp)
-    act, other = rank_activations(acts, model.mtp_layers, shapes[arg], peaks[arg],
-                                  offloaded_live(live[arg], cluster.offload_layers, c),
-                                  per_rank[arg] if per_rank else per_layer if c.recompute_layers else None)
-    w, g, o, a, oth = rank_states(states, shapes[arg], act, other)
+            top, row = est, heavy
+    arg, _, _, shape, act, other = row
+    w, g, o, a, oth = rank_states(memo.states(c, zero), shape, act, other)
     if off:  # (as above)
         o = o * (1.0 - off)
     return MemoryBreakdown(w, g, o, a, oth), arg
@@ -161,6 +155,7 @@ class _RankMemo:
         self._parts: dict[tuple, tuple] = {}
         self._scans: dict[tuple, tuple] = {}
         self._states: dict[tuple, tuple] = {}
+        self._dense: dict[tuple, tuple] = {}
 
     def ranks(self, c: Choice) -> tuple[tuple[int, RankShape, float, float], ...]:
         """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank of choice `c` that can
@@ -201,6 +196,35 @@ class _RankMemo:
             out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
                                                     _offloaded_live(live[r], self.offload, pp), own)))
         return tuple(out)
+
+    def dense(self, c: Choice) -> tuple[tuple[int, float, float, RankShape, float, float], ...]:
+        """A dense model's ranks that can be the heaviest (`_heavy_ranks`), each as (rank, parameters, its
+        activations' part of `memory`'s estimate, shape, activations, other): `_memory_scan`'s figures,
+        `activation_terms` and `rank_activations` as `memory` reads them, in the same arithmetic."""
+        key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
+               c.recompute, c.cp, c.recompute_layers, c.expert_shards, c.etp)
+        got = self._dense.get(key)
+        if got is None:
+            if len(self._dense) >= self.MAX:
+                self._dense.clear()
+            got = self._dense[key] = self._dense_rows(*key)
+        return got
+
+    def _dense_rows(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
+                    rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, float, float, RankShape, float, float], ...]:
+        model, dtype, flash, ce = self.model, self.dtype, self.flash, self.ce
+        shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
+            model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
+        acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
+                                cross_entropy=ce, etp=etp)
+        act_scale = 1.0 + FRAGMENTATION
+        rows = []
+        for r, params, units, head, _ in heavy:
+            act, other = rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
+                                          _offloaded_live(live[r], self.offload, pp),
+                                          per_rank[r] if per_rank else per_layer if rec_layers else None)
+            rows.append((r, params, act_scale * (units * per_layer + (logits if head else 0.0)), shapes[r], act, other))
+        return tuple(rows)
 
     def _act_parts(self, tp: int, pp: int, v: int, b: int, sp: bool, recompute: str, cp: int, rec_layers: int,
                    etp: int) -> tuple[float, float | None, tuple]:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from par3d.pipeline.schedules import ScheduleError, build, schedule_placement, sends_to
+from par3d.pipeline.schedules import ScheduleError, build_keys, schedule_placement, sends_to
 from par3d.pipeline.simulate import hop_times
 
 
@@ -87,13 +87,13 @@ def clear_programs() -> None:
 
 def compile_program(schedule: str, p: int, m: int, v: int,
                     times: tuple[float, float, float] | None = None) -> Program:
-    """Compile `build(schedule, p, m, v, times)`: each rank runs its list in order; an action runs once all
+    """Compile `build(schedule, p, m, v, times)` (read as `build_keys`): each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
     int so the compile is list indexing rather than tuple hashing; where it sends is `schedules.sends_to`'s,
     looked up per (kind, stage).  One pass reads the built lists, one places the actions: the search compiles a
     program per distinct schedule, tens of thousands of actions each, so the loops are kept flat."""
-    sched = build(schedule, p, m, v, times)
+    sched = build_keys(schedule, p, m, v, times)  # build's lists, as (kind, stage, micro-batch) tuples
     n_stages = p * v
     span = n_stages * m
     bi0, b0 = KIND_CODE["BI"] * span, KIND_CODE["B"] * span
@@ -101,7 +101,7 @@ def compile_program(schedule: str, p: int, m: int, v: int,
     # against `placement`, which reads it off a built schedule by scanning every action)
     rank_of = schedule_placement(schedule, p, v)
     kind_code = KIND_CODE
-    codes = [kind_code[a.kind] * span + a.stage * m + a.microbatch for acts in sched for a in acts]
+    codes = [kind_code[kind] * span + stage * m + mb for acts in sched for kind, stage, mb in acts]
     # per (kind, stage): the stage boundary its output crosses to another rank (`sends_to`), -1 if none or on its rank
     sends = [[-1] * n_stages for _ in KIND_CODE]
     for kind_name, kc in KIND_CODE.items():

@@ -19,6 +19,7 @@ How it stays fast (`par3d plan` for 1024 GPUs answers in well under 2 s on two c
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections import Counter
@@ -331,7 +332,24 @@ def search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed |
     """Rank the feasible configurations; `report_unfit` also finds the fastest one that does not fit
     (for `--explain`; it costs a bound per rejected configuration).  `progress` is told (layouts begun, layouts in
     all) as the enumeration moves from one (tp, cp, pp) layout to the next (`enumerate_choices`): a mixture of
-    experts' search takes seconds."""
+    experts' search takes seconds.
+
+    Python's automatic garbage collection is paused for the search and resumes after it (as
+    `pipeline.runtime` pauses it for a step): a search allocates ~10⁶ objects, most of which live to its
+    end (candidates, cached programs and schedules), and the collector's passes over them were ~7% of a
+    large search's time for nothing to free -- its few cycles are collected once it resumes."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _search(model, cluster, global_batch, fixed, limits, top, train_tokens, report_unfit, opts, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _search(model: ModelSpec, cluster: Cluster, global_batch: int, fixed: Fixed | None, limits: Limits | None,
+            top: int, train_tokens: float, report_unfit: bool, opts: Options | None,
+            progress: Callable[[int, int], None] | None) -> Result:
     fixed = fixed or Fixed()
     limits = limits or Limits()
     opts = opts or DEFAULT_OPTIONS
