@@ -869,7 +869,7 @@ def test_plan_quotes_the_a100_tp8_regime(capsys):
     """A plan at TP 8 on A100 GPUs (the regime read off the sixty-fourth round's A100 rows: a whole DGX A100 node's
     NVLink domain, where BLOOM's, Hagemann et al.'s, NeMo 22.08's and MT-NLG's runtimes run slower than the model
     while Megatron-LM's own runs are met) carries that regime's errors as a caveat that reads the plan as likely
-    optimistic; the same layout at TP 4, or at TP 8 on H100s, does not.  Its figures are the set's: a minority
+    optimistic; the same layout at TP 4, at TP 8 on H100s, or at TP 8 over A100 nodes of four, does not.  Its figures are the set's: a minority
     within, the misses fast, from several sources, and Megatron-LM's own TP 8 rows (Narayanan et al.) inside it."""
     from par3d.cli import main
 
@@ -890,7 +890,9 @@ def test_plan_quotes_the_a100_tp8_regime(capsys):
     out = capsys.readouterr().out
     assert f"caveat: on {reg['rows']} published runs with TP 8 on A100 GPUs" in out
     assert "read this plan's speed as likely optimistic" in out
-    for argv in ([*base, "--gpu", "a100-80gb", "--tp", "4", "--json"], [*base, "--gpu", "h100", "--tp", "8", "--json"]):
+    for argv in ([*base, "--gpu", "a100-80gb", "--tp", "4", "--json"], [*base, "--gpu", "h100", "--tp", "8", "--json"],
+                 [*base, "--gpu", "a100-80gb", "--gpus-per-node", "4", "--allow-inter-node-tp", "--tp", "8",
+                  "--json"]):  # TP across nodes
         assert main(argv) == 0
         assert all("a100-tp8" not in [r["regime"] for r in p["regimes"]]
                    for p in json.loads(capsys.readouterr().out)["plans"])
