@@ -670,6 +670,7 @@ class _Memo:
         self.work: dict[tuple, float] = {}
         self.layer_work: dict[tuple, tuple[float, float, float, float, float, float]] = {}
         self.stage_work: dict[tuple, tuple[float, ...]] = {}
+        self.stage_rows: dict[tuple[int, int], tuple[tuple[int, int, int, int, bool], ...]] = {}
         self.spreads: dict[int, float] = {}
 
     def compute_bound(self, c: Choice) -> float:
@@ -688,7 +689,11 @@ class _Memo:
             key2 = key1 + (c.pp * c.virtual_stages, c.recompute_layers)  # each stage's work: not the schedule's
             stage_work = self.stage_work.get(key2)
             if stage_work is None:
-                stage_work = self.stage_work[key2] = _stage_work(self.model, c, parts)
+                key3 = key2[-2:]  # the stages' layer counts: the pipeline's chunks and block recomputation alone
+                rows = self.stage_rows.get(key3)
+                if rows is None:
+                    rows = self.stage_rows[key3] = _stage_rows(self.model, c)
+                stage_work = self.stage_work[key2] = _stage_work(self.model, c, parts, rows)
             work = self.work[key] = _busiest_work(c, stage_work)
         return self.spread(c.gpus) * (c.microbatches * work) * (1 - 1e-9)
 
@@ -758,16 +763,25 @@ def _layer_work(model: ModelSpec, cluster: Cluster, c: Choice) -> tuple[float, f
     return lt.fwd, ltd.fwd, rec, recd, head, ep
 
 
-def _stage_work(model: ModelSpec, c: Choice, parts: tuple[float, float, float, float, float, float]
-                ) -> tuple[float, ...]:
-    """Each pipeline stage's work for `_busiest_work` (from `_layer_work`'s `parts`): c's pp × v stages and block
-    recomputation, not its schedule."""
-    fwd, fwd_d, rec, recd, head, ep = parts
+def _stage_rows(model: ModelSpec, c: Choice) -> tuple[tuple[int, int, int, int, bool], ...]:
+    """Each of c's pp × v stages' (layers, dense layers, recomputed layers, recomputed dense layers, head) for
+    `_stage_work`: from the chunks and block recomputation alone, which many micro-batch sizes, recomputations and
+    expert grids share (the layout's walk was most of `_stage_work`'s time)."""
     lay = layout(model, c.pp * c.virtual_stages)
-    work = []
+    rows = []
     for s, (n, h) in enumerate(zip(lay.layers, lay.head)):
         nd, nr = lay.dense_of(s), recomputed_layers(c, n)
-        rd = min(nd, nr)
+        rows.append((n, nd, nr, min(nd, nr), h))
+    return tuple(rows)
+
+
+def _stage_work(model: ModelSpec, c: Choice, parts: tuple[float, float, float, float, float, float],
+                rows: tuple[tuple[int, int, int, int, bool], ...]) -> tuple[float, ...]:
+    """Each pipeline stage's work for `_busiest_work` (from `_layer_work`'s `parts` and `_stage_rows`' `rows`): c's
+    pp × v stages and block recomputation, not its schedule."""
+    fwd, fwd_d, rec, recd, head, ep = parts
+    work = []
+    for n, nd, nr, rd, h in rows:
         mtp_rec = model.mtp_layers * rec if h and c.recompute_layers == 0 else 0.0  # (cost.stage_times)
         work.append(3 * ((n - nd) * fwd + nd * fwd_d + (head if h else 0.0)) + (nr - rd) * rec + rd * recd
                     + mtp_rec + (n - nd) * ep)
