@@ -3,6 +3,7 @@ in flight on each rank under its schedule, from memory.py's primitives; activati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from .choice import DEFAULT_OPTIONS, Choice, Options
@@ -157,36 +158,34 @@ class _RankMemo:
         self._states: dict[tuple, tuple] = {}
         self._dense: dict[tuple, tuple] = {}
 
+    def _fill(self, cache: dict[tuple, tuple], key: tuple, build: Callable[..., tuple], *args: object) -> tuple:
+        """A cache miss: `build(*args)` (default: the key's fields) stored under `key`, a full cache emptied first (a
+        search asks for each group's in a row, so the older entries are not asked again).  The callers look the key
+        up themselves: they are asked ~10⁶ times a search, and a call on every hit would cost ~10 % of it."""
+        if len(cache) >= self.MAX:
+            cache.clear()
+        got = cache[key] = build(*(args or key))
+        return got
+
     def ranks(self, c: Choice) -> tuple[tuple[int, RankShape, float, float], ...]:
         """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank of choice `c` that can
         be the heaviest (`_heavy_ranks`): `memory.rank_activations` of `_memory_scan`'s figures."""
         key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
-               c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)
+               c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)  # (the same fields as `dense`)
         got = self._ranks.get(key)
-        if got is None:
-            if len(self._ranks) >= self.MAX:
-                self._ranks.clear()
-            got = self._ranks[key] = self._heavy(*key)
-        return got
+        return got if got is not None else self._fill(self._ranks, key, self._heavy)
 
     def _heavy(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
                rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, RankShape, float, float], ...]:
         """`_memory_scan`'s figures for the heavy ranks only (the others' are not read), in the same arithmetic."""
         model = self.model
         skey = (tp, pp, v, schedule, m, ep)
-        scan = self._scans.get(skey)
-        if scan is None:
-            if len(self._scans) >= self.MAX:
-                self._scans.clear()
-            scan = self._scans[skey] = _schedule_scan(model, *skey)
-        shapes, peaks, live, heavy = scan
+        shapes, peaks, live, heavy = (self._scans.get(skey)
+                                      or self._fill(self._scans, skey, _schedule_scan, model, *skey))
         pkey = (tp, pp * v if recompute == "full" and rec_layers > 0 else 0, b, sp, recompute, cp, rec_layers, etp)
-        parts = self._parts.get(pkey)
-        if parts is None:
-            if len(self._parts) >= self.MAX:
-                self._parts.clear()
-            parts = self._parts[pkey] = self._act_parts(tp, pp, v, b, sp, recompute, cp, rec_layers, etp)
-        per_layer, dense, acts = parts
+        per_layer, dense, acts = (self._parts.get(pkey)
+                                  or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
+                                                rec_layers, etp))
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
@@ -204,11 +203,7 @@ class _RankMemo:
         key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
                c.recompute, c.cp, c.recompute_layers, c.expert_shards, c.etp)
         got = self._dense.get(key)
-        if got is None:
-            if len(self._dense) >= self.MAX:
-                self._dense.clear()
-            got = self._dense[key] = self._dense_rows(*key)
-        return got
+        return got if got is not None else self._fill(self._dense, key, self._dense_rows)
 
     def _dense_rows(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
                     rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, float, float, RankShape, float, float], ...]:
@@ -243,11 +238,9 @@ class _RankMemo:
         key = (zero, c.zero_stage, c.tp, c.dp // c.dp_replicate, c.cp, c.expert_dp, c.ep * c.etp)
         got = self._states.get(key)
         if got is None:
-            if len(self._states) >= self.MAX:
-                self._states.clear()
             cl, o = self.cluster, self.opts
-            got = self._states[key] = _states(self.model, self.dtype, cl.optimizer, cl.zero3_unit, o.optimizer_dtype,
-                                              self.acc, *key)
+            got = self._fill(self._states, key, _states, self.model, self.dtype, cl.optimizer, cl.zero3_unit,
+                             o.optimizer_dtype, self.acc, *key)
         return got
 
 
