@@ -135,7 +135,8 @@ class ParallelConfig:
     # the embedding, the last the head; those two may hold no layer), as Megatron-Core's
     # pipeline_model_parallel_layout cuts a model; None: the balanced partition (pipeline/partition.py)
     pipeline_layout: list[int] | None = None
-    # zb-v only: the chunk times (F, BI, BW) its list scheduler orders the actions for (`schedules.zero_bubble_v`);
+    # zb-v only: the chunk times (F, BI, BW) its list scheduler orders the actions for (`schedules.zero_bubble_v`),
+    # optionally a fourth number, the share of a chunk's activations BI keeps for BW, which its memory cap counts;
     # None: equal times.  par3d plan --emit-config writes the times its plan was priced with (cost.zbv_times)
     zbv_times: list[float] | None = None
 
@@ -305,10 +306,12 @@ class RunConfig:
             n_chunks = p.pp * p.virtual_stages
             if p.zbv_times is not None:
                 zt = p.zbv_times
-                if not (isinstance(zt, list) and len(zt) == 3
-                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in zt)):
-                    errs.append(f"parallel.zbv_times={zt!r} must be three times > 0, F, BI and BW of one chunk, e.g. "
-                                f"[1, 2, 1]")
+                if not (isinstance(zt, list) and len(zt) in (3, 4)
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in zt)
+                        and (len(zt) == 3 or zt[3] <= 1)):
+                    errs.append(f"parallel.zbv_times={zt!r} must be three times > 0, F, BI and BW of one chunk, and "
+                                f"optionally the share in (0, 1] of a chunk's activations BI keeps for BW, e.g. "
+                                f"[1, 2, 1] or [1, 1.1, 0.9, 0.43]")
                 elif p.schedule != "zb-v" or p.schedule_csv:
                     errs.append(f"parallel.zbv_times={zt!r} orders zb-v's actions, but the schedule is "
                                 f"{'the file ' + repr(p.schedule_csv) if p.schedule_csv else repr(p.schedule)}; "

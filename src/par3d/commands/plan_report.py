@@ -111,12 +111,15 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
                if best.pipeline_layout else "the planner's partition; --pipeline-layout sets one")
         out.append(f"layout:   layers per pipeline chunk {','.join(map(str, chunk_layers(model, best)))} ({how})")
     if "zbv_times" in best.extra:  # the order priced is the one built for these chunk times (cost.zbv_times)
-        _, bi, bw = best.extra["zbv_times"]
+        _, bi, bw, *held = best.extra["zbv_times"]
         c = best.choice
-        out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}, as the Zero Bubble authors' runtime "
-                   f"builds it from profiled times; par3d train runs this order with --zbv-times 1,{bi:g},{bw:g} "
+        kept = (f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
+                if held else "")
+        out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}{kept}, as the Zero Bubble authors' "
+                   f"runtime builds it from profiled times; par3d train runs this order with --zbv-times "
+                   f"{','.join(f'{x:g}' for x in best.extra['zbv_times'])} "
                    "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
-                   f"{bi:g} --tw {bw:g}")
+                   f"{bi:g} --tw {bw:g}{f' --held {held[0]:g}' if held else ''}")
     out.append(_evidence_line(cluster, model.moe))
     out += _precision_lines(cluster, model.moe)
     out += _software_lines(cluster, getattr(args, "framework", "par3d"))

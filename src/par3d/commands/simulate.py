@@ -69,6 +69,10 @@ def register(sub) -> None:
     parser.add_argument("--tw", type=float, default=None,
                         help="weight-gradient (BW) time, the paper's T_W: a split backward is BI = --tb plus "
                              "BW = --tw, a full backward B = tb + tw (default: no split given; BI = BW = tb/2)")
+    parser.add_argument("--held", type=float, default=1.0,
+                        help="zb-v only: the share in (0, 1] of a chunk's activations its BI keeps for its BW (each "
+                             "linear layer's input and output gradient), which zb-v's 2p-chunk memory cap counts; "
+                             "par3d plan names the share it priced (default: %(default)s, a chunk whole until BW)")
     parser.add_argument("--transfer", type=float, default=0.0,
                         help="time to send an activation or gradient between ranks (default: %(default)s)")
     parser.add_argument("--blocking-sends", action="store_true",
@@ -91,6 +95,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise _UsageError("--transfer", f"must be a number >= 0, got {args.transfer}")
     if args.tw is not None and not (math.isfinite(args.tw) and args.tw >= 0):
         raise _UsageError("--tw", f"must be a number >= 0, got {args.tw}")
+    if not (math.isfinite(args.held) and 0 < args.held <= 1):
+        raise _UsageError("--held", f"must be a share in (0, 1], got {args.held}")
 
 
 def _times(args: argparse.Namespace) -> tuple[float, float, float]:
@@ -100,10 +106,11 @@ def _times(args: argparse.Namespace) -> tuple[float, float, float]:
     return args.tf, args.tb + args.tw, args.tw
 
 
-def _chunk_times(args: argparse.Namespace, v: int) -> tuple[float, float, float]:
-    """(F, BI, BW) of one chunk: what zb-v's list scheduling plans with."""
+def _chunk_times(args: argparse.Namespace, v: int) -> tuple[float, ...]:
+    """(F, BI, BW) of one chunk, and --held where below 1: what zb-v's list scheduling plans with."""
     tf, tb, tw = _times(args)
-    return tf / v, (tb - tw) / v, tw / v
+    times = (tf / v, (tb - tw) / v, tw / v)
+    return times + (args.held,) if args.held < 1 else times
 
 
 def _load_csv(path: str) -> CsvSchedule:

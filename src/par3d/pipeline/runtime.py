@@ -114,6 +114,16 @@ class ActivationMeter:
         self.live -= n
 
 
+def _held_bytes(deferred: list) -> int:
+    """The bytes a BI's deferred weight GEMMs keep alive: each distinct storage of their inputs and output gradients."""
+    seen: dict[int, int] = {}
+    for _w, x, dy in deferred:
+        for t in (x, dy):
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
 @dataclass
 class StepResult:
     loss_sum: float  # sum over this rank's micro-batches of the scaled loss (last stage only)
@@ -190,6 +200,12 @@ class ModelStage:
         if a.kind == "BI":
             with weight_grad.deferring(slot.deferred):
                 self._autograd(out, grad_out)
+            # the graph is freed: what stays alive until BW is each linear layer's (x, dy), no longer the forward's
+            # saved tensors (the share zb-v's memory cap counts, memory.weight_grad_share)
+            kept = _held_bytes(slot.deferred)
+            self.meter.free(slot.saved_bytes)
+            self.meter.add(kept)
+            slot.saved_bytes = kept
         else:
             self._autograd(out, grad_out)
             self.meter.free(slot.saved_bytes)

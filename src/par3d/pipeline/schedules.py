@@ -216,7 +216,7 @@ def zero_bubble_h1(p: int, m: int) -> list[list[Action]]:
     return out
 
 
-def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> list[list[Action]]:
+def zero_bubble_v(p: int, m: int, times: tuple[float, ...] = (1.0, 1.0, 1.0)) -> list[list[Action]]:
     """ZB-V (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6): two chunks per rank on
     the V placement (rank r holds stages r and 2p-1-r), every backward split into BI and BW.
 
@@ -235,16 +235,28 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, float, float] = (1.0, 1.0,
     every rank waiting (each capped rank's BI waits on a stage that needs a forward first); then,
     and only then, one forward goes past the cap, so the schedule always exists and its peak may
     exceed 2p chunks.
+
+    A fourth element of ``times``, ``held`` in (0, 1], is the share of a chunk's activations its BI leaves for
+    its BW (default 1: a chunk counts whole until its BW).  A split backward frees the graph at BI and keeps
+    only each linear layer's input and output gradient for the weight GEMMs (`par3d.weight_grad`), so the cap
+    counts an F as 1, its BI as -(1 - held) and its BW as -held: the Zero Bubble authors' V scheduler counts
+    memory so (its f_mem, b_mem, w_mem; issue 12's sixty-fifth round), and without FlashAttention, whose s²
+    scores BI frees, ``held`` is well under 1 and the cap admits more forwards in flight.
     """
     return _as_actions(_zero_bubble_v_keys(p, m, times))
 
 
-def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> list[list[Key]]:
+def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, ...]) -> list[list[Key]]:
     """`zero_bubble_v`'s lists as (kind, stage, micro-batch) tuples (`build_keys`)."""
     _require(p, m)
-    tf, tbi, tbw = (float(t) for t in times)
+    tf, tbi, tbw = (float(t) for t in times[:3])
+    held = float(times[3]) if len(times) > 3 else 1.0
+    if not 0.0 < held <= 1.0:
+        raise ScheduleError(f"zb-v: held={held} is the share of a chunk's activations kept from BI to BW; "
+                            "it must be in (0, 1]", param="times")
     cost = {"F": tf, "BI": tbi, "BW": tbw}
-    limit = 2 * p
+    # a forward fits while the chunks alive (each F 1, less 1 - held after its BI) leave room for one more
+    room = 2 * p - 1 + 1e-9
     stages = [(r, 2 * p - 1 - r) for r in range(p)]
     n_stages = 2 * p
     last = n_stages - 1
@@ -256,7 +268,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
     nf = [[0, 0] for _ in range(p)]  # next micro-batch to forward, per chunk
     nb = [[0, 0] for _ in range(p)]  # next micro-batch for BI, per chunk
     pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]  # (chunk, mb) with BI done, BW not
-    live = [0] * p
+    live = [0.0] * p
     free = [0.0] * p
     version = [0] * p
     # heap entries (start, kind's priority, micro-batch, -chunk, rank, version, kind, chunk): the first five are the
@@ -273,7 +285,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
         best: tuple | None = None
         fr = free[r]
         st_r, nb_r, nf_r = stages[r], nb[r], nf[r]
-        can_f = live[r] < limit or over_cap
+        can_f = live[r] <= room or over_cap
         for c in (1, 0):
             st, i = st_r[c], nb_r[c]
             if i < m:  # BI waits for its own F and the next stage's BI
@@ -311,7 +323,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
         c = 0 if stages[d][0] == st else 1
         fr = free[d]
         if kind == "F":
-            if nf[d][c] != i or live[d] >= limit:
+            if nf[d][c] != i or live[d] > room:
                 return
             e = f_end[st - 1][i]
             t = fr if fr >= e else e  # type: ignore[operator]
@@ -353,6 +365,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
                 other = rank_of[to]
         elif kind == "BI":
             nb[r][c] += 1
+            live[r] -= 1.0 - held
             pending[r].append((c, i))
             bi_end[st][i] = stop
             if st > 0:
@@ -360,7 +373,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, float, float]) -> li
                 other = rank_of[to]
         else:
             pending[r].popleft()
-            live[r] -= 1
+            live[r] -= held
         out[r].append((kind, st, i))
         # only these ranks' ready actions or start times changed; after a capped pick every
         # rank's offer is made again under the cap (the other over-cap offers must not stand)
@@ -470,7 +483,7 @@ def _as_actions(lists: list[list[Key]]) -> list[list[Action]]:
 
 
 def build(name: str, p: int, m: int, v: int = 1,
-          times: tuple[float, float, float] | None = None) -> list[list[Action]]:
+          times: tuple[float, ...] | None = None) -> list[list[Action]]:
     """Build a schedule by name: one of SCHEDULES.  Raises ScheduleError for impossible requests.
     The V schedules (V_SCHEDULES) run v = 2 chunks per rank; interleaved any v >= 2; the others 1.
     ``times`` (F, BI, BW of one chunk) tunes the builders that schedule by simulation (zb-v);
@@ -497,7 +510,7 @@ def build(name: str, p: int, m: int, v: int = 1,
 
 
 def build_keys(name: str, p: int, m: int, v: int = 1,
-               times: tuple[float, float, float] | None = None) -> list[list[Key]]:
+               times: tuple[float, ...] | None = None) -> list[list[Key]]:
     """`build`'s lists as (kind, stage, micro-batch) tuples, the same errors for the same requests.  The V
     builders make the tuples and `build` wraps them in Actions; the planner's compile (plan/replay.py) reads
     just these three fields of up to ~10⁵ actions of one schedule, so it takes them without the objects."""
@@ -507,7 +520,7 @@ def build_keys(name: str, p: int, m: int, v: int = 1,
     return [[(a.kind, a.stage, a.microbatch) for a in acts] for acts in build(name, p, m, v, times)]
 
 
-def _v_keys(name: str, p: int, m: int, times: tuple[float, float, float] | None) -> list[list[Key]]:
+def _v_keys(name: str, p: int, m: int, times: tuple[float, ...] | None) -> list[list[Key]]:
     return _zero_bubble_v_keys(p, m, times or (1.0, 1.0, 1.0)) if name == "zb-v" else _dualpipe_v_keys(p, m)
 
 

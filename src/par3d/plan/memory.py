@@ -77,7 +77,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .compute import recompute_modules
+from .compute import layer_gemms, recompute_modules
 from .hardware import OPTIMIZERS, GiB
 from .models import ModelSpec
 
@@ -233,6 +233,31 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
     else:
         scores = 5.0 * a * s * s * b
     return scale * (replicated / (t if sp else 1) + (sharded + scores) / t + latents)
+
+
+@lru_cache(maxsize=4096)
+def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str = "bf16", cp: int = 1,
+                      flash: bool = False, etp: int = 1, ep: int = 1) -> float:
+    """The share of one layer's stored activations (`layer_activation_bytes`) a split backward keeps from its input
+    half (BI) to its weight half (BW), at most 1: each weight GEMM's input x and output gradient dy
+    (dW = dyᵀ·x), what `par3d.weight_grad` and the Zero Bubble authors' WeightGradStore keep once BI has freed the
+    graph.  For a GPT layer at TP 1 that is 14h (the four linears' inputs) + 18h (their output gradients) = 32h bytes
+    a token, the authors' own estimate (w_mem = -32h against f_mem = 34h + 5as, sail-sg/zero-bubble-pipeline-
+    parallelism, megatron/core/pipeline_parallel/schedules.py): without FlashAttention BI frees the s² scores and
+    ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Under full recomputation BI holds more
+    than F saved (the recomputed forward's inputs): 1, a chunk counted whole until BW, as before."""
+    saved = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+    if saved <= 0:
+        return 1.0
+    xb = SAVED_CAST_BYTES.get(dtype, float(ACT_BYTES[dtype]))  # a saved GEMM input (fp8: its cast)
+    db = float(ACT_BYTES[dtype])  # an output gradient
+    # (sequence parallelism: the column-parallel GEMMs keep their input's sequence shard and gather it again for dW,
+    # as Megatron-Core does and `layer_activation_bytes` counts it)
+    shard = tp if sp and tp > 1 else 1
+    kept = sum(g.batch * g.m * (g.k * xb / (shard if g.name in ("qkv", "mlp_in") else 1) + g.n * db)
+               for g in layer_gemms(model, b, tp, ep, sp, etp)
+               if g.name not in ("attn_scores", "attn_values")) / cp  # this CP rank's s/cp tokens
+    return min(1.0, kept / saved)
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)

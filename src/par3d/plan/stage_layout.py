@@ -311,3 +311,6 @@ class StageTimes:
     # the framework's point-to-point calls hold the sending rank until delivered (`p2p_blocks`): the simulator's
     # `blocking`
     blocking: bool = False
+    # zb-v: the share of a chunk's activations its BI keeps for its BW (`memory.weight_grad_share`), which the V's
+    # memory cap counts (`schedules.zero_bubble_v`); 1 for every other schedule
+    held: float = 1.0
