@@ -6,7 +6,10 @@ slots of the 2p-chunk memory cap kept for the returning chunk's forward, weight 
 the cap, a start tolerance in favour of the input gradient, the embedding-only first chunk left out of the count, and
 the cap itself raised -- and simulates every order with `pipeline/simulate.py` at the chunk times and transfer the
 planner prices for three of the Zero Bubble paper's ZB-V rows, and on a grid of uniform cases.  It changes nothing in
-par3d; it is the record behind the figures docs/planner.md quotes.
+par3d; it is the record behind the figures docs/planner.md quotes.  Since the sixty-fifth round par3d's order counts a
+chunk after its BI at the share of its activations BI keeps for BW (`schedules.zero_bubble_v`'s fourth time,
+`memory.weight_grad_share`); the rows report that order beside the one before it (whole until BW), and two variants
+with the share.
 
     python benchmarks/zbv_cap.py [--out benchmarks/results/zbv_cap.json]
 """
@@ -28,14 +31,15 @@ ROWS = ("zb-28.3b-32gpu-b2-m96-zbv-t6", "zb-14.6b-24gpu-b2-m72-zbv-t6", "zb-6.2b
 
 def greedy_v(p: int, m: int, times: tuple[float, float, float], transfer: float = 0.0, reserve: int = 0,
              extra_cap: int = 0, bw_near_cap: int = -1, tolerance: float = 0.0,
-             free_first_chunk: bool = False) -> list[list[Action]]:
+             free_first_chunk: bool = False, held: float = 1.0) -> list[list[Action]]:
     """`schedules.zero_bubble_v`'s list scheduler with the variants' knobs (all off: the same order).
 
     transfer: the lag of a dependency between ranks, in the builder's clock; reserve: cap slots a rank's first chunk
     may not take (kept for the second chunk's forward); extra_cap: chunks added to the 2p cap; bw_near_cap >= 0: a
     pending BW goes ahead of forwards once the rank holds cap - bw_near_cap chunks; tolerance: a forward or BW is
     keyed this much later than its start, so an input gradient starting within it goes first; free_first_chunk:
-    stage 0's activations (the embedding alone in the paper's runs) left out of the count."""
+    stage 0's activations (the embedding alone in the paper's runs) left out of the count; held: the share of a
+    chunk's count its BI keeps until its BW (`schedules.zero_bubble_v`'s fourth time, since the sixty-fifth round)."""
     tf, tbi, tbw = times
     dur = {"F": tf, "BI": tbi, "BW": tbw}
     limit = 2 * p + extra_cap
@@ -48,7 +52,7 @@ def greedy_v(p: int, m: int, times: tuple[float, float, float], transfer: float 
     nf = [[0, 0] for _ in range(p)]
     nb = [[0, 0] for _ in range(p)]
     pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    live, free, version = [0] * p, [0.0] * p, [0] * p
+    live, free, version = [0.0] * p, [0.0] * p, [0] * p
     heap: list[tuple] = []
 
     def lag(a: int, b: int) -> float:
@@ -70,7 +74,7 @@ def greedy_v(p: int, m: int, times: tuple[float, float, float], transfer: float 
                     key = (t, 0, i, -ch, r, ver, "BI", ch, t)
                     best = key if best is None or key < best else best
             i = nf[r][ch]
-            if i < m and (live[r] < limit - (reserve if ch == 0 else 0) or over_cap):
+            if i < m and (live[r] + 1 <= limit - (reserve if ch == 0 else 0) + 1e-9 or over_cap):
                 e = fr if st == 0 else f_end[st - 1][i]
                 if e is not None:
                     t = max(fr, e + (lag(st - 1, st) if st > 0 else 0.0))
@@ -79,7 +83,7 @@ def greedy_v(p: int, m: int, times: tuple[float, float, float], transfer: float 
         if pending[r]:
             ch, i = pending[r][0]
             t = max(fr, bi_end[stages[r][ch]][i])  # type: ignore[type-var]
-            near = bw_near_cap >= 0 and live[r] >= limit - bw_near_cap
+            near = bw_near_cap >= 0 and live[r] >= limit - bw_near_cap - 1e-9
             key = (t if near else t + tolerance, 0.5 if near else 2, i, -ch, r, ver, "BW", ch, t)
             best = key if best is None or key < best else best
         if best is not None:
@@ -109,20 +113,23 @@ def greedy_v(p: int, m: int, times: tuple[float, float, float], transfer: float 
             other = rank_of[st + 1] if st < last else -1
         elif kind == "BI":
             nb[r][ch] += 1
+            live[r] -= weight(st) * (1.0 - held)
             pending[r].append((ch, i))
             bi_end[st][i] = stop
             other = rank_of[st - 1] if st > 0 else -1
         else:
             pending[r].popleft()
-            live[r] -= weight(st)
+            live[r] -= weight(st) * held
         out[r].append(Action(kind, st, i))
         for d in (range(p) if capped else {r, other} - {-1}):
             offer(d)
     return out
 
 
-VARIANTS = {  # name: greedy_v's knobs, the transfer given as a multiple of the row's
+VARIANTS = {  # name: greedy_v's knobs, the transfer given as a multiple of the row's; "held": "row" the row's share
     "transfer-blind (par3d)": {},
+    "transfer-blind, BI keeps the held share (par3d since the sixty-fifth round)": {"held": "row"},
+    "told the transfer, BI keeps the held share": {"told": 1.0, "held": "row"},
     "told the transfer": {"told": 1.0},
     "told, one slot reserved": {"told": 1.0, "reserve": 1},
     "told, one slot reserved, cap 3p": {"told": 1.0, "reserve": 1, "extra_cap": "p"},
@@ -132,13 +139,15 @@ AT_CAP = [dict(zip(("bw_near_cap", "reserve", "told", "tolerance", "free_first_c
           for k in itertools.product((-1, 0, 2, 8), (0, 1, 2, 4, 8), (0.0, 1.0), (0.0, 1.0), (False, True))]
 
 
-def _order(p: int, m: int, times: tuple[float, float, float], transfer: float, knobs: dict) -> list[list[Action]]:
+def _order(p: int, m: int, times: tuple[float, ...], transfer: float, knobs: dict) -> list[list[Action]]:
     k = dict(knobs)
+    if k.get("held") == "row":
+        k["held"] = times[3] if len(times) > 3 else 1.0
     told = k.pop("told", 0.0) * transfer
     tol = k.pop("tolerance", 0.0) * transfer
     if k.get("extra_cap") == "p":
         k["extra_cap"] = p
-    return greedy_v(p, m, times, transfer=told, tolerance=tol, **k)
+    return greedy_v(p, m, times[:3], transfer=told, tolerance=tol, **k)
 
 
 def rows_report() -> list[dict]:
@@ -157,11 +166,15 @@ def rows_report() -> list[dict]:
         def makespan(order: list[list[Action]], dur: dict = dur, p: int = p, m: int = m, tr: float = tr) -> float:
             return simulate(order, p, m, 2, durations=dur, transfer=tr).makespan
 
-        base = makespan(zero_bubble_v(p, m, times))
+        base = makespan(zero_bubble_v(p, m, times[:3]))  # the order before the sixty-fifth round: whole until BW
+        now = makespan(zero_bubble_v(p, m, times))
         got = {name_: makespan(_order(p, m, times, tr / f, knobs)) for name_, knobs in VARIANTS.items()}
         assert abs(got["transfer-blind (par3d)"] - base) < 1e-9 * base  # all knobs off: par3d's own order
+        held_name = "transfer-blind, BI keeps the held share (par3d since the sixty-fifth round)"
+        assert abs(got[held_name] - now) < 1e-9 * now  # and with the row's share, par3d's order now
         at_cap = min(makespan(_order(p, m, times, tr / f, k)) for k in AT_CAP)
         out.append({"row": name, "p": p, "m": m, "times": list(times), "transfer_over_f": round(tr / f, 4),
+                    "held_vs_blind_pct": round(100 * (now - base) / base, 2),
                     "makespan_s": {k: round(v, 4) for k, v in got.items()},
                     "best_greedy_at_cap_s": round(at_cap, 4),
                     "best_greedy_at_cap_vs_blind_pct": round(100 * (at_cap - base) / base, 2),
@@ -178,7 +191,7 @@ def grid_report() -> dict:
         dur = {(s, k): v for s in range(2 * p) for k, v in zip(("F", "BI", "BW"), times)}
         bound = max(r * (times[0] + cf) + 2 * m * sum(times) for r in range(p))
         for name, knobs in VARIANTS.items():
-            if "cap 3p" in name:
+            if "cap 3p" in name or "held" in knobs:  # (uniform cases carry no held share)
                 continue
             ms = simulate(_order(p, m, times, cf, knobs), p, m, 2, durations=dur, transfer=cf).makespan
             worst[name] = max(worst.get(name, 0.0), ms / bound)

@@ -276,19 +276,23 @@ def test_plan_cli_json_and_explain_name_the_v(tmp_path):
 
     times = tuple(plans[0]["zbv_times"])
     assert times[0] == 1.0 and f"--zbv-times 1,{times[1]:g},{times[2]:g}" in text
-    assert f"--tf 1 --tb {times[1]:g} --tw {times[2]:g}" in text
+    held = [f"--held {times[3]:g}"] if len(times) > 3 else []  # the share BI keeps for BW (FlashAttention: ~0.9)
+    assert f"--tf 1 --tb {times[1]:g} --tw {times[2]:g}{' ' + held[0] if held else ''}" in text
     assert tuple(rc.parallel.zbv_times) == times
     m = plans[0]["microbatches"]
     assert pipeline_schedule(rc) == build("zb-v", 2, m, 2, times) != build("zb-v", 2, m, 2)
     sim = tmp_path / "sim.csv"
     subprocess.run([sys.executable, "-m", "par3d", "simulate", "--schedule", "zb-v", "--stages", "2",
                     "--microbatches", str(m), "--virtual-stages", "2", "--tf", "1", "--tb", f"{times[1]:g}", "--tw",
-                    f"{times[2]:g}", "--to-csv", str(sim)], capture_output=True, text=True, check=True)
+                    f"{times[2]:g}", *" ".join(held).split(), "--to-csv", str(sim)], capture_output=True, text=True,
+                   check=True)
     assert from_csv(sim.read_text()).schedule == pipeline_schedule(rc)
-    # the times belong to zb-v alone, three of them, each > 0: anything else is refused by name
+    # the times belong to zb-v alone, three of them, each > 0, and optionally a share in (0, 1]: anything else is
+    # refused by name
     from par3d.config import ConfigError
 
-    for bad_times, schedule in (([1.0, 2.0], "zb-v"), ([1.0, 0.0, 1.0], "zb-v"), ([1.0, 2.0, 1.0], "zb-h1")):
+    for bad_times, schedule in (([1.0, 2.0], "zb-v"), ([1.0, 0.0, 1.0], "zb-v"), ([1.0, 2.0, 1.0], "zb-h1"),
+                                ([1.0, 2.0, 1.0, 1.5], "zb-v"), ([1.0, 2.0, 1.0, 0.5, 1.0], "zb-v")):
         rc2 = RunConfig.load_toml(str(cfg))
         rc2.parallel.zbv_times, rc2.parallel.schedule = bad_times, schedule
         if schedule == "zb-h1":
@@ -389,3 +393,36 @@ def test_a_split_backward_keeps_deepspeeds_bf16_accumulation():
         st = stage_times(model, cluster, c)
         assert all(bi + bw == pytest.approx(b, rel=1e-9) for bi, bw, b in zip(st.bi, st.bw, st.b))
         assert makespan_lower_bound(st, c) <= simulate_stages(st, c)[0] * (1 + 1e-9)
+
+
+def test_zbv_cap_counts_the_share_bi_keeps_for_bw():
+    """A split backward frees the graph at BI and keeps only each linear layer's input and output gradient for BW
+    (memory.weight_grad_share): for a GPT layer 14h + 18h = 32h bytes a token against the 34h + 5as it saved (the Zero
+    Bubble authors' own w_mem and f_mem).  ZB-V's cap counts that share (issue 12's sixty-fifth round): the plan's
+    order is built with it as a fourth time, prices what `simulate` runs of that order, and on the paper's runs
+    (no FlashAttention, s 1,024: a share of 0.43) runs faster than the order that counts a chunk whole until BW."""
+    from par3d.plan import validation
+    from par3d.plan.cp_ep_comm import blockwise_attention
+    from par3d.plan.memory import weight_grad_share
+
+    row = next(r for r in validation.rows() if r["name"] == "zb-28.3b-32gpu-b2-m96-zbv-t6")
+    model, cluster = validation.model_of(row), validation.cluster_of(row)
+    plan = validation.predict(row).plan
+    c = plan.choice
+    assert not blockwise_attention(cluster, c)
+    h, a, s = model.hidden, model.heads, model.seq_len
+    share = weight_grad_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.dtype)
+    assert share == pytest.approx(32 * h / (34 * h + 5 * a * s), rel=1e-12)
+    # FlashAttention saves no s² scores, so BI frees little; full recomputation keeps more than F saved: 1
+    assert 0.9 < weight_grad_share(model, 1, 1, False, "none", "bf16", flash=True) < 1.0
+    assert weight_grad_share(model, 1, 1, False, "full", "bf16") == 1.0
+    st = stage_times(model, cluster, c)
+    times = zbv_times(st, c)
+    assert times is not None and times[3] == float(f"{share:.2g}") == 0.43
+    dur = durations_of(st, "zb-v")
+    kept = simulate(build("zb-v", c.pp, c.microbatches, 2, times), c.pp, c.microbatches, 2, durations=dur,
+                    transfer=st.transfer)
+    whole = simulate(build("zb-v", c.pp, c.microbatches, 2, times[:3]), c.pp, c.microbatches, 2, durations=dur,
+                     transfer=st.transfer)
+    assert plan.extra["makespan_s"] == pytest.approx(kept.makespan, rel=1e-12)
+    assert kept.makespan < 0.98 * whole.makespan

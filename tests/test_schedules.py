@@ -246,6 +246,36 @@ def test_zero_bubble_v_builds_a_valid_schedule_for_any_times():
     assert max(check(zero_bubble_v(4, 8), 4, 8, 2).peak_inflight) <= 8
 
 
+def _held_count_peak(sched: list[list[Action]], held: float) -> float:
+    """The most chunk activations a rank holds when an F counts 1, its BI frees all but `held` and its BW the rest."""
+    most = 0.0
+    for acts in sched:
+        live = 0.0
+        for a in acts:
+            live += {"F": 1.0, "BI": held - 1.0, "BW": -held}[a.kind]
+            most = max(most, live)
+    return most
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 16), (8, 24)])
+@pytest.mark.parametrize("times", [(1.0, 1.0, 1.0), (1.0, 1.1, 0.9), (1.0, 1.2, 0.83)])
+def test_zero_bubble_v_cap_counts_what_bi_keeps(p, m, times):
+    """A fourth time, the share of a chunk's activations its BI keeps for its BW (issue 12's sixty-fifth round): 1
+    builds the order without it; below 1 the order stays valid and within 2p chunks counted so (each F 1, less
+    1 - held after its BI), and uses the room: more chunks past their F and before their BW than 2p."""
+    assert zero_bubble_v(p, m, times + (1.0,)) == zero_bubble_v(p, m, times)
+    held = 0.43  # a GPT layer at s 1,024 without FlashAttention (memory.weight_grad_share)
+    sched = zero_bubble_v(p, m, times + (held,))
+    report = check(sched, p, m, 2)
+    assert p2p_order_problems(sched, p, 2) == []
+    assert _held_count_peak(sched, held) <= 2 * p + 1e-9
+    assert _held_count_peak(zero_bubble_v(p, m, times), 1.0) <= 2 * p
+    assert max(report.peak_inflight) > 2 * p
+    for bad in (0.0, 1.5):
+        with pytest.raises(ScheduleError, match="held"):
+            zero_bubble_v(p, m, times + (bad,))
+
+
 def test_dualpipe_v_needs_2p_microbatches_and_mixes_full_and_split_backwards():
     with pytest.raises(ScheduleError, match=r"m=6 < 2p=8; use m=8") as e:
         build("dualpipe-v", 4, 6, 2)

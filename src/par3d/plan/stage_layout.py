@@ -195,7 +195,9 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     - interleaved: w = min(2(p-r-1) + (v-1)p, m·v) warm-up units, then F/B pairs: min(w + 1, m·v);
     - ZB-H1: w = min(p-r-1, m), then F/BI pairs with up to r BWs deferred: w + 1 + min(r, m-w-1);
     - ZB-V: min(2m, 2p) chunks on every rank (its F rule's cap; the orders built for the planner's chunk times,
-      `zbv_times`, keep it too: tests/test_plan_v_schedules.py);
+      `zbv_times`, keep it too: tests/test_plan_v_schedules.py; where those carry the share of a chunk its BI keeps
+      for BW, the cap counts a chunk past its BI at that share, so more than 2p chunks may be past their F and
+      before their BW while what they hold, in whole chunks' worth, stays within 2p: the bytes this count prices);
     - DualPipe-V (m >= 2p): 2p + 1 chunks on every rank.
     A test compares them with the checker on every (p, m, v) up to p = 12; `validate_schedule`
     compares them again on every plan it reports."""
