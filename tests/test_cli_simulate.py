@@ -130,6 +130,9 @@ def test_schedule_csv_with_a_swapped_dependency_is_refused(capsys, tmp_path):
     (["--schedule-csv", "/nonexistent/x.csv"], "--schedule-csv"),
     (["--schedule", "zb-v", "--virtual-stages", "3"], "--virtual-stages"),
     (["--schedule", "dualpipe-v", "--microbatches", "4"], "--microbatches"),
+    (["--held", "0.5"], "--held"),  # the default schedule, 1f1b: the share orders zb-v alone
+    (["--schedule", "dualpipe-v", "--held", "0.5"], "--held"),
+    (["--schedule", "zb-v", "--held", "0"], "--held"),
 ])
 def test_invalid_requests_name_the_flag(capsys, argv, flag):
     rc, out, err = _run(capsys, *argv)

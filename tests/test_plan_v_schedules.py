@@ -426,3 +426,16 @@ def test_zbv_cap_counts_the_share_bi_keeps_for_bw():
                      transfer=st.transfer)
     assert plan.extra["makespan_s"] == pytest.approx(kept.makespan, rel=1e-12)
     assert kept.makespan < 0.98 * whole.makespan
+
+
+def test_weight_grad_share_prices_the_layer_as_the_memory_model_does():
+    """Uneven routing without expert parallelism: every rank computes every copy (models.ModelSpec.at_ep), which is
+    what plan_memory prices a layer's activations at; the share's denominator must be that same layer."""
+    from dataclasses import replace as _replace
+
+    from par3d.plan.memory import weight_grad_share
+    from par3d.plan.models import CATALOGUE
+
+    m = _replace(CATALOGUE["qwen3-30b-a3b"], route_load=1.5)
+    assert weight_grad_share(m, 1, 1, False, "none", "bf16", 1, True, 1, 1) == pytest.approx(
+        weight_grad_share(m.at_ep(1), 1, 1, False, "none", "bf16", 1, True, 1, 1))

@@ -97,6 +97,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise _UsageError("--tw", f"must be a number >= 0, got {args.tw}")
     if not (math.isfinite(args.held) and 0 < args.held <= 1):
         raise _UsageError("--held", f"must be a share in (0, 1], got {args.held}")
+    if args.held < 1 and (args.schedule_csv or args.schedule != "zb-v"):
+        raise _UsageError("--held", "orders zb-v's actions only (its memory cap), and the schedule is "
+                                    f"{'the file ' + repr(args.schedule_csv) if args.schedule_csv else repr(args.schedule)}")
 
 
 def _times(args: argparse.Namespace) -> tuple[float, float, float]:
@@ -172,7 +175,7 @@ def _result(args: argparse.Namespace) -> dict:
             raise _UsageError(_FLAG.get(e.param or "", "--schedule"), str(e)) from None
     report, tl = _simulate(schedule, p, m, v, args)
     tf, tb, tw = _times(args)
-    out = {"schedule": name, "p": p, "m": m, "v": v, "tf": tf, "tb": tb, "tw": tw,
+    out = {"schedule": name, "p": p, "m": m, "v": v, "tf": tf, "tb": tb, "tw": tw, "held": args.held,
            "transfer": args.transfer, "blocking_sends": args.blocking_sends}
     if args.schedule_csv:
         out["schedule_csv"] = args.schedule_csv

@@ -306,7 +306,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.transfer = comm.p2p(boundary, lk.pp).total  # type: ignore[arg-type]
     out.blocking = c.pp > 1 and p2p_blocks(cluster.p2p_blocking, c)
     if c.schedule == "zb-v":
-        out.held = weight_grad_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, dtype, c.cp,
+        out.held = weight_grad_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision, c.cp,
                                      blockwise_attention(cluster, c), c.etp, c.ep)
     if cluster.profile is not None:
         _add_runtime_costs(out, model, cluster.dtype, c, lay, boundary, cluster.profile)

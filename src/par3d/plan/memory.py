@@ -246,6 +246,7 @@ def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: st
     parallelism, megatron/core/pipeline_parallel/schedules.py): without FlashAttention BI frees the s² scores and
     ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Under full recomputation BI holds more
     than F saved (the recomputed forward's inputs): 1, a chunk counted whole until BW, as before."""
+    model = model.at_ep(ep)  # as plan_memory prices the layer (balanced routing without EP), and as layer_gemms does
     saved = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
     if saved <= 0:
         return 1.0
