@@ -418,7 +418,8 @@ def test_zbv_cap_counts_the_share_bi_keeps_for_bw():
     assert weight_grad_share(model, 1, 1, False, "full", "bf16") == 1.0
     st = stage_times(model, cluster, c)
     times = zbv_times(st, c)
-    assert times is not None and times[3] == float(f"{share:.2g}") == 0.43
+    # rounded up to two significant digits (0.4324 -> 0.44): the cap counts at least the share the memory model keeps
+    assert times is not None and times[3] == 0.44 and times[3] >= share
     dur = durations_of(st, "zb-v")
     kept = simulate(build("zb-v", c.pp, c.microbatches, 2, times), c.pp, c.microbatches, 2, durations=dur,
                     transfer=st.transfer)

@@ -27,6 +27,7 @@ plan_memory.py (memory per GPU), dp_tail.py (the DP tail and the optimizer step)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from statistics import NormalDist
@@ -521,8 +522,19 @@ def zbv_times(st: StageTimes, c: Choice) -> tuple[float, ...] | None:
     if f <= 0 or bi <= 0 or bw <= 0:
         return None
     times = (1.0, float(f"{bi / f:.2g}"), float(f"{bw / f:.2g}"))
-    held = float(f"{st.held:.2g}")
+    # rounded up, not to nearest: the cap then counts at least the share the memory model keeps, so its 2p chunks'
+    # worth stays a bound on the bytes (0.4324 -> 0.44, not 0.43)
+    held = min(1.0, _round_up_2g(st.held))
     return times + (held,) if held < 1.0 else times
+
+
+def _round_up_2g(x: float) -> float:
+    """x rounded up to two significant digits (x > 0)."""
+    r = float(f"{x:.2g}")
+    if r >= x:
+        return r
+    step = 10.0 ** (math.floor(math.log10(r)) - 1)
+    return float(f"{r + step:.2g}")
 
 
 _SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...], Marks]] = {}
