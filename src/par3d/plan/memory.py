@@ -244,19 +244,19 @@ def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: st
     graph.  For a GPT layer at TP 1 that is 14h (the four linears' inputs) + 18h (their output gradients) = 32h bytes
     a token, the authors' own estimate (w_mem = -32h against f_mem = 34h + 5as, sail-sg/zero-bubble-pipeline-
     parallelism, megatron/core/pipeline_parallel/schedules.py): without FlashAttention BI frees the s² scores and
-    ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Under full recomputation BI holds more
-    than F saved (the recomputed forward's inputs): 1, a chunk counted whole until BW, as before."""
+    ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Where BI holds more than F saved -- full
+    recomputation (the recomputed forward's inputs), sequence parallelism at TP 8, op recomputation -- 1, a chunk
+    counted whole until BW, as before (the bytes above a whole chunk are not counted: docs/planner.md §6)."""
     model = model.at_ep(ep)  # as plan_memory prices the layer (balanced routing without EP), and as layer_gemms does
     saved = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
     if saved <= 0:
         return 1.0
     xb = SAVED_CAST_BYTES.get(dtype, float(ACT_BYTES[dtype]))  # a saved GEMM input (fp8: its cast)
     db = float(ACT_BYTES[dtype])  # an output gradient
-    # (sequence parallelism: the column-parallel GEMMs keep their input's sequence shard and gather it again for dW,
-    # as Megatron-Core does and `layer_activation_bytes` counts it)
-    shard = tp if sp and tp > 1 else 1
-    kept = sum(g.batch * g.m * (g.k * xb / (shard if g.name in ("qkv", "mlp_in") else 1) + g.n * db)
-               for g in layer_gemms(model, b, tp, ep, sp, etp)
+    # (sequence parallelism: a deferred weight GEMM keeps the whole sequence's input, the all-gathered x its forward
+    # ran on -- `par3d.weight_grad` holds the gathered tensor, as Megatron-style stores hold `total_input` -- and its
+    # row-parallel dy whole too, where the forward saved sequence shards: the share passes 1 at TP 8, and counts 1)
+    kept = sum(g.batch * g.m * (g.k * xb + g.n * db) for g in layer_gemms(model, b, tp, ep, sp, etp)
                if g.name not in ("attn_scores", "attn_values")) / cp  # this CP rank's s/cp tokens
     return min(1.0, kept / saved)
 
