@@ -99,7 +99,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise _UsageError("--held", f"must be a share in (0, 1], got {args.held}")
     if args.held < 1 and (args.schedule_csv or args.schedule != "zb-v"):
         raise _UsageError("--held", "orders zb-v's actions only (its memory cap), and the schedule is "
-                                    f"{'the file ' + repr(args.schedule_csv) if args.schedule_csv else repr(args.schedule)}")
+                                    f"{'the file ' + repr(args.schedule_csv) if args.schedule_csv else repr(args.schedule)}"
+                                    "; drop --held or use --schedule zb-v")
 
 
 def _times(args: argparse.Namespace) -> tuple[float, float, float]:
