@@ -123,6 +123,12 @@ def test_zbv_built_for_uneven_times_trains_as_the_reference(world):
     assert len(got) == 2 and all(abs(a - b) <= TOL for a, b in zip(got, want)), (got, want)
     diff, where = max_diff(merged(results, "zb-v_timed", "params"), merged(results, "ref", "params"))
     assert diff <= TOL, f"params of {where} differ by {diff} from the one-process run"
+    # the activation meter counts a BI's deferred (x, dy) from BI to BW, no more than the forward saved: each rank's
+    # measured peak stays within its checker's whole chunks (past their F, before their BW) x one forward's bytes
+    peaks, inflight = _per_rank(results, "zb-v_timed", "peak_activation_bytes"), _per_rank(
+        results, "zb-v_timed", "peak_inflight_predicted")
+    per_mb = _per_rank(results, "zb-v_timed", "activation_bytes_per_microbatch")
+    assert peaks and all(0 < peaks[k] <= inflight[k] * per_mb[k] for k in peaks), (peaks, inflight, per_mb)
 
 
 def _per_rank(results: list[dict], name: str, key: str) -> dict:
