@@ -112,7 +112,6 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"layout:   layers per pipeline chunk {','.join(map(str, chunk_layers(model, best)))} ({how})")
     if "zbv_times" in best.extra:  # the order priced is the one built for these chunk times (cost.zbv_times)
         _, bi, bw, *held = best.extra["zbv_times"]
-        c = best.choice
         kept = (f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
                 if held else "")
         out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}{kept}, as the Zero Bubble authors' "

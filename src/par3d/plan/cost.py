@@ -509,7 +509,8 @@ def zbv_times(st: StageTimes, c: Choice) -> tuple[float, ...] | None:
     candidates share one built order).  `par3d train` builds it with equal times unless given others
     (docs/pipeline.md); with times far from equal the equal-time order idles every rank (issue 12's forty-second
     round).  A fourth number, where below 1, is the share of a chunk's activations its BI keeps for its BW
-    (`StageTimes.held`), to two significant digits: the V's memory cap counts it (issue 12's sixty-fifth round)."""
+    (`StageTimes.held`), rounded up to two significant digits: the V's memory cap counts it (issue 12's sixty-fifth
+    round)."""
     if c.schedule != "zb-v":
         return None
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)

@@ -61,7 +61,7 @@ _programs: OrderedDict[tuple, Program] = OrderedDict()
 _cached_actions = 0
 
 
-def program(schedule: str, p: int, m: int, v: int, times: tuple[float, float, float] | None = None) -> Program:
+def program(schedule: str, p: int, m: int, v: int, times: tuple[float, ...] | None = None) -> Program:
     """`compile_program`, cached (`PROGRAM_CACHE_ACTIONS`): the same arguments give the same object."""
     global _cached_actions
     key = (schedule, p, m, v, times)
@@ -86,7 +86,7 @@ def clear_programs() -> None:
 
 
 def compile_program(schedule: str, p: int, m: int, v: int,
-                    times: tuple[float, float, float] | None = None) -> Program:
+                    times: tuple[float, ...] | None = None) -> Program:
     """Compile `build(schedule, p, m, v, times)` (read as `build_keys`): each rank runs its list in order; an action runs once all
     its dependencies have (the blocking semantics of `schedules.execution_order`).  What an action
     waits for is `schedules.dependencies`' rule, with actions numbered (kind, stage, micro-batch) →
