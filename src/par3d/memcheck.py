@@ -52,18 +52,25 @@ class Estimate:
 def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = "cpu") -> Estimate:
     """Every pipeline rank's memory for `cfg` (validated), and how much of `capacity` the
     `ranks_sharing` ranks that draw on it need together (the heaviest rank's share each)."""
-    from par3d.predict import choice, model_spec, peak_inflight, runtime_memory_flags
+    from par3d.predict import choice, model_spec, peak_inflight, runtime_memory_flags, schedule_name
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
     model, c = model_spec(cfg), choice(cfg)
     dtype = "fp32" if cfg.train.dtype == "fp32" else "bf16"
     shapes = stage_layout.rank_shapes(model, c.tp, c.pp, c.virtual_stages, c.schedule)
     peaks = peak_inflight(cfg)  # a --schedule-csv file's own
+    # ZB-H1's ranks: chunks past BI hold their weight GEMMs' inputs, not the forward's (stage_layout.split_states);
+    # a --schedule-csv file no builder makes is counted by its own peaks, whole chunks
+    try:
+        name: str | None = schedule_name(cfg)
+    except ValueError:
+        name = None
+    split = stage_layout.split_states(name, c.pp, c.microbatches, c.virtual_stages) if name else None
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):
         mb = rank_memory(model, shape, peaks[r], tp=c.tp, dp=c.dp, b=c.micro_batch, sp=c.sequence_parallel,
                          recompute=c.recompute, zero=c.zero_stage, dtype=dtype, v=c.virtual_stages,
-                         **runtime_memory_flags(cfg))
+                         split=split[r] if split is not None else None, **runtime_memory_flags(cfg))
         if device == "cpu":  # a process, not a CUDA context (module doc)
             other = CPU_RANK_BYTES + FRAGMENTATION * mb.activations
             parts.append({**mb.gib(), "other": round(other / GiB, 3),

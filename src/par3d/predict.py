@@ -112,10 +112,11 @@ def runtime_memory_flags(cfg: RunConfig) -> dict[str, Any]:
     whatever the training dtype (data_parallel.py / zero.py `memory()`: 4 B per parameter, Megatron's count), and
     attention through `F.scaled_dot_product_attention`, whose fused kernels (FlashAttention on a GPU, the
     blockwise CPU kernel) keep a log-sum-exp, not the s² scores -- except with dropout, where PyTorch falls back
-    to the math path that stores them.  Measured on one H200 (docs/measured.md, "One H200"): with the s² scores
+    to the math path that stores them; and its loss's one fp32 copy of the logits (memory.LOGIT_MEMORY's "runtime":
+    4 B a logit, not the 6 B of Megatron's unfused loss).  Measured on one H200 (docs/measured.md, "One H200"): with the s² scores
     and 2-byte gradients the report predicted 48.4 GB of activations and 2.8 GB of gradients where the 1.4B run
     held 14.6 GB and 5.7 GB."""
-    return {"flash": not cfg.model.dropout, "accounting": "megatron"}
+    return {"flash": not cfg.model.dropout, "accounting": "megatron", "cross_entropy": "runtime"}
 
 
 def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
@@ -132,13 +133,15 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
         name, builders = schedule_name(cfg, strict=False), False
     shapes = stage_layout.rank_shapes(model, pc.tp, pc.pp, pc.virtual_stages, name)
     peaks = peak_inflight(cfg)
+    # ZB-H1's split backward: each rank's candidate peaks, chunks before BI and past it (stage_layout.split_states)
+    split = stage_layout.split_states(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages) if builders else None
     live = None  # the interleaved builder's live layers, chunk by chunk (stage_layout.peak_layers)
     if builders and name == "interleaved" and pc.pp > 1:
         live = stage_layout.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
     mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
                      sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
                      dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,
-                     **runtime_memory_flags(cfg))
+                     split=split[pp_rank] if split is not None else None, **runtime_memory_flags(cfg))
     return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,
             "other": mb.other}
 

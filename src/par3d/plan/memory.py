@@ -247,22 +247,42 @@ def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: st
     ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Where BI holds more than F saved -- full
     recomputation (the recomputed forward's inputs), sequence parallelism at TP 8, op recomputation -- 1, a chunk
     counted whole until BW, as before (the bytes above a whole chunk are not counted: docs/planner.md §6)."""
-    model = model.at_ep(ep)  # as plan_memory prices the layer (balanced routing without EP), and as layer_gemms does
-    saved = layer_activation_bytes(model, b, tp, sp, recompute, dtype, cp, flash, etp)
+    saved = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
     if saved <= 0:
         return 1.0
+    return min(1.0, weight_grad_bytes(model, b, tp, sp, dtype, cp, etp, ep) / saved)
+
+
+def weight_grad_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype: str = "bf16", cp: int = 1, etp: int = 1,
+                      ep: int = 1) -> float:
+    """The bytes one layer keeps from its split backward's input half (BI) to its weight half (BW): each weight
+    GEMM's input x and output gradient dy, whatever the forward saved (`weight_grad_share`'s numerator, not capped:
+    under full recomputation BI's recomputed forward leaves these behind, many times the layer's saved input)."""
+    model = model.at_ep(ep)  # as plan_memory prices the layer (balanced routing without EP), and as layer_gemms does
     xb = SAVED_CAST_BYTES.get(dtype, float(ACT_BYTES[dtype]))  # a saved GEMM input (fp8: its cast)
     db = float(ACT_BYTES[dtype])  # an output gradient
     # (sequence parallelism: a deferred weight GEMM keeps the whole sequence's input, the all-gathered x its forward
     # ran on -- `par3d.weight_grad` holds the gathered tensor, as Megatron-style stores hold `total_input` -- and its
     # row-parallel dy whole too, where the forward saved sequence shards: the share passes 1 at TP 8, and counts 1)
-    kept = sum(g.batch * g.m * (g.k * xb + g.n * db) for g in layer_gemms(model, b, tp, ep, sp, etp)
+    return sum(g.batch * g.m * (g.k * xb + g.n * db) for g in layer_gemms(model, b, tp, ep, sp, etp)
                if g.name not in ("attn_scores", "attn_values")) / cp  # this CP rank's s/cp tokens
-    return min(1.0, kept / saved)
+
+
+def head_grad_bytes(model: ModelSpec, b: int, tp: int, dtype: str = "bf16", cp: int = 1) -> float:
+    """What the output layer keeps from its BI to its BW: its input (b·s/cp tokens of h) and the logits' gradient
+    (b·s/cp tokens of V/tp), the output layer's (x, dy) as `par3d.weight_grad` and the Zero Bubble authors'
+    WeightGradStore defer every linear layer's.  The loss's own memory (`logits_bytes`) is gone by then."""
+    xb = SAVED_CAST_BYTES.get(dtype, float(ACT_BYTES[dtype]))
+    return b * model.seq_len / cp * (model.hidden * xb + model.vocab / tp * float(ACT_BYTES[dtype]))
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)
-LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0, "gathered": 6.0}
+LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0, "gathered": 6.0,
+                                  # par3d's own runtime (predict.runtime_memory_flags): its loss casts the logits to
+                                  # fp32 and keeps only that copy's softmax (tensor_parallel.py: F.cross_entropy's
+                                  # log-softmax at TP 1, the vocab-parallel loss's softmax above), 4 B whatever the
+                                  # dtype: the meter's last stage holds one layer's bytes less than 6 B counted
+                                  "runtime": 4.0}
 
 
 def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1, cross_entropy: str = "unfused") -> float:
@@ -288,18 +308,22 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                 accounting: str = "seed", zero3_live: float | None = None,
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
                 per_layer: float | None = None, cross_entropy: str = "unfused",
-                expert_dp: int | None = None, etp: int = 1, optimizer: str = "adam") -> MemoryBreakdown:
+                expert_dp: int | None = None, etp: int = 1, optimizer: str = "adam",
+                split: tuple[tuple[int, int], ...] | None = None) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
-    stage_layout.peak_layers) we use the rank's mean layers per chunk.  A mixture of experts' routed experts
+    stage_layout.peak_layers) we use the rank's mean layers per chunk.  A split backward in a fixed order (ZB-H1)
+    gives its rank's candidate peaks instead (`split`, stage_layout.split_states).  A mixture of experts' routed experts
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
     (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
     states = state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=accounting,
                          zero3_live=zero3_live, optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
     acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                             cross_entropy=cross_entropy, etp=etp)
-    act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer)
+    kept = ((weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp))
+            if split is not None else (0.0, 0.0))
+    act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer, split, *kept)
     return MemoryBreakdown(*rank_states(states, shape, act, other))
 
 
@@ -321,11 +345,26 @@ def activation_terms(model: ModelSpec, *, tp: int, b: int, sp: bool, recompute: 
 
 
 def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: int,
-                     inflight_layers: float | None = None, per_layer: float | None = None) -> tuple[float, float]:
-    """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`."""
+                     inflight_layers: float | None = None, per_layer: float | None = None,
+                     split: tuple[tuple[int, int], ...] | None = None, kept: float = 0.0,
+                     head_kept: float = 0.0) -> tuple[float, float]:
+    """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`.  With `split`
+    (stage_layout.split_states: a one-chunk rank's (chunks before BI, chunks past BI) at its candidate peaks) the
+    chunks past their BI hold `kept` a layer (`weight_grad_bytes`) and, on the head, `head_kept`
+    (`head_grad_bytes`) instead of the forward's bytes and the logits; `inflight_layers` is then unused."""
     layer, working, logits = terms
     if per_layer is None:  # given: a chunk whose layers store differently (plan_memory.partial_activation_bytes)
         per_layer = layer
+    if split is not None:
+        n = sum(shape.layers)
+        f = n * per_layer + (logits if shape.head else 0.0)
+        k = n * kept + (head_kept if shape.head else 0.0)
+        act = max(a * f + b * k for a, b in split)
+        if working is not None:
+            act += working
+        if shape.head:
+            act += mtp_layers * (inflight * per_layer + logits)
+        return act, OTHER_FIXED + FRAGMENTATION * act
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
     act = inflight_layers * per_layer

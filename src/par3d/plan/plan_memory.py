@@ -14,15 +14,17 @@ from .memory import (
     MemoryBreakdown,
     RankShape,
     activation_terms,
+    head_grad_bytes,
     layer_activation_bytes,
     logits_bytes,
     rank_activations,
     rank_states,
     state_bytes_per_param,
     state_terms,
+    weight_grad_bytes,
 )
 from .models import ModelSpec
-from .stage_layout import peak_inflight, peak_layers, rank_shapes
+from .stage_layout import peak_inflight, peak_layers, rank_shapes, split_states
 
 # ---- memory --------------------------------------------------------------------------------------
 
@@ -69,7 +71,7 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
                  cross_entropy: str = "unfused", ep: int = 1, etp: int = 1) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
     ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
-    shapes, peaks, live, heavy = _schedule_scan(model, tp, pp, v, schedule, m, ep)
+    shapes, peaks, live, heavy, split = _schedule_scan(model, tp, pp, v, schedule, m, ep)
     per_layer = _layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
     per_rank: tuple[float, ...] = ()
     if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean; the
@@ -77,17 +79,26 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
         dense = _layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
         per_rank = tuple(_rank_layer_mean(shape, per_layer, dense) for shape in shapes)
         per_layer = max(per_layer, dense)
-    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank
+    return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank, split
+
+
+@lru_cache(maxsize=4096)
+def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int, etp: int) -> tuple[float, float]:
+    """What a chunk past its BI keeps until its BW, a layer's and the head's (memory.weight_grad_bytes,
+    memory.head_grad_bytes), for `rank_activations`' `split`."""
+    return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp)
 
 
 @lru_cache(maxsize=4096)
 def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int, ep: int = 1) -> tuple:
     """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
-    shape, the schedule's peak in-flight micro-batches, the live layers at the peak and the heaviest ranks."""
+    shape, the schedule's peak in-flight micro-batches, the live layers at the peak, the heaviest ranks and, where the
+    backward is split in a fixed order (ZB-H1), each rank's candidate peaks (stage_layout.split_states)."""
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
-    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep)
+    split = split_states(schedule, pp, m, v)
+    return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep, split), split
 
 
 def memory(model: ModelSpec, cluster: Cluster, c: Choice,
@@ -180,12 +191,13 @@ class _RankMemo:
         """`_memory_scan`'s figures for the heavy ranks only (the others' are not read), in the same arithmetic."""
         model = self.model
         skey = (tp, pp, v, schedule, m, ep)
-        shapes, peaks, live, heavy = (self._scans.get(skey)
-                                      or self._fill(self._scans, skey, _schedule_scan, model, *skey))
+        shapes, peaks, live, heavy, split = (self._scans.get(skey)
+                                             or self._fill(self._scans, skey, _schedule_scan, model, *skey))
         pkey = (tp, pp * v if recompute == "full" and rec_layers > 0 else 0, b, sp, recompute, cp, rec_layers, etp)
         per_layer, dense, acts = (self._parts.get(pkey)
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
+        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
@@ -193,7 +205,8 @@ class _RankMemo:
             own = (_rank_layer_mean(shape, per_layer, dense) if dense is not None  # (_memory_scan's per_rank)
                    else per_layer if rec_layers else None)
             out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
-                                                    _offloaded_live(live[r], self.offload, pp), own)))
+                                                    _offloaded_live(live[r], self.offload, pp), own,
+                                                    split[r] if split is not None else None, *kept)))
         return tuple(out)
 
     def dense(self, c: Choice) -> tuple[tuple[int, float, float, RankShape, float, float], ...]:
@@ -208,17 +221,22 @@ class _RankMemo:
     def _dense_rows(self, tp: int, pp: int, v: int, schedule: str, m: int, b: int, sp: bool, recompute: str, cp: int,
                     rec_layers: int, ep: int, etp: int) -> tuple[tuple[int, float, float, RankShape, float, float], ...]:
         model, dtype, flash, ce = self.model, self.dtype, self.flash, self.ce
-        shapes, peaks, per_layer, logits, live, heavy, per_rank = _memory_scan(
+        shapes, peaks, per_layer, logits, live, heavy, per_rank, split = _memory_scan(
             model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
+        kept = _split_kept(model, dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
         act_scale = 1.0 + FRAGMENTATION
         rows = []
         for r, params, units, head, _ in heavy:
             act, other = rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
                                           _offloaded_live(live[r], self.offload, pp),
-                                          per_rank[r] if per_rank else per_layer if rec_layers else None)
-            rows.append((r, params, act_scale * (units * per_layer + (logits if head else 0.0)), shapes[r], act, other))
+                                          per_rank[r] if per_rank else per_layer if rec_layers else None,
+                                          split[r] if split is not None else None, *kept)
+            # (the estimate that picks the heaviest rank: its activations less what every rank adds alike; a split
+            # backward's from its candidate peaks)
+            est = (act - (acts[1] or 0.0)) if split is not None else units * per_layer + (logits if head else 0.0)
+            rows.append((r, params, act_scale * est, shapes[r], act, other))
         return tuple(rows)
 
     def _act_parts(self, tp: int, pp: int, v: int, b: int, sp: bool, recompute: str, cp: int, rec_layers: int,
@@ -344,16 +362,35 @@ def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape,
 
 @lru_cache(maxsize=8192)
 def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
-                 schedule: str | None = None, ep: int = 1) -> tuple[tuple[int, float, float, bool, float], ...]:
+                 schedule: str | None = None, ep: int = 1,
+                 split: tuple[tuple[tuple[int, int], ...], ...] | None = None
+                 ) -> tuple[tuple[int, float, float, bool, float], ...]:
     """(rank, parameters, in-flight layer units, holds the head, expert parameters) of the ranks that can be the heaviest
     (`live`: each rank's peak of live layers, `peak_layers`).
 
     A rank's memory rises with its dense parameters, its expert parameters, its in-flight layer units and
     holding the head (the coefficients are >= 0, and rounding is monotone), and the scan keeps the first of equal
     estimates, so a rank that an earlier rank matches or exceeds in all four never wins: dropping it changes no
-    answer.  Under 1F1B that leaves the first two ranks and the last."""
+    answer.  Under 1F1B that leaves the first two ranks and the last.
+
+    With a split backward's candidate peaks (`split`, stage_layout.split_states) the in-flight units are two counts
+    whose bytes differ from plan to plan, so a rank is dropped where another of its layers matches or exceeds its
+    every state in both counts, or where it sits between two ranks of its very shape whose states it averages
+    (ZB-H1's middle ranks, p - r before BI and r past it): its activations, each state's a linear sum, are then at
+    most the larger of theirs."""
+    shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     kept: list[tuple[int, float, float, bool, float]] = []
-    for r, shape in enumerate(rank_shapes(model, tp, pp, v, schedule, ep)):
+    for r, shape in enumerate(shapes):
+        if split is not None:
+            if 0 < r < pp - 1 and _between(shapes[r - 1:r + 2], split[r - 1:r + 2]):
+                continue
+            if any(k[1] - k[4] >= shape.params - shape.expert_params and k[4] >= shape.expert_params
+                   and (k[3] or not shape.head) and shapes[k[0]].layers == shape.layers
+                   and all(any(o[0] >= st[0] and o[1] >= st[1] for o in split[k[0]]) for st in split[r])
+                   for k in kept):
+                continue
+            kept.append((r, shape.params, live[r], shape.head, shape.expert_params))
+            continue
         row = (r, shape.params, live[r], shape.head, shape.expert_params)
         # a mixture of experts: the dense and the expert parameters compared apart (their states shard over
         # different groups, so neither total orders the ranks)
@@ -361,3 +398,13 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
                    for k in kept):
             kept.append(row)
     return tuple(kept)
+
+
+def _between(shapes: tuple[RankShape, ...] | list[RankShape],
+             states: tuple[tuple[tuple[int, int], ...], ...]) -> bool:
+    """Whether the middle of three ranks has its neighbours' shape and, state by state, the mean of theirs."""
+    a, b, c = shapes
+    if not (a == b == c) or not (len(states[0]) == len(states[1]) == len(states[2])):
+        return False
+    return all(2 * m[0] == lo[0] + hi[0] and 2 * m[1] == lo[1] + hi[1]
+               for lo, m, hi in zip(states[0], states[1], states[2]))

@@ -221,6 +221,42 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def split_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """Where a schedule defers its weight gradients past a fixed order's BI (ZB-H1), per rank the states at which its
+    activations can peak, as (chunks past F and before BI, chunks past BI and before BW): a chunk before its BI
+    holds what its forward saved, one past it only what its weight GEMMs need (`memory.weight_grad_bytes`, and on
+    the head the output layer's `memory.head_grad_bytes`), more or less than the forward's, so the peak is the
+    largest of these states' sums, not `peak_inflight`'s whole chunks.  None for every other schedule (each chunk
+    counted whole until its backward; ZB-V's cap counts what its BI keeps: `counted_peaks`)."""
+    if schedule != "zb-h1" or p < 1:
+        return None
+    return walked_states(schedule, p, min(m, 2 * p), v)
+
+
+@lru_cache(maxsize=1024)
+def walked_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`split_states` by walking the built schedule rank by rank: the (before BI, past BI) counts after every action,
+    those no other state matches or exceeds in both.  ZB-H1's states stop changing once m >= 2p (at most p - r - 1
+    warm-up forwards and r deferred BWs on rank r); a test compares them with the walk at the full m."""
+    out = []
+    for acts in build(schedule, p, m, v):
+        nf = nk = 0
+        seen: set[tuple[int, int]] = set()
+        for a in acts:
+            if a.kind == "F":
+                nf += 1
+            elif a.kind == "BI":
+                nf, nk = nf - 1, nk + 1
+            elif a.kind == "BW":
+                nk -= 1
+            elif a.kind == "B":
+                nf -= 1
+            seen.add((nf, nk))
+        out.append(tuple(sorted(st for st in seen
+                                if not any(o != st and o[0] >= st[0] and o[1] >= st[1] for o in seen))))
+    return tuple(out)
+
+
 @lru_cache(maxsize=8192)
 def interleaved_peak_layers(p: int, m: int, v: int, r: int, layers: tuple[int, ...]) -> int:
     """Rank r's peak of live layer activations under the interleaved schedule (pipeline/schedules.
