@@ -49,9 +49,9 @@ def world(tmp_path_factory) -> tuple[list[dict], dict[str, dict]]:
         cfgs[name], cfgs[name + "_csv"] = built, loaded
         cases += [(name, built), (name + "_csv", loaded)]
     # zb-v built for uneven chunk times (par3d plan's --zbv-times, forty-second round of issue 12) and a chunk's BI
-    # keeping half its activations for BW (the cap's share, sixty-fifth round): another order of the same actions,
-    # so the same training
-    timed = _train_config(str(d / "run"), "--schedule", "zb-v", "--microbatches", "4", "--zbv-times", "1,2,1,0.5")
+    # keeping half its activations for BW (the cap's share, sixty-fifth round), the head's chunk three chunks'
+    # forwards (the output layer's (x, dy), sixty-sixth round): another order of the same actions, so the same training
+    timed = _train_config(str(d / "run"), "--schedule", "zb-v", "--microbatches", "4", "--zbv-times", "1,2,1,0.5,3")
     cfgs["zb-v_timed"] = timed
     cases.append(("zb-v_timed", timed))
     # a V read from a file ties the embedding on rank 0 as the built zb-v does (the head's rank from the file)
@@ -117,8 +117,9 @@ def test_zbv_built_for_uneven_times_trains_as_the_reference(world):
 
     results, cfgs = world
     rc = RunConfig.from_dict(cfgs["zb-v_timed"])
-    assert rc.parallel.zbv_times == [1.0, 2.0, 1.0, 0.5]
-    assert pipeline_schedule(rc) == build("zb-v", P, 4, 2, (1.0, 2.0, 1.0, 0.5)) != build("zb-v", P, 4, 2)
+    assert rc.parallel.zbv_times == [1.0, 2.0, 1.0, 0.5, 3.0]
+    assert pipeline_schedule(rc) == build("zb-v", P, 4, 2, (1.0, 2.0, 1.0, 0.5, 3.0)) != build("zb-v", P, 4, 2)
+    assert pipeline_schedule(rc) != build("zb-v", P, 4, 2, (1.0, 2.0, 1.0, 0.5))  # the head's share reorders it
     got, want = losses(results, "zb-v_timed"), losses(results, "ref")
     assert len(got) == 2 and all(abs(a - b) <= TOL for a, b in zip(got, want)), (got, want)
     diff, where = max_diff(merged(results, "zb-v_timed", "params"), merged(results, "ref", "params"))

@@ -79,3 +79,65 @@ def test_the_head_rank_keeps_its_pending_output_gradients():
     r = p // 2  # a middle rank: r BWs deferred
     assert (rank_memory(LLAMA, shapes[r], peaks[r], split=split[r], **full).activations
             > 2 * rank_memory(LLAMA, shapes[r], peaks[r], **full).activations)
+
+
+def test_zbv_rank_units_bound_the_built_orders():
+    """ZB-V's count (`memory.v_rank_units`): each rank's walked peak, in chunks' forwards -- an F 1, a BI -(1 - its
+    share), a BW -its share, the head chunk's share `head` -- stays within min(2p - 1 + max(1, h), m·(max(1, held) +
+    max(1, h))), h the rank's largest share; equal to the whole-chunk count min(2m, 2p) while both shares are at
+    most 1; and reached on most orders (the bound is not slack)."""
+    from par3d.pipeline.schedules import build
+    from par3d.plan.memory import v_rank_units
+
+    reached = total = 0
+    for p in (1, 2, 3, 4, 8):
+        for m in sorted({1, 2, p, 2 * p, 4 * p}):
+            for bi, bw in ((1.0, 1.0), (2.0, 1.0), (0.8, 0.5)):
+                for held in (0.43, 1.0):
+                    for head in (held, 0.9, 1.5, 6.0):
+                        sched = build("zb-v", p, m, 2, (1.0, bi, bw, held, head))
+                        for r, acts in enumerate(sched):
+                            units = peak = 0.0
+                            for a in acts:
+                                share = head if a.stage == 2 * p - 1 else held
+                                units += {"F": 1.0, "BI": share - 1.0, "BW": -share}[a.kind]
+                                peak = max(peak, units)
+                            bound = v_rank_units(p, m, held, head if r == 0 else held)
+                            assert peak <= bound + 1e-9, (p, m, bi, bw, held, head, r, peak, bound)
+                            if max(held, head if r == 0 else held) <= 1:
+                                assert bound == min(2 * m, 2 * p)
+                            reached += peak >= bound - 1e-9
+                            total += 1
+    assert reached > total // 2, (reached, total)
+
+
+def test_zbv_head_rank_memory_counts_the_head_share():
+    """The planner's ZB-V memory: rank 0, which holds the head, adds the head share's excess over the whole-chunk
+    count (`plan_memory._zbv_head_extra`), in mean chunks' layers; Llama 3's 128K vocabulary at 8 stages of 4
+    layers makes the head chunk's kept bytes several chunks' forwards.  The other ranks are counted as before."""
+    from dataclasses import replace
+
+    from par3d.plan.cost import stage_times, zbv_times
+    from par3d.plan.memory import v_rank_units
+
+    cluster = make_cluster("h100-sxm", 8)
+    c = Choice(1, 8, 1, 1, 32, "zb-v", 2, "none", 0, False)
+    mem, rank = memory(LLAMA, cluster, c)
+    st = stage_times(LLAMA, cluster, c)
+    times = zbv_times(st, c)
+    assert times is not None and len(times) == 5 and times[4] > 1 >= times[3]
+    shapes = rank_shapes(LLAMA, 1, 8, 2, "zb-v")
+    assert shapes[0].head
+    kw = dict(tp=1, dp=1, b=1, sp=False, recompute="none", zero=0, dtype=cluster.precision, v=2, flash=cluster.flash,
+              cross_entropy=cluster.cross_entropy)
+    whole = [rank_memory(LLAMA, shape, 16, **kw) for shape in shapes]
+    unit = LLAMA.layers / 16
+    extra = (v_rank_units(8, 32, times[3], times[4]) - 16) * unit
+    live0 = 16 * sum(shapes[0].layers) / 2 + extra
+    with_head = rank_memory(LLAMA, shapes[0], 16, inflight_layers=live0, **kw)
+    assert with_head.activations > whole[0].activations
+    assert mem.total == pytest.approx(max([with_head.total] + [w.total for w in whole[1:]]), rel=1e-12)
+    # a small vocabulary: the head chunk keeps about a chunk's forward, and rank 0's count barely moves
+    small = replace(LLAMA, vocab=1024)
+    head_small = zbv_times(stage_times(small, cluster, c), c)[-1]  # type: ignore[index]
+    assert head_small < 1.2 < times[4]

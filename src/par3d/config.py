@@ -306,12 +306,14 @@ class RunConfig:
             n_chunks = p.pp * p.virtual_stages
             if p.zbv_times is not None:
                 zt = p.zbv_times
-                if not (isinstance(zt, list) and len(zt) in (3, 4)
-                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in zt)
+                if not (isinstance(zt, list) and len(zt) in (3, 4, 5)
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+                                for x in zt)
                         and (len(zt) == 3 or zt[3] <= 1)):
-                    errs.append(f"parallel.zbv_times={zt!r} must be three times > 0, F, BI and BW of one chunk, and "
-                                f"optionally the share in (0, 1] of a chunk's activations BI keeps for BW, e.g. "
-                                f"[1, 2, 1] or [1, 1.1, 0.9, 0.43]")
+                    errs.append(f"parallel.zbv_times={zt!r} must be three times > 0, F, BI and BW of one chunk, "
+                                f"optionally the share in (0, 1] of a chunk's activations BI keeps for BW, and then "
+                                f"what the head's chunk keeps (> 0, in chunks' forwards), e.g. [1, 2, 1], "
+                                f"[1, 1.1, 0.9, 0.43] or [1, 1.1, 0.9, 0.43, 1.6]")
                 elif p.schedule != "zb-v" or p.schedule_csv:
                     errs.append(f"parallel.zbv_times={zt!r} orders zb-v's actions, but the schedule is "
                                 f"{'the file ' + repr(p.schedule_csv) if p.schedule_csv else repr(p.schedule)}; "

@@ -114,11 +114,14 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         _, bi, bw, *held = best.extra["zbv_times"]
         kept = (f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
                 if held else "")
+        if len(held) > 1:
+            kept += f", the head chunk's {held[1]:g} chunks' forwards (with the output layer's input and logits' gradient)"
         out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}{kept}, as the Zero Bubble authors' "
                    f"runtime builds it from profiled times; par3d train runs this order with --zbv-times "
                    f"{','.join(f'{x:g}' for x in best.extra['zbv_times'])} "
                    "(--emit-config writes it), par3d simulate draws it with --tf 1 --tb "
-                   f"{bi:g} --tw {bw:g}{f' --held {held[0]:g}' if held else ''}")
+                   f"{bi:g} --tw {bw:g}{f' --held {held[0]:g}' if held else ''}"
+                   f"{f' --head-held {held[1]:g}' if len(held) > 1 else ''}")
     out.append(_evidence_line(cluster, model.moe))
     out += _precision_lines(cluster, model.moe)
     out += _software_lines(cluster, getattr(args, "framework", "par3d"))

@@ -73,6 +73,10 @@ def register(sub) -> None:
                         help="zb-v only: the share in (0, 1] of a chunk's activations its BI keeps for its BW (each "
                              "linear layer's input and output gradient), which zb-v's 2p-chunk memory cap counts; "
                              "par3d plan names the share it priced (default: %(default)s, a chunk whole until BW)")
+    parser.add_argument("--head-held", type=float, default=None,
+                        help="zb-v only: what the head's chunk keeps from its BI to its BW, in chunks' forwards (its "
+                             "layers' share and the output layer's input and logits' gradient; may pass 1), which the "
+                             "cap counts on rank 0 (default: --held)")
     parser.add_argument("--transfer", type=float, default=0.0,
                         help="time to send an activation or gradient between ranks (default: %(default)s)")
     parser.add_argument("--blocking-sends", action="store_true",
@@ -101,6 +105,13 @@ def _validate(args: argparse.Namespace) -> None:
         raise _UsageError("--held", "orders zb-v's actions only (its memory cap), and the schedule is "
                                     f"{'the file ' + repr(args.schedule_csv) if args.schedule_csv else repr(args.schedule)}"
                                     "; drop --held or use --schedule zb-v")
+    if args.head_held is not None:
+        if not (math.isfinite(args.head_held) and args.head_held > 0):
+            raise _UsageError("--head-held", f"must be a positive number, got {args.head_held}")
+        if args.schedule_csv or args.schedule != "zb-v":
+            raise _UsageError("--head-held", "orders zb-v's actions only (its memory cap on rank 0), and the schedule "
+                                             f"is {'the file ' + repr(args.schedule_csv) if args.schedule_csv else repr(args.schedule)}"
+                                             "; drop --head-held or use --schedule zb-v")
 
 
 def _times(args: argparse.Namespace) -> tuple[float, float, float]:
@@ -111,9 +122,12 @@ def _times(args: argparse.Namespace) -> tuple[float, float, float]:
 
 
 def _chunk_times(args: argparse.Namespace, v: int) -> tuple[float, ...]:
-    """(F, BI, BW) of one chunk, and --held where below 1: what zb-v's list scheduling plans with."""
+    """(F, BI, BW) of one chunk, --held where below 1 and --head-held where it differs: what zb-v's list
+    scheduling plans with."""
     tf, tb, tw = _times(args)
     times = (tf / v, (tb - tw) / v, tw / v)
+    if args.head_held is not None and args.head_held != args.held:
+        return times + (args.held, args.head_held)
     return times + (args.held,) if args.held < 1 else times
 
 
@@ -177,6 +191,7 @@ def _result(args: argparse.Namespace) -> dict:
     report, tl = _simulate(schedule, p, m, v, args)
     tf, tb, tw = _times(args)
     out = {"schedule": name, "p": p, "m": m, "v": v, "tf": tf, "tb": tb, "tw": tw, "held": args.held,
+           "head_held": args.held if args.head_held is None else args.head_held,
            "transfer": args.transfer, "blocking_sends": args.blocking_sends}
     if args.schedule_csv:
         out["schedule_csv"] = args.schedule_csv

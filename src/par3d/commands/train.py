@@ -11,16 +11,18 @@ from typing import Any
 
 
 def chunk_times(text: str) -> list[float]:
-    """--zbv-times' value: F,BI,BW, three times > 0 (any unit: only their ratios order the schedule), and
-    optionally the share in (0, 1] of a chunk's activations BI keeps for BW."""
+    """--zbv-times' value: F,BI,BW, three times > 0 (any unit: only their ratios order the schedule), optionally
+    the share in (0, 1] of a chunk's activations BI keeps for BW, and then the head chunk's (> 0)."""
     try:
         times = [float(t) for t in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not three comma-separated times, e.g. 1,2,1") from None
-    if len(times) not in (3, 4) or any(not t > 0 for t in times) or (len(times) == 4 and times[3] > 1):
-        raise argparse.ArgumentTypeError(f"{text!r}: give three times > 0, F,BI,BW of one chunk, and optionally "
-                                         "the share in (0, 1] of its activations BI keeps for BW, e.g. 1,2,1 or "
-                                         "1,1.1,0.9,0.43")
+    if (len(times) not in (3, 4, 5) or any(not 0 < t < float("inf") for t in times)
+            or (len(times) >= 4 and times[3] > 1)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give three times > 0, F,BI,BW of one chunk, optionally the "
+                                         "share in (0, 1] of its activations BI keeps for BW, and then what the "
+                                         "head's chunk keeps (> 0, in chunks' forwards), e.g. 1,2,1 or "
+                                         "1,1.1,0.9,0.43 or 1,1.1,0.9,0.43,1.6")
     return times
 
 
@@ -56,9 +58,10 @@ FIELDS: list[tuple[str, str, str, Any, str]] = [
                                                            "dualpipe-v)"),
     ("--zbv-times", "parallel", "zbv_times", chunk_times,
      "zb-v only: F,BI,BW of one chunk, the times zb-v's list scheduler orders the actions for (only their ratios "
-     "count; default equal times), and optionally a fourth number, the share in (0, 1] of a chunk's activations "
-     "its BI keeps for its BW, which the 2p-chunk memory cap counts (default 1: whole until BW); par3d plan names "
-     "the ones its plan was priced with and --emit-config writes them"),
+     "count; default equal times), optionally a fourth number, the share in (0, 1] of a chunk's activations "
+     "its BI keeps for its BW, which the 2p-chunk memory cap counts (default 1: whole until BW), and a fifth, what "
+     "the head's chunk keeps, with the output layer's input and logits' gradient, in chunks' forwards (may pass 1; "
+     "default the fourth); par3d plan names the ones its plan was priced with and --emit-config writes them"),
     ("--pipeline-layout", "parallel", "pipeline_layout", layer_counts,
      "layers of each pipeline chunk in model order, pp x virtual-stages comma-separated counts (the first chunk "
      "also holds the embedding, the last the head; those two may be 0), as Megatron-Core's "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import heapq
 import io
+import math
 import re
 from collections import deque
 from collections.abc import Callable, Container
@@ -242,6 +243,13 @@ def zero_bubble_v(p: int, m: int, times: tuple[float, ...] = (1.0, 1.0, 1.0)) ->
     counts an F as 1, its BI as -(1 - held) and its BW as -held: the Zero Bubble authors' V scheduler counts
     memory so (its f_mem, b_mem, w_mem; issue 12's sixty-fifth round), and without FlashAttention, whose s²
     scores BI frees, ``held`` is well under 1 and the cap admits more forwards in flight.
+
+    A fifth element, ``head`` (default ``held``), is the same for the head's chunk (the V's last stage, on rank 0),
+    in units of a chunk's forward too: its BI keeps the output layer's input and the logits' gradient (b·s·V/t) as
+    well, more than a forward saves where the vocabulary is large against a chunk, so a head BI can raise rank 0's
+    count; the cap still holds its forwards back, and the count passes 2p by at most ``head`` - 1 (one head BI at
+    a time: it runs right after its forward, the earliest BI ready).  The planner's memory count adds that
+    (issue 12's sixty-sixth round).
     """
     return _as_actions(_zero_bubble_v_keys(p, m, times))
 
@@ -254,6 +262,10 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, ...]) -> list[list[K
     if not 0.0 < held <= 1.0:
         raise ScheduleError(f"zb-v: held={held} is the share of a chunk's activations kept from BI to BW; "
                             "it must be in (0, 1]", param="times")
+    head = float(times[4]) if len(times) > 4 else held
+    if not 0.0 < head < math.inf:
+        raise ScheduleError(f"zb-v: head={head} is what the head's chunk keeps from BI to BW, in chunks' forwards; "
+                            "it must be a positive number", param="times")
     cost = {"F": tf, "BI": tbi, "BW": tbw}
     # a forward fits while the chunks alive (each F 1, less 1 - held after its BI) leave room for one more
     room = 2 * p - 1 + 1e-9
@@ -365,7 +377,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, ...]) -> list[list[K
                 other = rank_of[to]
         elif kind == "BI":
             nb[r][c] += 1
-            live[r] -= 1.0 - held
+            live[r] -= 1.0 - (head if st == last else held)
             pending[r].append((c, i))
             bi_end[st][i] = stop
             if st > 0:
@@ -373,7 +385,7 @@ def _zero_bubble_v_keys(p: int, m: int, times: tuple[float, ...]) -> list[list[K
                 other = rank_of[to]
         else:
             pending[r].popleft()
-            live[r] -= held
+            live[r] -= head if st == last else held
         out[r].append((kind, st, i))
         # only these ranks' ready actions or start times changed; after a capped pick every
         # rank's offer is made again under the cap (the other over-cap offers must not stand)

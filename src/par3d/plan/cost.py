@@ -27,7 +27,6 @@ plan_memory.py (memory per GPU), dp_tail.py (the DP tail and the optimizer step)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from statistics import NormalDist
@@ -66,6 +65,8 @@ from .hardware import TFLOPS, Cluster, mesh_share
 from .memory import (
     ACT_BYTES,
     MemoryBreakdown,
+    round_up_2g,
+    v_head_share,
     weight_grad_share,
 )
 from .models import ModelSpec
@@ -307,8 +308,12 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
         out.transfer = comm.p2p(boundary, lk.pp).total  # type: ignore[arg-type]
     out.blocking = c.pp > 1 and p2p_blocks(cluster.p2p_blocking, c)
     if c.schedule == "zb-v":
+        flash = blockwise_attention(cluster, c)
         out.held = weight_grad_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision, c.cp,
-                                     blockwise_attention(cluster, c), c.etp, c.ep)
+                                     flash, c.etp, c.ep)
+        # the head's chunk keeps the output layer's (x, dy) too, in the forwards of a mean chunk (the cap's unit)
+        out.head_held = v_head_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
+                                     c.cp, flash, c.etp, c.ep, lay.layers[-1], sum(lay.layers) / len(lay.layers))
     if cluster.profile is not None:
         _add_runtime_costs(out, model, cluster.dtype, c, lay, boundary, cluster.profile)
     return out
@@ -510,7 +515,8 @@ def zbv_times(st: StageTimes, c: Choice) -> tuple[float, ...] | None:
     (docs/pipeline.md); with times far from equal the equal-time order idles every rank (issue 12's forty-second
     round).  A fourth number, where below 1, is the share of a chunk's activations its BI keeps for its BW
     (`StageTimes.held`), rounded up to two significant digits: the V's memory cap counts it (issue 12's sixty-fifth
-    round)."""
+    round).  A fifth, where it differs from the fourth, is the head chunk's (`StageTimes.head_held`, rounded up
+    alike): its BI keeps the output layer's input and the logits' gradient as well (issue 12's sixty-sixth round)."""
     if c.schedule != "zb-v":
         return None
     lists = rank_stage_lists(c.schedule, c.pp, c.virtual_stages)
@@ -525,17 +531,11 @@ def zbv_times(st: StageTimes, c: Choice) -> tuple[float, ...] | None:
     times = (1.0, float(f"{bi / f:.2g}"), float(f"{bw / f:.2g}"))
     # rounded up, not to nearest: the cap then counts at least the share the memory model keeps, so its 2p chunks'
     # worth stays a bound on the bytes (0.4324 -> 0.44, not 0.43)
-    held = min(1.0, _round_up_2g(st.held))
+    held = min(1.0, round_up_2g(st.held))
+    head = round_up_2g(st.head_held)
+    if head != held:
+        return times + (held, head)
     return times + (held,) if held < 1.0 else times
-
-
-def _round_up_2g(x: float) -> float:
-    """x rounded up to two significant digits (x > 0)."""
-    r = float(f"{x:.2g}")
-    if r >= x:
-        return r
-    step = 10.0 ** (math.floor(math.log10(r)) - 1)
-    return float(f"{r + step:.2g}")
 
 
 _SIM_CACHE: dict[tuple, tuple[float, float, tuple[float, ...], Marks]] = {}

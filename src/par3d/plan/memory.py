@@ -74,6 +74,7 @@ vocabulary's, 6 B, not /t, where the logits are gathered to every TP rank ("gath
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -274,6 +275,39 @@ def head_grad_bytes(model: ModelSpec, b: int, tp: int, dtype: str = "bf16", cp: 
     WeightGradStore defer every linear layer's.  The loss's own memory (`logits_bytes`) is gone by then."""
     xb = SAVED_CAST_BYTES.get(dtype, float(ACT_BYTES[dtype]))
     return b * model.seq_len / cp * (model.hidden * xb + model.vocab / tp * float(ACT_BYTES[dtype]))
+
+
+def v_head_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str, cp: int, flash: bool,
+                 etp: int, ep: int, head_layers: int, unit_layers: float) -> float:
+    """What ZB-V's head chunk (the V's last stage, on rank 0) keeps from its BI to its BW, in forwards of a chunk of
+    `unit_layers` layers: its `head_layers` layers at `weight_grad_share` and the output layer's input and logits'
+    gradient (`head_grad_bytes`), which the V's memory cap counts (`schedules.zero_bubble_v`'s fifth time; issue
+    12's sixty-sixth round).  Above 1 where the vocabulary is large against a chunk."""
+    layer = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
+    if layer <= 0 or unit_layers <= 0:
+        return 1.0
+    held = weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep)
+    return (head_layers * held * layer + head_grad_bytes(model, b, tp, dtype, cp)) / (unit_layers * layer)
+
+
+def v_rank_units(p: int, m: int, held: float, share: float) -> float:
+    """A ZB-V rank's peak, in chunks' forwards, where its chunks past BI keep `held` and `share` (its head chunk's,
+    `v_head_share`; `held` on ranks without the head): at most min(2p, 2m) while both are at most 1 (the cap,
+    `stage_layout.counted_peaks`); a head share above 1 lets one head BI pass the cap by share - 1 (its forward waited
+    under the cap, and it runs right after it), and with few micro-batches every one of them may be past its BI
+    (m·(held + share)).  Checked against the built orders' walks (tests/test_split_memory.py)."""
+    h, k = max(1.0, held), max(1.0, share)
+    return min(2 * p - 1 + k, m * (h + k))
+
+
+def round_up_2g(x: float) -> float:
+    """x rounded up to two significant digits (x > 0): the share the V's cap counts (cost.zbv_times) is then at least
+    the model's."""
+    r = float(f"{x:.2g}")
+    if r >= x:
+        return r
+    step = 10.0 ** (math.floor(math.log10(r)) - 1)
+    return float(f"{r + step:.2g}")
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)

@@ -19,12 +19,16 @@ from .memory import (
     logits_bytes,
     rank_activations,
     rank_states,
+    round_up_2g,
     state_bytes_per_param,
     state_terms,
+    v_head_share,
+    v_rank_units,
     weight_grad_bytes,
+    weight_grad_share,
 )
 from .models import ModelSpec
-from .stage_layout import peak_inflight, peak_layers, rank_shapes, split_states
+from .stage_layout import layout, peak_inflight, peak_layers, rank_shapes, split_states
 
 # ---- memory --------------------------------------------------------------------------------------
 
@@ -80,6 +84,20 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
         per_rank = tuple(_rank_layer_mean(shape, per_layer, dense) for shape in shapes)
         per_layer = max(per_layer, dense)
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank, split
+
+
+@lru_cache(maxsize=4096)
+def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, sp: bool, recompute: str, cp: int,
+                    etp: int, ep: int, pp: int, m: int) -> float:
+    """ZB-V's head rank's live layers beyond its whole-chunk count: where the head chunk keeps more past its BI than
+    a chunk's forward (the output layer's input and logits' gradient; `memory.v_head_share`, rounded up as the
+    order's cap counts it, cost.zbv_times), its count passes min(2m, 2p) by `memory.v_rank_units`' excess, in
+    chunks of the model's mean layers (the share's unit)."""
+    lay = layout(model, 2 * pp)
+    unit = sum(lay.layers) / len(lay.layers)
+    held = min(1.0, round_up_2g(weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep)))
+    share = round_up_2g(v_head_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, lay.layers[-1], unit))
+    return (v_rank_units(pp, m, held, share) - min(2 * m, 2 * pp)) * unit
 
 
 @lru_cache(maxsize=4096)
@@ -198,14 +216,17 @@ class _RankMemo:
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
         kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
+                 if schedule == "zb-v" else 0.0)
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
             shape = shapes[r]
             own = (_rank_layer_mean(shape, per_layer, dense) if dense is not None  # (_memory_scan's per_rank)
                    else per_layer if rec_layers else None)
+            units = live[r] + (extra if shape.head else 0.0)
             out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
-                                                    _offloaded_live(live[r], self.offload, pp), own,
+                                                    _offloaded_live(units, self.offload, pp), own,
                                                     split[r] if split is not None else None, *kept)))
         return tuple(out)
 
@@ -226,11 +247,14 @@ class _RankMemo:
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
         kept = _split_kept(model, dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
+                 if schedule == "zb-v" else 0.0)
         act_scale = 1.0 + FRAGMENTATION
         rows = []
         for r, params, units, head, _ in heavy:
+            units += extra if head else 0.0
             act, other = rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
-                                          _offloaded_live(live[r], self.offload, pp),
+                                          _offloaded_live(units, self.offload, pp),
                                           per_rank[r] if per_rank else per_layer if rec_layers else None,
                                           split[r] if split is not None else None, *kept)
             # (the estimate that picks the heaviest rank: its activations less what every rank adds alike; a split

@@ -352,3 +352,6 @@ class StageTimes:
     # zb-v: the share of a chunk's activations its BI keeps for its BW (`memory.weight_grad_share`), which the V's
     # memory cap counts (`schedules.zero_bubble_v`); 1 for every other schedule
     held: float = 1.0
+    # zb-v: what the head's chunk keeps from its BI to its BW, in a mean chunk's forwards (`memory.v_head_share`: its
+    # layers' share and the output layer's input and logits' gradient), which the V's cap counts; 1 elsewhere
+    head_held: float = 1.0
