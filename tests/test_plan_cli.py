@@ -1042,15 +1042,17 @@ def test_config_json_sequence_length_is_named(capsys, tmp_path):
 
 def test_schedules_keeps_the_search_to_a_frameworks_schedules(capsys):
     """`--schedules` restricts the search to the pipeline schedules the target framework has: with the paper's
-    2021 software the unrestricted top ten hold DualPipe-V and ZB-H1, which Megatron-LM then lacked (they led it
-    until issue 12's sixty-third round priced a split backward's weight half as its weight-gradient GEMMs alone);
-    restricted to 1f1b and interleaved none does, the rejections say why, and the best plan is interleaved."""
+    2021 software the unrestricted top ten hold DualPipe-V, which Megatron-LM then lacked (it and ZB-H1 led it
+    until issue 12's sixty-third round priced a split backward's weight half as its weight-gradient GEMMs alone;
+    ZB-H1 left the ten in the sixty-sixth, when its deferred BWs came to keep the GEMMs' inputs that full
+    recomputation recomputes); restricted to 1f1b and interleaved none does, the rejections say why, and the best
+    plan is interleaved."""
     base = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "1024", "--global-batch", "1536",
             "--no-flash-attention", "--recompute", "full", "--no-sequence-parallel", "--no-overlap-grad-reduce",
             "--zero-stage", "0", "--top", "10", "--json"]
     rc, out, _ = run(capsys, *base)
     free = json.loads(out)["plans"]
-    assert rc == 0 and {"dualpipe-v", "zb-h1"} <= {p["schedule"] for p in free}
+    assert rc == 0 and "dualpipe-v" in {p["schedule"] for p in free}
     rc, out, _ = run(capsys, *base, "--schedules", "1f1b,interleaved")
     kept = json.loads(out)["plans"]
     assert rc == 0 and kept and all(p["schedule"] in ("1f1b", "interleaved") for p in kept)

@@ -1234,7 +1234,7 @@ def test_runtime_memory_prediction_counts_interleaved_chunks(tmp_path):
 
 
 def cost_logits(model) -> float:
-    """The runtime's loss memory (its one fp32 copy: memory.LOGIT_MEMORY's "runtime")."""
+    """The runtime's loss memory (its one fp32 copy: memory.RUNTIME_LOGIT_MEMORY)."""
     from par3d.plan.memory import logits_bytes
 
     return logits_bytes(model, 1, 1, 1, "runtime")

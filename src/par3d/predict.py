@@ -112,7 +112,7 @@ def runtime_memory_flags(cfg: RunConfig) -> dict[str, Any]:
     whatever the training dtype (data_parallel.py / zero.py `memory()`: 4 B per parameter, Megatron's count), and
     attention through `F.scaled_dot_product_attention`, whose fused kernels (FlashAttention on a GPU, the
     blockwise CPU kernel) keep a log-sum-exp, not the s² scores -- except with dropout, where PyTorch falls back
-    to the math path that stores them; and its loss's one fp32 copy of the logits (memory.LOGIT_MEMORY's "runtime":
+    to the math path that stores them; and its loss's one fp32 copy of the logits (memory.RUNTIME_LOGIT_MEMORY:
     4 B a logit, not the 6 B of Megatron's unfused loss).  Measured on one H200 (docs/measured.md, "One H200"): with the s² scores
     and 2-byte gradients the report predicted 48.4 GB of activations and 2.8 GB of gradients where the 1.4B run
     held 14.6 GB and 5.7 GB."""

@@ -56,7 +56,10 @@ input (the activation's output, 2·s·b·f → 1·s·b·f) halve; the projection
 attention kernel's bf16 output for its own backward and the projection's fp8 cast (+1·s·b·h sharded);
 the layer-norm inputs, Q/K/V, the fc1 output and the full-recompute checkpoints stay bf16.
 × the schedule's peak in-flight micro-batches on the rank (from the schedule checker: GPipe m,
-1F1B min(p − rank, m), ...).  The last stage also holds the logits of one micro-batch for the
+1F1B min(p − rank, m), ...); under ZB-H1's split backward a chunk past its BI holds its weight GEMMs' x and dy
+(`weight_grad_bytes`) and on the head the output layer's input and the logits' gradient (`head_grad_bytes`)
+instead, each rank's peak the largest of its walked states (stage_layout.split_states; ZB-V's head chunk:
+`v_head_share`, `v_rank_units`).  The last stage also holds the logits of one micro-batch for the
 loss, per token per vocab entry, /t with vocab-parallel CE, as the loss's implementation holds them
 (`LOGIT_MEMORY`, `Cluster.cross_entropy`, compute.LOSS_BYTES): 6 B where an fp32 copy is made (2 B bf16 logits +
 4 B fp32 softmax: Megatron-Core's unfused and native-fused cross entropy, PyTorch's F.cross_entropy on fp32
@@ -311,17 +314,16 @@ def round_up_2g(x: float) -> float:
 
 
 # bytes per logit the loss holds between its forward and backward, by implementation (module docstring)
-LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0, "gathered": 6.0,
-                                  # par3d's own runtime (predict.runtime_memory_flags): its loss casts the logits to
-                                  # fp32 and keeps only that copy's softmax (tensor_parallel.py: F.cross_entropy's
-                                  # log-softmax at TP 1, the vocab-parallel loss's softmax above), 4 B whatever the
-                                  # dtype: the meter's last stage holds one layer's bytes less than 6 B counted
-                                  "runtime": 4.0}
+LOGIT_MEMORY: dict[str, float] = {"unfused": 6.0, "fused": 6.0, "kernel": 2.0, "gathered": 6.0}
+# par3d's own runtime (`cross_entropy="runtime"`, predict.runtime_memory_flags; not a planner choice): its loss casts
+# the logits to fp32 and keeps only that copy's softmax (tensor_parallel.py: F.cross_entropy's log-softmax at TP 1,
+# the vocab-parallel loss's softmax above), 4 B whatever the dtype -- its activation meter's last stage measured so
+RUNTIME_LOGIT_MEMORY = 4.0
 
 
 def logits_bytes(model: ModelSpec, b: int, tp: int, cp: int = 1, cross_entropy: str = "unfused") -> float:
-    return LOGIT_MEMORY[cross_entropy] * b * model.seq_len / cp * (model.vocab if cross_entropy == "gathered"
-                                                                  else model.vocab / tp)
+    per = RUNTIME_LOGIT_MEMORY if cross_entropy == "runtime" else LOGIT_MEMORY[cross_entropy]
+    return per * b * model.seq_len / cp * (model.vocab if cross_entropy == "gathered" else model.vocab / tp)
 
 
 @dataclass(frozen=True)
