@@ -230,7 +230,28 @@ def split_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int
     counted whole until its backward; ZB-V's cap counts what its BI keeps: `counted_peaks`)."""
     if schedule != "zb-h1" or p < 1:
         return None
-    return walked_states(schedule, p, min(m, 2 * p), v)
+    return _zbh1_states(p, m)
+
+
+@lru_cache(maxsize=4096)
+def _zbh1_states(p: int, m: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`split_states` of ZB-H1 from its builder's rules (pipeline/schedules.zero_bubble_h1), not its walk (building
+    and walking the lists was most of a cold search's time).  Rank r, w = min(p - r - 1, m) warm-up forwards:
+    - m <= w: m forwards, then BI and BW in turn: (m, 0) and (m - 1, 1);
+    - else, k = min(m - w - 1, r): the last F of the steady phase (w + 1, k), its BI (w, k + 1), and the first BI of
+      the cool-down (w - 1, min(m - w, r) + 1), each BW of the steady phase and the cool-down coming one BI late.
+    A test compares them with `walked_states` for every (p, m) up to p = 8."""
+    out = []
+    for r in range(p):
+        w = min(p - r - 1, m)
+        if m <= w:
+            cands = [(m, 0), (m - 1, 1)]
+        else:
+            k = min(m - w - 1, r)
+            cands = [(w + 1, k), (w, k + 1)] + ([(w - 1, min(m - w, r) + 1)] if w >= 1 else [])
+        out.append(tuple(sorted(set(st for st in cands
+                                    if not any(o != st and o[0] >= st[0] and o[1] >= st[1] for o in cands)))))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1024)
