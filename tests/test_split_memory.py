@@ -200,3 +200,31 @@ def test_zbv_head_rank_counts_every_pending_head_gradient(name, pp, m):
     live0 = _memory_scan(model, cluster.precision, cluster.flash, 1, pp, 2, "zb-v", m, 1, False, "none", 1, 0,
                          cluster.cross_entropy)[4][0]
     assert rows[0] - working + max(0.0, most - live0) * layer >= peak * (1 - 1e-12)
+
+
+def test_zbh1_kept_pairs_are_the_busiest_expert_ranks():
+    """With expert parallelism and uneven routing (`ModelSpec.route_load`) a layer's forward is priced at the busiest EP
+    rank's routed copies (`model.at_ep(ep)`); what its chunk keeps past BI -- the same copies' weight-GEMM pairs -- is
+    priced alike, not at balanced routing (once 30 % short for Mixtral at a load of 1.5 on 4 EP ranks)."""
+    from dataclasses import replace
+
+    from par3d.plan.choice import DEFAULT_OPTIONS
+    from par3d.plan.memory import activation_terms, rank_activations
+    from par3d.plan.plan_memory import _rank_memo
+
+    base = replace(CATALOGUE["mixtral-8x7b"], route_load=1.5)
+    cluster = make_cluster("h100-sxm", 32)
+    c = Choice(1, 4, 8, 1, 16, "zb-h1", 1, "none", 0, False, ep=4)
+    model = base.at_ep(c.ep)  # as `memory` prices it
+    kept = (weight_grad_bytes(model, 1, 1, False, cluster.precision, 1, 1, c.ep),
+            head_grad_bytes(model, 1, 1, cluster.precision, 1))
+    assert kept[0] > 1.3 * weight_grad_bytes(model, 1, 1, False, cluster.precision)  # the balanced count's
+    acts = activation_terms(model, tp=1, b=1, sp=False, recompute="none", dtype=cluster.precision,
+                            flash=cluster.flash, cross_entropy=cluster.cross_entropy)
+    split = split_states("zb-h1", 4, 16, 1)
+    peaks = counted_peaks("zb-h1", 4, 16, 1)
+    rows = _rank_memo(model, cluster, DEFAULT_OPTIONS).ranks(c)
+    assert rows
+    for r, shape, act, _ in rows:
+        assert act == pytest.approx(rank_activations(acts, 0, shape, peaks[r], None, None, split[r], *kept)[0],
+                                    rel=1e-12)

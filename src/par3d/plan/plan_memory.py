@@ -114,10 +114,12 @@ def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, 
 
 
 @lru_cache(maxsize=4096)
-def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int, etp: int) -> tuple[float, float]:
+def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int, etp: int,
+                ep: int = 1) -> tuple[float, float]:
     """What a chunk past its BI keeps until its BW, a layer's and the head's (memory.weight_grad_bytes,
-    memory.head_grad_bytes), for `rank_activations`' `split`."""
-    return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp)
+    memory.head_grad_bytes), for `rank_activations`' `split`; `ep` the expert-parallel ranks, so that a layer's routed
+    copies are the busiest EP rank's (ModelSpec.route_load), as its forward's bytes are priced (`model.at_ep(ep)`)."""
+    return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp, ep), head_grad_bytes(model, b, tp, dtype, cp)
 
 
 @lru_cache(maxsize=4096)
@@ -228,7 +230,7 @@ class _RankMemo:
         per_layer, dense, acts = (self._parts.get(pkey)
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
-        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
         extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
                  if schedule == "zb-v" else 0.0)
         mtp = model.mtp_layers
@@ -259,7 +261,7 @@ class _RankMemo:
             model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
-        kept = _split_kept(model, dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
         extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
                  if schedule == "zb-v" else 0.0)
         act_scale = 1.0 + FRAGMENTATION
