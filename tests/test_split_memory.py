@@ -98,12 +98,18 @@ def test_zbv_rank_units_bound_the_built_orders():
                         sched = build("zb-v", p, m, 2, (1.0, bi, bw, held, head))
                         for r, acts in enumerate(sched):
                             units = peak = 0.0
+                            past = most = 0  # head chunks past their BI (rank 0)
                             for a in acts:
                                 share = head if a.stage == 2 * p - 1 else held
                                 units += {"F": 1.0, "BI": share - 1.0, "BW": -share}[a.kind]
                                 peak = max(peak, units)
+                                if a.stage == 2 * p - 1:
+                                    past += {"F": 0, "BI": 1, "BW": -1}[a.kind]
+                                    most = max(most, past)
                             bound = v_rank_units(p, m, held, head if r == 0 else held)
                             assert peak <= bound + 1e-9, (p, m, bi, bw, held, head, r, peak, bound)
+                            # each with its micro-batch's first chunk alive (plan_memory._zbv_head_extra's count)
+                            assert most <= min(m, int(bound / (head + held) + 1e-9)), (p, m, bi, bw, held, head)
                             if max(held, head if r == 0 else held) <= 1:
                                 assert bound == min(2 * m, 2 * p)
                             reached += peak >= bound - 1e-9
@@ -112,13 +118,14 @@ def test_zbv_rank_units_bound_the_built_orders():
 
 
 def test_zbv_head_rank_memory_counts_the_head_share():
-    """The planner's ZB-V memory: rank 0, which holds the head, adds the head share's excess over the whole-chunk
-    count (`plan_memory._zbv_head_extra`), in mean chunks' layers; Llama 3's 128K vocabulary at 8 stages of 4
+    """The planner's ZB-V memory: rank 0, which holds the head, adds what its pending head chunks keep above the
+    whole-chunk count (`plan_memory._zbv_head_extra`), in layers; Llama 3's 128K vocabulary at 8 stages of 4
     layers makes the head chunk's kept bytes several chunks' forwards.  The other ranks are counted as before."""
     from dataclasses import replace
 
     from par3d.plan.cost import stage_times, zbv_times
     from par3d.plan.memory import v_rank_units
+    from par3d.plan.plan_memory import _zbv_head_extra
 
     cluster = make_cluster("h100-sxm", 8)
     c = Choice(1, 8, 1, 1, 32, "zb-v", 2, "none", 0, False)
@@ -132,7 +139,10 @@ def test_zbv_head_rank_memory_counts_the_head_share():
               cross_entropy=cluster.cross_entropy)
     whole = [rank_memory(LLAMA, shape, 16, **kw) for shape in shapes]
     unit = LLAMA.layers / 16
-    extra = (v_rank_units(8, 32, times[3], times[4]) - 16) * unit
+    extra = _zbv_head_extra(LLAMA, cluster.precision, cluster.flash, 1, 1, False, "none", 1, 1, 1, 8, 32)
+    # at least the cap's overshoot, in mean chunks; here more: each of the head chunks that can be past their BI at
+    # once keeps the output layer's pair above its one layer (test_zbv_head_rank_counts_every_pending_head_gradient)
+    assert extra > (v_rank_units(8, 32, times[3], times[4]) - 16) * unit
     live0 = 16 * sum(shapes[0].layers) / 2 + extra
     with_head = rank_memory(LLAMA, shapes[0], 16, inflight_layers=live0, **kw)
     assert with_head.activations > whole[0].activations
@@ -141,3 +151,80 @@ def test_zbv_head_rank_memory_counts_the_head_share():
     small = replace(LLAMA, vocab=1024)
     head_small = zbv_times(stage_times(small, cluster, c), c)[-1]  # type: ignore[index]
     assert head_small < 1.2 < times[4]
+
+
+def _rank0_walk(model, cluster, c):
+    """Rank 0's activations walked through the ZB-V order built for the plan's chunk times, in bytes: a chunk's F its
+    layers' saved bytes (the head's: and its logits), its BI what it keeps for BW (`weight_grad_share` of its layers;
+    the head's: and `head_grad_bytes`), its BW nothing; and the peak of its whole chunks' layers."""
+    from par3d.pipeline.schedules import build
+    from par3d.plan.cost import stage_times, zbv_times
+    from par3d.plan.memory import logits_bytes, weight_grad_share
+    from par3d.plan.stage_layout import layout
+
+    args = (model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision, c.cp, cluster.flash)
+    layer, held = layer_activation_bytes(*args), weight_grad_share(*args)
+    hg = head_grad_bytes(model, c.micro_batch, c.tp, cluster.precision, c.cp)
+    lg = logits_bytes(model, c.micro_batch, c.tp, c.cp, cluster.cross_entropy)
+    lay, last = layout(model, 2 * c.pp), 2 * c.pp - 1
+    cur = peak = 0.0
+    whole = most = 0
+    for a in build("zb-v", c.pp, c.microbatches, 2, zbv_times(stage_times(model, cluster, c), c))[0]:
+        n, head = lay.layers[a.stage], a.stage == last
+        fwd, kept = n * layer + (lg if head else 0.0), n * held * layer + (hg if head else 0.0)
+        cur += {"F": fwd, "BI": kept - fwd, "BW": -kept}[a.kind]
+        whole += {"F": n, "BI": 0, "BW": -n}[a.kind]
+        peak, most = max(peak, cur), max(most, whole)
+    return peak, most, layer
+
+
+@pytest.mark.parametrize("name,pp,m", [("nemotron4-15b", 2, 2), ("llama3-70b", 8, 8), ("llama3-8b", 4, 16),
+                                       ("gpt3-1.3b", 4, 4)])
+def test_zbv_head_rank_counts_every_pending_head_gradient(name, pp, m):
+    """ZB-V's rank 0 holds the head chunk, which the balanced partition leaves fewer layers than the mean chunk
+    (nemotron4-15b at 4 chunks: 9, 9, 9, 5): each head chunk past its BI keeps the output layer's input and logits'
+    gradient above its own layers, several of them at once, even where its share in mean chunks (the cap's unit)
+    rounds to 1 or less.  The planner's rank-0 activations stay at or above the walk of the order built for the plan's
+    times (the walk's whole chunks' layers above the count's mean-chunk figure added: an approximation older than the
+    head's share); the count once fell 2 GiB (nemotron4-15b) and 14 GiB (Llama 3 70B, -14 %) short."""
+    from par3d.plan.choice import DEFAULT_OPTIONS
+    from par3d.plan.memory import activation_terms
+    from par3d.plan.plan_memory import _memory_scan, _rank_memo
+
+    model, cluster = CATALOGUE[name], make_cluster("h100-sxm", 64)
+    c = Choice(1, pp, 1, 1, m, "zb-v", 2, "none", 0, False)
+    peak, most, layer = _rank0_walk(model, cluster, c)
+    rows = {r: act for r, *_, act, _ in _rank_memo(model, cluster, DEFAULT_OPTIONS).dense(c)}
+    working = activation_terms(model, tp=1, b=1, sp=False, recompute="none", dtype=cluster.precision, cp=1,
+                               flash=cluster.flash, cross_entropy=cluster.cross_entropy)[1] or 0.0
+    live0 = _memory_scan(model, cluster.precision, cluster.flash, 1, pp, 2, "zb-v", m, 1, False, "none", 1, 0,
+                         cluster.cross_entropy)[4][0]
+    assert rows[0] - working + max(0.0, most - live0) * layer >= peak * (1 - 1e-12)
+
+
+def test_zbh1_kept_pairs_are_the_busiest_expert_ranks():
+    """With expert parallelism and uneven routing (`ModelSpec.route_load`) a layer's forward is priced at the busiest EP
+    rank's routed copies (`model.at_ep(ep)`); what its chunk keeps past BI -- the same copies' weight-GEMM pairs -- is
+    priced alike, not at balanced routing (once 30 % short for Mixtral at a load of 1.5 on 4 EP ranks)."""
+    from dataclasses import replace
+
+    from par3d.plan.choice import DEFAULT_OPTIONS
+    from par3d.plan.memory import activation_terms, rank_activations
+    from par3d.plan.plan_memory import _rank_memo
+
+    base = replace(CATALOGUE["mixtral-8x7b"], route_load=1.5)
+    cluster = make_cluster("h100-sxm", 32)
+    c = Choice(1, 4, 8, 1, 16, "zb-h1", 1, "none", 0, False, ep=4)
+    model = base.at_ep(c.ep)  # as `memory` prices it
+    kept = (weight_grad_bytes(model, 1, 1, False, cluster.precision, 1, 1, c.ep),
+            head_grad_bytes(model, 1, 1, cluster.precision, 1))
+    assert kept[0] > 1.3 * weight_grad_bytes(model, 1, 1, False, cluster.precision)  # the balanced count's
+    acts = activation_terms(model, tp=1, b=1, sp=False, recompute="none", dtype=cluster.precision,
+                            flash=cluster.flash, cross_entropy=cluster.cross_entropy)
+    split = split_states("zb-h1", 4, 16, 1)
+    peaks = counted_peaks("zb-h1", 4, 16, 1)
+    rows = _rank_memo(model, cluster, DEFAULT_OPTIONS).ranks(c)
+    assert rows
+    for r, shape, act, _ in rows:
+        assert act == pytest.approx(rank_activations(acts, 0, shape, peaks[r], None, None, split[r], *kept)[0],
+                                    rel=1e-12)

@@ -3,6 +3,7 @@ in flight on each rank under its schedule, from memory.py's primitives; activati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -89,22 +90,36 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
 @lru_cache(maxsize=4096)
 def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, sp: bool, recompute: str, cp: int,
                     etp: int, ep: int, pp: int, m: int) -> float:
-    """ZB-V's head rank's live layers beyond its whole-chunk count: where the head chunk keeps more past its BI than
-    a chunk's forward (the output layer's input and logits' gradient; `memory.v_head_share`, rounded up as the
-    order's cap counts it, cost.zbv_times), its count passes min(2m, 2p) by `memory.v_rank_units`' excess, in
-    chunks of the model's mean layers (the share's unit)."""
+    """ZB-V's head rank's live layers beyond its whole-chunk count: the larger of (a) where the head chunk keeps more
+    past its BI than a chunk's forward (the output layer's input and logits' gradient; `memory.v_head_share`, rounded
+    up as the order's cap counts it, cost.zbv_times), the count's excess over min(2m, 2p) (`memory.v_rank_units`), in
+    chunks of the model's mean layers (the share's unit), and (b) what the head chunks that can be past their BI at
+    once keep above their own layers, in layers (the whole-chunk count holds them at their own layers, often fewer
+    than the mean: (a) alone left rank 0 up to 14 % short of the built order's walk, tests/test_split_memory.py)."""
     lay = layout(model, 2 * pp)
     unit = sum(lay.layers) / len(lay.layers)
     held = min(1.0, round_up_2g(weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep)))
     share = round_up_2g(v_head_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, lay.layers[-1], unit))
-    return (v_rank_units(pp, m, held, share) - min(2 * m, 2 * pp)) * unit
+    units = v_rank_units(pp, m, held, share)
+    over = (units - min(2 * m, 2 * pp)) * unit
+    # the whole-chunk count (`_peak_layers`) holds the head chunk at its own layers, which the balanced partition
+    # often makes fewer than the mean (none on the Zero Bubble paper's rows): each head chunk past its BI keeps the
+    # output layer's pair above them, less what its layers free (`head_grad_bytes` - n·(1 - held) layers), whatever
+    # its share in mean chunks.  While micro-batch i's head chunk is past its BI its first chunk (stage 0, BI after
+    # the whole V's) is alive too, at least `held`, so at most units / (share + held) of them are, and at most m
+    layer = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
+    past = (head_grad_bytes(model, b, tp, dtype, cp) / layer - lay.layers[-1] * (1.0 - held)) if layer > 0 else 0.0
+    heads = min(m, math.floor(units / (share + held) + 1e-9))
+    return max(over, heads * past)
 
 
 @lru_cache(maxsize=4096)
-def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int, etp: int) -> tuple[float, float]:
+def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int, etp: int,
+                ep: int = 1) -> tuple[float, float]:
     """What a chunk past its BI keeps until its BW, a layer's and the head's (memory.weight_grad_bytes,
-    memory.head_grad_bytes), for `rank_activations`' `split`."""
-    return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp)
+    memory.head_grad_bytes), for `rank_activations`' `split`; `ep` the expert-parallel ranks, so that a layer's routed
+    copies are the busiest EP rank's (ModelSpec.route_load), as its forward's bytes are priced (`model.at_ep(ep)`)."""
+    return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp, ep), head_grad_bytes(model, b, tp, dtype, cp)
 
 
 @lru_cache(maxsize=4096)
@@ -215,7 +230,7 @@ class _RankMemo:
         per_layer, dense, acts = (self._parts.get(pkey)
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
-        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
         extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
                  if schedule == "zb-v" else 0.0)
         mtp = model.mtp_layers
@@ -246,7 +261,7 @@ class _RankMemo:
             model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
-        kept = _split_kept(model, dtype, b, tp, sp, cp, etp) if split is not None else (0.0, 0.0)
+        kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
         extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
                  if schedule == "zb-v" else 0.0)
         act_scale = 1.0 + FRAGMENTATION
