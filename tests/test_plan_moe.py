@@ -360,7 +360,7 @@ def test_review_fixes_heaviest_rank_sequence_parallel_and_refusals(qwen):
     for pp, ep, rec in ((16, 32, "full"), (8, 32, "none"), (16, 64, "none")):
         c = Choice(1, pp, 1024 // pp, 1, 4 * pp, zero_stage=1, ep=ep, recompute=rec)
         mb, arg = memory(ds, cl, c)
-        shapes, peaks, per_layer, _, live, _, per_rank = _memory_scan(ds, cl.dtype, cl.flash, 1, pp, 1, "1f1b",
+        shapes, peaks, per_layer, _, live, _, per_rank, _ = _memory_scan(ds, cl.dtype, cl.flash, 1, pp, 1, "1f1b",
                                                                        4 * pp, 1, False, rec, 1, 0, cl.cross_entropy,
                                                                        ep)
         every = [rank_memory(ds, shapes[r], peaks[r], tp=1, dp=c.dp, b=1, inflight_layers=offloaded_live(live[r], 0, c),
