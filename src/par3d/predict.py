@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from par3d.config import RunConfig
+from par3d.pipeline.schedules import V_SCHEDULES
 from par3d.plan import cost, stage_layout
 from par3d.plan.hardware import Cluster, HardwareFile, load_hardware_file
 from par3d.plan.models import ModelSpec
@@ -138,12 +139,42 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
     live = None  # the interleaved builder's live layers, chunk by chunk (stage_layout.peak_layers)
     if builders and name == "interleaved" and pc.pp > 1:
         live = stage_layout.peak_layers(name, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, shapes, peaks)[pp_rank]
-    mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=int(cfg.train.micro_batch or 1),
-                     sp=pc.sequence_parallel and pc.tp > 1, recompute=pc.recompute, zero=pc.zero_stage,
-                     dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,
-                     split=split[pp_rank] if split is not None else None, **runtime_memory_flags(cfg))
+    b, sp, flags = int(cfg.train.micro_batch or 1), pc.sequence_parallel and pc.tp > 1, runtime_memory_flags(cfg)
+    walked = None
+    if name in V_SCHEDULES:  # the V's order (zb-v's built for parallel.zbv_times): its rank walked in bytes
+        walked = _walked_v(cfg, model, pp_rank, b, sp, flags)
+    mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=b, sp=sp, recompute=pc.recompute,
+                     zero=pc.zero_stage, dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,
+                     split=split[pp_rank] if split is not None else None, walked=walked, **flags)
     return {"weights": mb.weights, "grads": mb.grads, "optimizer": mb.optimizer, "activations": mb.activations,
             "other": mb.other}
+
+
+def _walked_v(cfg: RunConfig, model: ModelSpec, pp_rank: int, b: int, sp: bool, flags: dict[str, Any]) -> float:
+    """A V schedule's rank `pp_rank` walked in bytes through the actions `par3d train` runs (the CSV's, or the
+    builder's for `parallel.zbv_times`): a stage's forward its layers' stored bytes (the head's with the loss's
+    logits), what its BI keeps its layers' weight-GEMM pairs (the head's with the output layer's:
+    memory.weight_grad_bytes, head_grad_bytes).  Exact where the V's counts are a cap (zb-v's 2p chunks, with the
+    head chunk's pending logits' gradients above it) or a mean (the rank's two chunks' layers)."""
+    from par3d.pipeline.schedules import build
+    from par3d.plan.memory import head_grad_bytes, layer_activation_bytes, logits_bytes, weight_grad_bytes
+
+    pc = cfg.parallel
+    actions = _csv_schedule(cfg)
+    if actions is None:
+        times = tuple(float(t) for t in pc.zbv_times) if pc.zbv_times else None
+        actions = build(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, times)
+    dtype, cp = cfg.train.dtype, pc.cp
+    layer = layer_activation_bytes(model, b, pc.tp, sp, pc.recompute, dtype, cp, flags["flash"])
+    pair = weight_grad_bytes(model, b, pc.tp, sp, dtype, cp)
+    lay = stage_layout.layout(model, pc.pp * pc.virtual_stages)
+    fwd = [n * layer for n in lay.layers]
+    kept = [n * pair for n in lay.layers]
+    for s, head in enumerate(lay.head):
+        if head:
+            fwd[s] += logits_bytes(model, b, pc.tp, cp, flags["cross_entropy"])
+            kept[s] += head_grad_bytes(model, b, pc.tp, dtype, cp)
+    return stage_layout.walked_bytes(actions[pp_rank], fwd, kept)
 
 
 def load_hardware(path: str) -> HardwareFile:

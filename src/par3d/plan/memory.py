@@ -345,12 +345,14 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                 optimizer_dtype: str = "fp32", inflight_layers: float | None = None,
                 per_layer: float | None = None, cross_entropy: str = "unfused",
                 expert_dp: int | None = None, etp: int = 1, optimizer: str = "adam",
-                split: tuple[tuple[int, int], ...] | None = None) -> MemoryBreakdown:
+                split: tuple[tuple[int, int], ...] | None = None, walked: float | None = None) -> MemoryBreakdown:
     """Memory of one GPU.  `inflight` is the checker's peak count of forward passes whose backward
     has not run yet on this rank; with v chunks it counts (micro-batch, chunk) pairs, each holding
     one chunk's layers, so without `inflight_layers` (the peak of live layers counted chunk by chunk:
     stage_layout.peak_layers) we use the rank's mean layers per chunk.  A split backward in a fixed order (ZB-H1)
-    gives its rank's candidate peaks instead (`split`, stage_layout.split_states).  A mixture of experts' routed experts
+    gives its rank's candidate peaks instead (`split`, stage_layout.split_states); `walked`, the peak of the rank's
+    own actions walked in bytes (stage_layout.walked_bytes: `par3d train`'s prediction of a V schedule), replaces the
+    count (the recomputed layer's working set still added).  A mixture of experts' routed experts
     (`shape.expert_params`) shard their ZeRO states over `expert_dp` ranks (tp·cp·dp / ep).  Under Muon
     (`optimizer`) the embedding and output layer (`shape.vocab_params`) keep Adam's state."""
     states = state_terms(model, tp=tp, dp=dp, zero=zero, dtype=dtype, cp=cp, accounting=accounting,
@@ -359,7 +361,11 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                             cross_entropy=cross_entropy, etp=etp)
     kept = ((weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp))
             if split is not None else (0.0, 0.0))
-    act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer, split, *kept)
+    if walked is not None:
+        act = walked + (acts[1] or 0.0)
+        other = OTHER_FIXED + FRAGMENTATION * act
+    else:
+        act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer, split, *kept)
     return MemoryBreakdown(*rank_states(states, shape, act, other))
 
 

@@ -278,6 +278,26 @@ def walked_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[in
     return tuple(out)
 
 
+def walked_bytes(actions: list, fwd: list[float], kept: list[float]) -> float:
+    """The peak of one rank's activations walking its actions in order: an F adds its stage's forward bytes
+    (`fwd[stage]`), a BI swaps them for what the stage keeps for its BW (`kept[stage]`), a BW frees that and a B the
+    forward's.  Exact for any order (a CSV's, the V's built for given times), where the counts above give a bound
+    or a mean."""
+    live = peak = 0.0
+    for a in actions:
+        s = a.stage
+        if a.kind == "F":
+            live += fwd[s]
+        elif a.kind == "BI":
+            live += kept[s] - fwd[s]
+        elif a.kind == "BW":
+            live -= kept[s]
+        else:
+            live -= fwd[s]
+        peak = max(peak, live)
+    return peak
+
+
 @lru_cache(maxsize=8192)
 def interleaved_peak_layers(p: int, m: int, v: int, r: int, layers: tuple[int, ...]) -> int:
     """Rank r's peak of live layer activations under the interleaved schedule (pipeline/schedules.
