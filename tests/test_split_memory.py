@@ -228,3 +228,31 @@ def test_zbh1_kept_pairs_are_the_busiest_expert_ranks():
     for r, shape, act, _ in rows:
         assert act == pytest.approx(rank_activations(acts, 0, shape, peaks[r], None, None, split[r], *kept)[0],
                                     rel=1e-12)
+
+
+def test_zbv_shares_are_in_the_counts_unit_under_block_recomputation():
+    """Under block recomputation (`recompute_layers`: the first layers of a chunk keep only their input) a chunk's
+    forward stores the chunk's mean (plan_memory.stored_layer_bytes), the unit both the V's cap (cost.zbv_times)
+    and rank 0's count (plan_memory._zbv_head_extra) take their shares in: once the shares were taken against a
+    fully recomputed layer's input while the count multiplied them by the block's mean, and Llama 3 405B's ZB-V plan
+    at TP 8, PP 16 was priced 26 GiB high on rank 0 -- out of the issue's own `--tp 8 --pp 16 --cp 1` search."""
+    from par3d.plan.cost import stage_times, zbv_times
+    from par3d.plan.memory import round_up_2g, v_head_share, weight_grad_share
+    from par3d.plan.plan_memory import stored_layer_bytes
+    from par3d.plan.stage_layout import layout
+
+    model, cluster = CATALOGUE["llama3-405b"], make_cluster("h100-sxm", 16384)
+    c = Choice(8, 16, 128, 1, 16, "zb-v", 2, "full", 1, True, recompute_layers=1)
+    layer = stored_layer_bytes(model, 1, 8, True, "full", cluster.precision, 1, cluster.flash, 32, 1, 1)
+    full = layer_activation_bytes(model, 1, 8, True, "full", cluster.precision, 1, cluster.flash)
+    assert layer > 5 * full  # three of four layers keep everything
+    lay = layout(model, 32)
+    unit = sum(lay.layers) / len(lay.layers)
+    held = min(1.0, round_up_2g(weight_grad_share(model, 1, 8, True, "full", cluster.precision, 1, cluster.flash, 1, 1,
+                                                  layer)))
+    head = round_up_2g(v_head_share(model, 1, 8, True, "full", cluster.precision, 1, cluster.flash, 1, 1,
+                                    lay.layers[-1], unit, layer))
+    times = zbv_times(stage_times(model, cluster, c), c)
+    assert times is not None and tuple(times[3:]) in ((held, head), (held,) if head == held else ())
+    mem, _ = memory(model, cluster, c)
+    assert mem.total < 0.95 * 80 * 2**30  # fits the 5 % headroom (93 GiB on rank 0 with the shares' unit mixed)

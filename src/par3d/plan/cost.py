@@ -89,7 +89,7 @@ from .parallel_comm import (
     zero3_layer_collectives,
     zero3_submodules,
 )
-from .plan_memory import memory, offload_exposed
+from .plan_memory import memory, offload_exposed, stored_layer_bytes
 from .profile import Profile, contention
 from .replay import Marks, program, replay_marks
 from .stage_layout import (
@@ -309,11 +309,14 @@ def stage_times(model: ModelSpec, cluster: Cluster, c: Choice) -> StageTimes:
     out.blocking = c.pp > 1 and p2p_blocks(cluster.p2p_blocking, c)
     if c.schedule == "zb-v":
         flash = blockwise_attention(cluster, c)
+        # the shares in one layer's stored bytes as the memory count holds them (block recomputation: the chunk's mean)
+        layer = stored_layer_bytes(model.at_ep(c.ep), c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
+                                   cluster.precision, c.cp, flash, c.pp * c.virtual_stages, c.recompute_layers, c.etp)
         out.held = weight_grad_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision, c.cp,
-                                     flash, c.etp, c.ep)
+                                     flash, c.etp, c.ep, layer)
         # the head's chunk keeps the output layer's (x, dy) too, in the forwards of a mean chunk (the cap's unit)
         out.head_held = v_head_share(model, c.micro_batch, c.tp, c.sequence_parallel, c.recompute, cluster.precision,
-                                     c.cp, flash, c.etp, c.ep, lay.layers[-1], sum(lay.layers) / len(lay.layers))
+                                     c.cp, flash, c.etp, c.ep, lay.layers[-1], sum(lay.layers) / len(lay.layers), layer)
     if cluster.profile is not None:
         _add_runtime_costs(out, model, cluster.dtype, c, lay, boundary, cluster.profile)
     return out

@@ -241,8 +241,9 @@ def layer_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, recomput
 
 @lru_cache(maxsize=4096)
 def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str = "bf16", cp: int = 1,
-                      flash: bool = False, etp: int = 1, ep: int = 1) -> float:
-    """The share of one layer's stored activations (`layer_activation_bytes`) a split backward keeps from its input
+                      flash: bool = False, etp: int = 1, ep: int = 1, saved: float | None = None) -> float:
+    """The share of one layer's stored activations (`layer_activation_bytes`, or `saved` where given: block
+    recomputation's mean over a chunk, plan_memory.stored_layer_bytes) a split backward keeps from its input
     half (BI) to its weight half (BW), at most 1: each weight GEMM's input x and output gradient dy
     (dW = dyᵀ·x), what `par3d.weight_grad` and the Zero Bubble authors' WeightGradStore keep once BI has freed the
     graph.  For a GPT layer at TP 1 that is 14h (the four linears' inputs) + 18h (their output gradients) = 32h bytes
@@ -251,7 +252,8 @@ def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: st
     ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Where BI holds more than F saved -- full
     recomputation (the recomputed forward's inputs), sequence parallelism at TP 8, op recomputation -- 1, a chunk
     counted whole until BW, as before (the bytes above a whole chunk are not counted: docs/planner.md §6)."""
-    saved = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
+    if saved is None:
+        saved = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
     if saved <= 0:
         return 1.0
     return min(1.0, weight_grad_bytes(model, b, tp, sp, dtype, cp, etp, ep) / saved)
@@ -281,15 +283,17 @@ def head_grad_bytes(model: ModelSpec, b: int, tp: int, dtype: str = "bf16", cp: 
 
 
 def v_head_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str, cp: int, flash: bool,
-                 etp: int, ep: int, head_layers: int, unit_layers: float) -> float:
+                 etp: int, ep: int, head_layers: int, unit_layers: float, layer: float | None = None) -> float:
     """What ZB-V's head chunk (the V's last stage, on rank 0) keeps from its BI to its BW, in forwards of a chunk of
     `unit_layers` layers: its `head_layers` layers at `weight_grad_share` and the output layer's input and logits'
     gradient (`head_grad_bytes`), which the V's memory cap counts (`schedules.zero_bubble_v`'s fifth time; issue
-    12's sixty-sixth round).  Above 1 where the vocabulary is large against a chunk."""
-    layer = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
+    12's sixty-sixth round).  Above 1 where the vocabulary is large against a chunk.  `layer`: one layer's stored
+    bytes where not `layer_activation_bytes`' (block recomputation's mean over a chunk), the unit the count uses."""
+    if layer is None:
+        layer = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
     if layer <= 0 or unit_layers <= 0:
         return 1.0
-    held = weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep)
+    held = weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, layer)
     return (head_layers * held * layer + head_grad_bytes(model, b, tp, dtype, cp)) / (unit_layers * layer)
 
 

@@ -54,8 +54,8 @@ def partial_activation_bytes(model: ModelSpec, b: int, tp: int, sp: bool, dtype:
     return (rec_layers * full + (n - rec_layers) * none) / n
 
 
-def _layer_bytes(k: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str, cp: int, flash: bool,
-                 chunks: int, rec_layers: int, etp: int) -> float:
+def stored_layer_bytes(k: ModelSpec, b: int, tp: int, sp: bool, recompute: str, dtype: str, cp: int, flash: bool,
+                       chunks: int, rec_layers: int, etp: int) -> float:
     """One layer's stored activations: `partial_activation_bytes` under block recomputation of `rec_layers` layers a
     chunk, else `layer_activation_bytes`."""
     if recompute == "full" and rec_layers > 0:
@@ -87,19 +87,27 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank, split
 
 
+_layer_bytes = stored_layer_bytes
+
+
 @lru_cache(maxsize=4096)
 def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, sp: bool, recompute: str, cp: int,
-                    etp: int, ep: int, pp: int, m: int) -> float:
+                    etp: int, ep: int, pp: int, m: int, rec_layers: int = 0) -> float:
     """ZB-V's head rank's live layers beyond its whole-chunk count: the larger of (a) where the head chunk keeps more
     past its BI than a chunk's forward (the output layer's input and logits' gradient; `memory.v_head_share`, rounded
     up as the order's cap counts it, cost.zbv_times), the count's excess over min(2m, 2p) (`memory.v_rank_units`), in
     chunks of the model's mean layers (the share's unit), and (b) what the head chunks that can be past their BI at
     once keep above their own layers, in layers (the whole-chunk count holds them at their own layers, often fewer
-    than the mean: (a) alone left rank 0 up to 14 % short of the built order's walk, tests/test_split_memory.py)."""
+    than the mean: (a) alone was 0.62-1.99x rank 0's walk through the order built for the plan's times over 2,340
+    catalogue layouts, this 1.005-2.4x; tests/test_split_memory.py)."""
     lay = layout(model, 2 * pp)
     unit = sum(lay.layers) / len(lay.layers)
-    held = min(1.0, round_up_2g(weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep)))
-    share = round_up_2g(v_head_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, lay.layers[-1], unit))
+    # one layer's stored bytes as the count holds them (block recomputation: the chunk's mean), the shares' unit, as
+    # cost.stage_times builds the order with
+    layer = stored_layer_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, 2 * pp, rec_layers, etp)
+    held = min(1.0, round_up_2g(weight_grad_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, layer)))
+    share = round_up_2g(v_head_share(model, b, tp, sp, recompute, dtype, cp, flash, etp, ep, lay.layers[-1], unit,
+                                     layer))
     units = v_rank_units(pp, m, held, share)
     over = (units - min(2 * m, 2 * pp)) * unit
     # the whole-chunk count (`_peak_layers`) holds the head chunk at its own layers, which the balanced partition
@@ -107,7 +115,6 @@ def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, 
     # output layer's pair above them, less what its layers free (`head_grad_bytes` - n·(1 - held) layers), whatever
     # its share in mean chunks.  While micro-batch i's head chunk is past its BI its first chunk (stage 0, BI after
     # the whole V's) is alive too, at least `held`, so at most units / (share + held) of them are, and at most m
-    layer = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
     past = (head_grad_bytes(model, b, tp, dtype, cp) / layer - lay.layers[-1] * (1.0 - held)) if layer > 0 else 0.0
     heads = min(m, math.floor(units / (share + held) + 1e-9))
     return max(over, heads * past)
@@ -231,8 +238,8 @@ class _RankMemo:
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
         kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
-        extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
-                 if schedule == "zb-v" else 0.0)
+        extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m,
+                                 rec_layers) if schedule == "zb-v" else 0.0)
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
@@ -262,7 +269,7 @@ class _RankMemo:
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
         kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
-        extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m)
+        extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m, rec_layers)
                  if schedule == "zb-v" else 0.0)
         act_scale = 1.0 + FRAGMENTATION
         rows = []
