@@ -7,14 +7,30 @@ from __future__ import annotations
 
 import pytest
 
+from par3d.pipeline.schedules import build
 from par3d.plan.choice import Choice
 from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import head_grad_bytes, layer_activation_bytes, rank_memory, weight_grad_bytes
 from par3d.plan.models import CATALOGUE
 from par3d.plan.plan_memory import memory
-from par3d.plan.stage_layout import counted_peaks, rank_shapes, split_states, walked_states
+from par3d.plan.stage_layout import counted_peaks, maximal_states, rank_shapes, split_states
 
 LLAMA = CATALOGUE["llama3-8b"]  # vocab 128,256: the head's kept gradient outweighs a few layers
+
+
+def walked_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`split_states` by walking the built lists rank by rank: the maximal (before BI, past BI) counts after every
+    action -- the reference `stage_layout._zbh1_states`' rules are checked against."""
+    out = []
+    for acts in build(schedule, p, m, v):
+        nf = nk = 0
+        seen: set[tuple[int, int]] = set()
+        for a in acts:
+            step = {"F": (1, 0), "BI": (-1, 1), "BW": (0, -1), "B": (-1, 0)}[a.kind]
+            nf, nk = nf + step[0], nk + step[1]
+            seen.add((nf, nk))
+        out.append(maximal_states(seen))
+    return tuple(out)
 
 
 def test_split_states_are_the_walk_at_full_m_and_sum_to_the_checkers_peak():

@@ -54,12 +54,12 @@ def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = 
     `ranks_sharing` ranks that draw on it need together (the heaviest rank's share each)."""
     from par3d.pipeline.schedules import V_SCHEDULES
     from par3d.predict import (
-        _walked_v,
         choice,
         model_spec,
         peak_inflight,
         runtime_memory_flags,
         schedule_name,
+        walked_v,
     )
 
     cfg = RunConfig.from_dict(cfg.to_dict()).resolve()  # never mutate the caller's config
@@ -75,14 +75,14 @@ def estimate(cfg: RunConfig, capacity: float, ranks_sharing: int, device: str = 
         name = None
     split = stage_layout.split_states(name, c.pp, c.microbatches, c.virtual_stages) if name else None
     flags = runtime_memory_flags(cfg)
+    # a V schedule's ranks walked in bytes through the actions the run will take (predict.walked_v)
+    walked = walked_v(cfg, model, c.micro_batch, c.sequence_parallel, flags) if c.schedule in V_SCHEDULES else None
     per_rank, parts = [], []
     for r, shape in enumerate(shapes):
-        # a V schedule's ranks walked in bytes through the actions the run will take (predict._walked_v)
-        walked = _walked_v(cfg, model, r, c.micro_batch, c.sequence_parallel, flags) if c.schedule in V_SCHEDULES \
-            else None
         mb = rank_memory(model, shape, peaks[r], tp=c.tp, dp=c.dp, b=c.micro_batch, sp=c.sequence_parallel,
                          recompute=c.recompute, zero=c.zero_stage, dtype=dtype, v=c.virtual_stages,
-                         split=split[r] if split is not None else None, walked=walked, **flags)
+                         split=split[r] if split is not None else None,
+                         walked=walked[r] if walked is not None else None, **flags)
         if device == "cpu":  # a process, not a CUDA context (module doc)
             other = CPU_RANK_BYTES + FRAGMENTATION * mb.activations
             parts.append({**mb.gib(), "other": round(other / GiB, 3),

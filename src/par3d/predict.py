@@ -142,7 +142,7 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
     b, sp, flags = int(cfg.train.micro_batch or 1), pc.sequence_parallel and pc.tp > 1, runtime_memory_flags(cfg)
     walked = None
     if name in V_SCHEDULES:  # the V's order (zb-v's built for parallel.zbv_times): its rank walked in bytes
-        walked = _walked_v(cfg, model, pp_rank, b, sp, flags)
+        walked = walked_v(cfg, model, b, sp, flags)[pp_rank]
     mb = rank_memory(model, shapes[pp_rank], peaks[pp_rank], tp=pc.tp, dp=pc.dp, b=b, sp=sp, recompute=pc.recompute,
                      zero=pc.zero_stage, dtype=cfg.train.dtype, v=pc.virtual_stages, cp=pc.cp, inflight_layers=live,
                      split=split[pp_rank] if split is not None else None, walked=walked, **flags)
@@ -150,20 +150,16 @@ def predict_memory(cfg: RunConfig, pp_rank: int) -> dict[str, float]:
             "other": mb.other}
 
 
-def _walked_v(cfg: RunConfig, model: ModelSpec, pp_rank: int, b: int, sp: bool, flags: dict[str, Any]) -> float:
-    """A V schedule's rank `pp_rank` walked in bytes through the actions `par3d train` runs (the CSV's, or the
-    builder's for `parallel.zbv_times`): a stage's forward its layers' stored bytes (the head's with the loss's
+def walked_v(cfg: RunConfig, model: ModelSpec, b: int, sp: bool, flags: dict[str, Any]) -> list[float]:
+    """A V schedule's ranks walked in bytes through the actions `par3d train` runs (`train.pipeline_schedule`: the
+    CSV's, or the builder's for `parallel.zbv_times`), one peak a rank: a stage's forward its layers' stored bytes (the head's with the loss's
     logits), what its BI keeps its layers' weight-GEMM pairs (the head's with the output layer's:
     memory.weight_grad_bytes, head_grad_bytes).  Exact where the V's counts are a cap (zb-v's 2p chunks, with the
     head chunk's pending logits' gradients above it) or a mean (the rank's two chunks' layers)."""
-    from par3d.pipeline.schedules import build
     from par3d.plan.memory import head_grad_bytes, layer_activation_bytes, logits_bytes, weight_grad_bytes
+    from par3d.train import pipeline_schedule
 
     pc = cfg.parallel
-    actions = _csv_schedule(cfg)
-    if actions is None:
-        times = tuple(float(t) for t in pc.zbv_times) if pc.zbv_times else None
-        actions = build(pc.schedule, pc.pp, int(pc.microbatches or 1), pc.virtual_stages, times)
     dtype, cp = cfg.train.dtype, pc.cp
     layer = layer_activation_bytes(model, b, pc.tp, sp, pc.recompute, dtype, cp, flags["flash"])
     pair = weight_grad_bytes(model, b, pc.tp, sp, dtype, cp)
@@ -174,7 +170,7 @@ def _walked_v(cfg: RunConfig, model: ModelSpec, pp_rank: int, b: int, sp: bool, 
         if head:
             fwd[s] += logits_bytes(model, b, pc.tp, cp, flags["cross_entropy"])
             kept[s] += head_grad_bytes(model, b, pc.tp, dtype, cp)
-    return stage_layout.walked_bytes(actions[pp_rank], fwd, kept)
+    return [stage_layout.walked_bytes(actions, fwd, kept) for actions in pipeline_schedule(cfg)]
 
 
 def load_hardware(path: str) -> HardwareFile:

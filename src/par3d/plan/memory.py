@@ -363,12 +363,12 @@ def rank_memory(model: ModelSpec, shape: RankShape, inflight: int, *, tp: int, d
                          zero3_live=zero3_live, optimizer_dtype=optimizer_dtype, expert_dp=expert_dp, optimizer=optimizer)
     acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                             cross_entropy=cross_entropy, etp=etp)
-    kept = ((weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp))
-            if split is not None else (0.0, 0.0))
     if walked is not None:
         act = walked + (acts[1] or 0.0)
         other = OTHER_FIXED + FRAGMENTATION * act
     else:
+        kept = ((weight_grad_bytes(model, b, tp, sp, dtype, cp, etp), head_grad_bytes(model, b, tp, dtype, cp))
+                if split is not None else (0.0, 0.0))
         act, other = rank_activations(acts, model.mtp_layers, shape, inflight, inflight_layers, per_layer, split, *kept)
     return MemoryBreakdown(*rank_states(states, shape, act, other))
 

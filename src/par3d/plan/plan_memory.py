@@ -77,17 +77,16 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
     ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
     shapes, peaks, live, heavy, split = _schedule_scan(model, tp, pp, v, schedule, m, ep)
-    per_layer = _layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+    per_layer = stored_layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
     per_rank: tuple[float, ...] = ()
     if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean; the
         # larger of the two for the one-number estimate
-        dense = _layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+        dense = stored_layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers,
+                                   etp)
         per_rank = tuple(_rank_layer_mean(shape, per_layer, dense) for shape in shapes)
         per_layer = max(per_layer, dense)
     return shapes, peaks, per_layer, logits_bytes(model, b, tp, cp, cross_entropy), live, heavy, per_rank, split
 
-
-_layer_bytes = stored_layer_bytes
 
 
 @lru_cache(maxsize=4096)
@@ -118,6 +117,17 @@ def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, 
     past = (head_grad_bytes(model, b, tp, dtype, cp) / layer - lay.layers[-1] * (1.0 - held)) if layer > 0 else 0.0
     heads = min(m, math.floor(units / (share + held) + 1e-9))
     return max(over, heads * past)
+
+
+def _split_terms(model: ModelSpec, dtype: str, flash: bool, schedule: str, split: bool, b: int, tp: int, sp: bool,
+                 recompute: str, cp: int, etp: int, ep: int, pp: int, m: int,
+                 rec_layers: int) -> tuple[tuple[float, float], float]:
+    """What a split backward adds to `rank_activations`' count: ZB-H1's kept pairs (`_split_kept`, where its `split`
+    states are counted) and ZB-V's head rank's extra live layers (`_zbv_head_extra`)."""
+    kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep) if split else (0.0, 0.0)
+    extra = _zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep, pp, m, rec_layers) \
+        if schedule == "zb-v" else 0.0
+    return kept, extra
 
 
 @lru_cache(maxsize=4096)
@@ -237,9 +247,8 @@ class _RankMemo:
         per_layer, dense, acts = (self._parts.get(pkey)
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
-        kept = _split_kept(model, self.dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
-        extra = (_zbv_head_extra(model, self.dtype, self.flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m,
-                                 rec_layers) if schedule == "zb-v" else 0.0)
+        kept, extra = _split_terms(model, self.dtype, self.flash, schedule, split is not None, b, tp, sp, recompute,
+                                   cp, etp, ep // etp, pp, m, rec_layers)
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
@@ -268,9 +277,8 @@ class _RankMemo:
             model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
-        kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep // etp) if split is not None else (0.0, 0.0)
-        extra = (_zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep // etp, pp, m, rec_layers)
-                 if schedule == "zb-v" else 0.0)
+        kept, extra = _split_terms(model, dtype, flash, schedule, split is not None, b, tp, sp, recompute, cp, etp,
+                                   ep // etp, pp, m, rec_layers)
         act_scale = 1.0 + FRAGMENTATION
         rows = []
         for r, params, units, head, _ in heavy:
@@ -290,9 +298,9 @@ class _RankMemo:
         """(`_memory_scan`'s per_layer before the dense layers' max, the dense variant's or None without dense
         layers, `activation_terms`): what no schedule changes."""
         model, dtype, flash = self.model, self.dtype, self.flash
-        per_layer = _layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
-        dense = (_layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
-                 if model.dense_count else None)
+        per_layer = stored_layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
+        dense = (stored_layer_bytes(model.dense_variant(), b, tp, sp, recompute, dtype, cp, flash, pp * v,
+                                    rec_layers, etp) if model.dense_count else None)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=self.ce, etp=etp)
         return per_layer, dense, acts

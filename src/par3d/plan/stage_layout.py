@@ -240,7 +240,7 @@ def _zbh1_states(p: int, m: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     - m <= w: m forwards, then BI and BW in turn: (m, 0) and (m - 1, 1);
     - else, k = min(m - w - 1, r): the last F of the steady phase (w + 1, k), its BI (w, k + 1), and the first BI of
       the cool-down (w - 1, min(m - w, r) + 1), each BW of the steady phase and the cool-down coming one BI late.
-    A test compares them with `walked_states` for every (p, m) up to p = 8."""
+    A test compares them with a walk of the built lists for every (p, m) up to p = 8."""
     out = []
     for r in range(p):
         w = min(p - r - 1, m)
@@ -249,33 +249,15 @@ def _zbh1_states(p: int, m: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         else:
             k = min(m - w - 1, r)
             cands = [(w + 1, k), (w, k + 1)] + ([(w - 1, min(m - w, r) + 1)] if w >= 1 else [])
-        out.append(tuple(sorted(set(st for st in cands
-                                    if not any(o != st and o[0] >= st[0] and o[1] >= st[1] for o in cands)))))
+        out.append(maximal_states(cands))
     return tuple(out)
 
 
-@lru_cache(maxsize=1024)
-def walked_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """`split_states` by walking the built schedule rank by rank: the (before BI, past BI) counts after every action,
-    those no other state matches or exceeds in both.  ZB-H1's states stop changing once m >= 2p (at most p - r - 1
-    warm-up forwards and r deferred BWs on rank r); a test compares them with the walk at the full m."""
-    out = []
-    for acts in build(schedule, p, m, v):
-        nf = nk = 0
-        seen: set[tuple[int, int]] = set()
-        for a in acts:
-            if a.kind == "F":
-                nf += 1
-            elif a.kind == "BI":
-                nf, nk = nf - 1, nk + 1
-            elif a.kind == "BW":
-                nk -= 1
-            elif a.kind == "B":
-                nf -= 1
-            seen.add((nf, nk))
-        out.append(tuple(sorted(st for st in seen
-                                if not any(o != st and o[0] >= st[0] and o[1] >= st[1] for o in seen))))
-    return tuple(out)
+def maximal_states(states: list[tuple[int, int]] | set[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The (before BI, past BI) states no other matches or exceeds in both counts, sorted: the only ones at which a
+    rank's activations, a sum of the two with non-negative bytes, can peak."""
+    return tuple(sorted(set(st for st in states if not any(o != st and o[0] >= st[0] and o[1] >= st[1]
+                                                           for o in states))))
 
 
 def walked_bytes(actions: list, fwd: list[float], kept: list[float]) -> float:
