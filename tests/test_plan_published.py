@@ -176,9 +176,10 @@ CAPACITY_ONLY |= {"mbridge-moe-25.11-deepseek-v3-gb200"}
 # its 5 % headroom (97.5 %); with their bf16 moments (thirty-second round) they fit inside it, as the others of 26.02+
 # the DeepSeek-V3 report's run on 80 GB H800 (twenty-third round): memory.py counts its recomputation of RMSNorm and MLA's
 # up projections since the twenty-eighth round, but not its FP8 caching of the MoE activations, and puts PP 16
-# DualPipe's ~32 in-flight micro-batches at 2.0x the GPU (2.1x before the forty-ninth round priced the report's bf16
-# Adam moments and its recomputed MoE SwiGLU, 2.8x before the twenty-eighth) -- priced at the published layout all the
-# same, the miss in memory stated here
+# DualPipe's in-flight micro-batches at 1.37x the GPU since the sixty-seventh round counted each rank's states (its
+# two chunks before and past BI, stage_layout.v_split_states) where it had counted 2p + 1 whole mean chunks on every
+# rank (2.0x; 2.1x before the forty-ninth round priced the report's bf16 Adam moments and its recomputed MoE SwiGLU,
+# 2.8x before the twenty-eighth) -- priced at the published layout all the same, the miss in memory stated here
 OVER_MEMORY_REPORT = {"deepseek-v3-paper-2048"}
 # Megatron-Bridge's 26.02.01 NVFP4 rows (twenty-seventh round) at the table's layouts where its recipe (v0.3.1) has
 # another: Llama 3 70B on the GB300 at TP 1 x PP 1 (the preset: PP 4, VP 5; 568 GiB in memory.py), Llama 3.1 405B on
@@ -267,7 +268,7 @@ def test_rows_checked_against_capacity_alone_are_the_documented_ones(predictions
     for n in OVER_MEMORY_REPORT:
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
-        assert p.row.get("evaluate_unfit") and 1.9 * cap < p.plan.memory.total < 2.1 * cap
+        assert p.row.get("evaluate_unfit") and 1.3 * cap < p.plan.memory.total < 1.45 * cap
     for n in OVER_MEMORY_MLA:  # over by less than 25 % (their recipes' module recomputation counted), priced as published
         p = predictions[n]
         cap = validation.cluster_of(p.row).device.mem_bytes
@@ -420,18 +421,23 @@ def test_llama3_long_context_plans():
     assert res.plans and res.plans[0].choice.cp == 16
 
 
-def test_llama3_16k_bare_command_plans_within_ten_percent():
+def test_llama3_16k_bare_command_plans():
     """Issue 12's bullet: `--tp 8 --pp 16 --cp 1` on 16,384 H100 (batch 2048) plans within 10 % of the
     published 400 model TFLOP/s.  Without recomputation it does not fit the planner's 5 % headroom (77.2 GiB,
     the validation row prices it in the GPU's capacity); the search's block recomputation recomputes the
-    fewest layers per chunk that fit (376 TFLOP/s, -5.9 %), not every layer (339 TFLOP/s, -15.2 %)."""
+    fewest layers per chunk that fit, not every layer (339 TFLOP/s, -15.2 %).  NOT MET since issue 12's sixty-seventh
+    round: the plan that met it (ZB-V, 372 TFLOP/s, -6.9 %) was counted at 67 GiB where the order built for its times
+    holds 80-137 GiB of activations (tests/test_split_memory.py); the fitting plan is the interleaved schedule's at
+    356.6 TFLOP/s, -10.9 %.  Pinned here so that the miss and its size are seen, not tuned away."""
     from par3d.plan.validation import metric_value
 
     model, cluster = CATALOGUE["llama3-405b"], make_cluster("h100-sxm", 16384)
     res = search(model, cluster, 2048, Fixed(tp=8, pp=16, cp=1), Limits(), top=3)
     best = res.plans[0]
     assert best.choice.recompute == "full" and best.choice.recompute_layers >= 1
-    assert abs(metric_value(best, "model", 16384) / 400 - 1) <= 0.10
+    assert best.choice.schedule == "interleaved" and best.memory.total <= 0.95 * 80 * 2**30
+    assert 0.10 < 1 - metric_value(best, "model", 16384) / 400 < 0.11
+    assert not any(p.choice.schedule == "zb-v" for p in res.plans)
     every = search(model, cluster, 2048, Fixed(tp=8, pp=16, cp=1), Limits(block_recompute=False), top=1)
     assert metric_value(every.plans[0], "model", 16384) < 0.9 * 400  # every layer recomputed: the old miss
 

@@ -196,16 +196,29 @@ def test_zbv_is_built_with_the_planned_chunk_times():
 
 @pytest.mark.parametrize("sched,m", [("zb-v", 3), ("zb-v", 12), ("dualpipe-v", 8)])
 def test_v_memory_per_rank(sched, m):
-    """The heaviest rank's memory is rank_memory of the V's shapes with the checker's peaks, and the
+    """The heaviest rank's memory is rank_memory of the V's shapes: ZB-V's with the checker's peaks, its live layers
+    at what a chunk past BI keeps where that passes its forward's bytes (sequence parallelism's gathered x: the
+    factor) and rank 0's pending head chunks; DualPipe-V's at its ranks' states (stage_layout.v_split_states).  The
     V's rank 0 carries the logits of the head."""
+    from par3d.plan.plan_memory import _zbv_head_extra, _zbv_kept_factor
+    from par3d.plan.stage_layout import v_split_states
+
     p, tp = 4, 2
     cluster = make_cluster("h100-sxm", tp * p)
     c = Choice(tp, p, 1, 1, m, sched, 2, "none", 0, True)
     peaks = check(build(sched, p, m, 2), p, m, 2).peak_inflight
     assert peaks == [min(2 * m, 2 * p) if sched == "zb-v" else 2 * p + 1] * p
     shapes = rank_shapes(LLAMA, tp, p, 2, sched)
-    per_rank = [rank_memory(LLAMA, shape, peaks[r], tp=tp, dp=1, b=1, sp=True, recompute="none", zero=0,
-                            dtype=cluster.dtype, v=2, flash=cluster.flash) for r, shape in enumerate(shapes)]
+    kw = dict(tp=tp, dp=1, b=1, sp=True, recompute="none", zero=0, dtype=cluster.dtype, v=2, flash=cluster.flash)
+    if sched == "zb-v":
+        factor = _zbv_kept_factor(LLAMA, cluster.dtype, cluster.flash, 1, tp, True, "none", 1, 1, 1, p)
+        extra = _zbv_head_extra(LLAMA, cluster.dtype, cluster.flash, 1, tp, True, "none", 1, 1, 1, p, m)
+        assert factor > 1.2  # TP 2: the gathered x and whole dy, 1.23 of the layer's stored bytes
+        per_rank = [rank_memory(LLAMA, shape, peaks[r], inflight_layers=peaks[r] * sum(shape.layers) / 2 * factor
+                                + (extra if shape.head else 0.0), **kw) for r, shape in enumerate(shapes)]
+    else:
+        split = v_split_states(sched, p, m)
+        per_rank = [rank_memory(LLAMA, shape, peaks[r], split=split[r], **kw) for r, shape in enumerate(shapes)]
     mem, rank = memory(LLAMA, cluster, c)
     assert mem.total == pytest.approx(max(x.total for x in per_rank), rel=1e-12)
     assert rank == max(range(p), key=lambda r: (per_rank[r].total, -r))

@@ -11,6 +11,7 @@ import sys
 from par3d.plan.compute import LOSS_BYTES
 from par3d.plan.frameworks import FRAMEWORKS
 from par3d.plan.hardware import FSDP_UNIT_S
+from par3d.plan.plan_memory import zbv_kept_factor
 
 
 def chunk_layers(model, plan) -> list[int]:
@@ -112,7 +113,10 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
         out.append(f"layout:   layers per pipeline chunk {','.join(map(str, chunk_layers(model, best)))} ({how})")
     if "zbv_times" in best.extra:  # the order priced is the one built for these chunk times (cost.zbv_times)
         _, bi, bw, *held = best.extra["zbv_times"]
-        kept = (f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
+        more = zbv_kept_factor(model, cluster, best.choice, getattr(args, "plan_options", None))
+        kept = (f", a chunk's BI keeping {more:.2g} times its forward's activations for its BW (the memory cap counts "
+                "it as 1, the memory count in full)" if more > 1 else
+                f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
                 if held else "")
         if len(held) > 1:
             kept += f", the head chunk's {held[1]:g} chunks' forwards (with the output layer's input and logits' gradient)"

@@ -250,8 +250,9 @@ def weight_grad_share(model: ModelSpec, b: int, tp: int, sp: bool, recompute: st
     a token, the authors' own estimate (w_mem = -32h against f_mem = 34h + 5as, sail-sg/zero-bubble-pipeline-
     parallelism, megatron/core/pipeline_parallel/schedules.py): without FlashAttention BI frees the s² scores and
     ~57 % of the layer at s = 1,024; with it, little (a share near 0.94).  Where BI holds more than F saved -- full
-    recomputation (the recomputed forward's inputs), sequence parallelism at TP 8, op recomputation -- 1, a chunk
-    counted whole until BW, as before (the bytes above a whole chunk are not counted: docs/planner.md §6)."""
+    recomputation (the recomputed forward's inputs), sequence parallelism at TP 8, op recomputation -- 1: the V's cap
+    counts such a chunk whole until BW, and the planner's memory counts the bytes above it (ZB-H1 and DualPipe-V by
+    their ranks' states, ZB-V by the factor `plan_memory._zbv_kept_factor`: docs/planner.md §6)."""
     if saved is None:
         saved = layer_activation_bytes(model.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, etp)
     if saved <= 0:
@@ -395,17 +396,24 @@ def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: 
                      split: tuple[tuple[int, int], ...] | None = None, kept: float = 0.0,
                      head_kept: float = 0.0) -> tuple[float, float]:
     """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`.  With `split`
-    (stage_layout.split_states: a one-chunk rank's (chunks before BI, chunks past BI) at its candidate peaks) the
-    chunks past their BI hold `kept` a layer (`weight_grad_bytes`) and, on the head, `head_kept`
-    (`head_grad_bytes`) instead of the forward's bytes and the logits; `inflight_layers` is then unused."""
+    (stage_layout.split_states: a one-chunk rank's (chunks before BI, chunks past BI) at its candidate peaks;
+    v_split_states: DualPipe-V's two a chunk, the head on rank 0's second) the chunks past their BI hold `kept` a
+    layer (`weight_grad_bytes`) and, on the head, `head_kept` (`head_grad_bytes`) instead of the forward's bytes and
+    the logits; `inflight_layers` is then unused."""
     layer, working, logits = terms
     if per_layer is None:  # given: a chunk whose layers store differently (plan_memory.partial_activation_bytes)
         per_layer = layer
     if split is not None:
-        n = sum(shape.layers)
-        f = n * per_layer + (logits if shape.head else 0.0)
-        k = n * kept + (head_kept if shape.head else 0.0)
-        act = max(a * f + b * k for a, b in split)
+        if len(split[0]) == 4:  # DualPipe-V (stage_layout.v_split_states): each chunk's own, the head rank's chunk 1
+            (n0, n1), head = shape.layers, shape.head
+            w = (n0 * per_layer, n0 * kept, n1 * per_layer + (logits if head else 0.0),
+                 n1 * kept + (head_kept if head else 0.0))
+            act = max(sum(x * y for x, y in zip(st, w)) for st in split)
+        else:
+            n = sum(shape.layers)
+            f = n * per_layer + (logits if shape.head else 0.0)
+            k = n * kept + (head_kept if shape.head else 0.0)
+            act = max(a * f + b * k for a, b in split)
         if working is not None:
             act += working
         if shape.head:

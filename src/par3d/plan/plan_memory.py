@@ -29,7 +29,7 @@ from .memory import (
     weight_grad_share,
 )
 from .models import ModelSpec
-from .stage_layout import layout, peak_inflight, peak_layers, rank_shapes, split_states
+from .stage_layout import layout, peak_inflight, peak_layers, rank_shapes, split_states, v_split_states
 
 # ---- memory --------------------------------------------------------------------------------------
 
@@ -121,13 +121,42 @@ def _zbv_head_extra(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, 
 
 def _split_terms(model: ModelSpec, dtype: str, flash: bool, schedule: str, split: bool, b: int, tp: int, sp: bool,
                  recompute: str, cp: int, etp: int, ep: int, pp: int, m: int,
-                 rec_layers: int) -> tuple[tuple[float, float], float]:
-    """What a split backward adds to `rank_activations`' count: ZB-H1's kept pairs (`_split_kept`, where its `split`
-    states are counted) and ZB-V's head rank's extra live layers (`_zbv_head_extra`)."""
+                 rec_layers: int) -> tuple[tuple[float, float], float, float]:
+    """What a split backward adds to `rank_activations`' count: the kept pairs (`_split_kept`, where its `split`
+    states are counted: ZB-H1, DualPipe-V), ZB-V's head rank's extra live layers (`_zbv_head_extra`) and the factor
+    ZB-V's live layers take for what its chunks past BI keep above their forward's bytes (`_zbv_kept_factor`)."""
     kept = _split_kept(model, dtype, b, tp, sp, cp, etp, ep) if split else (0.0, 0.0)
-    extra = _zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep, pp, m, rec_layers) \
-        if schedule == "zb-v" else 0.0
-    return kept, extra
+    if schedule != "zb-v":
+        return kept, 0.0, 1.0
+    return (kept, _zbv_head_extra(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep, pp, m, rec_layers),
+            _zbv_kept_factor(model, dtype, flash, b, tp, sp, recompute, cp, etp, ep, pp, rec_layers))
+
+
+def zbv_kept_factor(model: ModelSpec, cluster: Cluster, c: Choice, opts: Options | None = None) -> float:
+    """`_zbv_kept_factor` of choice `c` as `memory` prices it (1 where a chunk past BI keeps no more than its forward
+    saved): what the plan report's `order:` line quotes."""
+    opts = opts or DEFAULT_OPTIONS
+    return _zbv_kept_factor(model.at_ep(c.ep), cluster.precision, opts.flash_attention or cluster.flash, c.micro_batch,
+                            c.tp, c.sequence_parallel, c.recompute, c.cp, c.etp, c.ep, c.pp, c.recompute_layers)
+
+
+@lru_cache(maxsize=4096)
+def _zbv_kept_factor(model: ModelSpec, dtype: str, flash: bool, b: int, tp: int, sp: bool, recompute: str, cp: int,
+                     etp: int, ep: int, pp: int, rec_layers: int = 0) -> float:
+    """What one of ZB-V's chunks past its BI holds against its forward's stored bytes, where that is more than 1 (full
+    or op recomputation, whose forward saved a layer's input where BI's recomputed forward leaves each linear layer's
+    x and dy; sequence parallelism at TP 8, whose deferred GEMMs keep the gathered x where the forward saved shards):
+    the larger of a routed and a dense layer's, else 1.  The V's order counts such a chunk as 1 (`cost.zbv_times`
+    caps the share it is built with at 1), so its cap holds up to min(2m, 2p) chunks whichever side of BI they are,
+    and the built orders do leave nearly all of them past BI at once (walked in bytes, 0.88-1.0 of this bound on
+    Llama 3 8B at 2-8 stages under full recomputation): the live layers are counted at this factor, a bound.  Before
+    issue 12's sixty-seventh round they were counted at the forward's bytes, up to 45x short."""
+    most = 1.0
+    for kind in ((model, model.dense_variant()) if model.dense_count else (model,)):
+        saved = stored_layer_bytes(kind.at_ep(ep), b, tp, sp, recompute, dtype, cp, flash, 2 * pp, rec_layers, etp)
+        if saved > 0:
+            most = max(most, weight_grad_bytes(kind, b, tp, sp, dtype, cp, etp, ep) / saved)
+    return most
 
 
 @lru_cache(maxsize=4096)
@@ -143,11 +172,12 @@ def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int
 def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int, ep: int = 1) -> tuple:
     """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
     shape, the schedule's peak in-flight micro-batches, the live layers at the peak, the heaviest ranks and, where the
-    backward is split in a fixed order (ZB-H1), each rank's candidate peaks (stage_layout.split_states)."""
+    backward is split in a fixed order (ZB-H1, DualPipe-V), each rank's candidate peaks (stage_layout.split_states,
+    v_split_states)."""
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
-    split = split_states(schedule, pp, m, v)
+    split = split_states(schedule, pp, m, v) or v_split_states(schedule, pp, m)
     return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep, split), split
 
 
@@ -247,15 +277,15 @@ class _RankMemo:
         per_layer, dense, acts = (self._parts.get(pkey)
                                   or self._fill(self._parts, pkey, self._act_parts, tp, pp, v, b, sp, recompute, cp,
                                                 rec_layers, etp))
-        kept, extra = _split_terms(model, self.dtype, self.flash, schedule, split is not None, b, tp, sp, recompute,
-                                   cp, etp, ep // etp, pp, m, rec_layers)
+        kept, extra, scale = _split_terms(model, self.dtype, self.flash, schedule, split is not None, b, tp, sp,
+                                          recompute, cp, etp, ep // etp, pp, m, rec_layers)
         mtp = model.mtp_layers
         out = []
         for r, *_ in heavy:
             shape = shapes[r]
             own = (_rank_layer_mean(shape, per_layer, dense) if dense is not None  # (_memory_scan's per_rank)
                    else per_layer if rec_layers else None)
-            units = live[r] + (extra if shape.head else 0.0)
+            units = live[r] * scale + (extra if shape.head else 0.0)
             out.append((r, shape, *rank_activations(acts, mtp, shape, peaks[r],
                                                     _offloaded_live(units, self.offload, pp), own,
                                                     split[r] if split is not None else None, *kept)))
@@ -277,12 +307,12 @@ class _RankMemo:
             model, dtype, flash, tp, pp, v, schedule, m, b, sp, recompute, cp, rec_layers, ce, ep, etp)
         acts = activation_terms(model, tp=tp, b=b, sp=sp, recompute=recompute, dtype=dtype, cp=cp, flash=flash,
                                 cross_entropy=ce, etp=etp)
-        kept, extra = _split_terms(model, dtype, flash, schedule, split is not None, b, tp, sp, recompute, cp, etp,
-                                   ep // etp, pp, m, rec_layers)
+        kept, extra, scale = _split_terms(model, dtype, flash, schedule, split is not None, b, tp, sp, recompute, cp,
+                                          etp, ep // etp, pp, m, rec_layers)
         act_scale = 1.0 + FRAGMENTATION
         rows = []
         for r, params, units, head, _ in heavy:
-            units += extra if head else 0.0
+            units = units * scale + (extra if head else 0.0)
             act, other = rank_activations(acts, model.mtp_layers, shapes[r], peaks[r],
                                           _offloaded_live(units, self.offload, pp),
                                           per_rank[r] if per_rank else per_layer if rec_layers else None,
@@ -417,7 +447,7 @@ def _peak_layers(schedule: str, p: int, m: int, v: int, shapes: tuple[RankShape,
 @lru_cache(maxsize=8192)
 def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, ...],
                  schedule: str | None = None, ep: int = 1,
-                 split: tuple[tuple[tuple[int, int], ...], ...] | None = None
+                 split: tuple[tuple[tuple[int, ...], ...], ...] | None = None
                  ) -> tuple[tuple[int, float, float, bool, float], ...]:
     """(rank, parameters, in-flight layer units, holds the head, expert parameters) of the ranks that can be the heaviest
     (`live`: each rank's peak of live layers, `peak_layers`).
@@ -427,9 +457,10 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
     estimates, so a rank that an earlier rank matches or exceeds in all four never wins: dropping it changes no
     answer.  Under 1F1B that leaves the first two ranks and the last.
 
-    With a split backward's candidate peaks (`split`, stage_layout.split_states) the in-flight units are two counts
-    whose bytes differ from plan to plan, so a rank is dropped where another of its layers matches or exceeds its
-    every state in both counts, or where it sits between two ranks of its very shape whose states it averages
+    With a split backward's candidate peaks (`split`, stage_layout.split_states; DualPipe-V's, v_split_states) the
+    in-flight units are counts whose bytes differ from plan to plan, so a rank is dropped where another of its layers
+    matches or exceeds its every state in every count, or where it sits between two ranks of its very shape whose
+    states it averages
     (ZB-H1's middle ranks, p - r before BI and r past it): its activations, each state's a linear sum, are then at
     most the larger of theirs."""
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
@@ -440,7 +471,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
                 continue
             if any(k[1] - k[4] >= shape.params - shape.expert_params and k[4] >= shape.expert_params
                    and (k[3] or not shape.head) and shapes[k[0]].layers == shape.layers
-                   and all(any(o[0] >= st[0] and o[1] >= st[1] for o in split[k[0]]) for st in split[r])
+                   and all(any(all(x >= y for x, y in zip(o, st)) for o in split[k[0]]) for st in split[r])
                    for k in kept):
                 continue
             kept.append((r, shape.params, live[r], shape.head, shape.expert_params))
@@ -455,10 +486,9 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
 
 
 def _between(shapes: tuple[RankShape, ...] | list[RankShape],
-             states: tuple[tuple[tuple[int, int], ...], ...]) -> bool:
+             states: tuple[tuple[tuple[int, ...], ...], ...]) -> bool:
     """Whether the middle of three ranks has its neighbours' shape and, state by state, the mean of theirs."""
     a, b, c = shapes
     if not (a == b == c) or not (len(states[0]) == len(states[1]) == len(states[2])):
         return False
-    return all(2 * m[0] == lo[0] + hi[0] and 2 * m[1] == lo[1] + hi[1]
-               for lo, m, hi in zip(states[0], states[1], states[2]))
+    return all(all(2 * x == y + z for x, y, z in zip(m, lo, hi)) for lo, m, hi in zip(states[0], states[1], states[2]))

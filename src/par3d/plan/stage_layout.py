@@ -198,7 +198,8 @@ def counted_peaks(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
       `zbv_times`, keep it too: tests/test_plan_v_schedules.py; where those carry the share of a chunk its BI keeps
       for BW, the cap counts a chunk past its BI at that share, so more than 2p chunks may be past their F and
       before their BW while what they hold, in whole chunks' worth, stays within 2p: the bytes this count prices);
-    - DualPipe-V (m >= 2p): 2p + 1 chunks on every rank.
+    - DualPipe-V (m >= 2p): 2p + 1 chunks on every rank (the planner's memory counts its ranks' states instead:
+      `v_split_states`).
     A test compares them with the checker on every (p, m, v) up to p = 12; `validate_schedule`
     compares them again on every plan it reports."""
     out = []
@@ -227,7 +228,8 @@ def split_states(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int
     holds what its forward saved, one past it only what its weight GEMMs need (`memory.weight_grad_bytes`, and on
     the head the output layer's `memory.head_grad_bytes`), more or less than the forward's, so the peak is the
     largest of these states' sums, not `peak_inflight`'s whole chunks.  None for every other schedule (each chunk
-    counted whole until its backward; ZB-V's cap counts what its BI keeps: `counted_peaks`)."""
+    counted whole until its backward; ZB-V's cap counts what its BI keeps: `counted_peaks`; DualPipe-V's two
+    chunks: `v_split_states`)."""
     if schedule != "zb-h1" or p < 1:
         return None
     return _zbh1_states(p, m)
@@ -253,11 +255,49 @@ def _zbh1_states(p: int, m: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     return tuple(out)
 
 
-def maximal_states(states: list[tuple[int, int]] | set[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """The (before BI, past BI) states no other matches or exceeds in both counts, sorted: the only ones at which a
-    rank's activations, a sum of the two with non-negative bytes, can peak."""
-    return tuple(sorted(set(st for st in states if not any(o != st and o[0] >= st[0] and o[1] >= st[1]
-                                                           for o in states))))
+def v_split_states(schedule: str, p: int, m: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...] | None:
+    """DualPipe-V's states at which each rank's activations can peak, as (chunk 0 past F and before BI or B, chunk 0
+    past BI, chunk 1 before, chunk 1 past BI): its order is fixed (no times), so they are read off a walk of the built
+    lists, and each chunk's bytes -- its own layers, the head's logits and output pair on rank 0's chunk 1 -- weigh
+    them exactly where the whole-chunk count (`counted_peaks`: 2p + 1 mean chunks) misses what a chunk past its BI
+    keeps (each linear layer's x and dy, many times a fully recomputed layer's input) or over-counts a small chunk.
+    None for every other schedule and for m < 2p (the builder refuses it).  The walk at m = 2p is the walk at any m:
+    the steady phase's F + B pairs (m - 2p + r + 1 of them, at least one on every rank) return each rank to the same
+    counts (a test compares them up to m = 4p + 2)."""
+    if schedule != "dualpipe-v" or p < 1 or m < 2 * p:
+        return None
+    return _dualpipe_v_states(p)
+
+
+@lru_cache(maxsize=256)
+def _dualpipe_v_states(p: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """`v_split_states` of DualPipe-V at m = 2p, walked rank by rank."""
+    out = []
+    for r, acts in enumerate(build("dualpipe-v", p, 2 * p, 2)):
+        n = [0, 0, 0, 0]
+        seen: set[tuple[int, ...]] = set()
+        for a in acts:
+            c = 0 if a.stage == r else 2
+            if a.kind == "F":
+                n[c] += 1
+            elif a.kind == "BI":
+                n[c] -= 1
+                n[c + 1] += 1
+            elif a.kind == "BW":
+                n[c + 1] -= 1
+            else:  # a full B
+                n[c] -= 1
+            seen.add(tuple(n))
+        out.append(maximal_states(seen))
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def maximal_states(states: list[tuple[int, ...]] | set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The states (counts of chunks before BI and past BI: ZB-H1's two, DualPipe-V's two a chunk) no other matches
+    or exceeds in every count, sorted: the only ones at which a rank's activations, a sum of the counts with
+    non-negative bytes, can peak."""
+    return tuple(sorted(set(st for st in states
+                            if not any(o != st and all(x >= y for x, y in zip(o, st)) for o in states))))
 
 
 def walked_bytes(actions: list, fwd: list[float], kept: list[float]) -> float:
