@@ -376,3 +376,14 @@ def test_plan_report_says_what_a_zbv_chunk_past_bi_keeps(capsys):
     assert main([*base, "--recompute", "none"]) == 0
     order = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("order:"))
     assert "times its forward's" not in order and "a chunk's BI keeping 1 of its activations" in order
+
+
+def test_dualpipe_v_states_only_on_its_two_chunks():
+    """DualPipe-V's states are of a rank's two chunks (`v_split_states`): a choice of other virtual stages -- which
+    the search and the CLI refuse -- keeps the whole-chunk count instead of failing in `rank_activations`."""
+    cluster = make_cluster("h100-sxm", 8)
+    for name in ("llama3-8b", "mixtral-8x7b"):
+        for v in (1, 3):
+            c = Choice(1, 4, 2, 1, 8, "dualpipe-v", v, "none", 0, False)
+            mem, _ = memory(CATALOGUE[name], cluster, c)
+            assert mem.total > 0

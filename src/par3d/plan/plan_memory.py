@@ -177,7 +177,9 @@ def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m:
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
-    split = split_states(schedule, pp, m, v) or v_split_states(schedule, pp, m)
+    # (DualPipe-V's states are of its two chunks a rank: a choice of other virtual stages, which the search and the
+    # CLI refuse, keeps the whole-chunk count rather than failing in `rank_activations`)
+    split = split_states(schedule, pp, m, v) or (v_split_states(schedule, pp, m) if v == 2 else None)
     return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep, split), split
 
 
