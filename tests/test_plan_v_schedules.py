@@ -198,10 +198,10 @@ def test_zbv_is_built_with_the_planned_chunk_times():
 def test_v_memory_per_rank(sched, m):
     """The heaviest rank's memory is rank_memory of the V's shapes: ZB-V's with the checker's peaks, its live layers
     at what a chunk past BI keeps where that passes its forward's bytes (sequence parallelism's gathered x: the
-    factor) and rank 0's pending head chunks; DualPipe-V's at its ranks' states (stage_layout.v_split_states).  The
+    factor) and rank 0's pending head chunks; DualPipe-V's at its ranks' states (stage_layout.v_layer_states).  The
     V's rank 0 carries the logits of the head."""
     from par3d.plan.plan_memory import _zbv_head_extra, _zbv_kept_factor
-    from par3d.plan.stage_layout import v_split_states
+    from par3d.plan.stage_layout import v_layer_states
 
     p, tp = 4, 2
     cluster = make_cluster("h100-sxm", tp * p)
@@ -217,7 +217,7 @@ def test_v_memory_per_rank(sched, m):
         per_rank = [rank_memory(LLAMA, shape, peaks[r], inflight_layers=peaks[r] * sum(shape.layers) / 2 * factor
                                 + (extra if shape.head else 0.0), **kw) for r, shape in enumerate(shapes)]
     else:
-        split = v_split_states(sched, p, m)
+        split = v_layer_states(sched, p, m, shapes)
         per_rank = [rank_memory(LLAMA, shape, peaks[r], split=split[r], **kw) for r, shape in enumerate(shapes)]
     mem, rank = memory(LLAMA, cluster, c)
     assert mem.total == pytest.approx(max(x.total for x in per_rank), rel=1e-12)

@@ -13,7 +13,14 @@ from par3d.plan.hardware import make_cluster
 from par3d.plan.memory import head_grad_bytes, layer_activation_bytes, rank_memory, weight_grad_bytes
 from par3d.plan.models import CATALOGUE
 from par3d.plan.plan_memory import memory
-from par3d.plan.stage_layout import counted_peaks, maximal_states, rank_shapes, split_states, v_split_states
+from par3d.plan.stage_layout import (
+    counted_peaks,
+    maximal_states,
+    rank_shapes,
+    split_states,
+    v_layer_states,
+    v_split_states,
+)
 
 LLAMA = CATALOGUE["llama3-8b"]  # vocab 128,256: the head's kept gradient outweighs a few layers
 
@@ -50,7 +57,7 @@ def test_split_states_are_the_walk_at_full_m_and_sum_to_the_checkers_peak():
 def test_memory_is_the_heaviest_rank_of_the_split_count(model, schedule):
     """`memory` prices only the ranks that can be the heaviest (`_heavy_ranks`, which drops ZB-H1's middle ranks
     as averages of their neighbours, and ranks another matches in every count): the same total as pricing every
-    rank, ZB-H1's by its two counts, DualPipe-V's by its four (stage_layout.v_split_states)."""
+    rank, ZB-H1's by its two counts, DualPipe-V's by its four (stage_layout.v_layer_states)."""
     cluster = make_cluster("h100-sxm", 64)
     v = 2 if schedule == "dualpipe-v" else 1
     checked = 0
@@ -63,8 +70,8 @@ def test_memory_is_the_heaviest_rank_of_the_split_count(model, schedule):
                     continue
                 for recompute in ("none", "selective", "full"):
                     c = Choice(tp, p, 1, 1, m, schedule, v, recompute, 0, sp)
-                    split = split_states(schedule, p, m, v) or v_split_states(schedule, p, m)
                     shapes = rank_shapes(model, tp, p, v, schedule)
+                    split = split_states(schedule, p, m, v) or v_layer_states(schedule, p, m, shapes)
                     totals = [rank_memory(model, shape, counted_peaks(schedule, p, m, v)[r], tp=tp, dp=1, b=1, sp=sp,
                                           recompute=recompute, zero=0, dtype=cluster.precision, flash=cluster.flash,
                                           cross_entropy=cluster.cross_entropy, split=split[r], v=v).total

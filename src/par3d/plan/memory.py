@@ -397,18 +397,15 @@ def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: 
                      head_kept: float = 0.0) -> tuple[float, float]:
     """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`.  With `split`
     (stage_layout.split_states: a one-chunk rank's (chunks before BI, chunks past BI) at its candidate peaks;
-    v_split_states: DualPipe-V's two a chunk, the head on rank 0's second) the chunks past their BI hold `kept` a
-    layer (`weight_grad_bytes`) and, on the head, `head_kept` (`head_grad_bytes`) instead of the forward's bytes and
-    the logits; `inflight_layers` is then unused."""
+    v_layer_states: DualPipe-V's (layers before BI, layers past BI, head chunks before, head chunks past BI)) the
+    chunks past their BI hold `kept` a layer (`weight_grad_bytes`) and, on the head, `head_kept` (`head_grad_bytes`)
+    instead of the forward's bytes and the logits; `inflight_layers` is then unused."""
     layer, working, logits = terms
     if per_layer is None:  # given: a chunk whose layers store differently (plan_memory.partial_activation_bytes)
         per_layer = layer
     if split is not None:
-        if len(split[0]) == 4:  # DualPipe-V (stage_layout.v_split_states): each chunk's own, the head rank's chunk 1
-            (n0, n1), head = shape.layers, shape.head
-            w = (n0 * per_layer, n0 * kept, n1 * per_layer + (logits if head else 0.0),
-                 n1 * kept + (head_kept if head else 0.0))
-            act = max(sum(x * y for x, y in zip(st, w)) for st in split)
+        if len(split[0]) == 4:  # DualPipe-V's in layers and head chunks (stage_layout.v_layer_states)
+            act = max(x * per_layer + y * kept + hf * logits + hk * head_kept for x, y, hf, hk in split)
         else:
             n = sum(shape.layers)
             f = n * per_layer + (logits if shape.head else 0.0)

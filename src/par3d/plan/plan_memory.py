@@ -29,7 +29,7 @@ from .memory import (
     weight_grad_share,
 )
 from .models import ModelSpec
-from .stage_layout import layout, peak_inflight, peak_layers, rank_shapes, split_states, v_split_states
+from .stage_layout import layout, peak_inflight, peak_layers, rank_shapes, split_states, v_layer_states
 
 # ---- memory --------------------------------------------------------------------------------------
 
@@ -76,7 +76,7 @@ def _memory_scan(model: ModelSpec, dtype: str, flash: bool, tp: int, pp: int, v:
                  cross_entropy: str = "unfused", ep: int = 1, etp: int = 1) -> tuple:
     """What `memory` reads that no ZeRO stage changes (the search asks for every stage of one layout); `ep` the
     ranks one layer's routed experts spread over (ep x etp), `etp` expert tensor parallelism."""
-    shapes, peaks, live, heavy, split = _schedule_scan(model, tp, pp, v, schedule, m, ep)
+    shapes, peaks, live, heavy, split = _schedule_scan(model, tp, pp, v, schedule, _m_key(schedule, pp, m), ep)
     per_layer = stored_layer_bytes(model, b, tp, sp, recompute, dtype, cp, flash, pp * v, rec_layers, etp)
     per_rank: tuple[float, ...] = ()
     if model.dense_count:  # a mixture of experts' dense layers: each rank's layers at their own kinds' mean; the
@@ -168,18 +168,24 @@ def _split_kept(model: ModelSpec, dtype: str, b: int, tp: int, sp: bool, cp: int
     return weight_grad_bytes(model, b, tp, sp, dtype, cp, etp, ep), head_grad_bytes(model, b, tp, dtype, cp)
 
 
+def _m_key(schedule: str, pp: int, m: int) -> int:
+    """The micro-batch count the memory count depends on: DualPipe-V's is the same at every m >= 2p (its whole-chunk
+    count 2p + 1 and its ranks' states, `stage_layout.v_layer_states`), so the caches hold one entry for all of them."""
+    return 2 * pp if schedule == "dualpipe-v" and m >= 2 * pp else m
+
+
 @lru_cache(maxsize=4096)
 def _schedule_scan(model: ModelSpec, tp: int, pp: int, v: int, schedule: str, m: int, ep: int = 1) -> tuple:
     """The part of `_memory_scan` that neither the micro-batch's size nor recomputation changes: each rank's
     shape, the schedule's peak in-flight micro-batches, the live layers at the peak, the heaviest ranks and, where the
     backward is split in a fixed order (ZB-H1, DualPipe-V), each rank's candidate peaks (stage_layout.split_states,
-    v_split_states)."""
+    v_layer_states)."""
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     peaks = peak_inflight(schedule, pp, m, v)
     live = _peak_layers(schedule, pp, m, v, shapes, peaks)
     # (DualPipe-V's states are of its two chunks a rank: a choice of other virtual stages, which the search and the
     # CLI refuse, keeps the whole-chunk count rather than failing in `rank_activations`)
-    split = split_states(schedule, pp, m, v) or (v_split_states(schedule, pp, m) if v == 2 else None)
+    split = split_states(schedule, pp, m, v) or (v_layer_states(schedule, pp, m, shapes) if v == 2 else None)
     return shapes, peaks, live, _heavy_ranks(model, tp, pp, v, live, schedule, ep, split), split
 
 
@@ -263,8 +269,8 @@ class _RankMemo:
     def ranks(self, c: Choice) -> tuple[tuple[int, RankShape, float, float], ...]:
         """(rank, shape, activations, other before ZeRO-3's gathered weights) of each rank of choice `c` that can
         be the heaviest (`_heavy_ranks`): `memory.rank_activations` of `_memory_scan`'s figures."""
-        key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
-               c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)  # (the same fields as `dense`)
+        key = (c.tp, c.pp, c.virtual_stages, c.schedule, _m_key(c.schedule, c.pp, c.microbatches), c.micro_batch,
+               c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, c.ep * c.etp, c.etp)  # (as `dense`'s)
         got = self._ranks.get(key)
         return got if got is not None else self._fill(self._ranks, key, self._heavy)
 
@@ -297,8 +303,8 @@ class _RankMemo:
         """A dense model's ranks that can be the heaviest (`_heavy_ranks`), each as (rank, parameters, its
         activations' part of `memory`'s estimate, shape, activations, other): `_memory_scan`'s figures,
         `activation_terms` and `rank_activations` as `memory` reads them, in the same arithmetic."""
-        key = (c.tp, c.pp, c.virtual_stages, c.schedule, c.microbatches, c.micro_batch, c.sequence_parallel,
-               c.recompute, c.cp, c.recompute_layers, c.expert_shards, c.etp)
+        key = (c.tp, c.pp, c.virtual_stages, c.schedule, _m_key(c.schedule, c.pp, c.microbatches), c.micro_batch,
+               c.sequence_parallel, c.recompute, c.cp, c.recompute_layers, c.expert_shards, c.etp)
         got = self._dense.get(key)
         return got if got is not None else self._fill(self._dense, key, self._dense_rows)
 
@@ -459,7 +465,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
     estimates, so a rank that an earlier rank matches or exceeds in all four never wins: dropping it changes no
     answer.  Under 1F1B that leaves the first two ranks and the last.
 
-    With a split backward's candidate peaks (`split`, stage_layout.split_states; DualPipe-V's, v_split_states) the
+    With a split backward's candidate peaks (`split`, stage_layout.split_states; DualPipe-V's, v_layer_states) the
     in-flight units are counts whose bytes differ from plan to plan, so a rank is dropped where another of its layers
     matches or exceeds its every state in every count, or where it sits between two ranks of its very shape whose
     states it averages
@@ -473,7 +479,7 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
                 continue
             if any(k[1] - k[4] >= shape.params - shape.expert_params and k[4] >= shape.expert_params
                    and (k[3] or not shape.head) and shapes[k[0]].layers == shape.layers
-                   and all(any(all(x >= y for x, y in zip(o, st)) for o in split[k[0]]) for st in split[r])
+                   and _covers(split[k[0]], split[r])
                    for k in kept):
                 continue
             kept.append((r, shape.params, live[r], shape.head, shape.expert_params))
@@ -485,6 +491,15 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
                    for k in kept):
             kept.append(row)
     return tuple(kept)
+
+
+def _covers(states: tuple[tuple[int, ...], ...], others: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether every one of `others` is matched or exceeded in every count by one of `states`."""
+    if states and len(states[0]) == 2:  # (spelled out: ZB-H1's and DualPipe-V's, asked for every layout of a search)
+        return all(any(x >= a and y >= b for x, y in states) for a, b in others)
+    if states and len(states[0]) == 4:
+        return all(any(w >= a and x >= b and y >= c and z >= d for w, x, y, z in states) for a, b, c, d in others)
+    return all(any(all(x >= y for x, y in zip(o, st)) for o in states) for st in others)
 
 
 def _between(shapes: tuple[RankShape, ...] | list[RankShape],

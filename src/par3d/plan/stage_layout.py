@@ -269,6 +269,28 @@ def v_split_states(schedule: str, p: int, m: int) -> tuple[tuple[tuple[int, int,
     return _dualpipe_v_states(p)
 
 
+def v_layer_states(schedule: str, p: int, m: int,
+                   shapes: tuple[RankShape, ...]) -> tuple[tuple[tuple[int, int, int, int], ...], ...] | None:
+    """`v_split_states` in the units `memory.rank_activations` weighs: per rank (layers before BI or B, layers past
+    BI, head chunks before, head chunks past BI) -- each chunk's own layers (`shapes`, the rank's stages r and
+    2p - 1 - r), the head on rank 0's second chunk -- and only the states no other matches in all four (a few a
+    rank where the chunk counts are dozens at p = 64, so the search prices few)."""
+    if v_split_states(schedule, p, m) is None:
+        return None
+    return _v_layer_states(p, tuple((shape.layers, shape.head) for shape in shapes))
+
+
+@lru_cache(maxsize=1024)
+def _v_layer_states(p: int, shapes: tuple[tuple[tuple[int, ...], bool], ...]
+                    ) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """`v_layer_states` of each rank's (chunk layers, holds the head), whatever m >= 2p."""
+    out = []
+    for sts, ((n0, n1), head) in zip(_dualpipe_v_states(p), shapes):
+        h = 1 if head else 0
+        out.append(maximal_states({(a * n0 + c * n1, b * n0 + d * n1, c * h, d * h) for a, b, c, d in sts}))
+    return tuple(out)  # type: ignore[arg-type]
+
+
 @lru_cache(maxsize=256)
 def _dualpipe_v_states(p: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
     """`v_split_states` of DualPipe-V at m = 2p, walked rank by rank."""
@@ -277,6 +299,8 @@ def _dualpipe_v_states(p: int) -> tuple[tuple[tuple[int, int, int, int], ...], .
         n = [0, 0, 0, 0]
         seen: set[tuple[int, ...]] = set()
         for a in acts:
+            if a.kind != "F":  # the state before anything but a forward (a forward only adds: the next one holds more)
+                seen.add(tuple(n))
             c = 0 if a.stage == r else 2
             if a.kind == "F":
                 n[c] += 1
@@ -287,7 +311,7 @@ def _dualpipe_v_states(p: int) -> tuple[tuple[tuple[int, int, int, int], ...], .
                 n[c + 1] -= 1
             else:  # a full B
                 n[c] -= 1
-            seen.add(tuple(n))
+        seen.add(tuple(n))
         out.append(maximal_states(seen))
     return tuple(out)  # type: ignore[arg-type]
 
@@ -296,8 +320,18 @@ def maximal_states(states: list[tuple[int, ...]] | set[tuple[int, ...]]) -> tupl
     """The states (counts of chunks before BI and past BI: ZB-H1's two, DualPipe-V's two a chunk) no other matches
     or exceeds in every count, sorted: the only ones at which a rank's activations, a sum of the counts with
     non-negative bytes, can peak."""
-    return tuple(sorted(set(st for st in states
-                            if not any(o != st and all(x >= y for x, y in zip(o, st)) for o in states))))
+    out: list[tuple[int, ...]] = []
+    # by decreasing sum: a state's dominators have larger sums, and the kept ones dominate every other, so only the
+    # few kept so far are compared (a walk of DualPipe-V's lists at p = 64 sees ~10⁴ states)
+    for st in sorted(set(states), key=lambda t: (-sum(t), t)):
+        if len(st) == 4:  # (spelled out: the search walks DualPipe-V's states at every pipeline depth)
+            a, b, c, d = st
+            dominated = any(w >= a and x >= b and y >= c and z >= d for w, x, y, z in out)
+        else:
+            dominated = any(all(x >= y for x, y in zip(o, st)) for o in out)
+        if not dominated:
+            out.append(st)
+    return tuple(sorted(out))
 
 
 def walked_bytes(actions: list, fwd: list[float], kept: list[float]) -> float:
