@@ -189,15 +189,16 @@ def test_the_head_rank_keeps_its_pending_output_gradients():
 def test_zbv_rank_units_bound_the_built_orders():
     """ZB-V's count (`memory.v_rank_units`): each rank's walked peak, in chunks' forwards -- an F 1, a BI -(1 - its
     share), a BW -its share, the head chunk's share `head` -- stays within min(2p - 1 + max(1, h), m·(max(1, held) +
-    max(1, h))), h the rank's largest share; equal to the whole-chunk count min(2m, 2p) while both shares are at
-    most 1; and reached on most orders (the bound is not slack)."""
+    max(1, h))), h the rank's largest share, and one forward more at p = 2 (the builder's forward past its cap where
+    every rank would wait: a short BW, ZeRO-3's times); equal to the whole-chunk count min(2m, 2p) while both shares
+    are at most 1 (but that forward); and reached on most orders (the bound is not slack)."""
     from par3d.pipeline.schedules import build
     from par3d.plan.memory import v_rank_units
 
     reached = total = 0
     for p in (1, 2, 3, 4, 8):
         for m in sorted({1, 2, p, 2 * p, 4 * p}):
-            for bi, bw in ((1.0, 1.0), (2.0, 1.0), (0.8, 0.5)):
+            for bi, bw in ((1.0, 1.0), (2.0, 1.0), (0.8, 0.5), (1.4, 0.2), (1.7, 0.27)):
                 for held in (0.43, 1.0):
                     for head in (held, 0.9, 1.5, 6.0):
                         sched = build("zb-v", p, m, 2, (1.0, bi, bw, held, head))
@@ -216,7 +217,7 @@ def test_zbv_rank_units_bound_the_built_orders():
                             # each with its micro-batch's first chunk alive (plan_memory._zbv_head_extra's count)
                             assert most <= min(m, int(bound / (head + held) + 1e-9)), (p, m, bi, bw, held, head)
                             if max(held, head if r == 0 else held) <= 1:
-                                assert bound == min(2 * m, 2 * p)
+                                assert bound == min(2 * m, 2 * p + (p == 2))
                             reached += peak >= bound - 1e-9
                             total += 1
     assert reached > total // 2, (reached, total)
@@ -394,3 +395,37 @@ def test_dualpipe_v_states_only_on_its_two_chunks():
             c = Choice(1, 4, 2, 1, 8, "dualpipe-v", v, "none", 0, False)
             mem, _ = memory(CATALOGUE[name], cluster, c)
             assert mem.total > 0
+
+
+def test_zbv_two_stages_count_the_forward_past_the_cap():
+    """At p = 2 with ZeRO-3's short BW (1:1.7:0.27) the builder takes one forward past its cap, where every rank would
+    wait, and rank 0 holds 5 chunks, not 2p = 4; the planner's rank 0 counts it (`memory.v_rank_units`' term at p = 2)
+    and stays at or above the walk of the order built for the plan's times (with the allowance
+    `test_zbv_head_rank_counts_every_pending_head_gradient` makes for the count's mean chunk) -- a review of issue 12's
+    sixty-seventh round found it at 0.84 of the walk before."""
+    from par3d.plan.choice import DEFAULT_OPTIONS
+    from par3d.plan.memory import activation_terms
+    from par3d.plan.plan_memory import _memory_scan, _rank_memo
+
+    model = CATALOGUE["llama3-8b"]
+    c = Choice(tp=2, pp=2, dp=8, micro_batch=1, microbatches=11, schedule="zb-v", virtual_stages=2,
+               recompute="selective", zero_stage=3, cp=2)
+    cluster = make_cluster("h100-sxm", c.gpus)
+    from par3d.plan.cost import stage_times, zbv_times
+    from par3d.plan.memory import v_rank_units
+
+    times = zbv_times(stage_times(model, cluster, c), c)
+    chunks = units = most_chunks = most_units = 0.0
+    for a in build("zb-v", 2, 11, 2, times)[0]:
+        share = times[4] if a.stage == 3 else times[3]
+        chunks += {"F": 1, "BI": 0, "BW": -1}[a.kind]
+        units += {"F": 1.0, "BI": share - 1.0, "BW": -share}[a.kind]
+        most_chunks, most_units = max(most_chunks, chunks), max(most_units, units)
+    assert most_chunks == 5 and most_units > 4 and v_rank_units(2, 11, times[3], times[4]) >= most_units
+    peak, most, layer = _rank0_walk(model, cluster, c)
+    working = activation_terms(model, tp=2, b=1, sp=False, recompute="selective", dtype=cluster.precision, cp=2,
+                               flash=cluster.flash, cross_entropy=cluster.cross_entropy)[1] or 0.0
+    counted = {r: act - working for r, *_, act, _ in _rank_memo(model, cluster, DEFAULT_OPTIONS).dense(c)}
+    live0 = _memory_scan(model, cluster.precision, cluster.flash, 2, 2, 2, "zb-v", 11, 1, False, "selective", 2, 0,
+                         cluster.cross_entropy)[4][0]
+    assert counted[0] + max(0.0, most - live0) * layer >= peak * (1 - 1e-12)

@@ -303,9 +303,13 @@ def v_rank_units(p: int, m: int, held: float, share: float) -> float:
     `v_head_share`; `held` on ranks without the head): at most min(2p, 2m) while both are at most 1 (the cap,
     `stage_layout.counted_peaks`); a head share above 1 lets one head BI pass the cap by share - 1 (its forward waited
     under the cap, and it runs right after it), and with few micro-batches every one of them may be past its BI
-    (m·(held + share)).  Checked against the built orders' walks (tests/test_split_memory.py)."""
+    (m·(held + share)).  At p = 2 one forward more: where every rank would wait (a short BW, as ZeRO-3's gathers make
+    it) the builder takes a forward past its cap (`schedules.zero_bubble_v`), and on two stages that lands on rank 0
+    (a review of issue 12's sixty-seventh round: 0.84 of the walk without it; a grid of p 2-5, m 1-6p, 240 time
+    ratios and 5 shares found it at p = 2 only, rank 0 only, one forward at most).  Checked against the built orders'
+    walks (tests/test_split_memory.py)."""
     h, k = max(1.0, held), max(1.0, share)
-    return min(2 * p - 1 + k, m * (h + k))
+    return min(2 * p - 1 + k + (1.0 if p == 2 else 0.0), m * (h + k))
 
 
 def round_up_2g(x: float) -> float:
