@@ -468,9 +468,8 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
     With a split backward's candidate peaks (`split`, stage_layout.split_states; DualPipe-V's, v_layer_states) the
     in-flight units are counts whose bytes differ from plan to plan, so a rank is dropped where another of its layers
     matches or exceeds its every state in every count, or where it sits between two ranks of its very shape whose
-    states it averages
-    (ZB-H1's middle ranks, p - r before BI and r past it): its activations, each state's a linear sum, are then at
-    most the larger of theirs."""
+    states it averages (ZB-H1's middle ranks, p - r before BI and r past it): its activations, each state's a linear
+    sum, are then at most the larger of theirs."""
     shapes = rank_shapes(model, tp, pp, v, schedule, ep)
     kept: list[tuple[int, float, float, bool, float]] = []
     for r, shape in enumerate(shapes):
@@ -495,9 +494,9 @@ def _heavy_ranks(model: ModelSpec, tp: int, pp: int, v: int, live: tuple[float, 
 
 def _covers(states: tuple[tuple[int, ...], ...], others: tuple[tuple[int, ...], ...]) -> bool:
     """Whether every one of `others` is matched or exceeded in every count by one of `states`."""
-    if states and len(states[0]) == 2:  # (spelled out: ZB-H1's and DualPipe-V's, asked for every layout of a search)
+    if states and len(states[0]) == 2:  # (spelled out: ZB-H1's, asked for every layout of a search)
         return all(any(x >= a and y >= b for x, y in states) for a, b in others)
-    if states and len(states[0]) == 4:
+    if states and len(states[0]) == 4:  # DualPipe-V's (stage_layout.v_layer_states)
         return all(any(w >= a and x >= b and y >= c and z >= d for w, x, y, z in states) for a, b, c, d in others)
     return all(any(all(x >= y for x, y in zip(o, st)) for o in states) for st in others)
 
