@@ -119,9 +119,11 @@ def _v_walk(model, cluster, c):
     fwd = [n * layer for n in lay.layers]
     kept = [n * pair for n in lay.layers]
     for s, head in enumerate(lay.head):
-        if head:
-            fwd[s] += logits_bytes(model, c.micro_batch, c.tp, c.cp, cluster.cross_entropy)
-            kept[s] += head_grad_bytes(model, c.micro_batch, c.tp, cluster.precision, c.cp)
+        if head:  # the output layer, and each multi-token-prediction module's layer and output pass
+            lg = logits_bytes(model, c.micro_batch, c.tp, c.cp, cluster.cross_entropy)
+            hg = head_grad_bytes(model, c.micro_batch, c.tp, cluster.precision, c.cp)
+            fwd[s] += lg + model.mtp_layers * (layer + lg)
+            kept[s] += hg + model.mtp_layers * (pair + hg)
     times = zbv_times(stage_times(model, cluster, c), c) if c.schedule == "zb-v" else None
     lists = build(c.schedule, c.pp, c.microbatches, 2, times) if times else build(c.schedule, c.pp, c.microbatches, 2)
     return [walked_bytes(acts, fwd, kept) for acts in lists]
@@ -429,3 +431,26 @@ def test_zbv_two_stages_count_the_forward_past_the_cap():
     live0 = _memory_scan(model, cluster.precision, cluster.flash, 2, 2, 2, "zb-v", 11, 1, False, "selective", 2, 0,
                          cluster.cross_entropy)[4][0]
     assert counted[0] + max(0.0, most - live0) * layer >= peak * (1 - 1e-12)
+
+
+def test_dualpipe_v_counts_multi_token_prediction_with_its_head_chunks():
+    """Multi-token prediction's modules ride with the head chunk (rank 0's second under DualPipe-V): each head chunk
+    alive holds their forward's bytes before its BI and their weight GEMMs' pairs past it, as its own layers -- one
+    or two of them at a time, not the 2p + 1 in-flight micro-batches the whole-chunk count gave them (DeepSeek-V3's
+    rank 0 at PP 16: 73 GiB counted against a walk of 32, a review of issue 12's sixty-seventh round)."""
+    from dataclasses import replace
+
+    from par3d.plan.choice import DEFAULT_OPTIONS
+    from par3d.plan.memory import activation_terms
+    from par3d.plan.plan_memory import _rank_memo
+
+    model, cluster = replace(LLAMA, mtp_layers=1), make_cluster("h100-sxm", 64)
+    for pp, recompute in ((2, "none"), (4, "full"), (4, "selective")):
+        c = Choice(1, pp, 1, 1, 4 * pp, "dualpipe-v", 2, recompute, 0, False)
+        working = activation_terms(model, tp=1, b=1, sp=False, recompute=recompute, dtype=cluster.precision, cp=1,
+                                   flash=cluster.flash, cross_entropy=cluster.cross_entropy)[1] or 0.0
+        walk = _v_walk(model, cluster, c)
+        ranks = {r: act - working for r, _, act, _ in _rank_memo(model, cluster, DEFAULT_OPTIONS).ranks(c)}
+        assert 0 in ranks and ranks[0] == pytest.approx(walk[0], rel=1e-9), (pp, recompute)
+        for r, act in ranks.items():
+            assert act == pytest.approx(walk[r], rel=1e-9), (pp, recompute, r)

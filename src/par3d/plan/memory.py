@@ -408,17 +408,21 @@ def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: 
     if per_layer is None:  # given: a chunk whose layers store differently (plan_memory.partial_activation_bytes)
         per_layer = layer
     if split is not None:
-        if len(split[0]) == 4:  # DualPipe-V's in layers and head chunks (stage_layout.v_layer_states)
-            act = max(x * per_layer + y * kept + hf * logits + hk * head_kept for x, y, hf, hk in split)
+        if len(split[0]) == 4:  # DualPipe-V's in layers and head chunks (stage_layout.v_layer_states); each head chunk
+            # carries its multi-token-prediction modules (a layer and a pass of the output head each) as its own
+            # layers: their forward's bytes before its BI, their weight GEMMs' pairs past it
+            hf_bytes = logits + mtp_layers * (per_layer + logits)
+            hk_bytes = head_kept + mtp_layers * (kept + head_kept)
+            act = max(x * per_layer + y * kept + hf * hf_bytes + hk * hk_bytes for x, y, hf, hk in split)
         else:
             n = sum(shape.layers)
             f = n * per_layer + (logits if shape.head else 0.0)
             k = n * kept + (head_kept if shape.head else 0.0)
             act = max(a * f + b * k for a, b in split)
+            if shape.head:
+                act += mtp_layers * (inflight * per_layer + logits)
         if working is not None:
             act += working
-        if shape.head:
-            act += mtp_layers * (inflight * per_layer + logits)
         return act, OTHER_FIXED + FRAGMENTATION * act
     if inflight_layers is None:
         inflight_layers = inflight * sum(shape.layers) / max(len(shape.layers), 1)
