@@ -114,10 +114,12 @@ def render(model, cluster, args, res, explain: bool = False) -> str:
     if "zbv_times" in best.extra:  # the order priced is the one built for these chunk times (cost.zbv_times)
         _, bi, bw, *held = best.extra["zbv_times"]
         more = zbv_kept_factor(model, cluster, best.choice, getattr(args, "plan_options", None))
-        kept = (f", a chunk's BI keeping {more:.3g} times its forward's activations for its BW (the memory cap counts "
-                "it as 1, the memory count in full)" if more > 1 else
-                f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
-                if held else "")
+        kept = ""
+        if more > 1:
+            kept = (f", a chunk's BI keeping {more:.3g} times its forward's activations for its BW (the memory cap "
+                    "counts it as 1, the memory count in full)")
+        elif held:
+            kept = f", a chunk's BI keeping {held[0]:g} of its activations for its BW (the memory cap counts it)"
         if len(held) > 1:
             kept += f", the head chunk's {held[1]:g} chunks' forwards (with the output layer's input and logits' gradient)"
         out.append(f"order:    zb-v built for chunk times F:BI:BW = 1:{bi:g}:{bw:g}{kept}, as the Zero Bubble authors' "

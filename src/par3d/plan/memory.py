@@ -397,7 +397,7 @@ def activation_terms(model: ModelSpec, *, tp: int, b: int, sp: bool, recompute: 
 
 def rank_activations(terms: tuple, mtp_layers: int, shape: RankShape, inflight: int,
                      inflight_layers: float | None = None, per_layer: float | None = None,
-                     split: tuple[tuple[int, int], ...] | None = None, kept: float = 0.0,
+                     split: tuple[tuple[int, ...], ...] | None = None, kept: float = 0.0,
                      head_kept: float = 0.0) -> tuple[float, float]:
     """One rank's (activations, other without ZeRO-3's gathered weights) from `activation_terms`.  With `split`
     (stage_layout.split_states: a one-chunk rank's (chunks before BI, chunks past BI) at its candidate peaks;
